@@ -1,0 +1,44 @@
+# Quick start: `make demo`, then `make test`. Both install what they need and are idempotent.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+
+.PHONY: help system-deps venv lint generate test demo bench clean
+
+help:
+	@echo "make demo   run the whole pipeline on the two motivating scenarios (real Prometheus + Alertmanager)"
+	@echo "make test   install what the suite needs and run lint + the whole test suite"
+	@echo "make bench  run every benchmark, write bench/results.json and print the table"
+	@echo "make lint   ruff"
+	@echo "make generate  regenerate alert_rules/ and dashboards/ from the catalog"
+
+system-deps:
+	@bash setup/system-deps.sh
+
+$(STAMP): pyproject.toml setup/venv.sh
+	@bash setup/venv.sh $(PYTHON) $(VENV)
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+venv: $(STAMP)
+
+lint: venv
+	$(BIN)/ruff check .
+
+generate: venv
+	$(BIN)/python alert_rules/generate.py
+	$(BIN)/python dashboards/generate.py
+
+test: system-deps venv lint
+	$(BIN)/python -m pytest -q
+
+demo: system-deps venv
+	$(BIN)/python -m demo $(DEMO_ARGS)
+
+bench: system-deps venv
+	$(BIN)/python bench/run.py
+
+clean:
+	rm -rf .state bench/results.json

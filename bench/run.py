@@ -1,0 +1,59 @@
+"""Runs every ``bench/bench_*.py`` (each exposes ``run() -> list[Result]``), writes results.json.
+
+Usage: ``python bench/run.py [NAME_SUBSTRING ...]`` to run only matching benchmark modules.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.common import Result  # noqa: E402
+
+
+def _fmt(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.4g}"
+
+
+def main(argv: list[str]) -> int:
+    """Run the selected benchmarks; exit 1 if one crashed (a missed target is only reported)."""
+    modules = sorted(p.stem for p in (ROOT / "bench").glob("bench_*.py"))
+    if argv:
+        modules = [m for m in modules if any(a in m for a in argv)]
+    results: list[Result] = []
+    failed = []
+    for name in modules:
+        print(f"== {name}", flush=True)
+        try:
+            module = importlib.import_module(f"bench.{name}")
+            results.extend(module.run())
+        except Exception:
+            traceback.print_exc()
+            failed.append(name)
+    out = ROOT / "bench" / "results.json"
+    out.write_text(json.dumps([r.as_dict() for r in results], indent=2) + "\n")
+    header = (f"{'benchmark':58} {'value':>11} {'unit':8} {'baseline':>10} {'ratio':>8} "
+              f"{'target':>8} met")
+    print(header)
+    print("-" * len(header))
+    for r in results:
+        d = r.as_dict()
+        print(f"{r.name:58} {_fmt(r.value):>11} {r.unit:8} {_fmt(r.baseline):>10} "
+              f"{_fmt(d['ratio']):>8} {_fmt(r.target):>8} {d['met']}")
+    print(f"wrote {out.relative_to(ROOT)}")
+    if failed:
+        print(f"benchmarks that crashed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,1 @@
+"""Turns Alertmanager notifications into diagnosed issues on W&B runs."""

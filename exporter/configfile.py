@@ -1,0 +1,102 @@
+"""One YAML file plus environment overrides plus secrets from files: shared by both daemons.
+
+Environment overrides use the prefix and double underscores for nesting, e.g.
+``WANDB_INFRA_BRIDGE__WANDB__BASE_URL`` sets ``wandb.base_url``. Values are parsed as YAML
+scalars so ``true``/``30``/``1.5`` keep their types.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration problem the user must fix; the message says which key and why."""
+
+
+def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """Return ``base`` with ``override`` merged in recursively (override wins)."""
+    out = copy.deepcopy(dict(base))
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def env_overrides(prefix: str, environ: Mapping[str, str]) -> dict[str, Any]:
+    """Collect ``PREFIX__A__B=value`` variables into ``{"a": {"b": value}}``."""
+    result: dict[str, Any] = {}
+    marker = prefix + "__"
+    for name, raw in environ.items():
+        if not name.startswith(marker):
+            continue
+        path = [part.lower() for part in name[len(marker):].split("__") if part]
+        if not path:
+            continue
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError:
+            value = raw
+        node = result
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"environment variable {name} conflicts with another override")
+        node[path[-1]] = value
+    return result
+
+
+def load_config(
+    path: str | os.PathLike[str] | None,
+    defaults: Mapping[str, Any],
+    env_prefix: str,
+    environ: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """Defaults, then the YAML file, then environment overrides. Unknown top-level keys fail."""
+    environ = os.environ if environ is None else environ
+    merged = copy.deepcopy(dict(defaults))
+    if path:
+        file = Path(path)
+        try:
+            text = file.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {file}: {exc.strerror}") from exc
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {file} is not valid YAML: {exc}") from exc
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"config file {file} must be a mapping at the top level")
+        merged = deep_merge(merged, data)
+    merged = deep_merge(merged, env_overrides(env_prefix, environ))
+    unknown = sorted(set(merged) - set(defaults))
+    if unknown:
+        raise ConfigError(f"unknown configuration keys: {', '.join(unknown)}")
+    return merged
+
+
+def read_secret(
+    value: str | None, file: str | None, what: str, environ: Mapping[str, str] | None = None
+) -> str | None:
+    """A secret from a file (preferred, trailing newline stripped) or a literal/env value."""
+    environ = os.environ if environ is None else environ
+    if file:
+        try:
+            secret = Path(file).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ConfigError(f"cannot read {what} from {file}: {exc.strerror}") from exc
+        if not secret:
+            raise ConfigError(f"{what} file {file} is empty")
+        return secret
+    if value and value.startswith("env:"):
+        secret = environ.get(value[4:], "").strip()
+        return secret or None
+    return value or None
