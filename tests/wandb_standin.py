@@ -1,0 +1,729 @@
+"""A local stand-in of the W&B API: GraphQL (validated against an SDL subset) and ``file_stream``.
+
+Real W&B answers request-shape errors with HTTP 200 and ``{"errors": [...]}``, checks
+``Authorization: Basic api:<key>``, and serves shared-mode writers through
+``/files/<entity>/<project>/<run>/file_stream``. This stand-in does the same on 127.0.0.1 so the
+bridge's client and the real ``wandb`` SDK can be tested against it, including failures (5xx, 429
+with ``Retry-After``, slow answers, permanent 4xx) injected by the test.
+
+Usage::
+
+    with WandbStandin() as wb:
+        wb.add_run("team", "proj", "abc123", tags=["mine"])
+        ...  # point WANDB_BASE_URL at wb.url, use wb.api_key
+        wb.run("team", "proj", "abc123").tags
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import re
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from graphql import GraphQLError, build_schema, graphql_sync
+
+SDL = """
+scalar JSONString
+scalar JSON
+scalar DateTime
+scalar Duration
+
+enum AlertSeverity { INFO WARN ERROR }
+
+type Query {
+  viewer: User
+  serverInfo: ServerInfo
+  project(name: String, entityName: String): Project
+  model(name: String, entityName: String): Project
+  entity(name: String!): Entity
+}
+
+type Mutation {
+  upsertBucket(input: UpsertBucketInput!): UpsertBucketPayload
+  notifyScriptableRunAlert(input: NotifyScriptableRunAlertInput!): NotifyScriptableRunAlertPayload
+}
+
+type ServerInfo { features: [ServerFeature!]! }
+type ServerFeature { name: String! isEnabled: Boolean! }
+
+type User {
+  id: ID!
+  entity: String
+  username: String
+  name: String
+  email: String
+  admin: Boolean
+  flags: JSONString
+  teams: EntityConnection
+}
+type EntityConnection { edges: [EntityEdge!]! }
+type EntityEdge { node: Entity }
+type Entity { id: ID! name: String! organization: Organization }
+type Organization { name: String! }
+
+type Project {
+  id: ID!
+  name: String!
+  entityName: String!
+  entity: Entity!
+  run(name: String!): Run
+  bucket(name: String!): Run
+  runs(filters: JSONString, first: Int, after: String, order: String): RunConnection!
+  runCount(filters: JSONString): Int!
+}
+
+type RunConnection { edges: [RunEdge!]! pageInfo: PageInfo! totalCount: Int! }
+type RunEdge { node: Run! cursor: String! }
+type PageInfo {
+  endCursor: String hasNextPage: Boolean! startCursor: String hasPreviousPage: Boolean!
+}
+
+type Run {
+  id: ID!
+  name: String!
+  displayName: String
+  state: String
+  tags: [String!]!
+  notes: String
+  description: String
+  config: JSONString
+  summaryMetrics: JSONString
+  systemMetrics: JSONString
+  group: String
+  jobType: String
+  sweepName: String
+  commit: String
+  readOnly: Boolean
+  host: String
+  historyLineCount: Int
+  eventsLineCount: Int
+  createdAt: DateTime
+  updatedAt: DateTime
+  heartbeatAt: DateTime
+  projectId: ID!
+  project: Project
+  user: User
+  historyKeys(format: String): JSON
+}
+
+input UpsertBucketInput {
+  id: String
+  name: String
+  groupName: String
+  modelName: String
+  entityName: String
+  description: String
+  displayName: String
+  notes: String
+  commit: String
+  config: JSONString
+  host: String
+  debug: Boolean
+  jobProgram: String
+  jobRepo: String
+  jobType: String
+  state: String
+  sweep: String
+  tags: [String!]
+  summaryMetrics: JSONString
+  clientMutationId: String
+}
+type UpsertBucketPayload { bucket: Run inserted: Boolean clientMutationId: String }
+
+input NotifyScriptableRunAlertInput {
+  entityName: String!
+  projectName: String!
+  runName: String!
+  title: String!
+  text: String!
+  severity: AlertSeverity = INFO
+  waitDuration: Duration
+  clientMutationId: String
+}
+type NotifyScriptableRunAlertPayload { success: Boolean! clientMutationId: String }
+"""
+
+SCHEMA = build_schema(SDL)
+
+_JWT = re.compile(r"^[^.\s]+\.[^.\s]+\.[^.\s]+$")
+_KEY = re.compile(r"^(?:[A-Za-z0-9_]+-)?[\w-]{40,}$")
+_FILE_STREAM = re.compile(r"^/files/([^/]+)/([^/]+)/([^/]+)/file_stream$")
+
+
+def key_format_ok(key: str) -> bool:
+    """The SDK's offline key check: JWT-shaped, or optional ``prefix-`` then 40+ ``[\\w-]``."""
+    return bool(_JWT.match(key) or _KEY.match(key))
+
+
+def _now_iso() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+
+
+@dataclass
+class RunRecord:
+    """Server-side state of one run, as a test inspects it."""
+
+    entity: str
+    project: str
+    run_id: str
+    storage_id: str
+    state: str = "running"
+    tags: list[str] = field(default_factory=list)
+    notes: str = ""
+    description: str = ""
+    display_name: str = ""
+    group: str | None = None
+    job_type: str | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
+    history: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    created_at: str = field(default_factory=_now_iso)
+    heartbeat_at: str = field(default_factory=_now_iso)
+    created_seq: int = 0
+
+
+@dataclass
+class Recorded:
+    """One request the stand-in received (after auth, before fault injection)."""
+
+    method: str
+    path: str
+    status: int
+    operation_name: str | None
+    variables: dict[str, Any] | None
+    headers: dict[str, str]
+    at: float
+    body: Any = None
+
+
+@dataclass
+class Fault:
+    """An injected failure: ``times`` requests (None = until cleared) matching ``path_prefix``."""
+
+    status: int | None
+    times: int | None
+    retry_after: str | None = None
+    delay: float = 0.0
+    path_prefix: str = ""
+    operation: str | None = None
+    body: str | None = None
+
+
+class _Resolver:
+    """Root value for graphql-core: attribute/method lookups resolve the schema's fields."""
+
+    def __init__(self, server: WandbStandin) -> None:
+        self.server = server
+
+    # Query
+    def viewer(self, _info: Any) -> dict[str, Any]:
+        s = self.server
+        return {
+            "id": "VXNlcjox", "entity": s.viewer_entity, "username": s.viewer_entity,
+            "name": s.viewer_entity, "email": f"{s.viewer_entity}@example.invalid", "admin": False,
+            "flags": "{}",
+            "teams": {"edges": [{"node": {"id": _b64(f"Entity:{t}"), "name": t}}
+                                for t in sorted(s.teams)]},
+        }
+
+    def serverInfo(self, _info: Any) -> dict[str, Any]:
+        return {"features": []}
+
+    def project(self, _info: Any, name: str | None = None,
+                entityName: str | None = None) -> _ProjectView | None:
+        entity = entityName or self.server.viewer_entity
+        if name is None:
+            return None
+        if not self.server._has_project(entity, name):
+            return None
+        return _ProjectView(self.server, entity, name)
+
+    model = project
+
+    def entity(self, _info: Any, name: str) -> dict[str, Any]:
+        return {"id": _b64(f"Entity:{name}"), "name": name, "organization": None}
+
+    # Mutation
+    def upsertBucket(self, _info: Any, input: dict[str, Any]) -> dict[str, Any]:
+        return self.server._upsert_bucket(input)
+
+    def notifyScriptableRunAlert(self, _info: Any, input: dict[str, Any]) -> dict[str, Any]:
+        s = self.server
+        key = (input["entityName"], input["projectName"], input["runName"])
+        with s._lock:
+            if key not in s._runs:
+                raise GraphQLError(f"run {'/'.join(key)} not found")
+            s.alerts.append(dict(input))
+        return {"success": True}
+
+
+class _ProjectView:
+    def __init__(self, server: WandbStandin, entity: str, name: str) -> None:
+        self.server = server
+        self.entityName = entity
+        self.name = name
+        self.id = _b64(f"Project:v1:{name}:{entity}")
+        self.entity = {"id": _b64(f"Entity:{entity}"), "name": entity, "organization": None}
+
+    def run(self, _info: Any, name: str) -> dict[str, Any] | None:
+        with self.server._lock:
+            rec = self.server._runs.get((self.entityName, self.name, name))
+            return None if rec is None else _run_view(rec, self.id)
+
+    bucket = run
+
+    def _matching(self, filters: str | None) -> list[RunRecord]:
+        try:
+            spec = json.loads(filters) if filters else {}
+        except json.JSONDecodeError as exc:
+            raise GraphQLError(f"invalid filters: {exc}") from exc
+        if not isinstance(spec, dict):
+            raise GraphQLError("invalid filters: expected an object")
+        with self.server._lock:
+            runs = [r for (e, p, _), r in self.server._runs.items()
+                    if e == self.entityName and p == self.name]
+            return [r for r in runs if _match(r, spec)]
+
+    def runs(self, _info: Any, filters: str | None = None, first: int | None = None,
+             after: str | None = None, order: str | None = None) -> dict[str, Any]:
+        matching = self._matching(filters)
+        order = order or "-created_at"
+        key = order.lstrip("+-")
+        reverse = order.startswith("-")
+        matching.sort(key=lambda r: (_field(r, key) or "", r.created_seq), reverse=reverse)
+        start = 0
+        if after:
+            try:
+                start = int(base64.b64decode(after).decode().split(":", 1)[1]) + 1
+            except (ValueError, IndexError, UnicodeDecodeError) as exc:
+                raise GraphQLError(f"invalid cursor {after!r}") from exc
+        size = 50 if first is None else max(0, first)
+        page = matching[start:start + size]
+        edges = [{"node": _run_view(r, self.id), "cursor": _b64(f"cursor:{start + i}")}
+                 for i, r in enumerate(page)]
+        return {
+            "edges": edges,
+            "totalCount": len(matching),
+            "pageInfo": {
+                "endCursor": edges[-1]["cursor"] if edges else after,
+                "hasNextPage": start + len(page) < len(matching),
+                "startCursor": edges[0]["cursor"] if edges else None,
+                "hasPreviousPage": start > 0,
+            },
+        }
+
+    def runCount(self, _info: Any, filters: str | None = None) -> int:
+        return len(self._matching(filters))
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def _run_view(rec: RunRecord, project_id: str) -> dict[str, Any]:
+    keys = sorted({k for row in rec.history for k in row if not k.startswith("_")})
+    return {
+        "id": rec.storage_id, "name": rec.run_id, "displayName": rec.display_name or rec.run_id,
+        "state": rec.state, "tags": list(rec.tags), "notes": rec.notes,
+        "description": rec.description, "config": json.dumps(rec.config),
+        "summaryMetrics": json.dumps(rec.summary), "systemMetrics": "{}",
+        "group": rec.group, "jobType": rec.job_type, "sweepName": None, "commit": None,
+        "readOnly": False, "host": None, "historyLineCount": len(rec.history),
+        "eventsLineCount": len(rec.events), "createdAt": rec.created_at,
+        "updatedAt": rec.heartbeat_at, "heartbeatAt": rec.heartbeat_at, "projectId": project_id,
+        "project": None,
+        "user": {"id": "VXNlcjox", "name": rec.entity, "username": rec.entity,
+                 "entity": rec.entity},
+        "historyKeys": {"lastStep": len(rec.history) - 1,
+                        "keys": {k: {"typeCounts": [{"type": "number", "count": 1}]}
+                                 for k in keys}},
+    }
+
+
+_FIELD_ALIASES = {
+    "created_at": "created_at", "createdAt": "created_at", "heartbeat_at": "heartbeat_at",
+    "heartbeatAt": "heartbeat_at", "display_name": "display_name", "displayName": "display_name",
+    "name": "run_id", "state": "state", "tags": "tags", "group": "group", "jobType": "job_type",
+    "job_type": "job_type", "notes": "notes",
+}
+
+
+def _field(rec: RunRecord, name: str) -> Any:
+    for prefix, source in (("config.", rec.config), ("summary_metrics.", rec.summary)):
+        if name.startswith(prefix):
+            value: Any = source
+            for part in name[len(prefix):].split("."):
+                value = value.get(part) if isinstance(value, dict) else None
+            if isinstance(value, dict) and "value" in value and prefix == "config.":
+                return value["value"]
+            return value
+    attr = _FIELD_ALIASES.get(name)
+    if attr is None:
+        raise GraphQLError(f"unsupported filter field {name!r}")
+    return getattr(rec, attr)
+
+
+def _compare(value: Any, op: str, operand: Any) -> bool:
+    as_list = value if isinstance(value, list) else [value]
+    if op == "$eq":
+        return operand in as_list if isinstance(value, list) else value == operand
+    if op == "$ne":
+        return not _compare(value, "$eq", operand)
+    if op == "$in":
+        return any(v in operand for v in as_list)
+    if op == "$nin":
+        return not any(v in operand for v in as_list)
+    if op in ("$gt", "$gte", "$lt", "$lte"):
+        if value is None:
+            return False
+        try:
+            return {"$gt": value > operand, "$gte": value >= operand,
+                    "$lt": value < operand, "$lte": value <= operand}[op]
+        except TypeError:
+            return False
+    if op == "$regex":
+        return any(isinstance(v, str) and re.search(operand, v) for v in as_list)
+    if op == "$exists":
+        return (value is not None) == bool(operand)
+    raise GraphQLError(f"unsupported filter operator {op!r}")
+
+
+def _match(rec: RunRecord, spec: dict[str, Any]) -> bool:
+    for key, cond in spec.items():
+        if key == "$and":
+            if not all(_match(rec, c) for c in cond):
+                return False
+        elif key == "$or":
+            if not any(_match(rec, c) for c in cond):
+                return False
+        elif key.startswith("$"):
+            raise GraphQLError(f"unsupported filter operator {key!r}")
+        elif isinstance(cond, dict):
+            value = _field(rec, key)
+            if not all(_compare(value, op, operand) for op, operand in cond.items()):
+                return False
+        elif not _compare(_field(rec, key), "$eq", cond):
+            return False
+    return True
+
+
+class WandbStandin:
+    """The stand-in server, run in a background thread on 127.0.0.1 (context manager)."""
+
+    def __init__(self, api_key: str | None = None, viewer_entity: str = "standin-user",
+                 extra_keys: tuple[str, ...] = ()) -> None:
+        self.api_key = api_key or "local-" + "k" * 40
+        self.valid_keys = {self.api_key, *extra_keys}
+        self.viewer_entity = viewer_entity
+        self.teams: set[str] = set()
+        self.requests: list[Recorded] = []
+        self.rejected: list[Recorded] = []
+        self.alerts: list[dict[str, Any]] = []
+        self._runs: dict[tuple[str, str, str], RunRecord] = {}
+        self._projects: set[tuple[str, str]] = set()
+        self._faults: list[Fault] = []
+        self._seq = 0
+        self._lock = threading.RLock()
+        self._resolver = _Resolver(self)
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self.url = ""
+
+    # lifecycle
+    def start(self) -> WandbStandin:
+        """Bind a free loopback port and serve in a daemon thread."""
+        handler = _make_handler(self)
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever,
+                                        kwargs={"poll_interval": 0.05}, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and close the socket."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self) -> WandbStandin:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # data
+    def add_run(self, entity: str, project: str, run_id: str, *, state: str = "running",
+                tags: tuple[str, ...] | list[str] = (), notes: str = "",
+                config: dict[str, Any] | None = None, summary: dict[str, Any] | None = None,
+                display_name: str | None = None, group: str | None = None) -> RunRecord:
+        """Create a run as if a trainer had started it."""
+        with self._lock:
+            self._seq += 1
+            rec = RunRecord(
+                entity=entity, project=project, run_id=run_id,
+                storage_id=_b64(f"Run:v1:{run_id}:{project}:{entity}"), state=state,
+                tags=list(tags), notes=notes, config=dict(config or {}),
+                summary=dict(summary or {}), display_name=display_name or run_id, group=group,
+                created_seq=self._seq,
+            )
+            self._runs[(entity, project, run_id)] = rec
+            self._projects.add((entity, project))
+            self.teams.add(entity)
+            return rec
+
+    def run(self, entity: str, project: str, run_id: str) -> RunRecord:
+        """A snapshot copy of a run's server-side state (KeyError if unknown)."""
+        with self._lock:
+            return copy.deepcopy(self._runs[(entity, project, run_id)])
+
+    def set_state(self, entity: str, project: str, run_id: str, state: str) -> None:
+        """Change a run's state, as the trainer finishing or crashing would."""
+        with self._lock:
+            self._runs[(entity, project, run_id)].state = state
+
+    def _has_project(self, entity: str, project: str) -> bool:
+        with self._lock:
+            return (entity, project) in self._projects
+
+    # failure injection
+    def fail(self, status: int, times: int | None = 1, *, retry_after: str | float | None = None,
+             path_prefix: str = "", operation: str | None = None, body: str | None = None) -> None:
+        """Answer the next ``times`` matching requests (None = until ``clear_faults``) with
+        ``status``; ``retry_after`` adds a ``Retry-After`` header."""
+        with self._lock:
+            self._faults.append(Fault(status, times, None if retry_after is None
+                                      else str(retry_after), 0.0, path_prefix, operation, body))
+
+    def slow(self, delay: float, times: int | None = 1, path_prefix: str = "") -> None:
+        """Delay the next ``times`` matching requests by ``delay`` seconds, then answer normally."""
+        with self._lock:
+            self._faults.append(Fault(None, times, None, delay, path_prefix))
+
+    def clear_faults(self) -> None:
+        """Remove every injected failure."""
+        with self._lock:
+            self._faults.clear()
+
+    def _take_fault(self, path: str, operation: str | None) -> Fault | None:
+        with self._lock:
+            for fault in self._faults:
+                if not path.startswith(fault.path_prefix):
+                    continue
+                if fault.operation is not None and fault.operation != operation:
+                    continue
+                if fault.times is not None:
+                    fault.times -= 1
+                    if fault.times <= 0:
+                        self._faults.remove(fault)
+                return fault
+            return None
+
+    # observation
+    def calls(self, operation: str | None = None, path_prefix: str = "",
+              since: float = 0.0) -> list[Recorded]:
+        """Recorded requests filtered by GraphQL operation name and/or path prefix."""
+        with self._lock:
+            return [r for r in self.requests if r.at >= since and r.path.startswith(path_prefix)
+                    and (operation is None or r.operation_name == operation)]
+
+    def rate(self, window: float, path_prefix: str = "") -> float:
+        """Requests per second over the last ``window`` seconds (rejected ones included)."""
+        cutoff = time.monotonic() - window
+        with self._lock:
+            n = sum(1 for r in [*self.requests, *self.rejected]
+                    if r.at >= cutoff and r.path.startswith(path_prefix))
+        return n / window
+
+    def iter_runs(self) -> Iterator[RunRecord]:
+        """Snapshots of every run."""
+        with self._lock:
+            recs = [copy.deepcopy(r) for r in self._runs.values()]
+        yield from recs
+
+    # GraphQL mutations
+    def _upsert_bucket(self, data: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            inserted = False
+            rec: RunRecord | None = None
+            if data.get("id"):
+                rec = next((r for r in self._runs.values() if r.storage_id == data["id"]), None)
+                if rec is None:
+                    raise GraphQLError(f"run with id {data['id']} not found")
+            else:
+                name = data.get("name")
+                project = data.get("modelName")
+                if not name or not project:
+                    raise GraphQLError("upsertBucket needs id, or name and modelName")
+                entity = data.get("entityName") or self.viewer_entity
+                rec = self._runs.get((entity, project, name))
+                if rec is None:
+                    rec = self.add_run(entity, project, name)
+                    inserted = True
+            for src, attr in (("notes", "notes"), ("description", "description"),
+                              ("displayName", "display_name"), ("groupName", "group"),
+                              ("jobType", "job_type"), ("state", "state")):
+                if data.get(src) is not None:
+                    setattr(rec, attr, data[src])
+            if data.get("tags") is not None:
+                rec.tags = list(data["tags"])
+            for src, attr, merge in (("config", "config", True),
+                                     ("summaryMetrics", "summary", False)):
+                if data.get(src) is None:
+                    continue
+                try:
+                    value = json.loads(data[src])
+                except (TypeError, json.JSONDecodeError) as exc:
+                    raise GraphQLError(f"{src} is not valid JSON: {exc}") from exc
+                if not isinstance(value, dict):
+                    raise GraphQLError(f"{src} must be a JSON object")
+                if merge:
+                    getattr(rec, attr).update(value)
+                else:
+                    setattr(rec, attr, value)
+            view = _run_view(rec, _b64(f"Project:v1:{rec.project}:{rec.entity}"))
+            view["project"] = {"id": view["projectId"], "name": rec.project,
+                               "entityName": rec.entity,
+                               "entity": {"id": _b64(f"Entity:{rec.entity}"), "name": rec.entity}}
+            return {"bucket": view, "inserted": inserted}
+
+    def _file_stream(self, entity: str, project: str, run_id: str, body: dict[str, Any]
+                     ) -> tuple[int, dict[str, Any]]:
+        with self._lock:
+            rec = self._runs.get((entity, project, run_id))
+            if rec is None:
+                return 404, {"error": f"run {entity}/{project}/{run_id} not found"}
+            rec.heartbeat_at = _now_iso()
+            files = body.get("files") or {}
+            if not isinstance(files, dict):
+                return 400, {"error": "files must be an object"}
+            for name, chunk in files.items():
+                lines = chunk.get("content") if isinstance(chunk, dict) else None
+                if not isinstance(lines, list):
+                    return 400, {"error": f"files.{name}.content must be a list"}
+                for line in lines:
+                    try:
+                        item = json.loads(line)
+                    except (TypeError, json.JSONDecodeError):
+                        if name.endswith((".jsonl", ".json")):
+                            return 400, {"error": f"invalid JSON line in {name}"}
+                        continue
+                    if name == "wandb-history.jsonl":
+                        item["_step"] = len(rec.history)
+                        rec.history.append(item)
+                    elif name == "wandb-summary.json" and isinstance(item, dict):
+                        rec.summary.update(item)
+                    elif name == "wandb-events.jsonl":
+                        rec.events.append(item)
+            if body.get("complete"):
+                rec.state = "finished" if body.get("exitcode") in (0, None) else "crashed"
+            return 200, {"exitcode": None, "limits": {}}
+
+
+def _make_handler(server: WandbStandin) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return
+
+        def _send(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
+            data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            for k, v in (headers or {}).items():
+                self.send_header(k, v)
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _authorised(self) -> bool:
+            header = self.headers.get("Authorization", "")
+            if not header.startswith("Basic "):
+                return False
+            try:
+                user, _, key = base64.b64decode(header[6:], validate=True).decode().partition(":")
+            except (ValueError, UnicodeDecodeError):
+                return False
+            return user == "api" and key_format_ok(key) and key in server.valid_keys
+
+        def do_GET(self) -> None:
+            self._handle("GET")
+
+        def do_POST(self) -> None:
+            self._handle("POST")
+
+        def _handle(self, method: str) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            path = self.path.split("?", 1)[0]
+            try:
+                body = json.loads(raw) if raw else None
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                body = None
+                parse_error = True
+            else:
+                parse_error = False
+            op = body.get("operationName") if isinstance(body, dict) else None
+            variables = body.get("variables") if isinstance(body, dict) else None
+            rec = Recorded(method, path, 0, op if isinstance(op, str) else None,
+                           variables if isinstance(variables, dict) else None,
+                           {k: v for k, v in self.headers.items()}, time.monotonic(), body)
+            if not self._authorised():
+                rec.status = 401
+                with server._lock:
+                    server.rejected.append(rec)
+                self._send(401, {"errors": [{"message": "user is not logged in"}]})
+                return
+            with server._lock:
+                server.requests.append(rec)
+            fault = server._take_fault(path, rec.operation_name)
+            if fault is not None:
+                if fault.delay:
+                    time.sleep(fault.delay)
+                if fault.status is not None:
+                    rec.status = fault.status
+                    headers = {"Retry-After": fault.retry_after} if fault.retry_after else {}
+                    payload = (fault.body.encode() if fault.body is not None
+                               else {"errors": [{"message": f"injected HTTP {fault.status}"}]})
+                    self._send(fault.status, payload, headers)
+                    return
+            status, payload = self._route(method, path, body, parse_error)
+            rec.status = status
+            self._send(status, payload)
+
+        def _route(self, method: str, path: str, body: Any, parse_error: bool
+                   ) -> tuple[int, Any]:
+            if method == "POST" and path == "/graphql":
+                if parse_error or not isinstance(body, dict) or not isinstance(
+                        body.get("query"), str):
+                    return 400, {"errors": [{"message": "request body must be JSON with a query"}]}
+                variables = body.get("variables")
+                if variables is not None and not isinstance(variables, dict):
+                    return 400, {"errors": [{"message": "variables must be an object"}]}
+                result = graphql_sync(SCHEMA, body["query"], root_value=server._resolver,
+                                      variable_values=variables,
+                                      operation_name=body.get("operationName"))
+                out: dict[str, Any] = {"data": result.data}
+                if result.errors:
+                    out["errors"] = [e.formatted for e in result.errors]
+                return 200, out
+            match = _FILE_STREAM.match(path)
+            if method == "POST" and match:
+                if parse_error:
+                    return 400, {"error": "invalid JSON"}
+                return server._file_stream(*match.groups(), body if isinstance(body, dict)
+                                           else {})
+            return 404, {"error": "not found"}
+
+    return Handler
