@@ -1,0 +1,355 @@
+"""The cluster simulator: series and labels per flavour, fault semantics, control API, and a real
+Prometheus scraping it through the scrape config it writes."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+
+from demo.simulator import (
+    FAULT_KINDS,
+    Cluster,
+    SimulatorError,
+    prometheus_config,
+    serve,
+)
+from tests.services import PROMTOOL, prom_query, prometheus
+
+LINE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>.*)\})? (?P<value>\S+)$")
+LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+class FakeClock:
+    """Wall time under the test's control."""
+
+    def __init__(self) -> None:
+        self.now = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def parse(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """Parse exposition text strictly enough to catch malformed lines."""
+    out = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        match = LINE.match(line)
+        assert match, f"malformed line: {line}"
+        out.append((match["name"], dict(LABEL.findall(match["labels"] or "")),
+                    float(match["value"])))
+    return out
+
+
+def series(cluster: Cluster, exporter: str, host: str, name: str, **want: str) -> list[float]:
+    body = cluster.render(exporter, host)
+    assert body is not None
+    return [v for n, lab, v in parse(body.decode())
+            if n == name and all(lab.get(k) == w for k, w in want.items())]
+
+
+def one(cluster: Cluster, exporter: str, host: str, name: str, **want: str) -> float:
+    values = series(cluster, exporter, host, name, **want)
+    assert len(values) == 1, (name, want, values)
+    return values[0]
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+def make(clock: FakeClock, **kw) -> Cluster:
+    return Cluster(hosts=kw.pop("hosts", 3), clock=clock, render_ttl=0, **kw)
+
+
+def test_all_fault_relevant_series_present(clock):
+    cluster = make(clock, xid_count=True)
+    cluster.inject("xid", "gpu-node-001", gpu=0, code=13)
+    text = cluster.render("dcgm", "gpu-node-001").decode()
+    names = {n for n, _, _ in parse(text)}
+    for name in (
+        "DCGM_FI_DEV_XID_ERRORS", "DCGM_EXP_XID_ERRORS_COUNT", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+        "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "DCGM_FI_DEV_RETIRED_DBE", "DCGM_FI_DEV_RETIRED_PENDING",
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+        "DCGM_FI_DEV_ROW_REMAP_PENDING", "DCGM_FI_DEV_THERMAL_VIOLATION",
+        "DCGM_FI_DEV_POWER_VIOLATION", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_GPU_TEMP",
+        "DCGM_FI_DEV_MEMORY_TEMP", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+        "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+        "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "DCGM_FI_DEV_GPU_UTIL",
+        "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_SM_CLOCK",
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+    ):
+        assert name in names, name
+    node = {n for n, _, _ in parse(cluster.render("node", "gpu-node-001").decode())}
+    for name in ("node_uname_info", "node_infiniband_state_id", "node_infiniband_physical_state_id",
+                 "node_infiniband_link_downed_total", "node_infiniband_symbol_error_total",
+                 "node_network_up", "node_network_carrier_changes_total"):
+        assert name in node, name
+    assert one(cluster, "node", "gpu-node-002", "node_uname_info") == 1
+    assert series(cluster, "node", "gpu-node-002", "node_uname_info", nodename="gpu-node-002")
+    # every family's HELP/TYPE appears once, before its samples (Prometheus rejects repeats)
+    types = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")]
+    assert len(types) == len(set(types))
+
+
+def test_gpu_labels_per_flavour(clock):
+    cluster = make(clock, flavour="Hostname", host_flavours={"gpu-node-002": "hostname",
+                                                            "gpu-node-003": "4.9"})
+    legacy = parse(cluster.render("dcgm", "gpu-node-001").decode())
+    newer = parse(cluster.render("dcgm", "gpu-node-002").decode())
+    v49 = parse(cluster.render("dcgm", "gpu-node-003").decode())
+    for _, lab, _ in legacy:
+        assert lab["Hostname"] == "gpu-node-001" and "hostname" not in lab
+        assert {"gpu", "UUID", "pci_bus_id", "device", "modelName"} <= set(lab)
+        assert lab["device"] == f"nvidia{lab['gpu']}" and lab["UUID"].startswith("GPU-")
+    assert all(lab["hostname"] == "gpu-node-002" and "Hostname" not in lab for _, lab, _ in newer)
+    assert {lab["gpu"] for _, lab, _ in newer} == {str(i) for i in range(8)}
+    names49 = {n for n, _, _ in v49}
+    assert {"DCGM_FI_DEV_GPU_TEMP_CELSIUS", "DCGM_FI_DEV_BOARD_POWER_WATTS",
+            "DCGM_FI_DEV_XID_ERROR", "DCGM_FI_DEV_PCIE_REPLAY_TOTAL", "DCGM_FI_DEV_GPU_UTIL_RATIO",
+            "DCGM_FI_DEV_ROW_REMAP_FAILED", "DCGM_FI_PROF_TENSOR_UTIL_RATIO",
+            "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_TOTAL"} <= names49
+    assert "DCGM_FI_DEV_GPU_TEMP" not in names49 and "DCGM_FI_DEV_XID_ERRORS" not in names49
+    # 4.9 utilisation is a ratio; legacy is percent
+    assert one(cluster, "dcgm", "gpu-node-003", "DCGM_FI_DEV_GPU_UTIL_RATIO", gpu="0") == 1.0
+    assert one(cluster, "dcgm", "gpu-node-001", "DCGM_FI_DEV_GPU_UTIL", gpu="0") == 100.0
+
+
+def test_xid_is_last_value_and_new_series_per_code(clock):
+    cluster = make(clock, xid_count=True)
+    host = "gpu-node-002"
+    assert one(cluster, "dcgm", host, "DCGM_FI_DEV_XID_ERRORS", gpu="3") == 0
+    cluster.inject("xid", host, gpu=3, code=94)
+    xids = [(lab["err_code"], lab["err_msg"], v) for n, lab, v in
+            parse(cluster.render("dcgm", host).decode())
+            if n == "DCGM_FI_DEV_XID_ERRORS" and lab["gpu"] == "3"]
+    assert xids == [("94", "Contained ECC error", 94.0)]
+    assert one(cluster, "dcgm", host, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", gpu="3") == 1
+    clock.now += 10
+    cluster.inject("xid", host, gpu=3, code=31)
+    assert series(cluster, "dcgm", host, "DCGM_FI_DEV_XID_ERRORS", gpu="3", err_code="94") == []
+    assert one(cluster, "dcgm", host, "DCGM_FI_DEV_XID_ERRORS", gpu="3", err_code="31") == 31
+    assert one(cluster, "dcgm", host, "DCGM_EXP_XID_ERRORS_COUNT", gpu="3", xid="94") == 1
+    clock.now += 400  # beyond the 5-minute window
+    assert one(cluster, "dcgm", host, "DCGM_EXP_XID_ERRORS_COUNT", gpu="3", xid="94") == 0
+    # other GPUs are untouched
+    assert one(cluster, "dcgm", host, "DCGM_FI_DEV_XID_ERRORS", gpu="2") == 0
+
+
+def test_xid_absent_until_first_and_fallen_off_bus(clock):
+    cluster = make(clock, xid_absent_until_first=True)
+    assert series(cluster, "dcgm", "gpu-node-001", "DCGM_FI_DEV_XID_ERRORS") == []
+    cluster.inject("xid", "gpu-node-001", gpu=5, code=79)
+    temps = series(cluster, "dcgm", "gpu-node-001", "DCGM_FI_DEV_GPU_TEMP")
+    assert len(temps) == 7  # the GPU that fell off the bus stops reporting
+    assert series(cluster, "dcgm", "gpu-node-001", "DCGM_FI_DEV_GPU_TEMP", gpu="5") == []
+
+
+def test_thermal_fault_throttles(clock):
+    cluster = make(clock)
+    host = "gpu-node-001"
+    before_tensor = one(cluster, "dcgm", host, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", gpu="2")
+    before_clock = one(cluster, "dcgm", host, "DCGM_FI_DEV_SM_CLOCK", gpu="2")
+    v0 = one(cluster, "dcgm", host, "DCGM_FI_DEV_THERMAL_VIOLATION", gpu="2")
+    cluster.inject("thermal", host, gpu=2)
+    clock.now += 60
+    v1 = one(cluster, "dcgm", host, "DCGM_FI_DEV_THERMAL_VIOLATION", gpu="2")
+    fraction = (v1 - v0) / 60 / 1e9
+    assert 0.5 < fraction <= 1.0  # nanoseconds of throttling per second of wall time
+    reasons = int(one(cluster, "dcgm", host, "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", gpu="2"))
+    assert reasons & 0x40 and reasons & 0x8
+    assert one(cluster, "dcgm", host, "DCGM_FI_DEV_SM_CLOCK", gpu="2") < before_clock * 0.7
+    tensor = one(cluster, "dcgm", host, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", gpu="2")
+    assert tensor < before_tensor / 2
+    assert one(cluster, "dcgm", host, "DCGM_FI_DEV_GPU_TEMP", gpu="2") >= 90
+    # a neighbour GPU keeps running cool and unthrottled
+    assert one(cluster, "dcgm", host, "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", gpu="1") == 0
+    cluster.clear(host, gpu=2, kind="thermal")
+    v2 = one(cluster, "dcgm", host, "DCGM_FI_DEV_THERMAL_VIOLATION", gpu="2")
+    clock.now += 60
+    assert one(cluster, "dcgm", host, "DCGM_FI_DEV_THERMAL_VIOLATION", gpu="2") == v2 >= v1
+
+
+def test_stall_keeps_memory_and_drops_activity(clock):
+    cluster = make(clock)
+    host = "gpu-node-003"
+    rx0 = one(cluster, "node", host, "node_infiniband_port_data_received_bytes_total",
+              device="mlx5_0")
+    cluster.inject("stall", host)
+    clock.now += 30
+    for gpu in ("0", "7"):
+        assert one(cluster, "dcgm", host, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", gpu=gpu) < 0.02
+        assert one(cluster, "dcgm", host, "DCGM_FI_PROF_GR_ENGINE_ACTIVE", gpu=gpu) < 0.05
+        assert one(cluster, "dcgm", host, "DCGM_FI_DEV_FB_USED", gpu=gpu) > 60_000
+        assert one(cluster, "dcgm", host, "DCGM_FI_DEV_GPU_UTIL", gpu=gpu) == 100
+    # collective traffic stops
+    assert one(cluster, "node", host, "node_infiniband_port_data_received_bytes_total",
+               device="mlx5_0") == rx0
+
+
+def test_link_faults(clock):
+    cluster = make(clock)
+    host = "gpu-node-001"
+    assert one(cluster, "node", host, "node_infiniband_state_id", device="mlx5_1") == 4
+    cluster.inject("ib_down", host, device="mlx5_1")
+    assert one(cluster, "node", host, "node_infiniband_state_id", device="mlx5_1") == 1
+    assert one(cluster, "node", host, "node_infiniband_physical_state_id", device="mlx5_1") != 5
+    assert one(cluster, "node", host, "node_infiniband_link_downed_total", device="mlx5_1") == 1
+    assert one(cluster, "node", host, "node_infiniband_state_id", device="mlx5_0") == 4
+    cluster.inject("ib_flap", host, device="mlx5_2")
+    states = set()
+    for _ in range(30):
+        clock.now += 1
+        states.add(one(cluster, "node", host, "node_infiniband_state_id", device="mlx5_2"))
+    assert states == {1, 4}
+    assert one(cluster, "node", host, "node_infiniband_link_downed_total", device="mlx5_2") >= 2
+    assert one(cluster, "node", host, "node_infiniband_symbol_error_total", device="mlx5_2") > 0
+    cluster.clear(host, kind="ib_down")
+    assert one(cluster, "node", host, "node_infiniband_state_id", device="mlx5_1") == 4
+    assert one(cluster, "node", host, "node_infiniband_link_downed_total", device="mlx5_1") == 1
+
+
+def test_counter_faults(clock):
+    cluster = make(clock)
+    host = "gpu-node-002"
+    cluster.inject("nvlink", host, gpu=1)
+    cluster.inject("pcie", host, gpu=1)
+    cluster.inject("ecc_dbe", host, gpu=4)
+    cluster.inject("row_remap_pending", host, gpu=6)
+    clock.now += 60
+    assert one(cluster, "dcgm", host, "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", gpu="1") > 0
+    assert one(cluster, "dcgm", host, "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", gpu="1") > 0
+    assert one(cluster, "dcgm", host, "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", gpu="1") > 16
+    assert one(cluster, "dcgm", host, "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", gpu="0") == 0
+    assert one(cluster, "dcgm", host, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", gpu="4") == 1
+    assert one(cluster, "dcgm", host, "DCGM_FI_DEV_RETIRED_PENDING", gpu="4") == 1
+    assert one(cluster, "dcgm", host, "DCGM_FI_DEV_ROW_REMAP_PENDING", gpu="6") == 1
+    assert one(cluster, "dcgm", host, "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", gpu="6") == 1
+    energy0 = one(cluster, "dcgm", host, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", gpu="0")
+    clock.now += 10
+    energy1 = one(cluster, "dcgm", host, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", gpu="0")
+    assert 5e6 < energy1 - energy0 < 8e6  # ~640 W for 10 s, in mJ
+    cluster.clear(host)
+    assert one(cluster, "dcgm", host, "DCGM_FI_DEV_ROW_REMAP_PENDING", gpu="6") == 0
+    assert one(cluster, "dcgm", host, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", gpu="4") == 1
+
+
+def test_host_lost_and_back(clock):
+    cluster = make(clock)
+    cluster.inject("host_lost", "gpu-node-002")
+    assert cluster.render("dcgm", "gpu-node-002") is None
+    assert cluster.render("node", "gpu-node-002") is None
+    assert cluster.render("dcgm", "gpu-node-001") is not None
+    cluster.clear("gpu-node-002", kind="host_lost")
+    assert cluster.render("node", "gpu-node-002") is not None
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"kind": "meteor", "host": "gpu-node-001"}, "unknown fault kind"),
+    ({"kind": "xid", "host": "gpu-node-999", "gpu": 0, "code": 94}, "unknown host"),
+    ({"kind": "xid", "host": "gpu-node-001", "gpu": 8, "code": 94}, "gpu must be"),
+    ({"kind": "xid", "host": "gpu-node-001", "gpu": 0}, "xid code"),
+    ({"kind": "xid", "host": "gpu-node-001", "code": 94}, "needs a gpu"),
+    ({"kind": "ib_down", "host": "gpu-node-001", "device": "mlx9_9"}, "unknown InfiniBand"),
+])
+def test_bad_input_is_rejected_and_changes_nothing(clock, kwargs, message):
+    cluster = make(clock)
+    before = {h: (cluster.render("dcgm", h), cluster.render("node", h)) for h in cluster.hosts}
+    with pytest.raises(SimulatorError, match=message):
+        cluster.inject(**kwargs)
+    after = {h: (cluster.render("dcgm", h), cluster.render("node", h)) for h in cluster.hosts}
+    assert after == before
+    with pytest.raises(SimulatorError):
+        Cluster(hosts=2, flavour="5.0")
+
+
+def test_render_is_cached_until_ttl_or_change(clock):
+    cluster = Cluster(hosts=1, clock=clock, render_ttl=5)
+    first = cluster.render("dcgm", "gpu-node-001")
+    clock.now += 1
+    assert cluster.render("dcgm", "gpu-node-001") is first
+    cluster.inject("pcie", "gpu-node-001", gpu=0)
+    assert cluster.render("dcgm", "gpu-node-001") is not first
+    assert set(FAULT_KINDS) >= {"xid", "thermal", "stall", "ib_flap", "ib_down", "host_lost"}
+
+
+def test_http_control_and_join_metrics():
+    cluster = Cluster(hosts=2)
+    with serve(cluster) as sim:
+        resp = requests.post(sim.url + "/control/fault", timeout=10,
+                             json={"kind": "xid", "host": "gpu-node-001", "gpu": 3, "code": 94})
+        assert resp.status_code == 200, resp.text
+        text = requests.get(sim.url + "/dcgm/gpu-node-001/metrics", timeout=10).text
+        assert 'err_code="94"' in text
+        bad = [
+            {"kind": "xid", "host": "gpu-node-001", "gpu": "three", "code": 94},
+            {"kind": "thermal", "hosts": ["gpu-node-001", "nope"]},
+            {"kind": "thermal", "host": "gpu-node-001", "colour": "red"},
+        ]
+        for body in bad:
+            resp = requests.post(sim.url + "/control/fault", json=body, timeout=10)
+            assert resp.status_code == 400, body
+        assert "thermal" not in cluster.hosts["gpu-node-001"].gpus[0].faults
+        resp = requests.post(sim.url + "/control/fault", data=b"{not json", timeout=10)
+        assert resp.status_code == 400
+        assert requests.get(sim.url + "/dcgm/nope/metrics", timeout=10).status_code == 404
+        resp = requests.post(sim.url + "/control/run", timeout=10, json={
+            "entity": "team", "project": "llm", "run_id": "r1", "hosts": ["gpu-node-002"],
+            "gpus": [0, 1]})
+        assert resp.status_code == 200, resp.text
+        runs = parse(requests.get(sim.url + "/runs/metrics", timeout=10).text)
+        assert [lab["gpu"] for n, lab, _ in runs if n == "wandb_run_gpu_info"] == ["0", "1"]
+        assert [lab["hostname"] for n, lab, _ in runs if n == "wandb_run_node_info"] == [
+            "gpu-node-002"]
+        requests.post(sim.url + "/control/fault", json={"kind": "host_lost",
+                                                         "host": "gpu-node-002"}, timeout=10)
+        with pytest.raises(requests.RequestException):
+            requests.get(sim.url + "/node/gpu-node-002/metrics", timeout=10).raise_for_status()
+        sd = requests.get(sim.url + "/sd/dcgm", timeout=10).json()
+        assert sd[0]["labels"]["__metrics_path__"] == "/dcgm/gpu-node-001/metrics"
+
+
+def test_real_prometheus_scrapes_both_flavours(tmp_path: Path):
+    cluster = Cluster(hosts=4, flavour="Hostname", host_flavours={"gpu-node-003": "hostname",
+                                                                  "gpu-node-004": "4.9"})
+    with serve(cluster) as sim:
+        cluster.inject("xid", "gpu-node-001", gpu=3, code=94)
+        cluster.inject("host_lost", "gpu-node-002")
+        cluster.assign_run("team", "llm", "run-1", ["gpu-node-001", "gpu-node-003"])
+        config = prometheus_config(sim.address, cluster.hosts, interval="1s",
+                                   file_sd_dir=tmp_path / "sd", runs_job="runs")
+        (tmp_path / "prometheus.yml").write_text(config)
+        check = subprocess.run([PROMTOOL, "check", "config", str(tmp_path / "prometheus.yml")],
+                               check=False, capture_output=True, text=True, timeout=60)
+        assert check.returncode == 0, check.stdout + check.stderr
+        assert yaml.safe_load(config)["scrape_configs"][0]["file_sd_configs"]
+        with prometheus(config, tmp_path / "prom") as prom:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                up = prom_query(prom.url, "up")
+                if len(up) == 9 and prom_query(prom.url, "DCGM_FI_DEV_GPU_TEMP_CELSIUS"):
+                    break
+                time.sleep(0.5)
+            ups = {(r["metric"]["job"], r["metric"]["instance"]): r["value"][1] for r in up}
+            assert ups[("dcgm", "gpu-node-001:9400")] == "1"
+            assert ups[("dcgm", "gpu-node-002:9400")] == "0"
+            assert ups[("node", "gpu-node-002:9100")] == "0"
+            assert ups[("node", "gpu-node-003:9100")] == "1"
+            legacy = prom_query(prom.url, 'DCGM_FI_DEV_XID_ERRORS{Hostname="gpu-node-001",gpu="3"}')
+            assert [r["metric"]["err_code"] for r in legacy] == ["94"]
+            assert len(prom_query(prom.url, 'DCGM_FI_DEV_GPU_TEMP{hostname="gpu-node-003"}')) == 8
+            assert len(prom_query(prom.url, 'DCGM_FI_DEV_GPU_TEMP_CELSIUS{hostname="gpu-node-004"}')
+                       ) == 8
+            joined = prom_query(prom.url, "node_infiniband_state_id * on (instance, job) "
+                                          "group_left (nodename) node_uname_info")
+            assert {r["metric"]["nodename"] for r in joined} == {
+                "gpu-node-001", "gpu-node-003", "gpu-node-004"}
+            assert len(prom_query(prom.url, "wandb_run_gpu_info")) == 16
