@@ -1,0 +1,163 @@
+"""``wandb-infra-exporter``: publishes which W&B run is on which host and GPU for Prometheus."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from aiohttp import web
+
+from exporter.configfile import ConfigError, load_config, read_secret
+from exporter.hostnames import HostnameMapper
+from exporter.logsetup import log_fields, setup_logging
+from exporter.registration import RegistrationStore
+from exporter.registry import Registry
+from exporter.server import REGISTRATION_SOURCE, build_app
+from exporter.sources import Source
+from exporter.sources.kubernetes import KubernetesSource
+from exporter.sources.registrations import RegistrationFilesSource
+from exporter.sources.slurm import SlurmSource
+from exporter.sources.wandb_runs import WandbRunsSource
+
+ENV_PREFIX = "WANDB_INFRA_EXPORTER"
+
+DEFAULTS: dict[str, Any] = {
+    "listen": "0.0.0.0:9842",
+    "log_level": "info",
+    "grace_seconds": 300,
+    "auth": {"token": None, "token_file": None},
+    "registrations": {"enabled": True, "default_ttl_seconds": 600,
+                      "max_ttl_seconds": 30 * 86400, "max_entries": 100000},
+    "hostnames": {"strip_domain": True, "lowercase": True, "rewrites": []},
+    "sources": {
+        "slurm": {"enabled": False},
+        "wandb": {"enabled": False},
+        "kubernetes": {"enabled": False},
+        "files": {"enabled": False},
+    },
+}
+
+HELP = f"""\
+Publishes wandb_run_node_info / wandb_run_gpu_info (which W&B run is on which host and GPU) for
+Prometheus, from Slurm, the W&B API, Kubernetes, HTTP registrations and registration files.
+
+Configuration: one YAML file (--config) over built-in defaults; any key can be overridden from the
+environment as {ENV_PREFIX}__SECTION__KEY (e.g. {ENV_PREFIX}__SOURCES__SLURM__ENABLED=true).
+Keys (see deploy/exporter.example.yaml for a commented example):
+  listen                      host:port to serve /metrics, /healthz, /v1/runs (default 0.0.0.0:9842)
+  log_level                   debug|info|warning|error (JSON lines on stderr)
+  grace_seconds               how long a failing source keeps its last good mapping (default 300)
+  auth.token / auth.token_file  bearer token required by POST/DELETE /v1/runs (file preferred;
+                              "env:NAME" reads an environment variable); unset = no auth
+  registrations.enabled       accept POST /v1/runs (default true)
+  registrations.default_ttl_seconds / max_ttl_seconds / max_entries
+  hostnames.strip_domain      gpu01.example.com -> gpu01 (default true)
+  hostnames.lowercase         (default true)
+  hostnames.rewrites          list of {{match: REGEX, replace: TEMPLATE}}, first full match wins
+  sources.slurm               enabled, mode (squeue_json|scontrol), command, interval_seconds,
+                              timeout_seconds, comment_regex (default matches
+                              wandb:<entity>/<project>/<run_id>),
+                              job_name_regex, default_entity, default_project
+  sources.wandb               enabled, base_url, api_key / api_key_file, projects (list of
+                              "entity/project"), interval_seconds, timeout_seconds, page_size
+  sources.kubernetes          enabled, in_cluster, kubeconfig, api_server, token / token_file,
+                              ca_file, insecure_skip_tls_verify, namespace, label_selector,
+                              run_id_key, entity_key, project_key, default_entity,
+                              default_project, interval_seconds, timeout_seconds, page_size
+  sources.files               enabled, directory, max_age_seconds, interval_seconds
+Every source may also set `name` (its `source` label; defaults slurm, wandb, kubernetes, files).
+"""
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """``host:port`` -> (host, port)."""
+    host, sep, port = str(value).rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"listen must be host:port, got {value!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def build_sources(cfg: Mapping[str, Any], secrets: list[str]) -> list[Source]:
+    """The enabled sources, each validated; a bad section raises ConfigError."""
+    sections = cfg.get("sources") or {}
+    if not isinstance(sections, Mapping):
+        raise ConfigError("sources must be a mapping")
+    unknown = set(sections) - {"slurm", "wandb", "kubernetes", "files"}
+    if unknown:
+        raise ConfigError(f"unknown sources: {', '.join(sorted(unknown))}")
+    sources: list[Source] = []
+    for kind in ("slurm", "wandb", "kubernetes", "files"):
+        section = sections.get(kind) or {}
+        if not isinstance(section, Mapping):
+            raise ConfigError(f"sources.{kind} must be a mapping")
+        if not section.get("enabled"):
+            continue
+        if kind == "slurm":
+            sources.append(SlurmSource(section))
+        elif kind == "wandb":
+            source = WandbRunsSource(section)
+            secrets.append(source.api_key)
+            sources.append(source)
+        elif kind == "kubernetes":
+            k8s = KubernetesSource(section)
+            secrets.append(k8s.token or "")
+            sources.append(k8s)
+        else:
+            sources.append(RegistrationFilesSource(section))
+    names = [s.name for s in sources]
+    if len(set(names)) != len(names) or REGISTRATION_SOURCE in names:
+        raise ConfigError(f"source names must be unique and not '{REGISTRATION_SOURCE}'")
+    return sources
+
+
+def build(cfg: Mapping[str, Any]) -> tuple[web.Application, list[str]]:
+    """The app from a loaded config, plus the secrets the log must never show."""
+    secrets: list[str] = []
+    auth = cfg.get("auth") or {}
+    token = read_secret(auth.get("token"), auth.get("token_file"), "auth token")
+    if token:
+        secrets.append(token)
+    reg_cfg = cfg["registrations"]
+    store = RegistrationStore(max_entries=int(reg_cfg.get("max_entries", 100000)))
+    live = [(REGISTRATION_SOURCE, store.active)] if reg_cfg.get("enabled", True) else []
+    registry = Registry(HostnameMapper.from_config(cfg.get("hostnames") or {}),
+                        grace_seconds=float(cfg["grace_seconds"]), live_sources=live,
+                        live_version=store.version)
+    sources = build_sources(cfg, secrets)
+    app = build_app(registry, store, sources, token=token,
+                    default_ttl=float(reg_cfg.get("default_ttl_seconds", 600)),
+                    max_ttl=float(reg_cfg.get("max_ttl_seconds", 30 * 86400)),
+                    registrations=bool(reg_cfg.get("enabled", True)))
+    return app, secrets
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse arguments, load the config, serve until interrupted."""
+    parser = argparse.ArgumentParser(prog="wandb-infra-exporter", description=HELP,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", metavar="FILE",
+                        help="YAML configuration file (optional; defaults + environment otherwise)")
+    parser.add_argument("--check-config", action="store_true",
+                        help="validate the configuration, print the effective listen address, exit")
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_config(args.config, DEFAULTS, ENV_PREFIX)
+        host, port = parse_listen(cfg["listen"])
+        app, secrets = build(cfg)
+    except ConfigError as exc:
+        print(f"wandb-infra-exporter: configuration error: {exc}", file=sys.stderr)
+        return 2
+    if args.check_config:
+        print(f"configuration ok; would listen on {host}:{port}")
+        return 0
+    setup_logging(str(cfg.get("log_level", "info")), secrets)
+    logging.getLogger(__name__).info("starting", extra=log_fields(listen=f"{host}:{port}"))
+    web.run_app(app, host=host, port=port, print=None, access_log=None)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

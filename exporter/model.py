@@ -1,0 +1,52 @@
+"""Plain data shared by sources, registry and collector: where a run executes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, order=True)
+class RunKey:
+    """A W&B run's identity: entity/project/run_id."""
+
+    entity: str
+    project: str
+    run_id: str
+
+    def __str__(self) -> str:
+        return f"{self.entity}/{self.project}/{self.run_id}"
+
+
+@dataclass(frozen=True, order=True)
+class Gpu:
+    """One GPU as a source knows it: index ("" when unknown), UUID ("" when unknown)."""
+
+    index: str = ""
+    uuid: str = ""
+
+
+@dataclass(frozen=True)
+class RunPlacement:
+    """One run on one host, with the GPUs it holds there (empty when the source cannot tell).
+
+    ``extra`` holds optional contract-1 labels (slurm_job_id, namespace, pod, wandb_run_group).
+    """
+
+    run: RunKey
+    host: str
+    source: str
+    gpus: tuple[Gpu, ...] = ()
+    run_name: str = ""
+    extra: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass
+class SourceResult:
+    """What one poll of a source found: placements plus problems that did not stop it."""
+
+    placements: list[RunPlacement] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+class SourceError(RuntimeError):
+    """A source could not produce a mapping this time (its last good mapping is kept)."""

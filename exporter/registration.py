@@ -1,0 +1,184 @@
+"""Registrations pushed by training jobs (HTTP) or dropped as files: validation and the TTL store.
+
+Payload (JSON object)::
+
+    {"entity": "e", "project": "p", "run_id": "abc123", "hostname": "gpu01",
+     "gpus": [0, "1", {"index": 2, "uuid": "GPU-..."}],          # optional
+     "run_name": "...", "run_group": "...", "slurm_job_id": "42",   # optional
+     "namespace": "...", "pod": "...", "ttl_seconds": 600}          # optional
+
+A registration lives for ``ttl_seconds`` (default from config, capped); re-posting the same
+run+host is the heartbeat that extends it. Unknown fields and wrong types are rejected with the
+reason, so a typo never silently registers something else.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from exporter import labels
+from exporter.model import Gpu, RunKey, RunPlacement
+from exporter.sources import NAME_CHARS, RUN_ID_CHARS
+
+HOST_CHARS = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
+UUID_CHARS = re.compile(r"^[A-Za-z0-9][A-Za-z0-9/_.-]{0,127}$")
+LABEL_TEXT = re.compile(r"^[^\x00-\x1f\x7f]{0,256}$")
+MAX_GPUS = 64
+FIELDS = {"entity", "project", "run_id", "hostname", "gpus", "run_name", "run_group",
+          "slurm_job_id", "namespace", "pod", "ttl_seconds"}
+EXTRA = {"run_group": labels.RUN_GROUP, "slurm_job_id": labels.SLURM_JOB_ID,
+         "namespace": labels.NAMESPACE, "pod": labels.POD}
+
+
+class RegistrationError(ValueError):
+    """A bad registration; the message names the field and the problem."""
+
+
+def _text(data: Mapping[str, object], name: str, pattern: re.Pattern[str],
+          required: bool) -> str:
+    value = data.get(name)
+    if value is None or value == "":
+        if required:
+            raise RegistrationError(f"'{name}' is required")
+        return ""
+    if isinstance(value, int) and not isinstance(value, bool) and name == "slurm_job_id":
+        value = str(value)
+    if not isinstance(value, str):
+        raise RegistrationError(f"'{name}' must be a string, got {type(value).__name__}")
+    if not pattern.match(value):
+        raise RegistrationError(f"'{name}' has invalid characters or length: {value[:80]!r}")
+    return value
+
+
+def _index(value: object) -> str:
+    if isinstance(value, bool):
+        raise RegistrationError("GPU index must be an integer, got a boolean")
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        value = int(value)
+    if not isinstance(value, int) or not 0 <= value < 1024:
+        raise RegistrationError(f"GPU index must be an integer 0..1023, got {value!r}"[:120])
+    return str(value)
+
+
+def _gpus(raw: object) -> tuple[Gpu, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise RegistrationError("'gpus' must be a list of indices or {index, uuid} objects")
+    if len(raw) > MAX_GPUS:
+        raise RegistrationError(f"'gpus' has more than {MAX_GPUS} entries")
+    out = []
+    for item in raw:
+        if isinstance(item, Mapping):
+            unknown = set(item) - {"index", "uuid"}
+            if unknown:
+                names = ", ".join(sorted(map(str, unknown)))
+                raise RegistrationError(f"unknown GPU fields: {names}")
+            index = _index(item["index"]) if item.get("index") is not None else ""
+            uuid = item.get("uuid") or ""
+            if uuid and (not isinstance(uuid, str) or not UUID_CHARS.match(uuid)):
+                raise RegistrationError(f"GPU uuid is invalid: {str(uuid)[:80]!r}")
+            if not index and not uuid:
+                raise RegistrationError("a GPU object needs 'index' or 'uuid'")
+            out.append(Gpu(index, uuid))
+        elif isinstance(item, str) and item.startswith(("GPU-", "MIG-")):
+            if not UUID_CHARS.match(item):
+                raise RegistrationError(f"GPU uuid is invalid: {item[:80]!r}")
+            out.append(Gpu(uuid=item))
+        else:
+            out.append(Gpu(index=_index(item)))
+    return tuple(dict.fromkeys(out))
+
+
+def parse_registration(data: object, source: str, default_ttl: float,
+                       max_ttl: float) -> tuple[RunPlacement, float]:
+    """Validate one registration; returns the placement and its TTL in seconds."""
+    if not isinstance(data, Mapping):
+        raise RegistrationError("registration must be a JSON object")
+    unknown = set(map(str, data)) - FIELDS
+    if unknown:
+        raise RegistrationError(f"unknown fields: {', '.join(sorted(unknown))}")
+    run = RunKey(_text(data, "entity", NAME_CHARS, True), _text(data, "project", NAME_CHARS, True),
+                 _text(data, "run_id", RUN_ID_CHARS, True))
+    host = _text(data, "hostname", HOST_CHARS, True)
+    extra = tuple((label, _text(data, field, LABEL_TEXT, False)) for field, label in EXTRA.items())
+    ttl = data.get("ttl_seconds", default_ttl)
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl <= max_ttl:
+        raise RegistrationError(f"'ttl_seconds' must be a number in (0, {max_ttl:g}]")
+    placement = RunPlacement(run=run, host=host, source=source, gpus=_gpus(data.get("gpus")),
+                             run_name=_text(data, "run_name", LABEL_TEXT, False),
+                             extra=tuple(e for e in extra if e[1]))
+    return placement, float(ttl)
+
+
+@dataclass
+class _Entry:
+    placement: RunPlacement
+    expires: float
+
+
+class RegistrationStore:
+    """Live registrations keyed by (run, host), each expiring unless refreshed."""
+
+    def __init__(self, max_entries: int = 100_000, clock: Callable[[], float] = time.time) -> None:
+        self.max_entries = max_entries
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._entries: dict[tuple[RunKey, str], _Entry] = {}
+        self._version = 0
+        self._next_expiry = float("inf")
+
+    def put(self, placement: RunPlacement, ttl: float) -> bool:
+        """Add or refresh; returns True when it was new. Raises OverflowError when full."""
+        key = (placement.run, placement.host)
+        with self._lock:
+            old = self._entries.get(key)
+            if old is None and len(self._entries) >= self.max_entries:
+                raise OverflowError(f"registration store is full ({self.max_entries})")
+            expires = self.clock() + ttl
+            self._entries[key] = _Entry(placement, expires)
+            self._next_expiry = min(self._next_expiry, expires)
+            if old is None or old.placement != placement:
+                self._version += 1
+            return old is None
+
+    def delete(self, run: RunKey, host: str | None = None) -> int:
+        """Remove a run's registrations (one host or all); returns how many."""
+        with self._lock:
+            keys = [k for k in self._entries if k[0] == run and (host is None or k[1] == host)]
+            for key in keys:
+                del self._entries[key]
+            if keys:
+                self._version += 1
+            return len(keys)
+
+    def _expire(self) -> None:
+        now = self.clock()
+        if now < self._next_expiry:
+            return
+        dead = [k for k, e in self._entries.items() if e.expires <= now]
+        for key in dead:
+            del self._entries[key]
+        if dead:
+            self._version += 1
+        self._next_expiry = min((e.expires for e in self._entries.values()), default=float("inf"))
+
+    def version(self) -> int:
+        """Changes whenever the live set changes (including expiry)."""
+        with self._lock:
+            self._expire()
+            return self._version
+
+    def active(self) -> list[RunPlacement]:
+        """Placements whose TTL has not run out."""
+        with self._lock:
+            self._expire()
+            return [e.placement for e in self._entries.values()]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)

@@ -1,0 +1,196 @@
+"""Merges what every source reports into the series the collector publishes.
+
+* Host names go through the HostnameMapper once, at ingestion.
+* A source that fails keeps its last good mapping for ``grace_seconds`` (then it is dropped) and
+  reports itself down; problems inside a good poll only count as errors.
+* Several sources may report the same run on the same host: one node series per (run, host), GPUs
+  merged (a GPU known by index and UUID replaces the same GPU known by only one of them).
+* A run's labels stay constant while it lives: the first labels seen for (run, host) win until that
+  pair disappears from every source.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from exporter import labels
+from exporter.hostnames import HostnameMapper
+from exporter.logsetup import log_fields
+from exporter.model import Gpu, RunKey, RunPlacement, SourceResult
+
+log = logging.getLogger(__name__)
+
+NodeKey = tuple[RunKey, str]
+
+
+@dataclass
+class SourceStatus:
+    """Self-metrics of one source."""
+
+    name: str
+    up: bool = False
+    last_success: float = 0.0
+    last_duration: float = 0.0
+    errors_total: int = 0
+    placements: list[RunPlacement] = field(default_factory=list)
+    polled: bool = False
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Label-value tuples ready to publish, in labels.NODE_INFO_LABELS / GPU_INFO_LABELS order."""
+
+    nodes: tuple[tuple[str, ...], ...]
+    gpus: tuple[tuple[str, ...], ...]
+    runs: int
+    hosts: int
+    sources: tuple[SourceStatus, ...]
+    runs_by_source: dict[str, tuple[int, int]]
+
+
+def merge_gpus(gpus: Iterable[Gpu]) -> tuple[Gpu, ...]:
+    """Union of GPUs; drop partial entries that a complete (index+uuid) entry covers."""
+    unique = set(gpus)
+    full = [g for g in unique if g.index and g.uuid]
+    indices = {g.index for g in full}
+    uuids = {g.uuid for g in full}
+    kept = [g for g in unique if (g.index and g.uuid)
+            or (g.index and not g.uuid and g.index not in indices)
+            or (g.uuid and not g.index and g.uuid not in uuids)]
+    return tuple(sorted(kept, key=lambda g: (not g.index, len(g.index), g.index, g.uuid)))
+
+
+class Registry:
+    """Thread-safe per-source mappings; ``snapshot()`` is cached until something changes."""
+
+    def __init__(self, mapper: HostnameMapper | None = None, grace_seconds: float = 300.0,
+                 clock: Callable[[], float] = time.time,
+                 live_sources: Sequence[tuple[str, Callable[[], list[RunPlacement]]]] = (),
+                 live_version: Callable[[], int] = lambda: 0) -> None:
+        self.mapper = mapper or HostnameMapper()
+        self.grace = grace_seconds
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._sources: dict[str, SourceStatus] = {}
+        self._live = list(live_sources)
+        self._live_version = live_version
+        for name, _ in self._live:
+            self._sources[name] = SourceStatus(name, up=True, polled=True)
+        self._stable: dict[NodeKey, tuple[str, ...]] = {}
+        self._version = 0
+        self._cache: tuple[tuple[int, int], Snapshot] | None = None
+
+    def add_source(self, name: str) -> None:
+        """Declare a polled source so it reports up=0 until its first good poll."""
+        with self._lock:
+            self._sources.setdefault(name, SourceStatus(name))
+
+    def record_success(self, name: str, result: SourceResult, duration: float) -> None:
+        """A good poll: replace the source's mapping (host names mapped), count its problems."""
+        placements = [self._canonical(p) for p in result.placements]
+        with self._lock:
+            status = self._sources.setdefault(name, SourceStatus(name))
+            status.up, status.polled = True, True
+            status.last_success = self.clock()
+            status.last_duration = duration
+            status.errors_total += len(result.problems)
+            if placements != status.placements:
+                status.placements = placements
+                self._version += 1
+        for problem in result.problems[:20]:
+            log.warning("source problem", extra=log_fields(source=name, problem=problem))
+
+    def record_failure(self, name: str, error: str, duration: float) -> None:
+        """A failed poll: down, errors+1; the last good mapping stays for the grace period."""
+        with self._lock:
+            status = self._sources.setdefault(name, SourceStatus(name))
+            status.up, status.polled = False, True
+            status.last_duration = duration
+            status.errors_total += 1
+        log.warning("source failed", extra=log_fields(source=name, error=error))
+
+    def _canonical(self, placement: RunPlacement) -> RunPlacement:
+        host = self.mapper(placement.host)
+        if host == placement.host:
+            return placement
+        return RunPlacement(placement.run, host, placement.source, placement.gpus,
+                            placement.run_name, placement.extra)
+
+    def _expire(self, now: float) -> None:
+        for status in self._sources.values():
+            if (not status.up and status.placements
+                    and now - status.last_success > self.grace):
+                log.warning("grace period over, dropping mapping",
+                            extra=log_fields(source=status.name, runs=len(status.placements)))
+                status.placements = []
+                self._version += 1
+
+    def snapshot(self) -> Snapshot:
+        """The merged series; recomputed only when a mapping changed."""
+        with self._lock:
+            self._expire(self.clock())
+            key = (self._version, self._live_version())
+            if self._cache and self._cache[0] == key:
+                return self._refresh_status(self._cache[1])
+            live = [(name, [self._canonical(p) for p in fn()]) for name, fn in self._live]
+            snap = self._merge(live)
+            self._cache = (key, snap)
+            return snap
+
+    def _refresh_status(self, snap: Snapshot) -> Snapshot:
+        return Snapshot(snap.nodes, snap.gpus, snap.runs, snap.hosts,
+                        self._status_copy(), snap.runs_by_source)
+
+    def _status_copy(self) -> tuple[SourceStatus, ...]:
+        return tuple(SourceStatus(s.name, s.up, s.last_success, s.last_duration, s.errors_total,
+                                  [], s.polled) for s in self._sources.values())
+
+    def _merge(self, live: list[tuple[str, list[RunPlacement]]]) -> Snapshot:
+        grouped: dict[NodeKey, list[RunPlacement]] = {}
+        per_source: dict[str, tuple[int, int]] = {}
+        lists = [(s.name, s.placements) for s in self._sources.values()
+                 if s.name not in dict(live)] + live
+        for name, placements in lists:
+            runs, hosts = set(), set()
+            for p in placements:
+                grouped.setdefault((p.run, p.host), []).append(p)
+                runs.add(p.run)
+                hosts.add(p.host)
+            per_source[name] = (len(runs), len(hosts))
+        stable = {k: v for k, v in self._stable.items() if k in grouped}
+        nodes, gpus = [], []
+        for node_key in sorted(grouped):
+            group = grouped[node_key]
+            values = stable.get(node_key)
+            if values is None:
+                values = _node_values(node_key, group)
+                stable[node_key] = values
+            nodes.append(values)
+            run, host = node_key
+            source = values[labels.NODE_INFO_LABELS.index(labels.SOURCE)]
+            for gpu in merge_gpus(g for p in group for g in p.gpus):
+                gpus.append((run.entity, run.project, run.run_id, host, gpu.index, gpu.uuid,
+                             source))
+        self._stable = stable
+        return Snapshot(tuple(nodes), tuple(gpus), len({k[0] for k in grouped}),
+                        len({k[1] for k in grouped}), self._status_copy(), per_source)
+
+
+def _node_values(node_key: NodeKey, group: list[RunPlacement]) -> tuple[str, ...]:
+    """Labels for a new (run, host): the first placement's source; other fields from any source."""
+    run, host = node_key
+    first = group[0]
+    values = {
+        labels.ENTITY: run.entity, labels.PROJECT: run.project, labels.RUN_ID: run.run_id,
+        labels.HOSTNAME: host, labels.SOURCE: first.source,
+        labels.RUN_NAME: next((p.run_name for p in group if p.run_name), ""),
+    }
+    for p in group:
+        for name, value in p.extra:
+            if value and not values.get(name):
+                values[name] = value
+    return tuple(values.get(name, "") for name in labels.NODE_INFO_LABELS)

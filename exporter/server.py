@@ -1,0 +1,154 @@
+"""The exporter's HTTP side: /metrics, /healthz, the registration API, and the source pollers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+
+from aiohttp import web
+
+from exporter.collector import CONTENT_TYPE, render
+from exporter.logsetup import log_fields
+from exporter.model import SourceError
+from exporter.registration import (
+    HOST_CHARS,
+    RegistrationError,
+    RegistrationStore,
+    parse_registration,
+)
+from exporter.registry import Registry
+from exporter.sources import Source, valid_run_key
+
+log = logging.getLogger(__name__)
+
+MAX_BODY = 64 * 1024
+REGISTRATION_SOURCE = "registrations"
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+async def poll_forever(source: Source, registry: Registry) -> None:
+    """Poll one source on its interval; nothing a source does can stop the loop."""
+    loop = asyncio.get_running_loop()
+    while True:
+        started = time.monotonic()
+        try:
+            result = await loop.run_in_executor(None, source.poll)
+            registry.record_success(source.name, result, time.monotonic() - started)
+        except SourceError as exc:
+            registry.record_failure(source.name, str(exc), time.monotonic() - started)
+        except Exception as exc:  # a bug or garbage in one source must not kill the exporter
+            log.exception("source crashed", extra=log_fields(source=source.name))
+            registry.record_failure(source.name, f"{type(exc).__name__}: {exc}",
+                                    time.monotonic() - started)
+        await asyncio.sleep(max(0.05, source.interval - (time.monotonic() - started)))
+
+
+class Api:
+    """Handlers sharing the registry, the registration store and the auth token."""
+
+    def __init__(self, registry: Registry, store: RegistrationStore, token: str | None,
+                 default_ttl: float, max_ttl: float) -> None:
+        self.registry, self.store, self.token = registry, store, token
+        self.default_ttl, self.max_ttl = default_ttl, max_ttl
+
+    def _authorized(self, request: web.Request) -> bool:
+        if not self.token:
+            return True
+        header = request.headers.get("Authorization", "")
+        scheme, _, value = header.partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(),
+                                                                  self.token.encode())
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        """The exposition, built now."""
+        body = await asyncio.get_running_loop().run_in_executor(None, render, self.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        """Liveness plus each source's state (the process is healthy even if a source is down)."""
+        snap = self.registry.snapshot()
+        return web.json_response({
+            "status": "ok", "runs": snap.runs, "hosts": snap.hosts,
+            "sources": {s.name: {"up": s.up, "last_success": s.last_success,
+                                 "errors": s.errors_total} for s in snap.sources},
+        })
+
+    async def register(self, request: web.Request) -> web.Response:
+        """POST /v1/runs: add or refresh (heartbeat) one run on one host."""
+        if not self._authorized(request):
+            return _error(401, "missing or wrong bearer token")
+        if request.content_length is not None and request.content_length > MAX_BODY:
+            return _error(413, f"body larger than {MAX_BODY} bytes")
+        try:
+            raw = await request.content.read(MAX_BODY + 1)
+        except (asyncio.IncompleteReadError, ConnectionError) as exc:
+            return _error(400, f"cannot read body: {exc}")
+        if len(raw) > MAX_BODY:
+            return _error(413, f"body larger than {MAX_BODY} bytes")
+        try:
+            data = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            return _error(400, f"body is not valid JSON: {exc}")
+        try:
+            placement, ttl = parse_registration(data, REGISTRATION_SOURCE, self.default_ttl,
+                                                self.max_ttl)
+        except RegistrationError as exc:
+            return _error(400, str(exc))
+        try:
+            new = self.store.put(placement, ttl)
+        except OverflowError as exc:
+            return _error(503, str(exc))
+        log.info("run registered" if new else "run refreshed",
+                 extra=log_fields(run=str(placement.run), host=placement.host))
+        return web.json_response({"status": "registered" if new else "refreshed",
+                                  "expires_in": ttl}, status=201 if new else 200)
+
+    async def deregister(self, request: web.Request) -> web.Response:
+        """DELETE /v1/runs/{entity}/{project}/{run_id}[?hostname=h]."""
+        if not self._authorized(request):
+            return _error(401, "missing or wrong bearer token")
+        info = request.match_info
+        run = valid_run_key(info["entity"], info["project"], info["run_id"])
+        if run is None:
+            return _error(400, "entity, project or run_id has invalid characters or length")
+        host = request.query.get("hostname")
+        if host is not None and not HOST_CHARS.match(host):
+            return _error(400, "'hostname' has invalid characters or length")
+        deleted = self.store.delete(run, host)
+        log.info("run deregistered", extra=log_fields(run=str(run), host=host, deleted=deleted))
+        return web.json_response({"deleted": deleted})
+
+
+def build_app(registry: Registry, store: RegistrationStore, sources: Sequence[Source] = (), *,
+              token: str | None = None, default_ttl: float = 600.0,
+              max_ttl: float = 30 * 86400.0, registrations: bool = True) -> web.Application:
+    """The aiohttp application; pollers start and stop with it."""
+    api = Api(registry, store, token, default_ttl, max_ttl)
+    app = web.Application(client_max_size=MAX_BODY)
+    app.router.add_get("/metrics", api.metrics)
+    app.router.add_get("/healthz", api.healthz)
+    if registrations:
+        app.router.add_post("/v1/runs", api.register)
+        app.router.add_delete("/v1/runs/{entity}/{project}/{run_id}", api.deregister)
+    for source in sources:
+        registry.add_source(source.name)
+
+    async def pollers(_app: web.Application) -> AsyncIterator[None]:
+        tasks = [asyncio.create_task(poll_forever(s, registry)) for s in sources]
+        yield
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    app.cleanup_ctx.append(pollers)
+    return app

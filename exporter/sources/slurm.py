@@ -1,0 +1,243 @@
+"""Slurm source: running jobs whose comment (or name) names a W&B run.
+
+Convention: submit with ``--comment wandb:<entity>/<project>/<run_id>`` (anywhere in the comment).
+Optionally a job-name regex with named groups ``entity``, ``project``, ``run_id`` (missing groups
+fall back to ``default_entity``/``default_project``). Reads ``squeue --json`` (22.05 and newer
+schemas, where numbers became ``{"set", "number"}`` objects and states lists) or
+``scontrol show job -d``. Each node of the job gets a placement; GPU indices come from the per-node
+GRES detail (``gpu:2(IDX:0,2)``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from exporter import labels
+from exporter.configfile import ConfigError
+from exporter.model import Gpu, RunKey, RunPlacement, SourceError, SourceResult
+from exporter.nodelist import NodeListError, expand_hostlist, gres_gpu_indices
+from exporter.sources import compile_regex, valid_run_key
+
+DEFAULT_COMMENT_REGEX = (
+    r"wandb:(?P<entity>[^/\s]+)/(?P<project>[^/\s]+)/(?P<run_id>[A-Za-z0-9_.\-]+)"
+)
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """The fields we need from one job, whatever the input format."""
+
+    job_id: str
+    name: str
+    state: str
+    comment: str
+    nodes: list[str]
+    gres_per_node: list[str]
+
+
+@dataclass(frozen=True)
+class RunNaming:
+    """How a job names its run: comment regex, optional job-name regex, defaults."""
+
+    comment_regex: re.Pattern[str] | None
+    name_regex: re.Pattern[str] | None
+    default_entity: str = ""
+    default_project: str = ""
+
+    def run_of(self, job: SlurmJob) -> RunKey | None:
+        """The run a job belongs to, or None when it names none (or names it badly)."""
+        for pattern, text in ((self.comment_regex, job.comment), (self.name_regex, job.name)):
+            if pattern is None or not text:
+                continue
+            match = pattern.search(text)
+            if not match:
+                continue
+            groups = match.groupdict()
+            key = valid_run_key(groups.get("entity") or self.default_entity,
+                                groups.get("project") or self.default_project,
+                                groups.get("run_id"))
+            if key:
+                return key
+        return None
+
+
+def _number(value: object) -> str:
+    """A job id from 22.05 (int) or newer (``{"set": true, "number": 5}``) JSON."""
+    if isinstance(value, Mapping):
+        if not value.get("set", True):
+            return ""
+        value = value.get("number")
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        return ""
+    return str(value)
+
+
+def _state(value: object) -> str:
+    if isinstance(value, list):
+        return str(value[0]) if value else ""
+    return str(value or "")
+
+
+def _job_nodes(job: Mapping[str, Any]) -> list[str]:
+    nodes = job.get("nodes")
+    if isinstance(nodes, str) and nodes.strip():
+        return expand_hostlist(nodes)
+    resources = job.get("job_resources")
+    if isinstance(resources, Mapping):
+        inner = resources.get("nodes")
+        if isinstance(inner, str):
+            return expand_hostlist(inner)
+        if isinstance(inner, Mapping):
+            if isinstance(inner.get("list"), str):
+                return expand_hostlist(inner["list"])
+            alloc = inner.get("allocation")
+            if isinstance(alloc, list):
+                return [str(n["name"]) for n in alloc if isinstance(n, Mapping) and n.get("name")]
+        alloc = resources.get("allocated_nodes")
+        if isinstance(alloc, list):
+            return [str(n["nodename"]) for n in alloc
+                    if isinstance(n, Mapping) and n.get("nodename")]
+    return []
+
+
+def parse_squeue_json(text: str) -> tuple[list[SlurmJob], list[str]]:
+    """Jobs from ``squeue --json``; malformed jobs are skipped and reported as problems."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise SourceError(f"squeue --json output is not JSON: {exc}") from exc
+    if not isinstance(data, Mapping) or not isinstance(data.get("jobs"), list):
+        raise SourceError("squeue --json output has no 'jobs' list")
+    jobs, problems = [], []
+    for raw in data["jobs"]:
+        try:
+            if not isinstance(raw, Mapping):
+                raise TypeError("job is not an object")
+            gres = raw.get("gres_detail") or []
+            if not isinstance(gres, list):
+                raise TypeError("gres_detail is not a list")
+            jobs.append(SlurmJob(
+                job_id=_number(raw.get("job_id")),
+                name=str(raw.get("name") or ""),
+                state=_state(raw.get("job_state")),
+                comment=str(raw.get("comment") or ""),
+                nodes=_job_nodes(raw),
+                gres_per_node=[str(g) for g in gres],
+            ))
+        except (TypeError, KeyError, NodeListError) as exc:
+            problems.append(f"skipped malformed squeue job: {exc}")
+    return jobs, problems
+
+
+_DETAIL = re.compile(r"^\s*Nodes=(\S+)\s.*?GRES=(\S*)")
+
+
+def parse_scontrol(text: str) -> tuple[list[SlurmJob], list[str]]:
+    """Jobs from ``scontrol show job -d`` (blank-line separated records)."""
+    jobs, problems = [], []
+    for block in re.split(r"\n\s*\n", text):
+        if "JobId=" not in block:
+            continue
+        fields: dict[str, str] = {}
+        gres_by_node: dict[str, str] = {}
+        for line in block.splitlines():
+            stripped = line.strip()
+            if stripped.startswith("Comment="):
+                fields["Comment"] = stripped[len("Comment="):].strip()
+                continue
+            detail = _DETAIL.match(line)
+            if detail:
+                try:
+                    for node in expand_hostlist(detail.group(1)):
+                        gres_by_node[node] = detail.group(2)
+                except NodeListError as exc:
+                    problems.append(f"skipped GRES detail: {exc}")
+                continue
+            name = re.search(r"JobName=(.*)$", stripped)
+            if name and stripped.startswith("JobId="):
+                fields["JobName"] = name.group(1).strip()
+                stripped = stripped[:name.start()]
+            for token in stripped.split():
+                key, sep, value = token.partition("=")
+                if sep and key not in fields:
+                    fields[key] = value
+        try:
+            nodes = expand_hostlist(fields.get("NodeList", ""))
+        except NodeListError as exc:
+            problems.append(f"skipped job {fields.get('JobId')}: {exc}")
+            continue
+        jobs.append(SlurmJob(
+            job_id=fields.get("JobId", ""), name=fields.get("JobName", ""),
+            state=fields.get("JobState", ""),
+            comment="" if fields.get("Comment") == "(null)" else fields.get("Comment", ""),
+            nodes=nodes, gres_per_node=[gres_by_node.get(n, "") for n in nodes],
+        ))
+    return jobs, problems
+
+
+def placements_from_jobs(jobs: Sequence[SlurmJob], naming: RunNaming,
+                         source: str = "slurm") -> tuple[list[RunPlacement], list[str]]:
+    """One placement per (running job that names a run, node), GPUs from that node's GRES."""
+    out, problems = [], []
+    for job in jobs:
+        if job.state.upper() != "RUNNING":
+            continue
+        key = naming.run_of(job)
+        if key is None:
+            continue
+        for i, node in enumerate(job.nodes):
+            gres = job.gres_per_node[i] if i < len(job.gres_per_node) else ""
+            try:
+                gpus = tuple(Gpu(index=idx) for idx in gres_gpu_indices(gres))
+            except NodeListError as exc:
+                problems.append(f"job {job.job_id}: {exc}")
+                gpus = ()
+            extra = ((labels.SLURM_JOB_ID, job.job_id),) if job.job_id else ()
+            out.append(RunPlacement(run=key, host=node, source=source, gpus=gpus, extra=extra))
+    return out, problems
+
+
+class SlurmSource:
+    """Polls squeue/scontrol with a timeout; a failing command raises SourceError."""
+
+    def __init__(self, cfg: Mapping[str, Any], runner: Any = subprocess.run) -> None:
+        self.name = str(cfg.get("name") or "slurm")
+        self.interval = float(cfg.get("interval_seconds", 15))
+        self.timeout = float(cfg.get("timeout_seconds", 10))
+        self.mode = str(cfg.get("mode", "squeue_json"))
+        if self.mode not in ("squeue_json", "scontrol"):
+            raise ConfigError("sources.slurm.mode must be 'squeue_json' or 'scontrol'")
+        default_cmd = (["squeue", "--json"] if self.mode == "squeue_json"
+                       else ["scontrol", "show", "job", "-d"])
+        command = cfg.get("command") or default_cmd
+        if not isinstance(command, list) or not all(isinstance(c, str) for c in command):
+            raise ConfigError("sources.slurm.command must be a list of strings")
+        self.command: list[str] = command
+        comment = cfg.get("comment_regex", DEFAULT_COMMENT_REGEX)
+        self.naming = RunNaming(
+            comment_regex=compile_regex({"c": comment}, "c", "sources.slurm.comment_regex"),
+            name_regex=compile_regex(cfg, "job_name_regex", "sources.slurm"),
+            default_entity=str(cfg.get("default_entity") or ""),
+            default_project=str(cfg.get("default_project") or ""),
+        )
+        self._run = runner
+
+    def poll(self) -> SourceResult:
+        """Run the command and turn running jobs into placements."""
+        try:
+            proc = self._run(self.command, capture_output=True, text=True,
+                             timeout=self.timeout, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise SourceError(f"{self.command[0]} failed: {exc}") from exc
+        if proc.returncode != 0:
+            raise SourceError(f"{' '.join(self.command)} exited {proc.returncode}: "
+                              f"{(proc.stderr or '').strip()[:300]}")
+        parse = parse_squeue_json if self.mode == "squeue_json" else parse_scontrol
+        jobs, problems = parse(proc.stdout)
+        placements, more = placements_from_jobs(jobs, self.naming, self.name)
+        return SourceResult(placements, problems + more)
