@@ -1,0 +1,98 @@
+"""``wandb-infra-bridge``: the Alertmanager -> W&B bridge command line.
+
+Subcommands: ``serve`` (the daemon). More subcommands (e.g. ``explain``) register themselves in
+``SUBCOMMANDS`` with a function that adds their parser.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Callable
+from dataclasses import replace
+
+from bridge.config import ENV_PREFIX, HELP, BridgeConfig, load
+from exporter.configfile import ConfigError
+from exporter.logsetup import setup_logging
+
+log = logging.getLogger("bridge")
+
+
+def _options_epilog() -> str:
+    lines = ["configuration keys (YAML file; override any with "
+             f"{ENV_PREFIX}__SECTION__KEY=value, e.g. {ENV_PREFIX}__LISTEN__PORT=9461):"]
+    lines += [f"  {key:44} {text}" for key, text in HELP.items()]
+    lines.append("secrets: prefer *_file keys; a value 'env:NAME' reads environment variable "
+                 "NAME. See deploy/bridge.example.yaml.")
+    return "\n".join(lines)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        cfg = load(args.config, insecure_no_auth=args.insecure_local_demo)
+    except ConfigError as exc:
+        print(f"wandb-infra-bridge: configuration error: {exc}", file=sys.stderr)
+        return 2
+    if args.host:
+        cfg = replace(cfg, host=args.host)
+    if args.port is not None:
+        cfg = replace(cfg, port=args.port)
+    setup_logging(args.log_level or str(cfg.raw["log_level"]), cfg.secrets.all())
+    try:
+        asyncio.run(serve_main(cfg))
+    except OSError as exc:
+        log.error("cannot serve: %s", exc)
+        return 1
+    return 0
+
+
+async def serve_main(cfg: BridgeConfig) -> None:
+    """Import the server lazily so ``--help`` stays fast."""
+    from bridge.service import serve  # noqa: PLC0415 - keeps --help fast
+
+    await serve(cfg)
+
+
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve", help="run the webhook receiver, issue pages and W&B delivery",
+        description="Receive Alertmanager webhooks (v4), store them durably, diagnose root "
+                    "causes per W&B run and project them onto the runs (tags, notes, summary, "
+                    "plot markers). Without a W&B key the issues are served at /runs.",
+        epilog=_options_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", metavar="FILE",
+                   help="YAML configuration file (defaults apply to missing keys)")
+    p.add_argument("--host", help="override listen.host")
+    p.add_argument("--port", type=int, help="override listen.port")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
+                   help="override log_level")
+    p.add_argument("--insecure-local-demo", action="store_true",
+                   help="allow starting WITHOUT webhook authentication (local demos only)")
+    p.set_defaults(func=_serve)
+
+
+SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_serve]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with every registered subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="wandb-infra-bridge",
+        description="Alertmanager webhook -> durable issue store -> root-cause diagnosis -> "
+                    "W&B runs (issues column, notes drawer, plot markers, Grafana links).")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in SUBCOMMANDS:
+        add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the console script."""
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""Bridge configuration: defaults, one YAML file, ``WANDB_INFRA_BRIDGE__*`` overrides, secrets.
+
+Secrets (webhook bearer token, basic-auth password, W&B API key) come from ``*_file`` keys
+(preferred) or a literal / ``env:NAME`` value, and never appear in ``repr`` or logs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bridge.delivery import DeliveryPolicy
+from bridge.identity import DEFAULT_PATHS
+from exporter.configfile import ConfigError, load_config, read_secret
+
+ENV_PREFIX = "WANDB_INFRA_BRIDGE"
+
+DEFAULTS: dict[str, Any] = {
+    "listen": {"host": "127.0.0.1", "port": 9461},
+    "log_level": "info",
+    "auth": {
+        "bearer_token": None, "bearer_token_file": None,
+        "basic_username": None, "basic_password": None, "basic_password_file": None,
+        "public_pages": False,
+    },
+    "webhook": {"path": "/alertmanager", "max_body_bytes": 8 * 1024 * 1024},
+    "store": {"path": "bridge-state/bridge.sqlite", "retention_days": 30},
+    "identity": dict(DEFAULT_PATHS),
+    "prometheus": {"url": "", "timeout_seconds": 5.0},
+    "wandb": {
+        "base_url": "https://api.wandb.ai", "api_key": None, "api_key_file": None,
+        "timeout_seconds": 30.0, "markers": True, "notify_critical": False,
+        "flush_interval_seconds": 10.0, "backoff_base_seconds": 2.0,
+        "backoff_max_seconds": 300.0, "state_check_interval_seconds": 300.0,
+    },
+    "grafana": {"base_url": "", "org_id": 1, "window_before_minutes": 30,
+                "window_after_minutes": 30},
+    "diagnosis": {"incident_gap_minutes": 10},
+}
+
+HELP: dict[str, str] = {
+    "listen.host": "address to bind (127.0.0.1; use 0.0.0.0 behind a network policy)",
+    "listen.port": "TCP port of the webhook, /runs, /metrics, /healthz, /readyz",
+    "log_level": "debug, info, warning or error (JSON lines on stderr)",
+    "auth.bearer_token[_file]": "token Alertmanager sends as 'Authorization: Bearer'",
+    "auth.basic_username / basic_password[_file]": "credentials for Alertmanager basic_auth",
+    "auth.public_pages": "serve /runs without credentials (read-only pages)",
+    "webhook.path": "path Alertmanager's webhook_configs url points at",
+    "webhook.max_body_bytes": "larger notifications get 413",
+    "store.path": "SQLite file (WAL) holding alerts and the W&B outbox",
+    "store.retention_days": "resolved, delivered alerts older than this are deleted",
+    "identity.{entity,project,run_id,hostname,gpu}": "JSONPath into each alert (default: "
+                                                     "contract-2 labels)",
+    "prometheus.url": "if set, unattributed alerts are attributed via the join metrics",
+    "wandb.base_url": "W&B API base URL (self-managed servers: their URL)",
+    "wandb.api_key[_file]": "W&B API key; without it issues stay in the bridge (/runs)",
+    "wandb.markers": "write infra/issue history markers with the wandb SDK (shared mode)",
+    "wandb.notify_critical": "send NotifyScriptableRunAlert for critical root causes",
+    "wandb.flush_interval_seconds": "at most one W&B projection per run per interval",
+    "wandb.backoff_{base,max}_seconds": "retry backoff bounds (Retry-After always honoured)",
+    "wandb.state_check_interval_seconds": "how often a live run is re-checked so summary keys "
+                                          "are written once it finished",
+    "grafana.base_url": "Grafana URL for deep links (empty: no links)",
+    "grafana.org_id / window_*_minutes": "link org and time window around an issue",
+    "diagnosis.incident_gap_minutes": "alerts further apart than this are separate issues",
+}
+
+
+@dataclass(frozen=True)
+class Secrets:
+    """Secrets read at start-up; ``repr`` never shows them."""
+
+    bearer_token: str | None = field(default=None, repr=False)
+    basic_username: str | None = None
+    basic_password: str | None = field(default=None, repr=False)
+    wandb_api_key: str | None = field(default=None, repr=False)
+
+    def all(self) -> list[str]:
+        """Every secret value, for log redaction."""
+        return [s for s in (self.bearer_token, self.basic_password, self.wandb_api_key) if s]
+
+
+@dataclass(frozen=True)
+class BridgeConfig:
+    """Validated configuration."""
+
+    raw: dict[str, Any]
+    secrets: Secrets
+    host: str
+    port: int
+    webhook_path: str
+    max_body_bytes: int
+    store_path: Path
+    policy: DeliveryPolicy
+    insecure_no_auth: bool = False
+
+    @property
+    def auth_enabled(self) -> bool:
+        """True when at least one credential is configured."""
+        return bool(self.secrets.bearer_token or self.secrets.basic_password)
+
+
+def _number(raw: Mapping[str, Any], section: str, key: str, minimum: float = 0.0) -> float:
+    value = raw[section][key]
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < minimum:
+        raise ConfigError(f"{section}.{key} must be a number >= {minimum}")
+    return float(value)
+
+
+def build_config(raw: dict[str, Any], environ: Mapping[str, str] | None = None,
+                 insecure_no_auth: bool = False) -> BridgeConfig:
+    """Validate a merged raw configuration and read the secrets it points at."""
+    for section, value in raw.items():
+        if isinstance(DEFAULTS.get(section), dict):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{section} must be a mapping")
+            unknown = sorted(set(value) - set(DEFAULTS[section]))
+            if unknown:
+                raise ConfigError(f"unknown keys in {section}: {', '.join(unknown)}")
+    auth, wb = raw["auth"], raw["wandb"]
+    secrets = Secrets(
+        bearer_token=read_secret(auth["bearer_token"], auth["bearer_token_file"],
+                                 "auth.bearer_token", environ),
+        basic_username=auth["basic_username"],
+        basic_password=read_secret(auth["basic_password"], auth["basic_password_file"],
+                                   "auth.basic_password", environ),
+        wandb_api_key=read_secret(wb["api_key"], wb["api_key_file"], "wandb.api_key", environ),
+    )
+    if bool(secrets.basic_username) != bool(secrets.basic_password):
+        raise ConfigError("auth.basic_username and auth.basic_password go together")
+    path = raw["webhook"]["path"]
+    if not isinstance(path, str) or not path.startswith("/") or path.startswith("/runs"):
+        raise ConfigError("webhook.path must start with '/' and not be under /runs")
+    port = raw["listen"]["port"]
+    if not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ConfigError("listen.port must be an integer 0-65535")
+    policy = DeliveryPolicy(
+        flush_interval=_number(raw, "wandb", "flush_interval_seconds"),
+        backoff_base=_number(raw, "wandb", "backoff_base_seconds", 0.001),
+        backoff_max=_number(raw, "wandb", "backoff_max_seconds", 0.001),
+        state_check_interval=_number(raw, "wandb", "state_check_interval_seconds", 1),
+        retention=_number(raw, "store", "retention_days", 0) * 86400,
+        notify_critical=bool(wb["notify_critical"]),
+        incident_gap=_number(raw, "diagnosis", "incident_gap_minutes", 0) * 60,
+    )
+    cfg = BridgeConfig(
+        raw=raw, secrets=secrets, host=str(raw["listen"]["host"]), port=port,
+        webhook_path=path, max_body_bytes=int(_number(raw, "webhook", "max_body_bytes", 1024)),
+        store_path=Path(str(raw["store"]["path"])), policy=policy,
+        insecure_no_auth=insecure_no_auth,
+    )
+    if not cfg.auth_enabled and not insecure_no_auth:
+        raise ConfigError("no webhook credentials configured (auth.bearer_token[_file] or "
+                          "auth.basic_username + basic_password[_file]); refusing to start. "
+                          "Use --insecure-local-demo only for a local demo.")
+    return cfg
+
+
+def load(path: str | None, environ: Mapping[str, str] | None = None,
+         insecure_no_auth: bool = False) -> BridgeConfig:
+    """Defaults + YAML file + environment overrides, validated."""
+    return build_config(load_config(path, DEFAULTS, ENV_PREFIX, environ), environ,
+                        insecure_no_auth)

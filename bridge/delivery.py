@@ -1,0 +1,229 @@
+"""The delivery worker: projects each run's diagnosis onto W&B from the store's outbox.
+
+At most one projection per run per flush interval, whatever the alert count: the outbox holds one
+row per run, and a projection writes the run's whole current state (tags, notes section, summary,
+markers), so later changes are folded into the next flush and per-run order cannot be violated.
+Transient failures back off exponentially with jitter, at least as long as ``Retry-After`` asks,
+and pause the whole worker (W&B being down is not a per-run problem, so no retry storm); permanent
+failures park the run, counted and visible, without blocking other runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from bridge.diagnosis import AlertFact, Diagnosis, diagnose
+from bridge.grafana import GrafanaLinks
+from bridge.identity import PrometheusRunLookup, RunKey
+from bridge.markers import MarkerWriter
+from bridge.metrics import BridgeMetrics
+from bridge.notes import LinkFn, render_section, replace_section
+from bridge.projection import marker_rows, merged_tags, summary_entries
+from bridge.store import OutboxRow, Store, StoreError
+from bridge.wandb_client import PermanentError, TransientError, WandbClient, WandbError
+from exporter.logsetup import log_fields
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DeliveryPolicy:
+    """Timing knobs (seconds)."""
+
+    flush_interval: float = 10.0
+    backoff_base: float = 2.0
+    backoff_max: float = 300.0
+    state_check_interval: float = 300.0
+    retention: float = 30 * 86400.0
+    notify_critical: bool = False
+    incident_gap: float = 600.0
+
+
+def backoff(attempts: int, policy: DeliveryPolicy, retry_after: float | None,
+            rng: random.Random) -> float:
+    """Exponential backoff with jitter (50-100 %), never shorter than ``Retry-After``."""
+    delay = min(policy.backoff_max, policy.backoff_base * (2 ** max(0, attempts)))
+    delay *= 0.5 + rng.random() / 2
+    return max(delay, retry_after or 0.0)
+
+
+class DeliveryWorker:
+    """Runs in its own thread; ``run_once`` is the unit tests and benchmarks drive directly."""
+
+    def __init__(self, store: Store, *, client: WandbClient | None,
+                 markers: MarkerWriter | None, links: GrafanaLinks, metrics: BridgeMetrics,
+                 policy: DeliveryPolicy, lookup: PrometheusRunLookup | None = None,
+                 clock: Callable[[], float] = time.time, seed: int | None = None) -> None:
+        self.store = store
+        self.client = client
+        self.markers = markers
+        self.links = links
+        self.metrics = metrics
+        self.policy = policy
+        self.lookup = lookup
+        self.clock = clock
+        self.rng = random.Random(seed)
+        self.paused_until = 0.0
+        self.consecutive_transient = 0
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_purge = 0.0
+
+    # thread ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the background loop."""
+        self._thread = threading.Thread(target=self._loop, name="bridge-delivery", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the loop and wait for the current projection to finish."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self.store.close()
+
+    def wake(self) -> None:
+        """New data arrived: look at the outbox now rather than at the next tick."""
+        self._wake.set()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.run_once()
+            except StoreError as exc:
+                log.error("store unavailable in delivery worker", extra=log_fields(error=str(exc)))
+            except Exception:
+                log.exception("delivery worker iteration failed")
+            self._wake.wait(1.0)
+            self._wake.clear()
+
+    # one pass -------------------------------------------------------------------------------
+    def run_once(self) -> int:
+        """Attribute, deliver what is due, refresh gauges, purge old data. Returns deliveries."""
+        now = self.clock()
+        if self.lookup is not None:
+            self._attribute(now)
+        delivered = 0
+        if self.client is not None and now >= self.paused_until:
+            for row in self.store.due(now, self.policy.flush_interval):
+                if self._stop.is_set():
+                    break
+                if not self._deliver(row):
+                    break
+                delivered += 1
+        if self.client is not None:
+            stats = self.store.queue_stats(self.clock())
+            self.metrics.queue_depth.set(stats.pending_runs)
+            self.metrics.oldest_age.set(stats.oldest_pending_age)
+            self.metrics.parked.set(stats.parked_runs)
+        if now - self._last_purge > 3600:
+            self._last_purge = now
+            self.store.purge(now - self.policy.retention)
+        return delivered
+
+    def _attribute(self, now: float) -> None:
+        assert self.lookup is not None
+        for fact in self.store.unattributed_for_lookup():
+            runs = self.lookup.runs_at(fact.hostname, fact.gpu, fact.starts_at)
+            self.store.attach_runs(fact, runs, now)
+        self.store.propagate_resolutions(now)
+
+    def _deliver(self, row: OutboxRow) -> bool:
+        """Project one run; False when W&B is failing transiently (stop this pass)."""
+        assert self.client is not None
+        run = row.run
+        calls_before = self.client.calls
+        try:
+            storage_id, state, summary_seq = self._project(row)
+        except TransientError as exc:
+            now = self.clock()
+            delay = backoff(self.consecutive_transient, self.policy, exc.retry_after, self.rng)
+            self.consecutive_transient += 1
+            self.paused_until = now + delay
+            self.store.retry_later(run, now, now + delay, str(exc))
+            self.metrics.deliveries.labels("transient").inc()
+            log.warning("W&B delivery failed, will retry",
+                        extra=log_fields(run=run.path(), error=str(exc), retry_in=round(delay, 1)))
+            return False
+        except (PermanentError, WandbError) as exc:
+            self.store.park(run, self.clock(), str(exc))
+            self.metrics.deliveries.labels("parked").inc()
+            log.error("W&B delivery failed permanently, parked",
+                      extra=log_fields(run=run.path(), error=str(exc)))
+            return True
+        finally:
+            self.metrics.wandb_calls.inc(self.client.calls - calls_before)
+        now = self.clock()
+        self.consecutive_transient = 0
+        next_check = now + self.policy.state_check_interval if state == "running" else None
+        self.store.delivered(run, row.dirty_seq, now, storage_id=storage_id,
+                             run_state=state, summary_seq=summary_seq,
+                             next_state_check=next_check)
+        self.metrics.deliveries.labels("ok").inc()
+        self.metrics.last_success.set(now)
+        return True
+
+    def _link_for(self, run: RunKey) -> LinkFn:
+        def link(fact: AlertFact, start: datetime, end: datetime | None) -> str:
+            return self.links.link(fact, run, start, end)
+        return link
+
+    def _project(self, row: OutboxRow) -> tuple[str, str, int]:
+        assert self.client is not None
+        run = row.run
+        diagnosis: Diagnosis = diagnose(self.store.facts(run),
+                                        timedelta(seconds=self.policy.incident_gap))
+        info = self.client.find_run(run.entity, run.project, run.run_id)
+        tags = merged_tags(info.tags, diagnosis)
+        notes = replace_section(info.notes, render_section(diagnosis, self._link_for(run)))
+        summary = None
+        summary_seq = row.summary_seq
+        if info.state != "running":
+            wanted = summary_entries(diagnosis)
+            if any(info.summary.get(k) != v for k, v in wanted.items()):
+                summary = {**info.summary, **wanted}
+            summary_seq = row.dirty_seq
+        if tags != list(info.tags) or notes != info.notes or summary is not None:
+            self.client.upsert(info.storage_id,
+                               tags=tags if tags != list(info.tags) else None,
+                               notes=notes if notes != info.notes else None, summary=summary)
+        self._write_markers(run, diagnosis)
+        self._notify(run, diagnosis)
+        return info.storage_id, info.state, summary_seq
+
+    def _write_markers(self, run: RunKey, diagnosis: Diagnosis) -> None:
+        if self.markers is None:
+            return
+        done = self.store.markers(run)
+        todo = [(mid, r) for mid, r in marker_rows(diagnosis) if mid not in done]
+        if not todo:
+            return
+        try:
+            self.markers.write(run, [r for _, r in todo])
+        except Exception as exc:
+            raise TransientError(f"marker writer: {type(exc).__name__}: {exc}") from exc
+        self.store.add_markers(run, [mid for mid, _ in todo], self.clock())
+        self.metrics.markers.inc(len(todo))
+
+    def _notify(self, run: RunKey, diagnosis: Diagnosis) -> None:
+        if not self.policy.notify_critical or self.client is None:
+            return
+        done = self.store.markers(run)
+        for issue in diagnosis.open_issues:
+            mid = f"alert:{issue.key}"
+            if issue.root.severity != "critical" or mid in done:
+                continue
+            text = (f"{issue.root.alertname} on {issue.root.where}. "
+                    f"{issue.root.annotations.get('impact', '')} "
+                    f"{issue.root.annotations.get('remediation', '')}").strip()
+            self.client.notify(run.entity, run.project, run.run_id,
+                               title=f"Infrastructure issue: {issue.root.alertname}", text=text)
+            self.store.add_markers(run, [mid], self.clock())

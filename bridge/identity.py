@@ -1,0 +1,141 @@
+"""Which W&B run (and which host/GPU) an alert is about.
+
+Identity is read from each alert with configurable JSONPath expressions (defaults: the contract-2
+labels), never from ``commonLabels``, which Alertmanager computes over the alerts it kept after
+``max_alerts`` truncation. Alerts without run labels can optionally be attributed by asking
+Prometheus which runs were on that host/GPU at ``startsAt`` (the exporter's join metrics).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import requests
+from jsonpath_ng import parse as jsonpath_parse
+from jsonpath_ng.exceptions import JsonPathParserError
+
+from exporter import labels as L
+from exporter.configfile import ConfigError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PATHS: dict[str, str] = {
+    "entity": f"$.labels.{L.ENTITY}",
+    "project": f"$.labels.{L.PROJECT}",
+    "run_id": f"$.labels.{L.RUN_ID}",
+    "hostname": f"$.labels.{L.HOSTNAME}",
+    "gpu": f"$.labels.{L.GPU}",
+}
+
+
+@dataclass(frozen=True, order=True)
+class RunKey:
+    """A W&B run's address. The empty key stands for "unattributed"."""
+
+    entity: str = ""
+    project: str = ""
+    run_id: str = ""
+
+    @property
+    def attributed(self) -> bool:
+        """True when all three parts are known."""
+        return bool(self.entity and self.project and self.run_id)
+
+    def path(self) -> str:
+        """``entity/project/run_id`` (for logs and URLs)."""
+        return f"{self.entity}/{self.project}/{self.run_id}"
+
+
+UNATTRIBUTED = RunKey()
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Where an alert happened and which run it hit."""
+
+    run: RunKey
+    hostname: str
+    gpu: str
+
+
+class IdentityReader:
+    """Applies the configured JSONPath expressions to one alert (its raw JSON object)."""
+
+    def __init__(self, paths: dict[str, str] | None = None) -> None:
+        merged = {**DEFAULT_PATHS, **(paths or {})}
+        unknown = sorted(set(merged) - set(DEFAULT_PATHS))
+        if unknown:
+            raise ConfigError(f"identity: unknown keys {', '.join(unknown)}")
+        self._compiled = {}
+        for key, expr in merged.items():
+            try:
+                self._compiled[key] = jsonpath_parse(expr)
+            except (JsonPathParserError, Exception) as exc:
+                raise ConfigError(f"identity.{key}: invalid JSONPath {expr!r}: {exc}") from exc
+
+    def _first(self, key: str, alert: dict[str, Any]) -> str:
+        for match in self._compiled[key].find(alert):
+            value = match.value
+            if isinstance(value, str | int) and not isinstance(value, bool) and str(value):
+                return str(value)
+        return ""
+
+    def read(self, alert: dict[str, Any]) -> Identity:
+        """The run (possibly unattributed), hostname and GPU of a raw alert object."""
+        run = RunKey(self._first("entity", alert), self._first("project", alert),
+                     self._first("run_id", alert))
+        if not run.attributed:
+            run = UNATTRIBUTED
+        return Identity(run, self._first("hostname", alert), self._first("gpu", alert))
+
+
+def _quote(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+class PrometheusRunLookup:
+    """Asks Prometheus which runs were on a host (and GPU) at a moment, via the join metrics."""
+
+    def __init__(self, base_url: str, timeout: float = 5.0,
+                 session: requests.Session | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self.session = session or requests.Session()
+
+    def runs_at(self, hostname: str, gpu: str, at: datetime) -> list[RunKey]:
+        """Runs on ``hostname`` (and ``gpu`` when given and known) at ``at``; [] on any error."""
+        if not hostname:
+            return []
+        if gpu:
+            expr = (f"max by ({L.ENTITY},{L.PROJECT},{L.RUN_ID}) "
+                    f"({L.GPU_INFO}{{{L.HOSTNAME}={_quote(hostname)},{L.GPU}={_quote(gpu)}}})")
+            found = self._query(expr, at)
+            if found:
+                return found
+        expr = (f"max by ({L.ENTITY},{L.PROJECT},{L.RUN_ID}) "
+                f"({L.NODE_INFO}{{{L.HOSTNAME}={_quote(hostname)}}})")
+        return self._query(expr, at)
+
+    def _query(self, expr: str, at: datetime) -> list[RunKey]:
+        try:
+            resp = self.session.get(f"{self.base_url}/api/v1/query",
+                                    params={"query": expr, "time": f"{at.timestamp():.3f}"},
+                                    timeout=self.timeout)
+            body = resp.json()
+        except (requests.RequestException, ValueError) as exc:
+            log.warning("prometheus run lookup failed: %s", type(exc).__name__)
+            return []
+        if body.get("status") != "success":
+            log.warning("prometheus run lookup failed: %s", str(body.get("error"))[:200])
+            return []
+        keys = []
+        for series in body.get("data", {}).get("result", []):
+            metric = series.get("metric", {})
+            key = RunKey(metric.get(L.ENTITY, ""), metric.get(L.PROJECT, ""),
+                         metric.get(L.RUN_ID, ""))
+            if key.attributed:
+                keys.append(key)
+        return sorted(set(keys))

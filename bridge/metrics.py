@@ -1,0 +1,50 @@
+"""The bridge's own Prometheus metrics (prefix ``wandb_infra_bridge_``), one registry per app."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+PREFIX = "wandb_infra_bridge_"
+
+
+class BridgeMetrics:
+    """Counters and gauges for ingest, storage, delivery and backlog; no label carries a secret."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.notifications = Counter(PREFIX + "notifications_total",
+                                     "Webhook requests by outcome (stored, rejected reason, "
+                                     "store_error).", ["outcome"], registry=r)
+        self.alerts_received = Counter(PREFIX + "alerts_received_total",
+                                       "Alerts in accepted notifications.", registry=r)
+        self.alerts_stored = Counter(PREFIX + "alerts_stored_total",
+                                     "Alerts stored for the first time.", registry=r)
+        self.alerts_resolved = Counter(PREFIX + "alerts_resolved_total",
+                                       "Stored alerts closed by a resolved notification.",
+                                       registry=r)
+        self.duplicates = Counter(PREFIX + "alerts_duplicate_total",
+                                  "Alerts that changed nothing (repeats, HA duplicates).",
+                                  registry=r)
+        self.ack_seconds = Histogram(PREFIX + "ack_seconds",
+                                     "Time from request to durable acknowledgement.",
+                                     buckets=(.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5,
+                                              5, 10), registry=r)
+        self.deliveries = Counter(PREFIX + "deliveries_total",
+                                  "Run projections to W&B by outcome (ok, transient, parked).",
+                                  ["outcome"], registry=r)
+        self.wandb_calls = Counter(PREFIX + "wandb_calls_total",
+                                   "GraphQL requests sent to W&B.", registry=r)
+        self.markers = Counter(PREFIX + "markers_written_total",
+                               "History marker rows written with the wandb SDK.", registry=r)
+        self.queue_depth = Gauge(PREFIX + "queue_runs",
+                                 "Runs with changes not yet delivered to W&B.", registry=r)
+        self.oldest_age = Gauge(PREFIX + "oldest_undelivered_seconds",
+                                "Age of the oldest change not yet delivered to W&B.", registry=r)
+        self.parked = Gauge(PREFIX + "parked_runs",
+                            "Runs whose delivery failed permanently (see /runs).", registry=r)
+        self.last_success = Gauge(PREFIX + "last_wandb_success_timestamp_seconds",
+                                  "Unix time of the last successful W&B write.", registry=r)
+        self.store_ok = Gauge(PREFIX + "store_writable",
+                              "1 when the last store write succeeded.", registry=r)
+        self.store_ok.set(1)

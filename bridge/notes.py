@@ -1,0 +1,121 @@
+"""The bridge's section of a run's notes: rendered from a diagnosis, replaced idempotently.
+
+The section sits between two HTML-comment delimiters. Everything outside them (the user's own
+notes) is preserved byte for byte; label and annotation text is markdown- and HTML-escaped so an
+alert cannot inject links, images, headings or markup into the drawer.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from datetime import datetime
+
+from bridge.diagnosis import AlertFact, Diagnosis, Issue
+
+BEGIN = "<!-- wandb-infra-bridge:begin -->"
+END = "<!-- wandb-infra-bridge:end -->"
+TITLE = "### Infrastructure issues"
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|~>:])")
+MAX_FIELD = 600
+
+LinkFn = Callable[[AlertFact, datetime, datetime | None], str]
+
+
+def md_escape(text: str, limit: int = MAX_FIELD) -> str:
+    """Inline-safe markdown: no control characters or newlines, HTML entities, escaped syntax."""
+    text = _CONTROL.sub(" ", text.replace("\r\n", " ").replace("\n", " "))
+    if len(text) > limit:
+        text = text[: limit - 1] + "…"
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return _MD_SPECIAL.sub(r"\\\1", text)
+
+
+def _url(url: str) -> str:
+    """A link target we built ourselves; still refuse anything that could break out of ()."""
+    if not url.startswith(("http://", "https://")) or re.search(r"[\s()<>\"'`]", url):
+        return ""
+    return url
+
+
+def _time(value: datetime | None) -> str:
+    return "ongoing" if value is None else value.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _alert_line(fact: AlertFact, role: str, link: str) -> str:
+    desc = fact.annotations.get("description") or fact.annotations.get("summary") or ""
+    parts = [f"  - {role}: **{md_escape(fact.alertname)}** on {md_escape(fact.where)}, "
+             f"{_time(fact.starts_at)} to {_time(fact.ends_at)}"]
+    if desc:
+        parts.append(f": {md_escape(desc)}")
+    if link:
+        parts.append(f" ([Grafana]({link}))")
+    return "".join(parts)
+
+
+def _issue_block(n: int, issue: Issue, link_for: LinkFn) -> list[str]:
+    root = issue.root
+    state = "open" if issue.open else "resolved"
+    link = _url(link_for(root, issue.started_at, issue.ended_at))
+    lines = [
+        f"**{n}. {md_escape(root.alertname)} on {md_escape(root.where)}** ({state}, "
+        f"{_time(issue.started_at)} to {_time(issue.ended_at)})",
+        "",
+        f"- Root cause: {md_escape(root.annotations.get('summary') or root.alertname)}",
+    ]
+    if root.annotations.get("description"):
+        lines.append(f"- What happened: {md_escape(root.annotations['description'])}")
+    if root.annotations.get("impact"):
+        lines.append(f"- Impact on this run: {md_escape(root.annotations['impact'])}")
+    if root.annotations.get("remediation"):
+        lines.append(f"- What to do: {md_escape(root.annotations['remediation'])}")
+    lines.append(f"- Why this is the root cause: {md_escape(issue.reasoning, 1000)}")
+    if link:
+        lines.append(f"- [Open in Grafana]({link})")
+    if issue.consequences:
+        lines.append(f"- Likely consequences ({len(issue.consequences)}):")
+        shown = issue.consequences[:20]
+        for fact in shown:
+            lines.append(_alert_line(fact, "consequence",
+                                     _url(link_for(fact, fact.starts_at, fact.ends_at))))
+        if len(issue.consequences) > len(shown):
+            lines.append(f"  - … and {len(issue.consequences) - len(shown)} more")
+    lines.append("")
+    return lines
+
+
+def render_section(diagnosis: Diagnosis, link_for: LinkFn) -> str:
+    """The delimited notes section (BEGIN..END) for a run's diagnosis."""
+    lines = [BEGIN, TITLE, ""]
+    if not diagnosis.issues:
+        lines += ["No infrastructure issues recorded.", ""]
+    for n, issue in enumerate(diagnosis.issues, start=1):
+        lines += _issue_block(n, issue, link_for)
+    lines += ["_Written by wandb-infra-bridge; edit outside this section only._", END]
+    return "\n".join(lines)
+
+
+def replace_section(notes: str | None, section: str) -> str:
+    """``notes`` with the bridge's section replaced (or appended); other bytes unchanged."""
+    notes = notes or ""
+    start = notes.rfind(BEGIN)
+    if start != -1:
+        end = notes.find(END, start)
+        if end != -1:
+            return notes[:start] + section + notes[end + len(END):]
+    if not notes:
+        return section
+    sep = "" if notes.endswith("\n\n") else ("\n" if notes.endswith("\n") else "\n\n")
+    return notes + sep + section
+
+
+def user_part(notes: str | None) -> str:
+    """The notes without the bridge's section (what the user wrote)."""
+    notes = notes or ""
+    start = notes.rfind(BEGIN)
+    end = notes.find(END, start) if start != -1 else -1
+    if start == -1 or end == -1:
+        return notes
+    return notes[:start] + notes[end + len(END):]

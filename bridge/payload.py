@@ -1,0 +1,147 @@
+"""Parse and validate an Alertmanager webhook (version 4) body into plain alert records.
+
+Validation is strict on what the bridge relies on (types of ``alerts``, ``labels``, ``status``,
+``startsAt``, ``fingerprint``) and lenient on the rest: unknown fields are ignored, so newer
+Alertmanager versions keep working. A ``PayloadError`` carries the reason a 400 reports.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+MAX_ALERTS = 100_000
+MAX_LABEL_BYTES = 64 * 1024
+_FINGERPRINT = re.compile(r"^[0-9a-fA-F]{1,64}$")
+_TIMESTAMP = re.compile(
+    r"^(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(\.\d+)?(Z|z|[+-]\d{2}:\d{2})$"
+)
+
+
+class PayloadError(ValueError):
+    """The body is not a usable Alertmanager notification; the message says why."""
+
+
+@dataclass(frozen=True)
+class Alert:
+    """One alert as Alertmanager sent it; ``ends_at`` is None while firing."""
+
+    fingerprint: str
+    status: str
+    starts_at: datetime
+    ends_at: datetime | None
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    generator_url: str = ""
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def alertname(self) -> str:
+        """The alert's name ("" if the rule set none)."""
+        return self.labels.get("alertname", "")
+
+
+@dataclass(frozen=True)
+class Notification:
+    """A parsed webhook body: its alerts plus the fields worth logging."""
+
+    receiver: str
+    status: str
+    alerts: list[Alert]
+    group_key: str
+    truncated_alerts: int
+
+
+def parse_time(value: object, where: str) -> datetime:
+    """RFC 3339 with any fractional precision (Go emits nanoseconds) -> aware UTC datetime."""
+    if not isinstance(value, str):
+        raise PayloadError(f"{where} must be an RFC 3339 string")
+    m = _TIMESTAMP.match(value)
+    if not m:
+        raise PayloadError(f"{where} is not an RFC 3339 timestamp: {value[:40]!r}")
+    year, month, day, hour, minute, second, frac, zone = m.groups()
+    micro = int((frac or ".0")[1:7].ljust(6, "0"))
+    iso = f"{year}-{month}-{day}T{hour}:{minute}:{second}.{micro:06d}"
+    iso += "+00:00" if zone in ("Z", "z") else zone
+    try:
+        return datetime.fromisoformat(iso).astimezone(UTC)
+    except ValueError as exc:
+        raise PayloadError(f"{where} is out of range: {value[:40]!r}") from exc
+
+
+def _string_map(value: object, where: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise PayloadError(f"{where} must be an object of strings")
+    size = 0
+    for key, item in value.items():
+        if not isinstance(item, str):
+            raise PayloadError(f"{where}.{key[:40]} must be a string")
+        size += len(key) + len(item)
+    if size > MAX_LABEL_BYTES:
+        raise PayloadError(f"{where} is larger than {MAX_LABEL_BYTES} bytes")
+    return dict(value)
+
+
+def _alert(item: object, index: int) -> Alert:
+    where = f"alerts[{index}]"
+    if not isinstance(item, dict):
+        raise PayloadError(f"{where} must be an object")
+    status = item.get("status")
+    if status not in ("firing", "resolved"):
+        raise PayloadError(f"{where}.status must be 'firing' or 'resolved'")
+    fingerprint = item.get("fingerprint")
+    if not isinstance(fingerprint, str) or not _FINGERPRINT.match(fingerprint):
+        raise PayloadError(f"{where}.fingerprint must be a hex string")
+    labels = _string_map(item.get("labels"), f"{where}.labels")
+    if not labels:
+        raise PayloadError(f"{where}.labels must not be empty")
+    annotations = _string_map(item.get("annotations"), f"{where}.annotations")
+    starts_at = parse_time(item.get("startsAt"), f"{where}.startsAt")
+    ends_at = None
+    if status == "resolved":
+        ends_at = parse_time(item.get("endsAt"), f"{where}.endsAt")
+    elif item.get("endsAt") is not None:
+        parse_time(item.get("endsAt"), f"{where}.endsAt")
+    generator = item.get("generatorURL", "")
+    if not isinstance(generator, str):
+        raise PayloadError(f"{where}.generatorURL must be a string")
+    return Alert(fingerprint.lower(), status, starts_at, ends_at, labels, annotations, generator,
+                 item)
+
+
+def parse_notification(body: bytes) -> Notification:
+    """Decode and validate a webhook body; raises ``PayloadError`` with the reason."""
+    try:
+        data = json.loads(body.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise PayloadError("body is not UTF-8") from exc
+    except RecursionError as exc:
+        raise PayloadError("body is nested too deeply") from exc
+    except json.JSONDecodeError as exc:
+        raise PayloadError(f"body is not valid JSON: {exc.msg} at position {exc.pos}") from exc
+    if not isinstance(data, dict):
+        raise PayloadError("body must be a JSON object")
+    version = data.get("version")
+    if version is not None and version != "4":
+        raise PayloadError(f"unsupported webhook version {str(version)[:10]!r} (expected '4')")
+    alerts = data.get("alerts")
+    if not isinstance(alerts, list):
+        raise PayloadError("alerts must be a list")
+    if len(alerts) > MAX_ALERTS:
+        raise PayloadError(f"more than {MAX_ALERTS} alerts in one notification")
+    receiver = data.get("receiver", "")
+    status = data.get("status", "")
+    group_key = data.get("groupKey", "")
+    truncated = data.get("truncatedAlerts", 0)
+    if not isinstance(receiver, str) or not isinstance(status, str) or not isinstance(
+            group_key, str):
+        raise PayloadError("receiver, status and groupKey must be strings")
+    if not isinstance(truncated, int) or isinstance(truncated, bool) or truncated < 0:
+        raise PayloadError("truncatedAlerts must be a non-negative integer")
+    parsed = [_alert(item, i) for i, item in enumerate(alerts)]
+    return Notification(receiver, status, parsed, group_key, truncated)

@@ -1,0 +1,60 @@
+"""What a run should show in W&B for a diagnosis: tags, summary entries, marker rows. Pure.
+
+Tags: the user's tags first and untouched, then ``infra:<AlertName>`` for every issue, root causes
+first. Summary entries are only written while the run is not running (a live trainer rewrites its
+whole summary). Marker rows carry stable ids so each is written once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bridge.diagnosis import Diagnosis
+
+TAG_PREFIX = "infra:"
+MAX_TAG = 64
+
+
+def infra_tags(diagnosis: Diagnosis) -> list[str]:
+    """``infra:<AlertName>`` tags, root causes (in issue order) before consequences."""
+    roots = [i.root.alertname for i in diagnosis.issues]
+    rest = [name for i in diagnosis.issues for name in i.alertnames[1:]]
+    out: list[str] = []
+    for name in [*roots, *rest]:
+        tag = (TAG_PREFIX + name)[:MAX_TAG]
+        if name and tag not in out:
+            out.append(tag)
+    return out
+
+
+def merged_tags(current: tuple[str, ...] | list[str], diagnosis: Diagnosis) -> list[str]:
+    """The user's tags unchanged, then ours; infra tags the bridge wrote earlier are kept."""
+    user = [t for t in current if not t.startswith(TAG_PREFIX)]
+    ours = infra_tags(diagnosis)
+    earlier = [t for t in current if t.startswith(TAG_PREFIX) and t not in ours]
+    return [*user, *ours, *earlier]
+
+
+def summary_entries(diagnosis: Diagnosis) -> dict[str, Any]:
+    """Summary keys for the runs table: issue counts and the headline root cause."""
+    root = diagnosis.root_cause
+    return {
+        "infra/issues": len(diagnosis.issues),
+        "infra/open_issues": len(diagnosis.open_issues),
+        "infra/root_cause": "" if root is None else f"{root.root.alertname} on {root.root.where}",
+        "infra/root_cause_alert": "" if root is None else root.root.alertname,
+    }
+
+
+def marker_rows(diagnosis: Diagnosis) -> list[tuple[str, dict[str, Any]]]:
+    """(marker id, history row) for every issue start and end: 1 when it starts, 0 when it ends."""
+    rows: list[tuple[str, dict[str, Any]]] = []
+    for issue in diagnosis.issues:
+        base = {"infra/root_cause": issue.root.alertname,
+                "infra/cause_class": issue.root.cause.name.lower()}
+        rows.append((f"start:{issue.key}",
+                     {**base, "infra/issue": 1, "_timestamp": issue.started_at.timestamp()}))
+        if issue.ended_at is not None:
+            rows.append((f"end:{issue.key}",
+                         {**base, "infra/issue": 0, "_timestamp": issue.ended_at.timestamp()}))
+    return rows

@@ -1,0 +1,86 @@
+"""Assembles the bridge from its configuration and runs it until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from datetime import timedelta
+from pathlib import Path
+
+from aiohttp import web
+
+from bridge.config import BridgeConfig
+from bridge.delivery import DeliveryWorker
+from bridge.grafana import GrafanaLinks
+from bridge.identity import IdentityReader, PrometheusRunLookup
+from bridge.markers import SdkMarkerWriter
+from bridge.metrics import BridgeMetrics
+from bridge.store import Store
+from bridge.wandb_client import WandbClient
+from bridge.webhook import BridgeContext, Credentials, create_app
+from exporter.logsetup import log_fields
+
+log = logging.getLogger(__name__)
+
+
+def build(cfg: BridgeConfig) -> BridgeContext:
+    """Store, identity reader, W&B client and worker (when a key is configured), app context."""
+    raw = cfg.raw
+    cfg.store_path.parent.mkdir(parents=True, exist_ok=True)
+    store = Store(cfg.store_path)
+    metrics = BridgeMetrics()
+    grafana = raw["grafana"]
+    links = GrafanaLinks(str(grafana["base_url"] or ""), int(grafana["org_id"]),
+                         timedelta(minutes=float(grafana["window_before_minutes"])),
+                         timedelta(minutes=float(grafana["window_after_minutes"])))
+    lookup = None
+    if raw["prometheus"]["url"]:
+        lookup = PrometheusRunLookup(str(raw["prometheus"]["url"]),
+                                     float(raw["prometheus"]["timeout_seconds"]))
+    client = markers = None
+    wb = raw["wandb"]
+    if cfg.secrets.wandb_api_key:
+        client = WandbClient(str(wb["base_url"]), cfg.secrets.wandb_api_key,
+                             float(wb["timeout_seconds"]))
+        if wb["markers"]:
+            markers = SdkMarkerWriter(str(wb["base_url"]), cfg.secrets.wandb_api_key,
+                                      Path(cfg.store_path).parent / "wandb-markers")
+    worker = None
+    if client is not None or lookup is not None:
+        worker = DeliveryWorker(store, client=client, markers=markers, links=links,
+                                metrics=metrics, policy=cfg.policy, lookup=lookup)
+    return BridgeContext(
+        store=store, reader=IdentityReader(raw["identity"]), metrics=metrics, links=links,
+        credentials=Credentials(cfg.secrets.bearer_token, cfg.secrets.basic_username,
+                                cfg.secrets.basic_password),
+        webhook_path=cfg.webhook_path, max_body_bytes=cfg.max_body_bytes, worker=worker,
+        public_pages=bool(raw["auth"]["public_pages"]),
+        incident_gap=timedelta(seconds=cfg.policy.incident_gap),
+    )
+
+
+async def serve(cfg: BridgeConfig, ready: asyncio.Event | None = None) -> None:
+    """Serve until SIGTERM or SIGINT, then stop the worker and close cleanly."""
+    ctx = build(cfg)
+    runner = web.AppRunner(create_app(ctx), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, cfg.host, cfg.port)
+    await site.start()
+    if ctx.worker is not None:
+        ctx.worker.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    log.info("bridge listening", extra=log_fields(
+        host=cfg.host, port=cfg.port, webhook=cfg.webhook_path,
+        wandb="enabled" if cfg.secrets.wandb_api_key else "disabled (issues kept in /runs)",
+        auth="enabled" if ctx.credentials.enabled else "DISABLED (local demo)"))
+    if ready is not None:
+        ready.set()
+    await stop.wait()
+    log.info("bridge stopping")
+    await runner.cleanup()
+    if ctx.worker is not None:
+        await loop.run_in_executor(None, ctx.worker.stop)

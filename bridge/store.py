@@ -1,0 +1,425 @@
+"""The bridge's durable state in SQLite (WAL, synchronous=FULL): alerts, the W&B outbox, markers.
+
+A notification is acknowledged only after ``ingest`` committed it. Alerts are keyed by
+(fingerprint, startsAt, run), so Alertmanager repeats and HA duplicates change nothing, and a
+``resolved`` alert only closes an alert. Each run with new information gets its outbox row's
+``dirty_seq`` bumped; the delivery worker projects the run's whole state to W&B and records the
+sequence it delivered, which makes deliveries idempotent and naturally coalesced.
+
+Any SQLite failure (disk full, read-only, locked too long) raises ``StoreError``; the webhook turns
+it into a 503 so Alertmanager keeps the notification and retries.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from bridge.diagnosis import AlertFact
+from bridge.identity import IdentityReader, RunKey
+from bridge.payload import Notification
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS alerts (
+    fingerprint TEXT NOT NULL,
+    starts_at TEXT NOT NULL,
+    entity TEXT NOT NULL,
+    project TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    alertname TEXT NOT NULL,
+    status TEXT NOT NULL,
+    ends_at TEXT,
+    severity TEXT NOT NULL,
+    category TEXT NOT NULL,
+    hostname TEXT NOT NULL,
+    gpu TEXT NOT NULL,
+    labels TEXT NOT NULL,
+    annotations TEXT NOT NULL,
+    received_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    lookup_done INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (fingerprint, starts_at, entity, project, run_id)
+);
+CREATE INDEX IF NOT EXISTS alerts_by_run ON alerts (entity, project, run_id);
+CREATE TABLE IF NOT EXISTS outbox (
+    entity TEXT NOT NULL,
+    project TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    dirty_seq INTEGER NOT NULL DEFAULT 0,
+    delivered_seq INTEGER NOT NULL DEFAULT 0,
+    pending_since REAL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    next_attempt REAL NOT NULL DEFAULT 0,
+    last_flush REAL NOT NULL DEFAULT 0,
+    parked TEXT,
+    last_error TEXT,
+    storage_id TEXT,
+    run_state TEXT,
+    summary_seq INTEGER NOT NULL DEFAULT 0,
+    next_state_check REAL,
+    delivered_at REAL,
+    PRIMARY KEY (entity, project, run_id)
+);
+CREATE TABLE IF NOT EXISTS markers (
+    entity TEXT NOT NULL,
+    project TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    marker TEXT NOT NULL,
+    written_at REAL NOT NULL,
+    PRIMARY KEY (entity, project, run_id, marker)
+);
+CREATE TABLE IF NOT EXISTS probe (id INTEGER PRIMARY KEY, at REAL NOT NULL);
+"""
+
+_ALERT_COLUMNS = ("fingerprint, starts_at, entity, project, run_id, alertname, status, ends_at, "
+                  "severity, category, hostname, gpu, labels, annotations")
+
+
+class StoreError(RuntimeError):
+    """The store could not read or write (disk full, read-only, corrupt): retry later."""
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    """What one notification changed."""
+
+    received: int
+    new: int
+    resolved: int
+    duplicates: int
+    runs: tuple[RunKey, ...]
+
+
+@dataclass(frozen=True)
+class OutboxRow:
+    """A run's pending W&B projection."""
+
+    run: RunKey
+    dirty_seq: int
+    delivered_seq: int
+    pending_since: float | None
+    attempts: int
+    next_attempt: float
+    last_flush: float
+    parked: str | None
+    last_error: str | None
+    storage_id: str | None
+    run_state: str | None
+    summary_seq: int
+    next_state_check: float | None
+    delivered_at: float | None
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """Backlog figures for /metrics."""
+
+    pending_runs: int
+    oldest_pending_age: float
+    parked_runs: int
+
+
+def iso(value: datetime) -> str:
+    """Fixed-width UTC text so SQLite orders timestamps correctly."""
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def from_iso(value: str) -> datetime:
+    """Inverse of ``iso``."""
+    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+
+
+def _fact(row: sqlite3.Row) -> AlertFact:
+    return AlertFact(
+        fingerprint=row["fingerprint"], alertname=row["alertname"],
+        starts_at=from_iso(row["starts_at"]),
+        ends_at=from_iso(row["ends_at"]) if row["ends_at"] else None,
+        severity=row["severity"], category=row["category"], hostname=row["hostname"],
+        gpu=row["gpu"], labels=json.loads(row["labels"]),
+        annotations=json.loads(row["annotations"]),
+    )
+
+
+class Store:
+    """One SQLite file; a connection per thread (the webhook's and the worker's)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        self._local = threading.local()
+        self._seq_lock = threading.Lock()
+        with self._tx() as conn:
+            conn.executescript(SCHEMA)
+
+    def _conn(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            try:
+                conn = sqlite3.connect(self.path, timeout=10, isolation_level=None,
+                                       check_same_thread=True)
+                conn.row_factory = sqlite3.Row
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA synchronous=FULL")
+                conn.execute("PRAGMA foreign_keys=ON")
+            except sqlite3.Error as exc:
+                raise StoreError(f"cannot open store {self.path}: {exc}") from exc
+            self._local.conn = conn
+        return conn
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        conn = self._conn()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            yield conn
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                with suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            raise StoreError(f"store write failed: {exc}") from exc
+
+    def _read(self, sql: str, params: tuple = ()) -> list[sqlite3.Row]:
+        try:
+            return self._conn().execute(sql, params).fetchall()
+        except sqlite3.Error as exc:
+            raise StoreError(f"store read failed: {exc}") from exc
+
+    def close(self) -> None:
+        """Close this thread's connection."""
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+
+    def probe(self) -> None:
+        """Prove the store is writable right now (readiness); raises ``StoreError``."""
+        with self._tx() as conn:
+            conn.execute("INSERT OR REPLACE INTO probe (id, at) VALUES (1, ?)", (time.time(),))
+
+    # ingest ---------------------------------------------------------------------------------
+    def ingest(self, notification: Notification, reader: IdentityReader,
+               now: float | None = None) -> IngestResult:
+        """Store a notification in one durable transaction; returns what changed."""
+        now = time.time() if now is None else now
+        new = resolved = 0
+        changed: set[RunKey] = set()
+        with self._tx() as conn:
+            for alert in notification.alerts:
+                ident = reader.read(alert.raw)
+                run = ident.run
+                key = (alert.fingerprint, iso(alert.starts_at), run.entity, run.project,
+                       run.run_id)
+                ends = iso(alert.ends_at) if alert.ends_at else None
+                cur = conn.execute(
+                    f"INSERT OR IGNORE INTO alerts ({_ALERT_COLUMNS}, received_at, updated_at) "  # noqa: S608 - constant column list
+                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    (*key, alert.alertname, alert.status, ends,
+                     alert.labels.get("severity", ""), alert.labels.get("category", ""),
+                     ident.hostname, ident.gpu, json.dumps(alert.labels, sort_keys=True),
+                     json.dumps(alert.annotations, sort_keys=True), now, now))
+                if cur.rowcount:
+                    new += 1
+                    changed.add(run)
+                    continue
+                if alert.status == "resolved":
+                    cur = conn.execute(
+                        "UPDATE alerts SET status='resolved', ends_at=?, updated_at=? "
+                        "WHERE fingerprint=? AND starts_at=? AND entity=? AND project=? "
+                        "AND run_id=? AND status='firing'", (ends, now, *key))
+                    if cur.rowcount:
+                        resolved += 1
+                        changed.add(run)
+            for run in changed:
+                self._bump(conn, run, now)
+        received = len(notification.alerts)
+        return IngestResult(received, new, resolved, received - new - resolved,
+                            tuple(sorted(changed)))
+
+    @staticmethod
+    def _bump(conn: sqlite3.Connection, run: RunKey, now: float) -> None:
+        if not run.attributed:
+            return
+        conn.execute(
+            "INSERT INTO outbox (entity, project, run_id, dirty_seq, pending_since) "
+            "VALUES (?,?,?,1,?) ON CONFLICT (entity, project, run_id) DO UPDATE SET "
+            "dirty_seq = dirty_seq + 1, parked = NULL, attempts = 0, "
+            "pending_since = COALESCE(pending_since, excluded.pending_since)",
+            (run.entity, run.project, run.run_id, now))
+
+    # attribution by Prometheus lookup ------------------------------------------------------
+    def unattributed_for_lookup(self, limit: int = 200) -> list[AlertFact]:
+        """Unattributed alerts not yet looked up in Prometheus."""
+        rows = self._read(
+            f"SELECT {_ALERT_COLUMNS} FROM alerts WHERE entity='' AND lookup_done=0 "  # noqa: S608 - constant column list
+            "ORDER BY starts_at LIMIT ?", (limit,))
+        return [_fact(r) for r in rows]
+
+    def attach_runs(self, fact: AlertFact, runs: list[RunKey], now: float | None = None) -> None:
+        """Record that ``fact`` (unattributed) hit ``runs``; marks the lookup as done."""
+        now = time.time() if now is None else now
+        start = iso(fact.starts_at)
+        with self._tx() as conn:
+            for run in runs:
+                cur = conn.execute(
+                    f"INSERT OR IGNORE INTO alerts ({_ALERT_COLUMNS}, received_at, updated_at, "  # noqa: S608 - constant column list
+                    "lookup_done) SELECT fingerprint, starts_at, ?, ?, ?, alertname, status, "
+                    "ends_at, severity, category, hostname, gpu, labels, annotations, ?, ?, 1 "
+                    "FROM alerts WHERE fingerprint=? AND starts_at=? AND entity=''",
+                    (run.entity, run.project, run.run_id, now, now, fact.fingerprint, start))
+                if cur.rowcount:
+                    self._bump(conn, run, now)
+            conn.execute("UPDATE alerts SET lookup_done=1 WHERE fingerprint=? AND starts_at=? "
+                         "AND entity=''", (fact.fingerprint, start))
+
+    def propagate_resolutions(self, now: float | None = None) -> int:
+        """Close looked-up copies whose unattributed original has since resolved."""
+        now = time.time() if now is None else now
+        with self._tx() as conn:
+            rows = conn.execute(
+                "SELECT c.entity, c.project, c.run_id, c.fingerprint, c.starts_at, o.ends_at "
+                "FROM alerts c JOIN alerts o ON o.fingerprint=c.fingerprint AND "
+                "o.starts_at=c.starts_at AND o.entity='' WHERE c.entity!='' AND "
+                "c.status='firing' AND o.status='resolved'").fetchall()
+            for r in rows:
+                conn.execute(
+                    "UPDATE alerts SET status='resolved', ends_at=?, updated_at=? WHERE "
+                    "fingerprint=? AND starts_at=? AND entity=? AND project=? AND run_id=?",
+                    (r["ends_at"], now, r["fingerprint"], r["starts_at"], r["entity"],
+                     r["project"], r["run_id"]))
+                self._bump(conn, RunKey(r["entity"], r["project"], r["run_id"]), now)
+        return len(rows)
+
+    # reads ----------------------------------------------------------------------------------
+    def facts(self, run: RunKey) -> list[AlertFact]:
+        """Every stored alert of one run (or the unattributed ones for the empty key)."""
+        rows = self._read(
+            f"SELECT {_ALERT_COLUMNS} FROM alerts WHERE entity=? AND project=? AND run_id=? "  # noqa: S608 - constant column list
+            "ORDER BY starts_at, fingerprint", (run.entity, run.project, run.run_id))
+        return [_fact(r) for r in rows]
+
+    def runs(self, limit: int = 500) -> list[tuple[RunKey, int, int, str]]:
+        """(run, alerts, firing, last start) for the most recently active runs."""
+        rows = self._read(
+            "SELECT entity, project, run_id, COUNT(*) AS n, "
+            "SUM(status='firing') AS firing, MAX(starts_at) AS last FROM alerts "
+            "GROUP BY entity, project, run_id ORDER BY last DESC LIMIT ?", (limit,))
+        return [(RunKey(r["entity"], r["project"], r["run_id"]), r["n"], r["firing"] or 0,
+                 r["last"]) for r in rows]
+
+    def alert_count(self) -> int:
+        """Number of stored alert rows (tests and metrics)."""
+        return self._read("SELECT COUNT(*) FROM alerts")[0][0]
+
+    # outbox ---------------------------------------------------------------------------------
+    @staticmethod
+    def _outbox(row: sqlite3.Row) -> OutboxRow:
+        return OutboxRow(RunKey(row["entity"], row["project"], row["run_id"]), row["dirty_seq"],
+                         row["delivered_seq"], row["pending_since"], row["attempts"],
+                         row["next_attempt"], row["last_flush"], row["parked"],
+                         row["last_error"], row["storage_id"], row["run_state"],
+                         row["summary_seq"], row["next_state_check"], row["delivered_at"])
+
+    def outbox(self, run: RunKey) -> OutboxRow | None:
+        """One run's outbox row."""
+        rows = self._read("SELECT * FROM outbox WHERE entity=? AND project=? AND run_id=?",
+                          (run.entity, run.project, run.run_id))
+        return self._outbox(rows[0]) if rows else None
+
+    def due(self, now: float, flush_interval: float, limit: int = 100) -> list[OutboxRow]:
+        """Runs to deliver now: pending, not parked, past backoff and their flush interval;
+        plus delivered runs whose finish-state check is due. Oldest pending first."""
+        rows = self._read(
+            "SELECT * FROM outbox WHERE parked IS NULL AND next_attempt <= ? AND "
+            "((dirty_seq > delivered_seq AND last_flush + ? <= ?) OR "
+            "(next_state_check IS NOT NULL AND next_state_check <= ?)) "
+            "ORDER BY COALESCE(pending_since, next_state_check), entity, project, run_id "
+            "LIMIT ?", (now, flush_interval, now, now, limit))
+        return [self._outbox(r) for r in rows]
+
+    def delivered(self, run: RunKey, seq: int, now: float, *, storage_id: str | None,
+                  run_state: str | None, summary_seq: int,
+                  next_state_check: float | None) -> None:
+        """Record a successful projection of everything up to ``seq``."""
+        with self._tx() as conn:
+            conn.execute(
+                "UPDATE outbox SET delivered_seq=MAX(delivered_seq, ?), attempts=0, "
+                "next_attempt=0, last_flush=?, last_error=NULL, storage_id=?, run_state=?, "
+                "summary_seq=?, next_state_check=?, delivered_at=?, "
+                "pending_since=CASE WHEN dirty_seq > ? THEN ? ELSE NULL END "
+                "WHERE entity=? AND project=? AND run_id=?",
+                (seq, now, storage_id, run_state, summary_seq, next_state_check, now, seq, now,
+                 run.entity, run.project, run.run_id))
+
+    def retry_later(self, run: RunKey, now: float, next_attempt: float, error: str) -> None:
+        """Record a transient failure; the worker tries again at ``next_attempt``."""
+        with self._tx() as conn:
+            conn.execute(
+                "UPDATE outbox SET attempts=attempts+1, next_attempt=?, last_flush=?, "
+                "last_error=? WHERE entity=? AND project=? AND run_id=?",
+                (next_attempt, now, error[:500], run.entity, run.project, run.run_id))
+
+    def park(self, run: RunKey, now: float, reason: str) -> None:
+        """Stop retrying a run after a permanent failure (new alerts for it unpark it)."""
+        with self._tx() as conn:
+            conn.execute(
+                "UPDATE outbox SET parked=?, last_error=?, last_flush=?, next_state_check=NULL "
+                "WHERE entity=? AND project=? AND run_id=?",
+                (reason[:500], reason[:500], now, run.entity, run.project, run.run_id))
+
+    def parked(self) -> list[OutboxRow]:
+        """Runs whose delivery is parked, with the reason."""
+        return [self._outbox(r) for r in self._read("SELECT * FROM outbox WHERE parked IS NOT "
+                                                    "NULL ORDER BY entity, project, run_id")]
+
+    def queue_stats(self, now: float) -> QueueStats:
+        """Pending runs, age of the oldest pending change, parked runs."""
+        row = self._read(
+            "SELECT SUM(dirty_seq > delivered_seq AND parked IS NULL) AS pending, "
+            "MIN(CASE WHEN dirty_seq > delivered_seq THEN pending_since END) AS oldest, "
+            "SUM(parked IS NOT NULL) AS parked FROM outbox")[0]
+        oldest = row["oldest"]
+        return QueueStats(row["pending"] or 0, 0.0 if oldest is None else max(0.0, now - oldest),
+                          row["parked"] or 0)
+
+    # markers --------------------------------------------------------------------------------
+    def markers(self, run: RunKey) -> set[str]:
+        """Marker ids already written to a run's history."""
+        rows = self._read("SELECT marker FROM markers WHERE entity=? AND project=? AND run_id=?",
+                          (run.entity, run.project, run.run_id))
+        return {r["marker"] for r in rows}
+
+    def add_markers(self, run: RunKey, markers: list[str], now: float) -> None:
+        """Remember markers as written so they are never written twice."""
+        with self._tx() as conn:
+            conn.executemany(
+                "INSERT OR IGNORE INTO markers (entity, project, run_id, marker, written_at) "
+                "VALUES (?,?,?,?,?)",
+                [(run.entity, run.project, run.run_id, m, now) for m in markers])
+
+    # retention ------------------------------------------------------------------------------
+    def purge(self, older_than: float) -> int:
+        """Delete resolved alerts that ended before ``older_than`` on fully delivered runs."""
+        cutoff = iso(datetime.fromtimestamp(older_than, UTC))
+        with self._tx() as conn:
+            cur = conn.execute(
+                "DELETE FROM alerts WHERE status='resolved' AND ends_at < ? AND NOT EXISTS "
+                "(SELECT 1 FROM outbox o WHERE o.entity=alerts.entity AND "
+                "o.project=alerts.project AND o.run_id=alerts.run_id AND "
+                "o.dirty_seq > o.delivered_seq)", (cutoff,))
+            removed = cur.rowcount
+            conn.execute(
+                "DELETE FROM outbox WHERE dirty_seq <= delivered_seq AND NOT EXISTS (SELECT 1 "
+                "FROM alerts a WHERE a.entity=outbox.entity AND a.project=outbox.project AND "
+                "a.run_id=outbox.run_id)")
+            conn.execute(
+                "DELETE FROM markers WHERE NOT EXISTS (SELECT 1 FROM outbox o WHERE "
+                "o.entity=markers.entity AND o.project=markers.project AND "
+                "o.run_id=markers.run_id)")
+        return removed

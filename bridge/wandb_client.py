@@ -1,0 +1,168 @@
+"""A minimal W&B GraphQL client over ``requests``: find a run, write only the fields we own.
+
+Never ``run.update()`` (a read-modify-write of config, tags, notes and summary that can overwrite
+what the live trainer wrote): each write is one ``upsertBucket`` naming only the fields the bridge
+changes. Errors are classified so the delivery worker can retry what may succeed later
+(``TransientError``, with ``Retry-After`` when the server sent one) and park what never will
+(``PermanentError``).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+import requests
+
+USER_AGENT = "wandb-infra-bridge/0.1"
+PERMANENT_STATUSES = frozenset({400, 401, 403, 404, 405, 409, 410, 413, 422, 501})
+
+RUN_QUERY = """
+query BridgeRun($project: String!, $entity: String!, $name: String!) {
+  project(name: $project, entityName: $entity) {
+    run(name: $name) { id name state tags notes summaryMetrics }
+  }
+}"""
+
+UPSERT = """
+mutation BridgeUpsertBucket($id: String!, $tags: [String!], $notes: String,
+                            $summaryMetrics: JSONString) {
+  upsertBucket(input: {id: $id, tags: $tags, notes: $notes, summaryMetrics: $summaryMetrics}) {
+    bucket { id }
+  }
+}"""
+
+NOTIFY = """
+mutation NotifyScriptableRunAlert($entityName: String!, $projectName: String!, $runName: String!,
+    $title: String!, $text: String!, $severity: AlertSeverity = INFO, $waitDuration: Duration) {
+  notifyScriptableRunAlert(input: {entityName: $entityName, projectName: $projectName,
+      runName: $runName, title: $title, text: $text, severity: $severity,
+      waitDuration: $waitDuration}) { success }
+}"""
+
+
+class WandbError(RuntimeError):
+    """A failed W&B call."""
+
+
+class TransientError(WandbError):
+    """Worth retrying later (5xx, 429, timeout, connection refused)."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class PermanentError(WandbError):
+    """Will not succeed by retrying (bad key, no permission, unknown run, rejected request)."""
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What the bridge needs to know about a run before writing to it."""
+
+    storage_id: str
+    state: str
+    tags: tuple[str, ...]
+    notes: str
+    summary: dict[str, Any]
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header (delta-seconds or HTTP-date)."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    now = time.time() if now is None else now
+    return max(0.0, when.timestamp() - now)
+
+
+class WandbClient:
+    """Raw GraphQL against ``base_url``; one ``requests.Session`` (keep-alive)."""
+
+    def __init__(self, base_url: str, api_key: str, timeout: float = 30.0,
+                 session: requests.Session | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self.session = session or requests.Session()
+        self.session.trust_env = False
+        token = base64.b64encode(f"api:{api_key}".encode()).decode()
+        self._headers = {"Authorization": f"Basic {token}", "User-Agent": USER_AGENT,
+                         "Content-Type": "application/json"}
+        self.calls = 0
+
+    def _post(self, query: str, variables: dict[str, Any], operation: str) -> dict[str, Any]:
+        self.calls += 1
+        body = {"query": query, "variables": variables, "operationName": operation}
+        try:
+            resp = self.session.post(f"{self.base_url}/graphql", json=body,
+                                     headers=self._headers, timeout=self.timeout)
+        except requests.Timeout as exc:
+            raise TransientError(f"{operation}: timeout") from exc
+        except requests.RequestException as exc:
+            raise TransientError(f"{operation}: {type(exc).__name__}") from exc
+        if resp.status_code == 429 or resp.status_code >= 500:
+            kind = "rate limited" if resp.status_code == 429 else "server error"
+            if resp.status_code in PERMANENT_STATUSES:
+                raise PermanentError(f"{operation}: HTTP {resp.status_code}")
+            raise TransientError(f"{operation}: HTTP {resp.status_code} ({kind})",
+                                 parse_retry_after(resp.headers.get("Retry-After")))
+        if resp.status_code != 200:
+            raise PermanentError(f"{operation}: HTTP {resp.status_code}")
+        try:
+            data = resp.json()
+        except ValueError as exc:
+            raise TransientError(f"{operation}: response is not JSON") from exc
+        if not isinstance(data, dict):
+            raise TransientError(f"{operation}: response is not a JSON object")
+        errors = data.get("errors")
+        if errors:
+            first = errors[0].get("message", "") if isinstance(errors[0], dict) else errors[0]
+            raise PermanentError(f"{operation}: {str(first)[:300]}")
+        payload = data.get("data")
+        if not isinstance(payload, dict):
+            raise TransientError(f"{operation}: response without data")
+        return payload
+
+    def find_run(self, entity: str, project: str, run_id: str) -> RunInfo:
+        """The run's storage id, state, tags, notes and summary; ``PermanentError`` if absent."""
+        data = self._post(RUN_QUERY, {"entity": entity, "project": project, "name": run_id},
+                          "BridgeRun")
+        run = (data.get("project") or {}).get("run")
+        if not run:
+            raise PermanentError(f"run {entity}/{project}/{run_id} not found")
+        try:
+            summary = json.loads(run.get("summaryMetrics") or "{}")
+        except (TypeError, ValueError):
+            summary = {}
+        return RunInfo(run["id"], run.get("state") or "", tuple(run.get("tags") or ()),
+                       run.get("notes") or "", summary if isinstance(summary, dict) else {})
+
+    def upsert(self, storage_id: str, *, tags: list[str] | None = None, notes: str | None = None,
+               summary: dict[str, Any] | None = None) -> None:
+        """One minimal ``upsertBucket``: only the given fields (null fields stay unchanged)."""
+        variables: dict[str, Any] = {"id": storage_id, "tags": tags, "notes": notes,
+                                     "summaryMetrics": None if summary is None
+                                     else json.dumps(summary, sort_keys=True)}
+        data = self._post(UPSERT, variables, "BridgeUpsertBucket")
+        if not (data.get("upsertBucket") or {}).get("bucket"):
+            raise PermanentError("upsertBucket returned no bucket")
+
+    def notify(self, entity: str, project: str, run_id: str, *, title: str, text: str,
+               severity: str = "ERROR") -> None:
+        """``NotifyScriptableRunAlert``: fires the user's W&B alert channels (Slack, email)."""
+        self._post(NOTIFY, {"entityName": entity, "projectName": project, "runName": run_id,
+                            "title": title[:200], "text": text[:2000], "severity": severity},
+                   "NotifyScriptableRunAlert")

@@ -1,0 +1,264 @@
+"""The HTTP face of the bridge (aiohttp): Alertmanager webhook, health, metrics, issue pages.
+
+The webhook acknowledges (200) only after the store committed the notification; a store failure
+answers 503 so Alertmanager retries. Bad requests get 400/401/413/415 with a reason and change
+nothing. SQLite work runs in a one-thread executor per role (writes, reads) so the event loop
+never blocks and writes are serialised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import hmac
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from bridge.delivery import DeliveryWorker
+from bridge.diagnosis import DEFAULT_GAP, AlertFact, diagnose
+from bridge.grafana import GrafanaLinks
+from bridge.identity import UNATTRIBUTED, IdentityReader, RunKey
+from bridge.metrics import BridgeMetrics
+from bridge.pages import run_detail, run_html, run_summary, runs_html
+from bridge.payload import PayloadError, parse_notification
+from bridge.store import Store, StoreError
+from exporter.logsetup import log_fields
+
+log = logging.getLogger(__name__)
+
+
+def _digest(value: str) -> bytes:
+    return hashlib.sha256(value.encode("utf-8", "surrogateescape")).digest()
+
+
+@dataclass
+class Credentials:
+    """Accepted ``Authorization`` header values, compared as digests in constant time."""
+
+    bearer_token: str | None = field(default=None, repr=False)
+    basic_username: str | None = None
+    basic_password: str | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self._accepted: list[bytes] = []
+        if self.bearer_token:
+            self._accepted.append(_digest(f"Bearer {self.bearer_token}"))
+        if self.basic_username and self.basic_password:
+            pair = f"{self.basic_username}:{self.basic_password}".encode()
+            self._accepted.append(_digest("Basic " + base64.b64encode(pair).decode()))
+
+    @property
+    def enabled(self) -> bool:
+        """False only in the explicit insecure local-demo mode."""
+        return bool(self._accepted)
+
+    def check(self, header: str | None) -> bool:
+        """True when ``header`` matches a configured credential (all compared, no early out)."""
+        if not self._accepted:
+            return True
+        got = _digest(header or "")
+        ok = False
+        for accepted in self._accepted:
+            ok |= hmac.compare_digest(got, accepted)
+        return ok
+
+
+@dataclass
+class BridgeContext:
+    """Everything the handlers need; built by ``bridge.service``."""
+
+    store: Store
+    reader: IdentityReader
+    metrics: BridgeMetrics
+    links: GrafanaLinks
+    credentials: Credentials
+    webhook_path: str
+    max_body_bytes: int
+    worker: DeliveryWorker | None = None
+    public_pages: bool = False
+    incident_gap: timedelta = DEFAULT_GAP
+    write_pool: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="bridge-store-write"))
+    read_pool: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="bridge-store-read"))
+
+
+def _error(status: int, reason: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"status": "error", "error": reason}, status=status,
+                             headers=headers)
+
+
+def _wants_json(request: web.Request) -> bool:
+    if request.query.get("format") == "json":
+        return True
+    accept = request.headers.get("Accept", "")
+    return "application/json" in accept and "text/html" not in accept
+
+
+class Handlers:
+    """Route handlers bound to one context."""
+
+    def __init__(self, ctx: BridgeContext) -> None:
+        self.ctx = ctx
+
+    def _unauthorised(self) -> web.Response:
+        return _error(401, "missing or wrong credentials",
+                      {"WWW-Authenticate": 'Basic realm="wandb-infra-bridge"'})
+
+    async def webhook(self, request: web.Request) -> web.Response:
+        """POST from Alertmanager: validate, store durably, then acknowledge."""
+        ctx, m = self.ctx, self.ctx.metrics
+        start = time.perf_counter()
+        if not ctx.credentials.check(request.headers.get("Authorization")):
+            m.notifications.labels("unauthorised").inc()
+            return self._unauthorised()
+        if request.content_type != "application/json":
+            m.notifications.labels("unsupported_media_type").inc()
+            return _error(415, "Content-Type must be application/json")
+        if request.content_length is not None and request.content_length > ctx.max_body_bytes:
+            m.notifications.labels("too_large").inc()
+            return _error(413, f"body larger than {ctx.max_body_bytes} bytes")
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            m.notifications.labels("too_large").inc()
+            return _error(413, f"body larger than {ctx.max_body_bytes} bytes")
+        except (ValueError, OSError):
+            m.notifications.labels("bad_request").inc()
+            return _error(400, "could not read the request body")
+        try:
+            notification = parse_notification(body)
+        except PayloadError as exc:
+            m.notifications.labels("bad_request").inc()
+            return _error(400, str(exc))
+        loop = asyncio.get_running_loop()
+        try:
+            result = await loop.run_in_executor(ctx.write_pool, ctx.store.ingest, notification,
+                                                ctx.reader)
+        except StoreError as exc:
+            m.notifications.labels("store_error").inc()
+            m.store_ok.set(0)
+            log.error("could not store notification; answering 503 so Alertmanager retries",
+                      extra=log_fields(error=str(exc), alerts=len(notification.alerts)))
+            return _error(503, "notification could not be stored; retry",
+                          {"Retry-After": "10"})
+        m.store_ok.set(1)
+        m.notifications.labels("stored").inc()
+        m.alerts_received.inc(result.received)
+        m.alerts_stored.inc(result.new)
+        m.alerts_resolved.inc(result.resolved)
+        m.duplicates.inc(result.duplicates)
+        m.ack_seconds.observe(time.perf_counter() - start)
+        if result.runs and ctx.worker is not None:
+            ctx.worker.wake()
+        log.info("notification stored", extra=log_fields(
+            receiver=notification.receiver[:100], alerts=result.received, new=result.new,
+            resolved=result.resolved, duplicates=result.duplicates,
+            truncated=notification.truncated_alerts))
+        return web.json_response({"status": "ok", "received": result.received,
+                                  "new": result.new, "resolved": result.resolved,
+                                  "duplicates": result.duplicates})
+
+    async def healthz(self, _request: web.Request) -> web.Response:
+        """Liveness: the process answers."""
+        return web.json_response({"status": "ok"})
+
+    async def readyz(self, _request: web.Request) -> web.Response:
+        """Readiness: the store accepts a write right now."""
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self.ctx.write_pool, self.ctx.store.probe)
+        except StoreError as exc:
+            self.ctx.metrics.store_ok.set(0)
+            return _error(503, f"store not writable: {exc}")
+        self.ctx.metrics.store_ok.set(1)
+        return web.json_response({"status": "ready"})
+
+    async def metrics(self, _request: web.Request) -> web.Response:
+        """Prometheus exposition of the bridge's own metrics."""
+        data = generate_latest(self.ctx.metrics.registry)
+        return web.Response(body=data, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    def _pages_allowed(self, request: web.Request) -> bool:
+        return self.ctx.public_pages or self.ctx.credentials.check(
+            request.headers.get("Authorization"))
+
+    def _runs_data(self) -> tuple[list[dict[str, Any]], int]:
+        store = self.ctx.store
+        rows, unattributed = [], 0
+        for run, alerts, firing, _last in store.runs():
+            if not run.attributed:
+                unattributed = alerts
+                continue
+            diagnosis = diagnose(store.facts(run), self.ctx.incident_gap)
+            rows.append(run_summary(run, diagnosis, alerts, firing, store.outbox(run)))
+        return rows, unattributed
+
+    def _run_data(self, run: RunKey) -> dict[str, Any] | None:
+        facts = self.ctx.store.facts(run)
+        if not facts:
+            return None
+
+        def link(fact: AlertFact, start: datetime, end: datetime | None) -> str:
+            return self.ctx.links.link(fact, run, start, end)
+        diagnosis = diagnose(facts, self.ctx.incident_gap)
+        return run_detail(run, diagnosis, link, self.ctx.store.outbox(run))
+
+    async def runs(self, request: web.Request) -> web.Response:
+        """The issues column for every run the bridge knows."""
+        if not self._pages_allowed(request):
+            return self._unauthorised()
+        loop = asyncio.get_running_loop()
+        try:
+            rows, unattributed = await loop.run_in_executor(self.ctx.read_pool, self._runs_data)
+        except StoreError as exc:
+            return _error(503, str(exc))
+        if _wants_json(request):
+            return web.json_response({"runs": rows, "unattributed_alerts": unattributed})
+        return web.Response(text=runs_html(rows, unattributed), content_type="text/html")
+
+    async def run(self, request: web.Request) -> web.Response:
+        """The drawer of one run (or of the unattributed alerts)."""
+        if not self._pages_allowed(request):
+            return self._unauthorised()
+        info = request.match_info
+        run = RunKey(info["entity"], info["project"], info["run_id"]) if info else UNATTRIBUTED
+        loop = asyncio.get_running_loop()
+        try:
+            detail = await loop.run_in_executor(self.ctx.read_pool, self._run_data, run)
+        except StoreError as exc:
+            return _error(503, str(exc))
+        if detail is None:
+            return _error(404, "no alerts stored for this run")
+        if _wants_json(request):
+            return web.json_response(detail)
+        title = run.path() if run.attributed else "Unattributed alerts"
+        return web.Response(text=run_html(detail, title), content_type="text/html")
+
+
+def create_app(ctx: BridgeContext) -> web.Application:
+    """The aiohttp application (no server started)."""
+    app = web.Application(client_max_size=ctx.max_body_bytes)
+    h = Handlers(ctx)
+    app.router.add_post(ctx.webhook_path, h.webhook)
+    app.router.add_get("/healthz", h.healthz)
+    app.router.add_get("/readyz", h.readyz)
+    app.router.add_get("/metrics", h.metrics)
+    app.router.add_get("/runs", h.runs)
+    app.router.add_get("/runs/{entity}/{project}/{run_id}", h.run)
+    app.router.add_get("/unattributed", h.run)
+
+    async def _close(_app: web.Application) -> None:
+        ctx.write_pool.shutdown(wait=True)
+        ctx.read_pool.shutdown(wait=True)
+
+    app.on_cleanup.append(_close)
+    return app
