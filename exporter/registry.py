@@ -91,7 +91,7 @@ class Registry:
 
     def record_success(self, name: str, result: SourceResult, duration: float) -> None:
         """A good poll: replace the source's mapping (host names mapped), count its problems."""
-        placements = [self._canonical(p) for p in result.placements]
+        placements = [self.canonical(p) for p in result.placements]
         with self._lock:
             status = self._sources.setdefault(name, SourceStatus(name))
             status.up, status.polled = True, True
@@ -113,7 +113,8 @@ class Registry:
             status.errors_total += 1
         log.warning("source failed", extra=log_fields(source=name, error=error))
 
-    def _canonical(self, placement: RunPlacement) -> RunPlacement:
+    def canonical(self, placement: RunPlacement) -> RunPlacement:
+        """The placement with its host name mapped to the published ``hostname``."""
         host = self.mapper(placement.host)
         if host == placement.host:
             return placement
@@ -136,7 +137,7 @@ class Registry:
             key = (self._version, self._live_version())
             if self._cache and self._cache[0] == key:
                 return self._refresh_status(self._cache[1])
-            live = [(name, [self._canonical(p) for p in fn()]) for name, fn in self._live]
+            live = [(name, [self.canonical(p) for p in fn()]) for name, fn in self._live]
             snap = self._merge(live)
             self._cache = (key, snap)
             return snap

@@ -102,6 +102,7 @@ class Api:
                                                 self.max_ttl)
         except RegistrationError as exc:
             return _error(400, str(exc))
+        placement = self.registry.canonical(placement)
         try:
             new = self.store.put(placement, ttl)
         except OverflowError as exc:
@@ -122,7 +123,7 @@ class Api:
         host = request.query.get("hostname")
         if host is not None and not HOST_CHARS.match(host):
             return _error(400, "'hostname' has invalid characters or length")
-        deleted = self.store.delete(run, host)
+        deleted = self.store.delete(run, None if host is None else self.registry.mapper(host))
         log.info("run deregistered", extra=log_fields(run=str(run), host=host, deleted=deleted))
         return web.json_response({"deleted": deleted})
 
