@@ -1,0 +1,416 @@
+"""Generate the Grafana dashboards as code (grafana-foundation-sdk 11.6 builders) into JSON files.
+
+Why generated: every panel id, dashboard uid, variable name and series name comes from the shared
+catalog (``bridge/catalog``: panels, series) and the join-metric contract (``exporter/labels``), so
+the deep links the bridge builds and the alerts' ``panel_id`` annotations always land on a panel
+that exists. ``python dashboards/generate.py`` rewrites the committed JSON; ``--check`` fails when
+the committed files differ from what this module produces.
+
+Queries read the normalised series of ``alert_rules/`` (``hostname``/``gpu`` labels on every dcgm
+flavour) and take each range over ``$__rate_interval``: the ``*_over_time`` keeps a short spike
+(a temperature peak, a link that was down for one scrape) visible when Grafana's step is wider
+than the scrape interval.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from grafana_foundation_sdk.builders import common as common_builder
+from grafana_foundation_sdk.builders import dashboard as dash
+from grafana_foundation_sdk.builders import prometheus, stat, statetimeline, table, timeseries
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common as common_model
+from grafana_foundation_sdk.models import dashboard as model
+from grafana_foundation_sdk.models import prometheus as prom_model
+
+from bridge.catalog import panels as catalog
+from bridge.catalog import series
+from exporter import labels
+
+OUT_DIR = Path(__file__).resolve().parent
+DATASOURCE_VAR = "datasource"
+DS = model.DataSourceRef(type_val="prometheus", uid="${" + DATASOURCE_VAR + "}")
+TAGS = ["wandb", "gpu", "infrastructure"]
+SCHEMA_VERSION = 39
+
+RUN_SELECTOR = ",".join(f'{name}="${name}"' for name in labels.RUN_LABELS)
+HOST_SELECTOR = f'{labels.HOSTNAME}=~"${labels.HOSTNAME}"'
+GPU_SELECTOR = f'{HOST_SELECTOR},{labels.GPU}=~"${labels.GPU}"'
+GPU_LEGEND = f"{{{{{labels.HOSTNAME}}}}} GPU {{{{{labels.GPU}}}}}"
+HOST_LEGEND = f"{{{{{labels.HOSTNAME}}}}}"
+LINK_LEGEND = f"{HOST_LEGEND} {{{{device}}}}/{{{{port}}}}"
+ALERT_LABELS = ("alertname", "alertstate", "severity", "category", labels.HOSTNAME, labels.GPU,
+                "device", "port")
+
+# Rows group panels by the tens digit of their catalog id; row ids never collide with panel ids.
+ROWS: dict[int, tuple[int, str]] = {
+    0: (100, "Issues"),
+    1: (101, "Thermal and power"),
+    2: (102, "GPU errors: XID, ECC, row remapping"),
+    3: (103, "Interconnect: NVLink and PCIe"),
+    4: (104, "Workload: activity and memory (MFU proxy)"),
+    5: (105, "Network and telemetry"),
+}
+
+# Clock-event reason bits worth a line (dcgm bitmask, gpu-faults.md).
+CLOCK_BITS: tuple[tuple[int, str], ...] = (
+    (0x40, "HW thermal"), (0x8, "HW slowdown"), (0x80, "HW power brake"), (0x20, "SW thermal"),
+    (0x4, "SW power cap"),
+)
+IB_STATES = {"1": ("Down", "red"), "2": ("Init", "orange"), "3": ("Armed", "yellow"),
+             "4": ("Active", "green")}
+
+
+@dataclass(frozen=True)
+class Query:
+    """One PromQL target and its legend."""
+
+    expr: str
+    legend: str
+
+
+@dataclass(frozen=True)
+class PanelSpec:
+    """How to draw one catalog panel: visualisation, unit, description and queries."""
+
+    viz: str
+    unit: str
+    description: str
+    queries: tuple[Query, ...]
+    width: int = 12
+    height: int = 8
+    mappings: dict[str, tuple[str, str]] | None = None
+    max_value: float | None = None
+
+
+def over(fn: str, name: str, selector: str) -> str:
+    """``fn_over_time(name{selector}[$__rate_interval])``."""
+    return f"{fn}_over_time({name}{{{selector}}}[$__rate_interval])"
+
+
+def gpu_q(fn: str, name: str, legend_suffix: str = "") -> Query:
+    """A per-GPU series, aggregated over the rate interval."""
+    return Query(over(fn, name, GPU_SELECTOR), GPU_LEGEND + legend_suffix)
+
+
+def alerts_table(alert_selector: str) -> Query:
+    """Alerts that fired in the dashboard's time range, one row per alert and entity."""
+    by = ", ".join(ALERT_LABELS)
+    return Query(f"max by ({by}) (max_over_time(ALERTS{{{alert_selector}}}[$__range]))", "")
+
+
+def specs(alert_selector: str, scope: str) -> dict[str, PanelSpec]:
+    """Panel specs by catalog key; ``alert_selector`` picks the run's or the hosts' alerts."""
+    timeline_by = f"alertname, {labels.HOSTNAME}, {labels.GPU}, device"
+    run_util = f"{series.RUN_GPU_UTIL}{{{RUN_SELECTOR}}}"
+    return {
+        "alerts": PanelSpec(
+            "table", "none",
+            f"Every alert that fired for this {scope} in the time range (firing now or recently), "
+            "with the GPU, host or link it was raised on. The bridge groups these into issues and "
+            "marks the root cause.",
+            (alerts_table(alert_selector),), width=24, height=7),
+        "issue_timeline": PanelSpec(
+            "state", "none",
+            "When each alert was firing: the first bar is usually the root cause (hardware before "
+            "node loss before link loss before slowdowns and stalls).",
+            (Query(f"max by ({timeline_by}) (ALERTS{{{alert_selector},alertstate=\"firing\"}})",
+                   "{{alertname}} {{hostname}} {{gpu}}{{device}}"),), width=24, height=7),
+        "gpu_temperature": PanelSpec(
+            "timeseries", "celsius",
+            "GPU die temperature (max over the interval). 85 C is a warning, 95 C critical; "
+            "clocks are cut before that.",
+            (gpu_q("max", series.GPU_TEMP),)),
+        "hbm_temperature": PanelSpec(
+            "timeseries", "celsius",
+            "HBM (memory) temperature (max over the interval). 85 C is a warning, 95 C critical.",
+            (gpu_q("max", series.MEMORY_TEMP),)),
+        "thermal_violation": PanelSpec(
+            "timeseries", "percentunit",
+            "Share of time the GPU was throttled for temperature (5-minute rate of dcgm's "
+            "violation counter, normalised to a fraction). Above a few percent the run slows.",
+            (gpu_q("max", series.THERMAL_VIOLATION),), max_value=1),
+        "power_violation": PanelSpec(
+            "timeseries", "percentunit",
+            "Share of time the GPU was throttled by its power limit (5-minute rate of dcgm's "
+            "violation counter, normalised to a fraction).",
+            (gpu_q("max", series.POWER_VIOLATION),), max_value=1),
+        "clock_events": PanelSpec(
+            "timeseries", "short",
+            "Clock-event reasons that slow a GPU, one line per active reason (1 = active): HW "
+            "thermal, HW slowdown and power brake point at cooling or power delivery.",
+            tuple(
+                Query(f"floor({over('max', series.CLOCK_EVENT_REASONS, GPU_SELECTOR)} / {bit})"
+                      f" % 2 == 1", f"{GPU_LEGEND} {name}")
+                for bit, name in CLOCK_BITS)),
+        "power_usage": PanelSpec(
+            "timeseries", "watt",
+            "Board power draw (average over the interval). A drop with steady utilisation "
+            "often means a stall or throttling.",
+            (gpu_q("avg", series.POWER_USAGE),)),
+        "xid_errors": PanelSpec(
+            "timeseries", "short",
+            "XID errors reported by the driver, one line per GPU and XID code. 48, 94, 95 and "
+            "79 are hardware faults; 13, 31, 43 usually come from the application.",
+            (Query(over("max", series.XID_EVENTS, GPU_SELECTOR),
+                   f"{GPU_LEGEND} XID {{{{xid}}}}"),)),
+        "ecc_errors": PanelSpec(
+            "timeseries", "short",
+            "Double- and single-bit ECC errors in the last 10 minutes, pages retired and pages "
+            "pending retirement. Any double-bit error kills the process on that GPU.",
+            (gpu_q("max", series.ECC_DBE, " DBE 10m"), gpu_q("max", series.ECC_SBE, " SBE 10m"),
+             gpu_q("max", series.RETIRED_PAGES, " retired pages"),
+             gpu_q("max", series.RETIRED_PENDING, " retirement pending"))),
+        "row_remap": PanelSpec(
+            "timeseries", "short",
+            "HBM row remapping: a pending remap is applied at the next GPU reset; a failed "
+            "remap or many uncorrectable rows means the GPU should be replaced.",
+            (gpu_q("max", series.ROW_REMAP_PENDING, " pending"),
+             gpu_q("max", series.ROW_REMAP_FAILURE, " failed"),
+             gpu_q("max", series.UNCORRECTABLE_ROWS, " uncorrectable rows"))),
+        "gpu_count": PanelSpec(
+            "timeseries", "short",
+            "GPUs dcgm-exporter reports per host (min over the interval). Fewer than the host "
+            "has means a GPU fell off the bus or the driver lost it.",
+            (Query(over("min", series.HOST_GPU_COUNT, HOST_SELECTOR), HOST_LEGEND),)),
+        "nvlink_errors": PanelSpec(
+            "timeseries", "short",
+            "NVLink CRC errors per second and replay/recovery errors in the last 10 minutes. "
+            "Any replay or recovery error degrades collectives on that host.",
+            (gpu_q("max", series.NVLINK_CRC_RATE, " CRC/s"),
+             gpu_q("max", series.NVLINK_REPLAY_RECOVERY, " replay+recovery 10m"))),
+        "pcie_replays": PanelSpec(
+            "timeseries", "cps",
+            "PCIe replays per second (5-minute rate). DCGM warns above ~16 per minute on Gen4 "
+            "x16 and ~31 on Gen5: a bad riser, slot or cable.",
+            (gpu_q("max", series.PCIE_REPLAY_RATE),)),
+        "tensor_activity": PanelSpec(
+            "timeseries", "percentunit",
+            "Tensor-pipe activity (tracks MFU within a few points) and GPU utilisation. Tensor "
+            "activity near zero with utilisation high and memory held is a hung collective.",
+            (gpu_q("avg", series.TENSOR_ACTIVE, " tensor"),
+             gpu_q("avg", series.GPU_UTIL, " utilisation")), max_value=1),
+        "gpu_memory": PanelSpec(
+            "timeseries", "bytes",
+            "Framebuffer memory in use. Held memory with no activity is a stall; memory freed "
+            "at once is a crash.",
+            (gpu_q("max", series.FB_USED),)),
+        "gpu_util_spread": PanelSpec(
+            "timeseries", "percentunit",
+            "Max minus min GPU utilisation across the run's GPUs. Above ~10% for minutes means "
+            "a straggler holds the others back.",
+            (Query(f"max(max_over_time({run_util}[$__rate_interval])) - "
+                   f"min(min_over_time({run_util}[$__rate_interval]))", "spread"),), max_value=1),
+        "ib_link_state": PanelSpec(
+            "state", "none",
+            "InfiniBand port state per host and HCA (min over the interval, so a short drop "
+            "shows): Active is healthy, Down or Init breaks the job's collectives.",
+            (Query(over("min", series.IB_STATE, HOST_SELECTOR), LINK_LEGEND),),
+            mappings=IB_STATES),
+        "ib_errors": PanelSpec(
+            "timeseries", "short",
+            "InfiniBand physical errors per second (symbol, link integrity, remote physical) "
+            "and link-down events in the last 15 minutes: flapping links stall NCCL.",
+            (Query(over("max", series.IB_PHYSICAL_ERRORS, HOST_SELECTOR),
+                   f"{LINK_LEGEND} errors/s"),
+             Query(over("max", series.IB_FLAPS, HOST_SELECTOR), f"{LINK_LEGEND} flaps 15m"))),
+        "net_interfaces": PanelSpec(
+            "timeseries", "short",
+            "Ethernet/RoCE interfaces: up (1) or down (0), and carrier changes in the last 15 "
+            "minutes.",
+            (Query(over("min", series.NET_UP, HOST_SELECTOR), f"{HOST_LEGEND} {{{{device}}}} up"),
+             Query(over("max", series.NET_CARRIER_CHANGES, HOST_SELECTOR),
+                   f"{HOST_LEGEND} {{{{device}}}} carrier changes 15m"))),
+        "targets_up": PanelSpec(
+            "timeseries", "short",
+            "Whether Prometheus can scrape each host's node_exporter and dcgm-exporter (1 up, "
+            "0 down). Both down at once means the host itself is gone.",
+            (Query(over("min", series.TARGET_UP, HOST_SELECTOR),
+                   f"{HOST_LEGEND} {{{{{series.TARGET_LABEL}}}}}"),), max_value=1),
+    }
+
+
+# ---- variables -------------------------------------------------------------------------------
+
+def datasource_variable() -> dash.DatasourceVariable:
+    """The one datasource variable every panel uses."""
+    return (dash.DatasourceVariable(DATASOURCE_VAR).label("Data source").type("prometheus")
+            .description("Prometheus holding dcgm-exporter, node_exporter and the join metrics."))
+
+
+def query_variable(name: str, query: str, description: str, *, multi: bool = False,
+                   regex: str = "") -> dash.QueryVariable:
+    """A variable filled from PromQL (``label_values`` or ``query_result``)."""
+    var = (dash.QueryVariable(name).label(name).datasource(DS).description(description)
+           .query(query)
+           .refresh(model.VariableRefresh.ON_TIME_RANGE_CHANGED)
+           .sort(model.VariableSort.ALPHABETICAL_ASC))
+    if regex:
+        var = var.regex(regex)
+    if multi:
+        var = var.multi(True).include_all(True)
+    return var
+
+
+def run_variables() -> list[Any]:
+    """entity -> project -> run -> the run's hosts -> the run's GPUs (all from the join metrics)."""
+    node_info, gpu_info = labels.NODE_INFO, labels.GPU_INFO
+    ent, proj, run = labels.ENTITY, labels.PROJECT, labels.RUN_ID
+    host, gpu = labels.HOSTNAME, labels.GPU
+    run_gpus = f"{gpu_info}{{{RUN_SELECTOR},{HOST_SELECTOR}}}"
+    gpu_query = (
+        f"query_result(max by ({host}, {gpu}) ({run_gpus}) or (max by ({host}, {gpu}) "
+        f"({series.GPU_PRESENT}{{{HOST_SELECTOR}}}) unless on () count({run_gpus})))")
+    return [
+        datasource_variable(),
+        query_variable(ent, f"label_values({node_info}, {ent})", "W&B entity (team or user)."),
+        query_variable(proj, f'label_values({node_info}{{{ent}="${ent}"}}, {proj})',
+                       "W&B project."),
+        query_variable(run, f'label_values({node_info}{{{ent}="${ent}",{proj}="${proj}"}}, '
+                            f"{run})", "W&B run id."),
+        query_variable(host, f"label_values({node_info}{{{RUN_SELECTOR}}}, {host})",
+                       "Hosts the run is on.", multi=True),
+        query_variable(gpu, gpu_query,
+                       "The run's GPUs on the selected hosts; every GPU of those hosts when the "
+                       "run's GPUs are not known.", multi=True, regex=f'/{gpu}="([^"]+)"/'),
+    ]
+
+
+def node_variables() -> list[Any]:
+    """Hosts and GPUs from what dcgm-exporter reports."""
+    host, gpu = labels.HOSTNAME, labels.GPU
+    return [
+        datasource_variable(),
+        query_variable(host, f"label_values({series.GPU_PRESENT}, {host})",
+                       "Hosts with GPUs reporting.", multi=True),
+        query_variable(gpu, f"label_values({series.GPU_PRESENT}{{{HOST_SELECTOR}}}, {gpu})",
+                       "GPUs of the selected hosts.", multi=True),
+    ]
+
+
+# ---- panels ----------------------------------------------------------------------------------
+
+def _target(query: Query, ref: str, *, instant: bool = False) -> prometheus.Dataquery:
+    target = (prometheus.Dataquery().expr(query.expr).ref_id(ref).datasource(DS)
+              .legend_format(query.legend or "__auto"))
+    if instant:
+        return target.instant().format(prom_model.PromQueryFormat.TABLE)
+    return target.range()
+
+
+def _mappings(mapping: dict[str, tuple[str, str]]) -> list[model.ValueMapping]:
+    return [model.ValueMap(options={
+        value: model.ValueMappingResult(text=text, color=color, index=i)
+        for i, (value, (text, color)) in enumerate(mapping.items())})]
+
+
+def build_panel(key: str, spec: PanelSpec) -> Any:
+    """One panel with the catalog's id and title and the spec's queries."""
+    entry = catalog.panel(key)
+    builders: dict[str, Callable[[], Any]] = {
+        "timeseries": timeseries.Panel, "table": table.Panel, "state": statetimeline.Panel,
+        "stat": stat.Panel,
+    }
+    panel = (builders[spec.viz]().id(entry.id).title(entry.title).description(spec.description)
+             .datasource(DS).unit(spec.unit).span(spec.width).height(spec.height))
+    refs = "ABCDEFGHIJ"
+    for i, query in enumerate(spec.queries):
+        panel = panel.with_target(_target(query, refs[i], instant=spec.viz == "table"))
+    if spec.max_value is not None:
+        panel = panel.min(0).max(spec.max_value)
+    if spec.mappings:
+        panel = panel.mappings(_mappings(spec.mappings))
+    if spec.viz == "timeseries":
+        panel = (panel.line_width(1).fill_opacity(10).span_nulls(False)
+                 .legend(common_builder.VizLegendOptions()
+                         .display_mode(common_model.LegendDisplayMode.TABLE)
+                         .placement(common_model.LegendPlacement.RIGHT)
+                         .show_legend(True).calcs(["max", "lastNotNull"])))
+    if spec.viz == "state":
+        panel = panel.show_value(common_model.VisibilityMode.NEVER).merge_values(True)
+    return panel
+
+
+def build_dashboard(board: catalog.Dashboard) -> dict[str, Any]:
+    """The JSON model of one catalog dashboard."""
+    if board.key == "run":
+        alert_selector = RUN_SELECTOR
+        variables = run_variables()
+        scope = "run"
+        description = ("Infrastructure under one W&B run: its hosts' and GPUs' faults, throttling, "
+                       "interconnect and network, with the run's alerts marked on every graph.")
+    else:
+        alert_selector = HOST_SELECTOR
+        variables = node_variables()
+        scope = "host"
+        description = "All GPUs and links of one or a few hosts, for the operator."
+    panel_specs = specs(alert_selector, scope)
+    builder = (dash.Dashboard(board.title).uid(board.uid).description(description).tags(TAGS)
+               .editable().time("now-6h", "now").refresh("1m").timezone("browser")
+               .tooltip(model.DashboardCursorSync.CROSSHAIR).variables(variables)
+               .annotation(dash.AnnotationQuery().name("Alerts").datasource(DS).enable(True)
+                           .icon_color("red").expr(f'ALERTS{{{alert_selector},'
+                                                   f'alertstate="firing"}}')))
+    current_row = None
+    for key, entry in catalog.PANELS.items():
+        if board.key not in entry.dashboards:
+            continue
+        row_id, row_title = ROWS[entry.id // 10]
+        if row_id != current_row:
+            builder = builder.with_row(dash.Row(row_title).id(row_id))
+            current_row = row_id
+        builder = builder.with_panel(build_panel(key, panel_specs[key]))
+    data = json.loads(JSONEncoder(sort_keys=True).encode(builder.build()))
+    data["schemaVersion"] = SCHEMA_VERSION
+    for annotation in data["annotations"]["list"]:
+        if annotation.get("expr"):
+            # Fields of the Prometheus annotation query that the SDK's generic model lacks.
+            annotation.update({
+                "titleFormat": "{{alertname}}",
+                "textFormat": "{{hostname}} GPU {{gpu}} {{device}} ({{severity}})",
+                "tagKeys": "severity,category", "step": "60s", "useValueForTime": False,
+            })
+    return data
+
+
+def render() -> dict[Path, str]:
+    """File path -> JSON text for every catalog dashboard."""
+    return {
+        OUT_DIR / f"{board.uid}.json":
+            json.dumps(build_dashboard(board), indent=2, sort_keys=True) + "\n"
+        for board in catalog.DASHBOARDS.values()
+    }
+
+
+def stale_files(rendered: dict[Path, str]) -> list[Path]:
+    """Files whose committed text differs from the generator's output."""
+    return [p for p, text in rendered.items() if not p.exists() or p.read_text() != text]
+
+
+def main(argv: Iterable[str] | None = None) -> int:
+    """Write the dashboards, or with --check report the ones that are out of date."""
+    parser = argparse.ArgumentParser(description="Generate Grafana dashboards from the catalog.")
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing; exit 1 if a committed dashboard differs")
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    rendered = render()
+    stale = stale_files(rendered)
+    if args.check:
+        for path in stale:
+            print(f"out of date: {path} (run python dashboards/generate.py)", file=sys.stderr)
+        return 1 if stale else 0
+    for path in stale:
+        path.write_text(rendered[path])
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
