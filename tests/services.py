@@ -1,144 +1,20 @@
-"""Start and stop the real services tests need (Prometheus, Alertmanager) on loopback.
+"""Real services for tests (Prometheus, Alertmanager); implemented once in demo/processes."""
 
-Every service gets its own free port and temporary directory and is killed when the context exits,
-so tests never leak processes or talk beyond 127.0.0.1.
-"""
+from demo.processes import (
+    ALERTMANAGER,
+    AMTOOL,
+    PROMETHEUS,
+    PROMTOOL,
+    Service,
+    alertmanager,
+    env_without_proxies,
+    free_port,
+    prom_query,
+    prometheus,
+    wait_http,
+)
 
-from __future__ import annotations
-
-import contextlib
-import os
-import shutil
-import signal
-import socket
-import subprocess
-import time
-from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
-
-import requests
-
-PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
-PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
-ALERTMANAGER = shutil.which("prometheus-alertmanager") or "/usr/bin/prometheus-alertmanager"
-AMTOOL = shutil.which("amtool") or "/usr/bin/amtool"
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_http(url: str, timeout: float = 30.0, proc: subprocess.Popen | None = None) -> None:
-    """Poll ``url`` until it answers 200; fail early if ``proc`` died."""
-    deadline = time.monotonic() + timeout
-    last: str = ""
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"process exited with {proc.returncode} before {url} was ready")
-        try:
-            resp = requests.get(url, timeout=2)
-            if resp.status_code == 200:
-                return
-            last = f"HTTP {resp.status_code}"
-        except requests.RequestException as exc:
-            last = str(exc)
-        time.sleep(0.1)
-    raise TimeoutError(f"{url} not ready after {timeout}s: {last}")
-
-
-@dataclass
-class Service:
-    """A started process, its base URL and where its log goes."""
-
-    proc: subprocess.Popen
-    url: str
-    workdir: Path
-    log: Path
-
-    def stop(self) -> None:
-        """Terminate, then kill if it does not exit within 10 s."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-
-
-def _spawn(cmd: list[str], workdir: Path, name: str) -> tuple[subprocess.Popen, Path]:
-    log = workdir / f"{name}.log"
-    handle = log.open("wb")
-    proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, cwd=workdir,
-                            start_new_session=True)
-    handle.close()
-    return proc, log
-
-
-@contextlib.contextmanager
-def prometheus(
-    config: str, workdir: Path, extra_args: tuple[str, ...] = (), port: int | None = None,
-) -> Iterator[Service]:
-    """Run Prometheus with ``config`` (YAML text written to workdir/prometheus.yml)."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    port = port or free_port()
-    (workdir / "prometheus.yml").write_text(config)
-    cmd = [
-        PROMETHEUS, f"--config.file={workdir / 'prometheus.yml'}",
-        f"--storage.tsdb.path={workdir / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
-        "--web.enable-lifecycle", "--log.level=warn", *extra_args,
-    ]
-    proc, log = _spawn(cmd, workdir, "prometheus")
-    svc = Service(proc, f"http://127.0.0.1:{port}", workdir, log)
-    try:
-        wait_http(svc.url + "/-/ready", proc=proc)
-        yield svc
-    except BaseException:
-        print(log.read_text(errors="replace")[-4000:])
-        raise
-    finally:
-        svc.stop()
-
-
-@contextlib.contextmanager
-def alertmanager(config: str, workdir: Path, port: int | None = None) -> Iterator[Service]:
-    """Run Alertmanager 0.25 (Debian's prometheus-alertmanager) with ``config``, no clustering."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    port = port or free_port()
-    (workdir / "alertmanager.yml").write_text(config)
-    cmd = [
-        ALERTMANAGER, f"--config.file={workdir / 'alertmanager.yml'}",
-        f"--storage.path={workdir / 'am-data'}", f"--web.listen-address=127.0.0.1:{port}",
-        "--cluster.listen-address=", "--log.level=warn",
-    ]
-    proc, log = _spawn(cmd, workdir, "alertmanager")
-    svc = Service(proc, f"http://127.0.0.1:{port}", workdir, log)
-    try:
-        wait_http(svc.url + "/-/ready", proc=proc)
-        yield svc
-    except BaseException:
-        print(log.read_text(errors="replace")[-4000:])
-        raise
-    finally:
-        svc.stop()
-
-
-def prom_query(base_url: str, expr: str, at: float | None = None) -> list[dict]:
-    """Instant query; raises on a PromQL error so a broken query fails its test."""
-    params: dict[str, str] = {"query": expr}
-    if at is not None:
-        params["time"] = f"{at:.3f}"
-    resp = requests.get(base_url + "/api/v1/query", params=params, timeout=30)
-    body = resp.json()
-    if body.get("status") != "success":
-        raise AssertionError(f"query failed: {expr}: {body.get('error')}")
-    return body["data"]["result"]
-
-
-def env_without_proxies() -> dict[str, str]:
-    """The environment with proxy variables removed, so loopback calls never leave the host."""
-    return {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+__all__ = [
+    "ALERTMANAGER", "AMTOOL", "PROMETHEUS", "PROMTOOL", "Service", "alertmanager",
+    "env_without_proxies", "free_port", "prom_query", "prometheus", "wait_http",
+]
