@@ -75,7 +75,7 @@ CREATE TABLE IF NOT EXISTS markers (
     written_at REAL NOT NULL,
     PRIMARY KEY (entity, project, run_id, marker)
 );
-CREATE TABLE IF NOT EXISTS probe (id INTEGER PRIMARY KEY, at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS probe (id INTEGER PRIMARY KEY, at REAL NOT NULL, pad BLOB);
 """
 
 _ALERT_COLUMNS = ("fingerprint, starts_at, entity, project, run_id, alertname, status, ends_at, "
@@ -154,8 +154,10 @@ class Store:
         self.path = str(path)
         self._local = threading.local()
         self._seq_lock = threading.Lock()
-        with self._tx() as conn:
-            conn.executescript(SCHEMA)
+        try:
+            self._conn().executescript(SCHEMA)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot initialise store {self.path}: {exc}") from exc
 
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
@@ -199,9 +201,14 @@ class Store:
             self._local.conn = None
 
     def probe(self) -> None:
-        """Prove the store is writable right now (readiness); raises ``StoreError``."""
+        """Prove the store can grow right now (readiness); raises ``StoreError``.
+
+        Writes and deletes a padded row in one transaction, so a full disk (or a page limit)
+        fails here the same way a notification would."""
         with self._tx() as conn:
-            conn.execute("INSERT OR REPLACE INTO probe (id, at) VALUES (1, ?)", (time.time(),))
+            conn.execute("INSERT OR REPLACE INTO probe (id, at, pad) VALUES (1, ?, "
+                         "zeroblob(65536))", (time.time(),))
+            conn.execute("DELETE FROM probe WHERE id = 1")
 
     # ingest ---------------------------------------------------------------------------------
     def ingest(self, notification: Notification, reader: IdentityReader,
