@@ -30,6 +30,7 @@ lint: venv
 generate: venv
 	$(BIN)/python alert_rules/generate.py
 	$(BIN)/python dashboards/generate.py
+	$(BIN)/python deploy/kubernetes/render.py
 
 test: system-deps venv lint
 	$(BIN)/python -m pytest -q

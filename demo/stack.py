@@ -1,0 +1,272 @@
+"""The whole pipeline on loopback, from the example configs in ``deploy/``.
+
+simulator (dcgm-exporter + node_exporter) and exporter (join metrics) -> Prometheus with the shipped
+rules -> Alertmanager -> bridge -> W&B (real, the test stand-in, or none: the bridge's own pages).
+``make demo``, the end-to-end tests and the end-to-end benchmark all start it through ``Stack``, so
+what the tests check is what the demo shows. Only addresses, intervals and the rules' ``for``
+durations differ from the shipped files (scaled down so a demo takes minutes, not hours).
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import requests
+import yaml
+
+from demo import processes
+from demo.simulator import Cluster, SimulatorServer, target_groups
+
+ROOT = Path(__file__).resolve().parent.parent
+RULES_FILE = ROOT / "alert_rules" / "wandb-infra.rules.yml"
+PROMETHEUS_EXAMPLE = ROOT / "deploy" / "prometheus" / "prometheus.yml"
+ALERTMANAGER_EXAMPLE = ROOT / "deploy" / "alertmanager" / "alertmanager.yml"
+BRIDGE_RECEIVER = "wandb.bridge"
+
+T = TypeVar("T")
+_DURATION = re.compile(r"(\d+)(ms|s|m|h|d)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration_seconds(text: str) -> float:
+    """Parse a Prometheus duration such as ``1m30s``."""
+    if not text or _DURATION.sub("", text):
+        raise ValueError(f"not a Prometheus duration: {text!r}")
+    return sum(int(n) * _UNIT_SECONDS[u] for n, u in _DURATION.findall(text))
+
+
+def scale_rules(text: str, scale: float, minimum_seconds: int = 0) -> str:
+    """The shipped rule file with every ``for``/``keep_firing_for`` multiplied by ``scale``."""
+    data = yaml.safe_load(text)
+    for group in data["groups"]:
+        for rule in group["rules"]:
+            for key in ("for", "keep_firing_for"):
+                if key in rule:
+                    seconds = max(minimum_seconds, round(duration_seconds(rule[key]) * scale))
+                    rule[key] = f"{seconds}s"
+    return yaml.safe_dump(data, sort_keys=False, width=1000)
+
+
+@dataclass
+class StackConfig:
+    """What differs between the demo, the end-to-end tests and production intervals."""
+
+    workdir: Path
+    hosts: int = 66
+    flavour: str = "hostname"
+    interval_seconds: int = 2
+    for_scale: float = 0.1
+    group_wait: str = "2s"
+    group_interval: str = "5s"
+    wandb_base_url: str | None = None
+    wandb_api_key: str | None = None
+    markers: bool = True
+    grafana_url: str = "http://localhost:3000"
+    flush_interval_seconds: float = 1.0
+    log_level: str = "info"
+
+
+class Stack:
+    """Starts every component in dependency order and stops them in reverse."""
+
+    def __init__(self, config: StackConfig) -> None:
+        self.config = config
+        self.workdir = config.workdir
+        self.token = secrets.token_urlsafe(32)
+        self.cluster = Cluster(hosts=config.hosts, flavour=config.flavour)
+        self.simulator: SimulatorServer | None = None
+        self.exporter: processes.Service | None = None
+        self.bridge: processes.Service | None = None
+        self.alertmanager: processes.Service | None = None
+        self.prometheus: processes.Service | None = None
+        self._stack: list[Callable[[], None]] = []
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+
+    def __enter__(self) -> Stack:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        """Simulator, exporter, bridge, Alertmanager, Prometheus; each waits until ready."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.token_file.write_text(self.token + "\n")
+        self.token_file.chmod(0o600)
+        self.simulator = SimulatorServer(self.cluster).start()
+        self._stack.append(self.simulator.stop)
+        self.exporter = self._start_exporter()
+        self.bridge = self._start_bridge()
+        self.alertmanager = self._start_alertmanager()
+        self.prometheus = self._start_prometheus()
+
+    def stop(self) -> None:
+        """Stop everything started so far, newest first."""
+        while self._stack:
+            stop = self._stack.pop()
+            try:
+                stop()
+            except Exception as exc:  # keep stopping the rest
+                print(f"warning: stop failed: {exc}", file=sys.stderr)
+
+    @property
+    def token_file(self) -> Path:
+        """The bearer token shared by Alertmanager, the bridge and the exporter."""
+        return self.workdir / "token"
+
+    # ---- components ----------------------------------------------------------------------------
+
+    def _script(self, name: str) -> str:
+        return str(Path(sys.executable).parent / name)
+
+    def _service(self, name: str, cmd: list[str], ready_path: str, port: int) -> processes.Service:
+        log = self.workdir / f"{name}.log"
+        handle = log.open("ab")
+        proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, cwd=self.workdir,
+                                start_new_session=True, env=processes.env_without_proxies())
+        handle.close()
+        service = processes.Service(proc, f"http://127.0.0.1:{port}", self.workdir, log)
+        self._stack.append(service.stop)
+        try:
+            processes.wait_http(service.url + ready_path, proc=proc)
+        except (RuntimeError, TimeoutError):
+            print(log.read_text(errors="replace")[-3000:], file=sys.stderr)
+            raise
+        return service
+
+    def _start_exporter(self) -> processes.Service:
+        port = processes.free_port()
+        config = {
+            "listen": f"127.0.0.1:{port}",
+            "log_level": self.config.log_level,
+            "auth": {"token_file": str(self.token_file)},
+        }
+        path = self.workdir / "exporter.yaml"
+        path.write_text(yaml.safe_dump(config))
+        return self._service("exporter", [self._script("wandb-infra-exporter"), "--config",
+                                          str(path)], "/healthz", port)
+
+    def _start_bridge(self) -> processes.Service:
+        port = processes.free_port()
+        wandb: dict[str, Any] = {"markers": self.config.markers,
+                                 "flush_interval_seconds": self.config.flush_interval_seconds,
+                                 "backoff_base_seconds": 0.5, "backoff_max_seconds": 5.0,
+                                 "state_check_interval_seconds": 5.0}
+        if self.config.wandb_api_key:
+            key_file = self.workdir / "wandb-api-key"
+            key_file.write_text(self.config.wandb_api_key + "\n")
+            key_file.chmod(0o600)
+            wandb["api_key_file"] = str(key_file)
+        if self.config.wandb_base_url:
+            wandb["base_url"] = self.config.wandb_base_url
+        config = {
+            "listen": {"host": "127.0.0.1", "port": port},
+            "log_level": self.config.log_level,
+            "auth": {"bearer_token_file": str(self.token_file), "public_pages": True},
+            "store": {"path": str(self.workdir / "bridge.sqlite")},
+            "wandb": wandb,
+            "grafana": {"base_url": self.config.grafana_url},
+        }
+        path = self.workdir / "bridge.yaml"
+        path.write_text(yaml.safe_dump(config))
+        return self._service("bridge", [self._script("wandb-infra-bridge"), "serve", "--config",
+                                        str(path)], "/readyz", port)
+
+    def _start_alertmanager(self) -> processes.Service:
+        assert self.bridge is not None
+        config = yaml.safe_load(ALERTMANAGER_EXAMPLE.read_text())
+        for route in config["route"].get("routes", []):
+            if route.get("receiver") == BRIDGE_RECEIVER:
+                route["group_wait"] = self.config.group_wait
+                route["group_interval"] = self.config.group_interval
+        for receiver in config["receivers"]:
+            for hook in receiver.get("webhook_configs", []):
+                hook["url"] = self.bridge.url + "/alertmanager"
+                hook["http_config"]["authorization"]["credentials_file"] = str(self.token_file)
+        context = processes.alertmanager(yaml.safe_dump(config, sort_keys=False),
+                                         self.workdir / "alertmanager")
+        service = context.__enter__()
+        self._stack.append(lambda: context.__exit__(None, None, None))
+        return service
+
+    def _start_prometheus(self) -> processes.Service:
+        assert self.simulator and self.exporter and self.alertmanager
+        promdir = self.workdir / "prometheus"
+        (promdir / "rules").mkdir(parents=True, exist_ok=True)
+        (promdir / "targets").mkdir(parents=True, exist_ok=True)
+        (promdir / "rules" / RULES_FILE.name).write_text(
+            scale_rules(RULES_FILE.read_text(), self.config.for_scale))
+        hosts = list(self.cluster.hosts)
+        for exporter in ("dcgm", "node"):
+            groups = target_groups(self.simulator.address, hosts, exporter)
+            (promdir / "targets" / f"{exporter}.json").write_text(yaml.safe_dump(groups))
+        config = yaml.safe_load(PROMETHEUS_EXAMPLE.read_text())
+        interval = f"{self.config.interval_seconds}s"
+        config["global"] = {"scrape_interval": interval, "evaluation_interval": interval}
+        alertmanager = self.alertmanager.url.removeprefix("http://")
+        config["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = [alertmanager]
+        for job in config["scrape_configs"]:
+            if job["job_name"] == "wandb-infra-exporter":
+                job["static_configs"][0]["targets"] = [self.exporter.url.removeprefix("http://")]
+        context = processes.prometheus(yaml.safe_dump(config, sort_keys=False), promdir)
+        service = context.__enter__()
+        self._stack.append(lambda: context.__exit__(None, None, None))
+        return service
+
+    # ---- using it ------------------------------------------------------------------------------
+
+    def register(self, entity: str, project: str, run_id: str, hosts: list[str], *,
+                 gpus: list[int] | None = None, run_name: str | None = None) -> None:
+        """Register a run on hosts with the exporter, as a training job's ranks would."""
+        assert self.exporter is not None
+        for host in hosts:
+            body: dict[str, Any] = {"entity": entity, "project": project, "run_id": run_id,
+                                    "hostname": host, "ttl_seconds": 3600}
+            if gpus is not None:
+                body["gpus"] = gpus
+            if run_name:
+                body["run_name"] = run_name
+            resp = requests.post(self.exporter.url + "/v1/runs", json=body, timeout=5,
+                                 headers={"Authorization": f"Bearer {self.token}"})
+            resp.raise_for_status()
+
+    def bridge_json(self, path: str) -> Any:
+        """GET a bridge page as JSON."""
+        assert self.bridge is not None
+        resp = requests.get(self.bridge.url + path, timeout=10,
+                            headers={"Accept": "application/json",
+                                     "Authorization": f"Bearer {self.token}"})
+        resp.raise_for_status()
+        return resp.json()
+
+    def query(self, expr: str) -> list[dict]:
+        """Instant PromQL query against the stack's Prometheus."""
+        assert self.prometheus is not None
+        return processes.prom_query(self.prometheus.url, expr)
+
+
+def wait_for(check: Callable[[], T | None], timeout: float, what: str,
+             interval: float = 1.0) -> T:
+    """Poll ``check`` until it returns something truthy; raise naming ``what`` on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
