@@ -55,3 +55,13 @@ def metric_samples(url: str, name: str) -> list[dict[str, str]]:
     text = requests.get(url + "/metrics", timeout=10).text
     return [dict(s.labels) for f in text_string_to_metric_families(text) for s in f.samples
             if s.name == name]
+
+
+def metric_value(url: str, name: str, **match: str) -> float | None:
+    """Value of the first sample of ``name`` whose labels include ``match`` (None if absent)."""
+    text = requests.get(url + "/metrics", timeout=10).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in match.items()):
+                return sample.value
+    return None

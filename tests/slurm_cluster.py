@@ -118,7 +118,8 @@ def _write_config(workdir: Path, node: str, gpus: int, prolog: str | None,
         "SlurmctldDebug=info",
         "SlurmdDebug=info",
         f"NodeName={node} NodeAddr=127.0.0.1 CPUs=2 Gres=gpu:{gpus} State=UNKNOWN",
-        f"PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP",
+        f"PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP "
+        "OverSubscribe=FORCE:4",
     ]
     if prolog:
         lines.append(f"Prolog={prolog}")
