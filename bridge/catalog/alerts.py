@@ -234,7 +234,8 @@ register(
         "An external power-brake signal (PSU or rack power problem) cuts the GPU's clocks: the "
         "whole job slows down.",
         "Check the node's power supplies and rack power; move the job if it persists.",
-        "clock_events", f"floor({s.CLOCK_EVENT_REASONS} / 128) % 2 == 1", for_="1m",
+        "clock_events",
+        f"{s.CLOCK_EVENT_REASONS} and floor({s.CLOCK_EVENT_REASONS} / 128) % 2 == 1", for_="1m",
         group="gpu-thermal"),
     AlertDef(
         "GpuPowerThrottled", "info", _T, _DEG, "gpu",

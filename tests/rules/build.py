@@ -1,0 +1,441 @@
+"""Build the promtool unit-test files in tests/rules/ from compact case definitions.
+
+Every alert in the catalog gets a fault case (fires, with its exact labels and annotations) and a
+healthy twin (stays silent); GPU cases run for both dcgm-exporter label spellings (``Hostname`` up
+to 4.8.2, ``hostname`` after). The attribution shapes of contract 2 (two runs on a host, replicated
+join series, several faulty GPUs or ports, runs with unknown GPUs, idle hosts) each get a case.
+``python tests/rules/build.py`` rewrites the files; a test checks they are current.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from alert_rules import generate  # noqa: E402
+from bridge.catalog.alerts import ALERTS  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+SPELLINGS = ("Hostname", "hostname")
+RUN_A = {"wandb_entity": "acme", "wandb_project": "llm", "wandb_run_id": "runa"}
+RUN_B = {"wandb_entity": "acme", "wandb_project": "llm", "wandb_run_id": "runb"}
+GIB_MIB = 40_000
+
+
+def _labels(d: dict[str, str]) -> str:
+    return ",".join(f'{k}="{v}"' for k, v in d.items())
+
+
+@dataclass
+class Series:
+    """One input series: name, labels, promtool values notation."""
+
+    name: str
+    labels: dict[str, str]
+    values: str
+
+    def as_dict(self) -> dict[str, str]:
+        """The promtool input_series entry."""
+        return {"series": f"{self.name}{{{_labels(self.labels)}}}", "values": self.values}
+
+
+def dcgm(sp: str, metric: str, values: str, host: str = "n1", gpu: str = "0",
+         **extra: str) -> Series:
+    """A dcgm-exporter series with the given host label spelling."""
+    return Series(metric, {sp: host, "gpu": gpu, "UUID": f"GPU-{host}-{gpu}",
+                           "device": f"nvidia{gpu}", "modelName": "NVIDIA H100 80GB HBM3",
+                           "instance": f"{host}:9400", "job": "dcgm", **extra}, values)
+
+
+def node(metric: str, values: str, host: str = "n1", **extra: str) -> Series:
+    """A node_exporter series (no hostname label, as scraped)."""
+    return Series(metric, {"instance": f"{host}:9100", "job": "node", **extra}, values)
+
+
+def uname(host: str = "n1") -> Series:
+    """node_uname_info, the only node_exporter series that names the host."""
+    return node("node_uname_info", "1x80", host, nodename=host, sysname="Linux")
+
+
+def gpu_info(run: dict[str, str], gpu: str, host: str = "n1", source: str = "slurm") -> Series:
+    """Contract-1 per-GPU join metric."""
+    return Series("wandb_run_gpu_info", {**run, "hostname": host, "gpu": gpu,
+                                         "gpu_uuid": f"GPU-{host}-{gpu}", "source": source},
+                  "1x80")
+
+
+def node_info(run: dict[str, str], host: str = "n1", source: str = "slurm") -> Series:
+    """Contract-1 per-host join metric."""
+    return Series("wandb_run_node_info", {**run, "wandb_run_name": "run-" + run["wandb_run_id"],
+                                          "hostname": host, "source": source}, "1x80")
+
+
+@dataclass
+class Expect:
+    """An expected alert: its entity/run labels and its rendered description."""
+
+    labels: dict[str, str]
+    description: str
+
+
+@dataclass
+class Case:
+    """One promtool test: series, when to evaluate, which alert, what (if anything) fires."""
+
+    name: str
+    alert: str
+    series: list[Series]
+    eval_time: str
+    expect: list[Expect] = field(default_factory=list)
+
+    def as_dict(self, cfg: dict[str, Any]) -> dict[str, Any]:
+        """The promtool test entry."""
+        d = ALERTS[self.alert]
+        static = generate._alert(d, cfg)
+        exp = []
+        for e in self.expect:
+            ann = dict(static["annotations"])
+            ann["description"] = e.description
+            exp.append({"exp_labels": {**static["labels"], **e.labels}, "exp_annotations": ann})
+        test: dict[str, Any] = {"eval_time": self.eval_time, "alertname": self.alert}
+        if exp:
+            test["exp_alerts"] = exp
+        return {"name": self.name, "interval": "30s",
+                "input_series": [s.as_dict() for s in self.series],
+                "alert_rule_test": [test]}
+
+
+def g(host: str = "n1", gpu: str = "0", **extra: str) -> dict[str, str]:
+    """Entity labels of a GPU alert."""
+    return {"hostname": host, "gpu": gpu, "gpu_uuid": f"GPU-{host}-{gpu}", **extra}
+
+
+def healthy_gpus(sp: str, host: str = "n1", gpus: tuple[str, ...] = ("0", "1")) -> list[Series]:
+    """Background telemetry of a healthy host so 'the host still reports' holds."""
+    return [dcgm(sp, "DCGM_FI_DEV_GPU_TEMP", "40x80", host, gpu) for gpu in gpus]
+
+
+def _pair(name: str, alert: str, fault: list[Series], healthy: list[Series], eval_time: str,  # noqa: PLR0917
+          expect: list[Expect]) -> list[Case]:
+    return [Case(f"{alert}: {name}", alert, fault, eval_time, expect),
+            Case(f"{alert}: healthy twin of {name}", alert, healthy, eval_time)]
+
+
+def _xid(sp: str, code: str, values: str | None = None, gpu: str = "0") -> Series:
+    return dcgm(sp, "DCGM_FI_DEV_XID_ERRORS", values or f"{code}x80", gpu=gpu, err_code=code,
+                err_msg="msg")
+
+
+W = "GPU 0 on n1"
+
+
+def gpu_cases(sp: str) -> list[Case]:
+    """Fault + healthy twin for every GPU alert, unattributed (idle host)."""
+    bg = healthy_gpus(sp)
+    ok = [*bg, _xid(sp, "0", "0x80")]
+    cases: list[Case] = []
+    for alert, code, desc in (
+        ("GpuXidError", "48", f"XID 48 on {W} (1 event(s) in the last 10-15 minutes)."),
+        ("GpuContainedEccError", "94",
+         f"Contained uncorrectable ECC error (XID 94) on {W} (1 event(s))."),
+        ("GpuUncontainedEccError", "95",
+         f"Uncontained uncorrectable ECC error (XID 95) on {W} (1 event(s))."),
+        ("GpuXidApplicationError", "13", f"XID 13 on {W} (1 event(s) in the last 10-15 minutes)."),
+        ("GpuXidInformational", "63", f"XID 63 on {W} (1 event(s) in the last 10-15 minutes)."),
+        ("GpuXidUnclassified", "57", f"XID 57 on {W} (1 event(s) in the last 10-15 minutes)."),
+    ):
+        cases += _pair(f"XID {code} ({sp})", alert, [*bg, _xid(sp, code)], ok, "3m",
+                       [Expect(g(xid=code), desc)])
+    cases.append(Case(f"GpuXidError: XID 48 ends after 10 minutes ({sp})", "GpuXidError",
+                      [*bg, _xid(sp, "48")], "12m"))
+    cases.append(Case(f"GpuXidError: contained ECC 94 is not a generic XID ({sp})",
+                      "GpuXidError", [*bg, _xid(sp, "94")], "3m"))
+    cases.append(Case(
+        f"GpuXidError: DCGM_EXP_XID_ERRORS_COUNT counts ({sp})", "GpuXidError",
+        [*bg, dcgm(sp, "DCGM_EXP_XID_ERRORS_COUNT", "0x4 3x20", xid="74",
+                   window_size_in_ms="300000")],
+        "5m", [Expect(g(xid="74"), f"XID 74 on {W} (3 event(s) in the last 10-15 minutes).")]))
+    gone = [dcgm(sp, "DCGM_FI_DEV_GPU_TEMP", "40x80", gpu="0"),
+            dcgm(sp, "DCGM_FI_DEV_GPU_TEMP", "40x10", gpu="1")]
+    cases += _pair(f"GPU series vanished ({sp})", "GpuFallenOffBus", gone, bg, "14m",
+                   [Expect(g(gpu="1"), "GPU 1 on n1 stopped responding: XID 79, or its metrics "
+                           "vanished while the host still reports other GPUs.")])
+    cases.append(Case(f"GpuFallenOffBus: XID 79 ({sp})", "GpuFallenOffBus",
+                      [*bg, _xid(sp, "79")], "3m",
+                      [Expect(g(), f"{W} stopped responding: XID 79, or its metrics vanished "
+                              "while the host still reports other GPUs.")]))
+    cases += _pair(f"GPU series vanished ({sp})", "NodeGpuCountDropped", gone, bg, "14m",
+                   [Expect({"hostname": "n1"}, "n1 reports 1 GPU(s) fewer than in the last "
+                           "hour.")])
+
+    def one(alert: str, metric: str, bad: str, good: str, at: str, desc: str,  # noqa: PLR0917
+            extra: list[Series] | None = None, **labels: str) -> None:
+        nonlocal cases
+        cases += _pair(f"{metric} ({sp})", alert,
+                       [*bg, *(extra or []), dcgm(sp, metric, bad, **labels)],
+                       [*bg, *(extra or []), dcgm(sp, metric, good, **labels)], at,
+                       [Expect(g(), desc)])
+
+    one("GpuDoubleBitEccErrors", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "0x20 2x60", "0x80", "15m",
+        f"2 double-bit ECC error(s) on {W} in the last 10 minutes.")
+    one("GpuSingleBitEccStorm", "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "0+20x80", "0+1x80", "20m",
+        f"400 corrected single-bit ECC errors on {W} in 10 minutes.")
+    one("GpuMemoryRetirementLimit", "DCGM_FI_DEV_RETIRED_SBE", "40x80", "10x80", "7m",
+        f"{W} is over DCGM's memory retirement limit (value 70: retired pages >= 63 or "
+        "uncorrectable remapped rows >= 512).",
+        extra=[dcgm(sp, "DCGM_FI_DEV_RETIRED_DBE", "30x80")])
+    one("GpuRowRemapFailure", "DCGM_FI_DEV_ROW_REMAP_FAILURE", "1x80", "0x80", "1m",
+        f"Row remapping failed on {W} (value 1).")
+    one("GpuRowRemapPending", "DCGM_FI_DEV_ROW_REMAP_PENDING", "1x80", "0x80", "7m",
+        f"1 pending row remap(s) or page retirement(s) on {W}.")
+    one("GpuThermalViolation", "DCGM_FI_DEV_THERMAL_VIOLATION", "0+15000000000x80",
+        "0+30000000x80", "15m",
+        f"{W} was thermally throttled 50% of the last 5 minutes (100% when read from the HW "
+        "thermal/slowdown clock-event bits).")
+    one("GpuThermalViolation", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "65x80", "1x80", "7m",
+        f"{W} was thermally throttled 100% of the last 5 minutes (100% when read from the HW "
+        "thermal/slowdown clock-event bits).")
+    one("GpuPowerBrake", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "132x80", "4x80", "3m",
+        f"The HW power brake clock-event bit is set on {W} (bitmask 132).")
+    one("GpuPowerThrottled", "DCGM_FI_DEV_POWER_VIOLATION", "0+15000000000x80", "0x80", "20m",
+        f"{W} was power-throttled 50% of the last 5 minutes.")
+    for alert, metric, prefix in (("GpuTemperature", "DCGM_FI_DEV_GPU_TEMP", W),
+                                  ("GpuMemoryTemperature", "DCGM_FI_DEV_MEMORY_TEMP",
+                                   f"HBM of {W}")):
+        base = [dcgm(sp, "DCGM_FI_DEV_GPU_TEMP", "40x80", gpu="1")]
+        if metric != "DCGM_FI_DEV_GPU_TEMP":
+            base.append(dcgm(sp, "DCGM_FI_DEV_GPU_TEMP", "40x80"))
+        cases += _pair(f"{metric} 88 C ({sp})", alert + "High",
+                       [*base, dcgm(sp, metric, "88x80")], [*base, dcgm(sp, metric, "70x80")],
+                       "7m", [Expect(g(), f"{prefix} is at 88 C (warning at 85 C).")])
+        cases.append(Case(f"{alert}High: silent when critical ({sp})", alert + "High",
+                          [*base, dcgm(sp, metric, "97x80")], "7m"))
+        cases += _pair(f"{metric} 97 C ({sp})", alert + "Critical",
+                       [*base, dcgm(sp, metric, "97x80")], [*base, dcgm(sp, metric, "88x80")],
+                       "3m", [Expect(g(), f"{prefix} is at 97 C (critical at 95 C).")])
+    one("GpuNvlinkErrors", "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "0+3x80", "0x80",
+        "12m", f"NVLink CRC errors on {W}: 100m/s.")
+    one("GpuNvlinkFailure", "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "0x10 5x70", "0x80",
+        "15m", f"NVLink replay/recovery errors or a CRC storm on {W} (value 5).")
+    one("GpuPcieReplayRate", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "0+30x80", "0+1x80", "15m",
+        f"{W} replays 60 PCIe packets per minute (DCGM warns above 16).")
+    return cases
+
+
+def workload_cases(sp: str) -> list[Case]:
+    """TrainingStalled and TrainingStraggler on a run with known GPUs."""
+    run = [node_info(RUN_A), *(gpu_info(RUN_A, str(i)) for i in range(4))]
+    active = [dcgm(sp, "DCGM_FI_DEV_FB_USED", f"{GIB_MIB}x80", gpu=str(i)) for i in range(4)]
+    hung = [dcgm(sp, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "0.6x30 0.01x50", gpu=str(i))
+            for i in range(4)]
+    busy = [dcgm(sp, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "0.6x80", gpu=str(i)) for i in range(4)]
+    freed = [dcgm(sp, "DCGM_FI_DEV_FB_USED", f"{GIB_MIB}x30 0x50", gpu=str(i))
+             for i in range(4)]
+    cases = _pair(f"tensor activity fell, memory held ({sp})", "TrainingStalled",
+                  [*run, *active, *hung], [*run, *active, *busy], "30m",
+                  [Expect({**RUN_A, "hostname": "n1"},
+                          "Tensor activity of the run's GPUs on n1 fell to 1% while their memory "
+                          "stays allocated, after being active in the last hour.")])
+    cases.append(Case(f"TrainingStalled: silent when memory was freed (crash or end) ({sp})",
+                      "TrainingStalled", [*run, *freed, *hung], "30m"))
+    cases.append(Case(f"TrainingStalled: silent for a run that never used tensor cores ({sp})",
+                      "TrainingStalled",
+                      [*run, *active, *(dcgm(sp, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "0x80",
+                                             gpu=str(i)) for i in range(4))], "30m"))
+    util = [dcgm(sp, "DCGM_FI_DEV_GPU_UTIL", "95x80", gpu=str(i)) for i in range(3)]
+    cases += _pair(f"one GPU far behind ({sp})", "TrainingStraggler",
+                   [*run, *util, dcgm(sp, "DCGM_FI_DEV_GPU_UTIL", "60x80", gpu="3")],
+                   [*run, *util, dcgm(sp, "DCGM_FI_DEV_GPU_UTIL", "92x80", gpu="3")], "8m",
+                   [Expect({**RUN_A, "hostname": "n1", "gpu": "3"},
+                           "GPU 3 on n1 averaged 60% utilisation over 2 minutes, more than 10 "
+                           "points below the run's busiest GPU.")])
+    return cases
+
+
+def node_cases() -> list[Case]:
+    """node_exporter-based alerts (no dcgm label spelling involved)."""
+    ib = {"device": "mlx5_0", "port": "1"}
+    link = {"hostname": "n1", **ib}
+    cases = _pair("port went down", "InfinibandLinkDown",
+                  [uname(), node("node_infiniband_state_id", "4x10 1x70", **ib)],
+                  [uname(), node("node_infiniband_state_id", "4x80", **ib)], "9m",
+                  [Expect(link, "InfiniBand mlx5_0 port 1 on n1 is in state 1 (4 = active) after "
+                          "being active within the last hour.")])
+    cases.append(Case("InfinibandLinkDown: silent for a port never active", "InfinibandLinkDown",
+                      [uname(), node("node_infiniband_state_id", "1x80", **ib)], "9m"))
+    cases += _pair("link downs", "InfinibandLinkFlapping",
+                   [uname(), node("node_infiniband_link_downed_total", "0+1x80", **ib)],
+                   [uname(), node("node_infiniband_link_downed_total", "3x80", **ib)], "20m",
+                   [Expect(link, "InfiniBand mlx5_0 port 1 on n1 went down or recovered 30 times "
+                           "in 15 minutes.")])
+    cases += _pair("symbol errors", "InfinibandPhysicalErrors",
+                   [uname(), node("node_infiniband_symbol_error_total", "0+30x80", **ib)],
+                   [uname(), node("node_infiniband_symbol_error_total", "0x80", **ib)], "15m",
+                   [Expect(link, "InfiniBand mlx5_0 port 1 on n1: 1 symbol/link-integrity/remote "
+                           "physical errors per second.")])
+    cases += _pair("eth0 down", "NetworkInterfaceDown",
+                   [uname(), node("node_network_up", "1x10 0x70", device="eth0")],
+                   [uname(), node("node_network_up", "1x80", device="eth0")], "9m",
+                   [Expect({"hostname": "n1", "device": "eth0"},
+                           "Interface eth0 on n1 is down (was up within the last hour; value 0).")])
+    cases.append(Case("NetworkInterfaceDown: virtual interfaces ignored", "NetworkInterfaceDown",
+                      [uname(), node("node_network_up", "1x10 0x70", device="docker0")], "9m"))
+    cases += _pair("carrier changes", "NetworkInterfaceFlapping",
+                   [uname(), node("node_network_carrier_changes_total", "0+1x80", device="eth0")],
+                   [uname(), node("node_network_carrier_changes_total", "2x80", device="eth0")],
+                   "20m", [Expect({"hostname": "n1", "device": "eth0"},
+                                  "Interface eth0 on n1 changed carrier 30 times in 15 minutes.")])
+    cases += _pair("node_exporter target down", "NodeDown",
+                   [uname("n1").__class__("node_uname_info", uname().labels, "1x10"),
+                    node("up", "1x10 0x70")],
+                   [uname(), node("up", "1x80")], "10m",
+                   [Expect({"hostname": "n1", "exporter": "node_exporter"},
+                           "The node_exporter target of n1 is down or gone (up = 0).")])
+    return cases
+
+
+def dcgm_node_cases(sp: str) -> list[Case]:
+    """NodeDown from the dcgm-exporter side, and telemetry that is simply not deployed."""
+    temp = dcgm(sp, "DCGM_FI_DEV_GPU_TEMP", "40x10")
+    up_down = Series("up", {"instance": "n1:9400", "job": "dcgm"}, "1x10 0x70")
+    cases = [Case(f"NodeDown: dcgm-exporter target down ({sp})", "NodeDown", [temp, up_down],
+                  "10m", [Expect({"hostname": "n1", "exporter": "dcgm_exporter"},
+                                 "The dcgm_exporter target of n1 is down or gone (up = 0).")])]
+    only_dcgm = [dcgm(sp, "DCGM_FI_DEV_GPU_TEMP", "40x80"),
+                 Series("up", {"instance": "n1:9400", "job": "dcgm"}, "1x80"), node_info(RUN_A)]
+    cases.append(Case(f"NodeDown: silent when node_exporter is not deployed ({sp})", "NodeDown",
+                      only_dcgm, "20m"))
+    gone = [dcgm(sp, "DCGM_FI_DEV_GPU_TEMP", "40x10"),
+            Series("up", {"instance": "n1:9400", "job": "dcgm"}, "1x10"), node_info(RUN_A)]
+    cases.append(Case(f"NodeDown: target of a run's host vanished from discovery ({sp})",
+                      "NodeDown", gone, "15m",
+                      [Expect({**RUN_A, "hostname": "n1", "exporter": "dcgm_exporter"},
+                              "The dcgm_exporter target of n1 is down or gone (up = 0).")]))
+    return cases
+
+
+def attribution_cases(sp: str) -> list[Case]:
+    """Contract 2's join shapes; each must evaluate and attribute exactly as stated."""
+    bg = healthy_gpus(sp, gpus=("0", "1", "2", "3"))
+    ecc = "GpuContainedEccError"
+    d94 = "Contained uncorrectable ECC error (XID 94) on GPU {g} on n1 (1 event(s))."
+
+    def x94(gpu: str) -> Series:
+        return _xid(sp, "94", gpu=gpu)
+
+    def e(gpu: str, run: dict[str, str] | None = None) -> Expect:
+        return Expect({**(run or {}), **g(gpu=gpu, xid="94")}, d94.format(g=gpu))
+
+    def count94(gpu: str, n: int) -> Series:
+        return dcgm(sp, "DCGM_EXP_XID_ERRORS_COUNT", f"{n}x80", gpu=gpu, xid="94",
+                    window_size_in_ms="300000")
+
+    def host_e(gpu: str, run: dict[str, str], n: int = 1) -> Expect:
+        desc = d94.format(g=gpu).replace("(1 event", f"({n} event")
+        return Expect({**run, **g(gpu=gpu, xid="94")}, desc)
+
+    two_runs = [node_info(RUN_A), node_info(RUN_B), gpu_info(RUN_A, "0"), gpu_info(RUN_A, "1"),
+                gpu_info(RUN_B, "2"), gpu_info(RUN_B, "3")]
+    cases = [
+        Case(f"attribution: fault on a run's GPU ({sp})", ecc,
+             [*bg, node_info(RUN_A), gpu_info(RUN_A, "0"), x94("0")], "3m", [e("0", RUN_A)]),
+        Case(f"attribution: two runs on a host, fault on A's GPU goes to A only ({sp})", ecc,
+             [*bg, *two_runs, x94("1")], "3m", [e("1", RUN_A)]),
+        Case(f"attribution: join series duplicated by two exporter replicas ({sp})", ecc,
+             [*bg, node_info(RUN_A), node_info(RUN_A, source="replica2"),
+              gpu_info(RUN_A, "0"), gpu_info(RUN_A, "0", source="replica2"), x94("0")],
+             "3m", [e("0", RUN_A)]),
+        Case(f"attribution: several faulty GPUs, two runs ({sp})", ecc,
+             [*bg, *two_runs, x94("0"), x94("1"), x94("3")], "3m",
+             [e("0", RUN_A), e("1", RUN_A), e("3", RUN_B)]),
+        Case(f"attribution: two runs share one GPU ({sp})", ecc,
+             [*bg, node_info(RUN_A), node_info(RUN_B), gpu_info(RUN_A, "0"),
+              gpu_info(RUN_B, "0"), x94("0")], "3m", [e("0", RUN_A), e("0", RUN_B)]),
+        Case(f"attribution: run with unknown GPUs gets the host's fault ({sp})", ecc,
+             [*bg, node_info(RUN_A), x94("2")], "3m", [host_e("2", RUN_A)]),
+        Case(f"attribution: run with unknown GPUs never gets another run's GPU ({sp})", ecc,
+             [*bg, node_info(RUN_A), node_info(RUN_B), gpu_info(RUN_A, "0"), x94("0")], "3m",
+             [e("0", RUN_A)]),
+        Case(f"attribution: two runs with unknown GPUs, several faulty GPUs ({sp})", ecc,
+             [*bg, node_info(RUN_A), node_info(RUN_B), count94("1", 1), count94("3", 2)], "3m",
+             [host_e("3", RUN_A, 2), host_e("3", RUN_B, 2)]),
+        Case(f"attribution: idle host alerts without run labels ({sp})", ecc,
+             [*bg, node_info(RUN_A, host="n2"), x94("0"), x94("1")], "3m", [e("0"), e("1")]),
+        Case(f"attribution: idle GPU on a busy host stays unattributed ({sp})", ecc,
+             [*bg, node_info(RUN_A), gpu_info(RUN_A, "0"), x94("3")], "3m", [e("3")]),
+        Case(f"attribution: thermal fault on two runs' GPUs with replicas ({sp})",
+             "GpuTemperatureCritical",
+             [dcgm(sp, "DCGM_FI_DEV_GPU_TEMP", "97x80", gpu="0"),
+              dcgm(sp, "DCGM_FI_DEV_GPU_TEMP", "97x80", gpu="2"),
+              dcgm(sp, "DCGM_FI_DEV_GPU_TEMP", "97x80", gpu="2", instance="n1-replica:9400"),
+              *two_runs, node_info(RUN_B, source="replica2")], "3m",
+             [Expect({**RUN_A, **g(gpu="0")}, "GPU 0 on n1 is at 97 C (critical at 95 C)."),
+              Expect({**RUN_B, **g(gpu="2")}, "GPU 2 on n1 is at 97 C (critical at 95 C).")]),
+    ]
+    return cases
+
+
+def link_attribution_cases() -> list[Case]:
+    """Several faulty ports on a host with two runs (and a replicated join series)."""
+    runs = [node_info(RUN_A), node_info(RUN_B), node_info(RUN_B, source="replica2")]
+    ports = [node("node_infiniband_state_id", "4x10 1x70", device="mlx5_0", port="1"),
+             node("node_infiniband_state_id", "4x10 2x70", device="mlx5_1", port="1")]
+    got = []
+    for run in (RUN_A, RUN_B):
+        got.append(Expect({**run, "hostname": "n1", "device": "mlx5_1", "port": "1"},
+                          "InfiniBand mlx5_1 port 1 on n1 is in state 2 (4 = active) after being "
+                          "active within the last hour."))
+    down = [Series("up", {"instance": "n1:9100", "job": "node"}, "1x10 0x70"),
+            Series("up", {"instance": "n1:9400", "job": "dcgm"}, "1x10 0x70"),
+            dcgm("Hostname", "DCGM_FI_DEV_GPU_TEMP", "40x10"),
+            Series("node_uname_info", uname().labels, "1x10")]
+    return [
+        Case("attribution: two faulty ports, two runs, replicated join", "InfinibandLinkDown",
+             [uname(), *runs, *ports], "9m", got),
+        Case("attribution: node down under two runs, both exporters down", "NodeDown",
+             [*runs, *down], "10m",
+             [Expect({**run, "hostname": "n1", "exporter": "node_exporter"},
+                     "The node_exporter target of n1 is down or gone (up = 0).")
+              for run in (RUN_A, RUN_B)]),
+    ]
+
+
+def files(cfg: dict[str, Any]) -> dict[str, str]:
+    """Test file name -> YAML text."""
+    rules = f"../../alert_rules/{generate.RULES_FILE}"
+    groups: dict[str, list[Case]] = {"node_alerts.test.yml": node_cases(),
+                                     "link_attribution.test.yml": link_attribution_cases()}
+    for sp in SPELLINGS:
+        groups[f"gpu_alerts_{sp}.test.yml"] = gpu_cases(sp) + dcgm_node_cases(sp)
+        groups[f"workload_{sp}.test.yml"] = workload_cases(sp)
+        groups[f"attribution_{sp}.test.yml"] = attribution_cases(sp)
+    out = {}
+    for name, cases in groups.items():
+        doc = {"rule_files": [rules], "evaluation_interval": "30s",
+               "tests": [c.as_dict(cfg) for c in cases]}
+        out[name] = generate.HEADER.replace("alert_rules/generate.py", "tests/rules/build.py") \
+            + generate.dump(doc)
+    return out
+
+
+def default_cfg() -> dict[str, Any]:
+    """The generator's defaults (the committed rule files are built with them)."""
+    return generate.options(generate.parse_args([]))
+
+
+def main() -> int:
+    """Rewrite every test file."""
+    for name, text in files(default_cfg()).items():
+        (HERE / name).write_text(text, encoding="utf-8")
+        print(f"wrote tests/rules/{name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
