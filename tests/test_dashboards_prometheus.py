@@ -1,0 +1,237 @@
+"""Every dashboard query against a real Prometheus: the simulator's dcgm-exporter (three flavours)
+and node_exporter series with faults injected, the join metrics, and the shipped rules loaded.
+
+Checks that every panel and variable query evaluates, that the variables narrow to the run's hosts
+and GPUs, and that the panel each alert links to shows that fault's host, GPU and run.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from bridge.catalog import panels as catalog
+from bridge.catalog.alerts import ALERTS
+from dashboards import generate
+from demo.simulator import Cluster, prometheus_config, serve
+from tests.services import prom_query, prometheus
+
+ROOT = Path(__file__).resolve().parent.parent
+RULE_FILES = sorted((ROOT / "alert_rules").glob("*.rules.yml"))
+RUN = {"wandb_entity": "team", "wandb_project": "llm", "wandb_run_id": "run-1"}
+RUN_HOSTS = [f"gpu-node-00{i}" for i in range(1, 6)]
+SPARE = "gpu-node-006"
+RATE_INTERVAL = "20s"
+DEADLINE_S = 120
+# Grafana escapes these in multi-value variables as \\<char> inside a PromQL string.
+PROM_REGEX_META = re.compile(r"([\\^$.|?*+(){}\[\]])")
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A fault injected for an alert, and where the linked panel must show it."""
+
+    kind: str
+    host: str
+    gpu: int | None = None
+    code: int | None = None
+    device: str | None = None
+
+
+# Alerts the simulator can cause, each on its own GPU or host so the faults do not mix.
+FAULTS: dict[str, Fault] = {
+    "GpuXidError": Fault("xid", "gpu-node-001", 1, code=48),
+    "GpuUncontainedEccError": Fault("xid", "gpu-node-001", 2, code=95),
+    "GpuContainedEccError": Fault("xid", "gpu-node-001", 3, code=94),
+    "GpuXidApplicationError": Fault("xid", "gpu-node-001", 4, code=13),
+    "GpuXidInformational": Fault("xid", "gpu-node-001", 5, code=63),
+    "GpuXidUnclassified": Fault("xid", "gpu-node-001", 6, code=201),
+    "GpuDoubleBitEccErrors": Fault("ecc_dbe", "gpu-node-002", 0),
+    "GpuRowRemapPending": Fault("row_remap_pending", "gpu-node-002", 1),
+    "GpuThermalViolation": Fault("thermal", "gpu-node-002", 2),
+    "GpuTemperatureHigh": Fault("thermal", "gpu-node-002", 2),
+    "GpuMemoryTemperatureCritical": Fault("thermal", "gpu-node-002", 2),
+    "GpuNvlinkErrors": Fault("nvlink", "gpu-node-002", 3),
+    "GpuNvlinkFailure": Fault("nvlink", "gpu-node-002", 3),
+    "GpuPcieReplayRate": Fault("pcie", "gpu-node-002", 4),
+    "GpuFallenOffBus": Fault("xid", "gpu-node-003", 7, code=79),
+    "NodeGpuCountDropped": Fault("xid", "gpu-node-003", 7, code=79),
+    "InfinibandLinkDown": Fault("ib_down", "gpu-node-004", device="mlx5_1"),
+    "InfinibandLinkFlapping": Fault("ib_flap", "gpu-node-004", device="mlx5_2"),
+    "InfinibandPhysicalErrors": Fault("ib_flap", "gpu-node-004", device="mlx5_2"),
+    "TrainingStalled": Fault("stall", "gpu-node-004"),
+    "NodeDown": Fault("host_lost", "gpu-node-005"),
+}
+# Alerts whose condition only shows after minutes (a `for`, a 5-minute rate) are still checked
+# for their panel, but need not have reached ALERTS within this test's bounded time.
+MUST_REACH_ALERTS = ("GpuXidError", "GpuContainedEccError", "GpuUncontainedEccError",
+                     "GpuXidApplicationError", "GpuDoubleBitEccErrors", "GpuThermalViolation",
+                     "GpuNvlinkFailure", "InfinibandLinkFlapping", "InfinibandLinkDown",
+                     "GpuPcieReplayRate", "TrainingStalled")
+
+
+def boards() -> dict[str, dict]:
+    return {b.key: json.loads((generate.OUT_DIR / f"{b.uid}.json").read_text())
+            for b in catalog.DASHBOARDS.values()}
+
+
+def panel_targets(board: dict) -> dict[int, list[str]]:
+    out = {}
+    for panel in board["panels"]:
+        if panel["type"] != "row":
+            out[panel["id"]] = [t["expr"] for t in panel["targets"]]
+    return out
+
+
+def substitute(expr: str, values: dict[str, list[str] | str]) -> str:
+    """Expand Grafana variables the way Grafana does for Prometheus (multi -> regex alternation)."""
+    fixed = {"__rate_interval": RATE_INTERVAL, "__range": "10m", "__interval": "15s"}
+
+    def repl(match: re.Match) -> str:
+        name = match.group(1) or match.group(2)
+        if name in fixed:
+            return fixed[name]
+        value = values[name]
+        if isinstance(value, list):
+            return "(" + "|".join(PROM_REGEX_META.sub(r"\\\\\1", v) for v in value) + ")"
+        return value
+
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", repl, expr)
+
+
+def variable_expr(query: str) -> tuple[str, str | None]:
+    """A variable query as PromQL plus the label whose values it lists."""
+    match = re.fullmatch(r"label_values\((.*),\s*(\w+)\)", query, flags=re.S)
+    if match:
+        return f"group by ({match.group(2)}) ({match.group(1)})", match.group(2)
+    match = re.fullmatch(r"query_result\((.*)\)", query, flags=re.S)
+    assert match, query
+    return match.group(1), None
+
+
+def variable_values(url: str, board: dict, name: str, values: dict) -> list[str]:
+    """Run one variable's query and apply its regex, as Grafana would."""
+    var = next(v for v in board["templating"]["list"] if v["name"] == name)
+    expr, label = variable_expr(substitute(var["query"], values))
+    result = prom_query(url, expr)
+    if label:
+        return sorted({r["metric"][label] for r in result})
+    pattern = re.compile(var["regex"].strip("/"))
+    text = [("{" + ",".join(f'{k}="{v}"' for k, v in sorted(r["metric"].items())) + "}")
+            for r in result]
+    return sorted({m.group(1) for t in text for m in [pattern.search(t)] if m})
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory) -> Iterator[tuple[Cluster, str]]:
+    if not RULE_FILES:
+        pytest.skip("alert_rules/ has no rule files")
+    cluster = Cluster(hosts=6, flavour="Hostname",
+                      host_flavours={"gpu-node-002": "hostname", "gpu-node-003": "4.9"})
+    cluster.assign_run(RUN["wandb_entity"], RUN["wandb_project"], RUN["wandb_run_id"], RUN_HOSTS)
+    cluster.assign_run("team", "llm", "run-2", [SPARE], gpus=[0, 1, 2, 3])
+    cluster.assign_run("team", "llm", "run-3", [SPARE], gpus=[])
+    workdir = tmp_path_factory.mktemp("dash-prom")
+    with serve(cluster) as sim:
+        config = prometheus_config(sim.address, cluster.hosts, interval="1s",
+                                   rule_files=[str(p) for p in RULE_FILES], runs_job="runs")
+        with prometheus(config, workdir) as prom:
+            _wait(prom.url, "count(up == 1) == 13")
+            _wait(prom.url, "count(gpu:dcgm_gpu:present) == 48")
+            for fault in {(f.kind, f.host, f.gpu, f.code, f.device) for f in FAULTS.values()}:
+                cluster.inject(*fault)
+            yield cluster, prom.url
+
+
+def _wait(url: str, expr: str, timeout: float = DEADLINE_S) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = prom_query(url, expr)
+        if result:
+            return result
+        time.sleep(0.5)
+    raise AssertionError(f"no data for {expr} after {timeout}s")
+
+
+def run_values(hosts: list[str], gpus: list[str]) -> dict:
+    return {**RUN, "datasource": "prometheus", "hostname": hosts, "gpu": gpus}
+
+
+def test_variables_follow_the_join_metrics(stack):
+    _cluster, url = stack
+    run_board, node_board = boards()["run"], boards()["node"]
+    values = run_values([], [])
+    for name in ("wandb_entity", "wandb_project", "wandb_run_id"):
+        assert RUN[name] in variable_values(url, run_board, name, values)
+    hosts = variable_values(url, run_board, "hostname", values)
+    assert hosts == RUN_HOSTS
+    _wait(url, 'gpu:dcgm_gpu:present{hostname="gpu-node-006"}')
+    values["hostname"] = hosts
+    gpus = variable_values(url, run_board, "gpu", values)
+    assert gpus == [str(i) for i in range(8)]
+    # a run whose GPUs are known offers only those; one without GPU info offers its hosts' GPUs
+    run2 = {**values, "wandb_run_id": "run-2", "hostname": [SPARE]}
+    assert variable_values(url, run_board, "gpu", run2) == ["0", "1", "2", "3"]
+    run3 = {**values, "wandb_run_id": "run-3", "hostname": [SPARE]}
+    assert variable_values(url, run_board, "gpu", run3) == [str(i) for i in range(8)]
+    node_hosts = variable_values(url, node_board, "hostname", {"datasource": "prometheus"})
+    assert {"gpu-node-001", "gpu-node-004", SPARE} <= set(node_hosts)
+    node_gpus = variable_values(url, node_board, "gpu", {"hostname": ["gpu-node-003"]})
+    assert {str(i) for i in range(7)} <= set(node_gpus)
+
+
+@pytest.mark.parametrize("key", ["run", "node"])
+def test_every_panel_query_runs_and_returns_data(stack, key):
+    _cluster, url = stack
+    board = boards()[key]
+    values = run_values(RUN_HOSTS, [str(i) for i in range(8)])
+    # wait until the slowest recorded series (rates, increases, alerts) exist
+    _wait(url, 'ALERTS{alertname="GpuThermalViolation"}')
+    _wait(url, 'link:node_infiniband_physical_errors:rate5m > 0')
+    empty = []
+    for panel_id, exprs in panel_targets(board).items():
+        results = [prom_query(url, substitute(e, values)) for e in exprs]
+        if not any(results):
+            empty.append(panel_id)
+    assert empty == [], f"panels without data: {empty}"
+    for annotation in board["annotations"]["list"]:
+        assert prom_query(url, substitute(annotation["expr"], values))
+
+
+@pytest.mark.parametrize("alertname", sorted(FAULTS))
+def test_linked_panel_shows_the_fault(stack, alertname):
+    _cluster, url = stack
+    if alertname not in ALERTS:
+        pytest.skip(f"{alertname} is not in the alert catalog")
+    fault = FAULTS[alertname]
+    panel = catalog.panel(ALERTS[alertname].panel)
+    gpu = [str(fault.gpu)] if fault.gpu is not None else [str(i) for i in range(8)]
+    values = run_values([fault.host], gpu)
+    exprs = panel_targets(boards()["run"])[panel.id]
+    deadline = time.monotonic() + DEADLINE_S
+    while True:
+        found = [r for e in exprs for r in prom_query(url, substitute(e, values))]
+        matching = [r for r in found if r["metric"].get("hostname", fault.host) == fault.host
+                    and (fault.gpu is None or panel.key == "gpu_count"
+                         or r["metric"].get("gpu") == str(fault.gpu))]
+        if fault.kind == "xid" and panel.key == "xid_errors":
+            matching = [r for r in matching if r["metric"].get("xid") == str(fault.code)]
+        if matching or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert matching, f"{alertname}: panel {panel.key} shows nothing for {fault}"
+    if alertname in MUST_REACH_ALERTS:
+        alerts_expr = panel_targets(boards()["run"])[catalog.panel("alerts").id][0]
+        rows = _wait(url, substitute(alerts_expr, values) + ' and on () vector(1)')
+        names = {(r["metric"]["alertname"], r["metric"].get("hostname")) for r in rows}
+        while (alertname, fault.host) not in names and time.monotonic() < deadline:
+            time.sleep(0.5)
+            rows = prom_query(url, substitute(alerts_expr, values))
+            names = {(r["metric"]["alertname"], r["metric"].get("hostname")) for r in rows}
+        assert (alertname, fault.host) in names, f"{alertname} not in the run's alerts panel"
