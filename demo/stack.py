@@ -9,6 +9,7 @@ durations differ from the shipped files (scaled down so a demo takes minutes, no
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
 import subprocess
@@ -213,7 +214,7 @@ class Stack:
         hosts = list(self.cluster.hosts)
         for exporter in ("dcgm", "node"):
             groups = target_groups(self.simulator.address, hosts, exporter)
-            (promdir / "targets" / f"{exporter}.json").write_text(yaml.safe_dump(groups))
+            (promdir / "targets" / f"{exporter}.json").write_text(json.dumps(groups, indent=1))
         config = yaml.safe_load(PROMETHEUS_EXAMPLE.read_text())
         interval = f"{self.config.interval_seconds}s"
         config["global"] = {"scrape_interval": interval, "evaluation_interval": interval}
