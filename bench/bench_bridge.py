@@ -1,0 +1,201 @@
+"""Bridge benchmarks: durable acknowledgement, sustained ingest, W&B calls per run in a storm.
+
+Each figure has a baseline measured in the same run: a null receiver on the same aiohttp stack
+that only reads the body and answers 200 (ack and ingest), and the naive one-W&B-call-per-alert
+count (coalescing).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import requests
+from aiohttp import web
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.common import Result, median_seconds  # noqa: E402
+from bridge.delivery import DeliveryPolicy, DeliveryWorker  # noqa: E402
+from bridge.grafana import GrafanaLinks  # noqa: E402
+from bridge.metrics import BridgeMetrics  # noqa: E402
+from bridge.wandb_client import WandbClient  # noqa: E402
+from bridge.webhook import BridgeContext  # noqa: E402
+from tests import bridge_payloads as bp  # noqa: E402
+from tests.wandb_standin import WandbStandin  # noqa: E402
+
+HEADERS = {"Content-Type": "application/json", "Authorization": f"Bearer {bp.TOKEN}"}
+
+
+class _Counter:
+    def __init__(self) -> None:
+        self.n = 0
+        self.lock = threading.Lock()
+
+    def next(self) -> int:
+        with self.lock:
+            self.n += 1
+            return self.n
+
+
+def _crash_body(counter: _Counter, hosts: int = 64, gpus: int = 8, runs: int = 1) -> bytes:
+    """A 512-GPU crash: 1 XID 94 + 64 stalls + 511 app XIDs = 576; plus 960 NCCL-timeout-style
+    workload alerts from the other ranks, 1,536 alerts in all, with fresh fingerprints."""
+    rep = counter.next()
+    alerts = bp.cascade(hosts=hosts, gpus=gpus, run="crash")
+    for h in range(hosts):
+        for k in range(15):
+            alerts.append(bp.alert("TrainingStalled", category="workload", host=f"node{h:03d}",
+                                   run="crash", extra={"rank": str(h * 15 + k)},
+                                   start=bp.T0 + timedelta(seconds=50), severity="warning"))
+    alerts = alerts[:1536]
+    for i, a in enumerate(alerts):
+        a["fingerprint"] = f"{rep:06x}{i:010x}"
+        if runs > 1:
+            a["labels"]["wandb_run_id"] = f"run{i % runs:03d}"
+    return json.dumps(bp.notification(alerts)).encode()
+
+
+@contextmanager
+def _null_receiver():
+    async def handler(request: web.Request) -> web.Response:
+        await request.read()
+        return web.json_response({"status": "ok"})
+
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.router.add_post("/alertmanager", handler)
+    with _serve_app(app) as url:
+        yield url
+
+
+@contextmanager
+def _serve_app(app: web.Application):
+    import asyncio  # noqa: PLC0415 - only the null receiver needs its own loop here
+
+    port = bp.free_port()
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+    holder: dict[str, Any] = {}
+
+    async def _start() -> None:
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        holder["runner"] = runner
+
+    def _main() -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(_start())
+        started.set()
+        loop.run_forever()
+        loop.run_until_complete(holder["runner"].cleanup())
+        loop.close()
+
+    thread = threading.Thread(target=_main, daemon=True)
+    thread.start()
+    started.wait(10)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+
+
+def _post(session: requests.Session, url: str, body: bytes) -> None:
+    resp = session.post(url + "/alertmanager", data=body, headers=HEADERS, timeout=60)
+    if resp.status_code != 200:
+        raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:200]}")
+
+
+def _ack(url: str, counter: _Counter) -> float:
+    session = requests.Session()
+    bodies = [_crash_body(counter) for _ in range(9)]
+    it = iter(bodies)
+    return median_seconds(lambda: _post(session, url, next(it)), repeat=8, warmup=1)
+
+
+def _ingest(url: str, counter: _Counter, notifications: int = 120, size: int = 64) -> float:
+    """Alerts/s over many mid-sized notifications (each one committed before its 200)."""
+    session = requests.Session()
+    bodies = []
+    for _ in range(notifications):
+        body = json.loads(_crash_body(counter, hosts=8, gpus=8))
+        body["alerts"] = body["alerts"][:size]
+        bodies.append(json.dumps(body).encode())
+    start = time.perf_counter()
+    for body in bodies:
+        _post(session, url, body)
+    return notifications * size / (time.perf_counter() - start)
+
+
+def _storm_calls(tmp: Path) -> tuple[float, float]:
+    """W&B calls per run while 10 notifications of 1,536 alerts over 32 runs arrive."""
+    runs = 32
+    with WandbStandin() as wb:
+        for i in range(runs):
+            wb.add_run("team", "proj", f"run{i:03d}")
+        (tmp / "storm").mkdir()
+        ctx = bp.make_context(tmp / "storm")
+        worker = DeliveryWorker(ctx.store, client=WandbClient(wb.url, wb.api_key, timeout=10),
+                                markers=None, links=GrafanaLinks("http://grafana.invalid"),
+                                metrics=BridgeMetrics(),
+                                policy=DeliveryPolicy(flush_interval=1.0))
+        ctx.worker = worker
+        counter = _Counter()
+        worker.start()
+        try:
+            with bp.serve(ctx) as running:
+                session = requests.Session()
+                total = 0
+                for _ in range(10):
+                    body = _crash_body(counter, runs=runs)
+                    total += 1536
+                    _post(session, running.url, body)
+                    time.sleep(0.2)
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline:
+                    if ctx.store.queue_stats(time.time()).pending_runs == 0:
+                        break
+                    time.sleep(0.2)
+        finally:
+            worker.stop()
+        graphql = len(wb.calls(path_prefix="/graphql"))
+    return graphql / runs, total / runs
+
+
+def run() -> list[Result]:
+    """All bridge figures."""
+    results: list[Result] = []
+    with tempfile.TemporaryDirectory(prefix="bench-bridge-") as tmp_dir:
+        tmp = Path(tmp_dir)
+        counter = _Counter()
+        with _null_receiver() as null_url:
+            null_ack = _ack(null_url, counter)
+            null_rate = _ingest(null_url, counter)
+        ctx: BridgeContext = bp.make_context(tmp, max_body_bytes=64 * 1024 * 1024)
+        with bp.serve(ctx) as running:
+            ack = _ack(running.url, counter)
+            rate = _ingest(running.url, counter)
+        per_run, naive = _storm_calls(tmp)
+    results.append(Result("bridge: durable ack of a 1,536-alert notification", ack, "s",
+                          null_ack, 1.0, note="baseline: null receiver, same aiohttp stack"))
+    results.append(Result("bridge: sustained ingest, every notification committed", rate,
+                          "alerts/s", null_rate, None, lower_is_better=False,
+                          note="64-alert notifications, sequential; baseline: null receiver"))
+    results.append(Result("bridge: W&B GraphQL calls per run in a 15,360-alert storm", per_run,
+                          "calls", naive, 6.0,
+                          note="baseline: naive one call per alert; 32 runs, flush 1 s"))
+    return results
+
+
+if __name__ == "__main__":
+    for r in run():
+        print(json.dumps(r.as_dict()))
