@@ -1,0 +1,234 @@
+"""The shipped alert rules: generated files current, promtool-valid, unit-tested, conventional."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from alert_rules import generate
+from bridge.catalog import panels
+from bridge.catalog.alerts import ALERTS, SCOPES
+from bridge.catalog.vocabulary import CATEGORIES, REQUIRED_ANNOTATIONS, SEVERITIES
+from bridge.catalog.xid import XIDS, XidClass, codes
+from tests.rules import build
+from tests.services import PROMTOOL
+
+ROOT = Path(__file__).resolve().parent.parent
+RULES = ROOT / "alert_rules" / generate.RULES_FILE
+TESTS = sorted((ROOT / "tests" / "rules").glob("*.test.yml"))
+NAME = re.compile(r"^([A-Z]+[a-z0-9]+)+$")
+RECORD = re.compile(r"^[a-z][a-z0-9_]*:[a-z][a-z0-9_]*:[a-z][a-z0-9_]*$")
+
+
+def _cfg() -> dict:
+    return generate.options(generate.parse_args([]))
+
+
+def _groups() -> list[dict]:
+    return yaml.safe_load(RULES.read_text())["groups"]
+
+
+def _alert_rules() -> list[dict]:
+    return [r for g in _groups() for r in g["rules"] if "alert" in r]
+
+
+def test_committed_files_equal_generator_output():
+    for rel, text in generate.outputs(_cfg()).items():
+        assert (ROOT / rel).read_text() == text, f"{rel} is stale: run make generate"
+    for name, text in build.files(build.default_cfg()).items():
+        assert (ROOT / "tests" / "rules" / name).read_text() == text, \
+            f"tests/rules/{name} is stale: run python tests/rules/build.py"
+
+
+def test_generation_is_deterministic():
+    assert generate.outputs(_cfg()) == generate.outputs(_cfg())
+
+
+def _promtool(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([PROMTOOL, *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=240, check=False)
+
+
+def test_promtool_check_rules_on_every_file(tmp_path):
+    manifest = yaml.safe_load((ROOT / "alert_rules" / generate.MANIFEST_FILE).read_text())
+    assert manifest["kind"] == "PrometheusRule"
+    assert manifest["spec"]["groups"] == _groups()
+    spec = tmp_path / "manifest-spec.yml"
+    spec.write_text(yaml.safe_dump({"groups": manifest["spec"]["groups"]}))
+    for path in (RULES, spec):
+        res = _promtool("check", "rules", str(path))
+        assert res.returncode == 0, res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("path", TESTS, ids=[p.name for p in TESTS])
+def test_promtool_unit_tests(path):
+    res = _promtool("test", "rules", path.name, cwd=path.parent)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_promtool_unit_tests_can_fail(tmp_path):
+    """A wrong expectation must fail, so the unit tests above are not vacuous."""
+    doc = yaml.safe_load((ROOT / "tests" / "rules" / "node_alerts.test.yml").read_text())
+    doc["rule_files"] = [str(RULES)]
+    case = next(t for t in doc["tests"] if t["alert_rule_test"][0].get("exp_alerts"))
+    case["alert_rule_test"][0]["exp_alerts"][0]["exp_labels"]["hostname"] = "elsewhere"
+    doc["tests"] = [case]
+    bad = tmp_path / "bad.test.yml"
+    bad.write_text(yaml.safe_dump(doc))
+    assert _promtool("test", "rules", str(bad)).returncode != 0
+
+
+def test_every_alert_fires_and_has_a_healthy_twin():
+    firing: set[str] = set()
+    silent: set[str] = set()
+    for path in TESTS:
+        for test in yaml.safe_load(path.read_text())["tests"]:
+            for check in test["alert_rule_test"]:
+                (firing if check.get("exp_alerts") else silent).add(check["alertname"])
+    assert set(ALERTS) <= firing
+    assert set(ALERTS) <= silent
+
+
+def test_attribution_shapes_for_both_spellings():
+    for sp in build.SPELLINGS:
+        names = [t["name"] for t in yaml.safe_load(
+            (ROOT / "tests" / "rules" / f"attribution_{sp}.test.yml").read_text())["tests"]]
+        for shape in ("two runs on a host", "duplicated by two exporter replicas",
+                      "several faulty GPUs", "idle host", "unknown GPUs never"):
+            assert any(shape in n for n in names), (sp, shape)
+
+
+def test_required_alert_names_exist():
+    for name in ("GpuXidError", "GpuContainedEccError", "GpuUncontainedEccError",
+                 "GpuXidApplicationError", "GpuFallenOffBus", "GpuThermalViolation",
+                 "GpuTemperatureCritical", "GpuNvlinkErrors", "GpuPcieReplayRate",
+                 "InfinibandLinkDown", "InfinibandLinkFlapping", "NodeDown", "TrainingStalled",
+                 "TrainingStraggler"):
+        assert name in ALERTS
+
+
+def _dashboard_panel_ids() -> dict[str, set[int]]:
+    """Panel ids per dashboard uid in generated dashboards/, when they exist."""
+    found: dict[str, set[int]] = {}
+    for path in (ROOT / "dashboards").rglob("*.json"):
+        data = json.loads(path.read_text())
+        data = data.get("dashboard", data)
+        if "uid" not in data:
+            continue
+        ids: set[int] = set()
+        stack = list(data.get("panels", []))
+        while stack:
+            p = stack.pop()
+            if "id" in p:
+                ids.add(p["id"])
+            stack.extend(p.get("panels", []))
+        found[data["uid"]] = ids
+    return found
+
+
+def test_conventions_lint():
+    runbook = (ROOT / "docs" / "runbook.md").read_text()
+    anchors = set(re.findall(r'<a id="([^"]+)"></a>', runbook))
+    dash_ids = _dashboard_panel_ids()
+    rules = _alert_rules()
+    assert {r["alert"] for r in rules} == set(ALERTS)
+    for rule in rules:
+        name, labels, ann = rule["alert"], rule["labels"], rule["annotations"]
+        assert NAME.match(name) and len(name) <= 40, name
+        assert labels["severity"] in SEVERITIES, name
+        assert labels["category"] in CATEGORIES, name
+        assert set(REQUIRED_ANNOTATIONS) <= set(ann), name
+        assert "{{" not in ann["summary"] and ann["summary"].endswith("."), name
+        assert ann["summary"][0].isupper(), name
+        assert "{{ $" in ann["description"], name
+        assert ann["runbook_url"].split("#", 1)[1] in anchors, name
+        panel_ids = {p.id for p in panels.PANELS.values()}
+        assert int(ann["panel_id"]) in panel_ids, name
+        dash = next(d for d in panels.DASHBOARDS.values() if d.uid == ann["dashboard_uid"])
+        key = next(p for p in panels.PANELS.values() if p.id == int(ann["panel_id"]))
+        assert dash.key in key.dashboards, name
+        if ann["dashboard_uid"] in dash_ids:
+            assert int(ann["panel_id"]) in dash_ids[ann["dashboard_uid"]], name
+        for text in ann.values():
+            assert text.strip() == text and text, name
+    for d in ALERTS.values():
+        assert d.scope in SCOPES
+        assert "{{ $value" in d.description or d.name in ("GpuFallenOffBus",), d.name
+
+
+def test_groups_and_recording_names():
+    groups = _groups()
+    assert len({g["name"] for g in groups}) == len(groups)
+    for group in groups:
+        assert 0 < len(group["rules"]) <= 20, group["name"]
+        for rule in group["rules"]:
+            if "record" in rule:
+                assert RECORD.match(rule["record"]), rule["record"]
+
+
+def test_no_join_puts_run_info_on_the_one_side():
+    """group_left must never take run labels from the info metric (many-to-many on 2 runs)."""
+    for rule in _alert_rules():
+        for m in re.finditer(r"group_left \(([^)]*)\)", rule["expr"]):
+            assert "wandb_run_id" not in m.group(1), rule["alert"]
+
+
+def test_xid_catalog_classes():
+    assert codes(XidClass.CONTAINED_ECC) == (94,)
+    assert codes(XidClass.UNCONTAINED_ECC) == (95,)
+    assert codes(XidClass.FALLEN_OFF_BUS) == (79,)
+    assert set(codes(XidClass.APPLICATION)) == {13, 31, 43, 68, 69}
+    assert {63, 92} <= set(codes(XidClass.INFORMATIONAL))
+    for code in (48, 62, 64, 74, 109, 119, 120, 136, 140, 143, *range(144, 151), 155):
+        assert XIDS[code].cls is XidClass.HARDWARE, code
+    xid_alerts = [r["expr"] for r in _alert_rules() if r["alert"].startswith("GpuXid")]
+    assert any('"48|' in e for e in xid_alerts)
+
+
+def test_dcgm_counters_file_covers_the_rules():
+    csv = (ROOT / "alert_rules" / generate.COUNTERS_FILE).read_text()
+    fields = {line.split(",")[0] for line in csv.splitlines() if line and line[0] != "#"}
+    text = RULES.read_text()
+    used = set(re.findall(r"\bDCGM_(?:FI|EXP)_[A-Z0-9_]+", text))
+    renamed_49 = {"DCGM_FI_DEV_GPU_TEMP_CELSIUS", "DCGM_FI_DEV_BOARD_POWER_WATTS",
+                  "DCGM_FI_DEV_GPU_UTIL_RATIO", "DCGM_FI_PROF_TENSOR_UTIL_RATIO",
+                  "DCGM_FI_DEV_PCIE_REPLAY_TOTAL", "DCGM_FI_DEV_ROW_REMAP_FAILED",
+                  "DCGM_FI_DEV_ROW_REMAP_UNCORRECTABLE_TOTAL", "DCGM_FI_DEV_XID_ERROR",
+                  "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"}
+    missing = {u for u in used - renamed_49 if not u.startswith("DCGM_FI_DEV_NVLINK_")
+               or u.endswith("_COUNT_TOTAL")} - fields
+    assert not missing
+    assert "--xid-count-window-size" in csv
+
+
+def test_violation_unit_option(tmp_path):
+    args = generate.parse_args(["--violation-unit", "us", "--out-dir", str(tmp_path)])
+    text = generate.rules_text(generate.options(args))
+    assert "/ 1e6" in text and "/ 1e9" not in text
+
+
+def test_bad_config_is_rejected_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    cfg = tmp_path / "rules.yml"
+    cfg.write_text("violation_unit: ms\n")
+    assert generate.main(["--config", str(cfg), "--out-dir", str(tmp_path)]) == 2
+    assert "violation_unit" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rules.yml"]
+    monkeypatch.setenv("WANDB_INFRA_RULES__RUNBOOK_BASE", "")
+    assert generate.main(["--out-dir", str(tmp_path)]) == 2
+    with pytest.raises(SystemExit):
+        generate.main(["--violation-unit", "seconds"])
+
+
+def test_env_override_and_check_mode(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_INFRA_RULES__RUNBOOK_BASE", "https://example.test/repo/")
+    assert generate.main(["--out-dir", str(tmp_path)]) == 0
+    text = (tmp_path / "alert_rules" / generate.RULES_FILE).read_text()
+    assert "https://example.test/repo/docs/runbook.md#gpuxiderror" in text
+    assert generate.main(["--out-dir", str(tmp_path), "--check"]) == 0
+    monkeypatch.delenv("WANDB_INFRA_RULES__RUNBOOK_BASE")
+    assert generate.main(["--out-dir", str(tmp_path), "--check"]) == 1
