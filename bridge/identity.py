@@ -9,6 +9,7 @@ Prometheus which runs were on that host/GPU at ``startsAt`` (the exporter's join
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -61,8 +62,25 @@ class Identity:
     gpu: str
 
 
+_SIMPLE = re.compile(r"^\$((?:\.[A-Za-z_][A-Za-z0-9_]*|\['[^'\\]*'\])+)$")
+_STEP = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\['([^'\\]*)'\]")
+
+
+def simple_keys(expr: str) -> tuple[str, ...] | None:
+    """``$.a.b`` / ``$['a']['b']`` as a key tuple (a fast dict walk), else None."""
+    m = _SIMPLE.match(expr.strip())
+    if not m:
+        return None
+    return tuple(a or b for a, b in _STEP.findall(m.group(1)))
+
+
 class IdentityReader:
-    """Applies the configured JSONPath expressions to one alert (its raw JSON object)."""
+    """Applies the configured JSONPath expressions to one alert (its raw JSON object).
+
+    Plain child paths (the defaults) are walked as dict lookups, which gives the same answer as
+    jsonpath-ng at a fraction of the cost on a 1,536-alert notification; anything else goes
+    through jsonpath-ng.
+    """
 
     def __init__(self, paths: dict[str, str] | None = None) -> None:
         merged = {**DEFAULT_PATHS, **(paths or {})}
@@ -70,6 +88,7 @@ class IdentityReader:
         if unknown:
             raise ConfigError(f"identity: unknown keys {', '.join(unknown)}")
         self._compiled = {}
+        self._simple = {key: simple_keys(expr) for key, expr in merged.items()}
         for key, expr in merged.items():
             try:
                 self._compiled[key] = jsonpath_parse(expr)
@@ -77,6 +96,16 @@ class IdentityReader:
                 raise ConfigError(f"identity.{key}: invalid JSONPath {expr!r}: {exc}") from exc
 
     def _first(self, key: str, alert: dict[str, Any]) -> str:
+        path = self._simple[key]
+        if path is not None:
+            value: Any = alert
+            for part in path:
+                if not isinstance(value, dict):
+                    return ""
+                value = value.get(part)
+            if isinstance(value, str | int) and not isinstance(value, bool) and str(value):
+                return str(value)
+            return ""
         for match in self._compiled[key].find(alert):
             value = match.value
             if isinstance(value, str | int) and not isinstance(value, bool) and str(value):

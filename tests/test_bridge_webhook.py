@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import subprocess
+import sys
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import requests
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bridge.config import load
 from bridge.identity import IdentityReader, RunKey
@@ -219,3 +225,43 @@ def test_identity_paths_are_configurable():
     assert ident.run == RunKey("t", "p", "abc") and ident.hostname == "h"
     with pytest.raises(ConfigError):
         IdentityReader({"run_id": "$..[["})
+
+
+@given(st.dictionaries(st.sampled_from(["labels", "annotations", "x"]),
+                       st.one_of(st.dictionaries(st.sampled_from(["a", "b.c", "wandb_run_id"]),
+                                                 st.one_of(st.text(), st.integers(), st.none(),
+                                                           st.booleans())),
+                                 st.text(), st.integers())))
+@settings(max_examples=300, deadline=None)
+def test_fast_identity_paths_agree_with_jsonpath_ng(alert_obj):
+    exprs = {"run_id": "$.labels.wandb_run_id", "entity": "$['labels']['b.c']",
+             "project": "$.annotations.a", "hostname": "$.labels.a", "gpu": "$.x"}
+    fast = IdentityReader(exprs)
+    slow = IdentityReader(exprs)
+    slow._simple = {k: None for k in slow._simple}
+    assert fast.read(alert_obj) == slow.read(alert_obj)
+
+
+def test_example_config_is_valid(tmp_path):
+    for name in ("token", "key"):
+        (tmp_path / name).write_text("secret-value-" + name)
+    root = Path(__file__).resolve().parent.parent
+    cfg = load(str(root / "deploy" / "bridge.example.yaml"), environ={
+        "WANDB_INFRA_BRIDGE__AUTH__BEARER_TOKEN_FILE": str(tmp_path / "token"),
+        "WANDB_INFRA_BRIDGE__WANDB__API_KEY_FILE": str(tmp_path / "key")})
+    assert cfg.auth_enabled and cfg.secrets.wandb_api_key == "secret-value-key"
+    assert cfg.webhook_path == "/alertmanager" and cfg.policy.flush_interval == 10
+
+
+def test_cli_help_and_refusal(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_INFRA_BRIDGE")}
+    helped = subprocess.run([sys.executable, "-m", "bridge.cli", "serve", "--help"], env=env,
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert helped.returncode == 0
+    for key in ("--insecure-local-demo", "wandb.api_key", "webhook.max_body_bytes",
+                "WANDB_INFRA_BRIDGE__"):
+        assert key in helped.stdout
+    refused = subprocess.run([sys.executable, "-m", "bridge.cli", "serve", "--port", "0"],
+                             env=env, capture_output=True, text=True, timeout=60, check=False,
+                             cwd=tmp_path)
+    assert refused.returncode == 2 and "refusing to start" in refused.stderr
