@@ -151,7 +151,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"wandb-infra-exporter: configuration error: {exc}", file=sys.stderr)
         return 2
     if args.check_config:
-        print(f"configuration ok; would listen on {host}:{port}")
+        enabled = [k for k, v in (cfg.get("sources") or {}).items() if (v or {}).get("enabled")]
+        print(f"configuration ok; would listen on {host}:{port}; "
+              f"polled sources: {', '.join(enabled) or 'none'}")
         return 0
     setup_logging(str(cfg.get("log_level", "info")), secrets)
     logging.getLogger(__name__).info("starting", extra=log_fields(listen=f"{host}:{port}"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -200,3 +201,12 @@ def test_cli_help_and_config_errors(tmp_path):
     proc = subprocess.run([EXPORTER, "--check-config"], capture_output=True, text=True,
                           timeout=30, check=False, env={**env, "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 2 and "sources.files.directory is required" in proc.stderr
+
+
+def test_example_config_is_valid():
+    example = Path(__file__).resolve().parent.parent / "deploy" / "exporter.example.yaml"
+    env = {"PATH": "/usr/bin:/bin", "WANDB_INFRA_EXPORTER__SOURCES__SLURM__ENABLED": "true"}
+    proc = subprocess.run([EXPORTER, "--config", str(example), "--check-config"],
+                          capture_output=True, text=True, timeout=30, check=False, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "polled sources: slurm" in proc.stdout
