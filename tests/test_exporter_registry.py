@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -11,6 +13,8 @@ from exporter.hostnames import HostnameMapper
 from exporter.model import Gpu, RunKey, RunPlacement, SourceResult
 from exporter.registration import RegistrationError, RegistrationStore, parse_registration
 from exporter.registry import Registry, merge_gpus
+from exporter.server import poll_forever
+from exporter.sources.slurm import SlurmSource
 
 RUN = RunKey("ent", "proj", "run1")
 
@@ -23,7 +27,7 @@ class Clock:
         return self.now
 
 
-def place(host, source="slurm", gpus=(), run=RUN, name="", extra=()):
+def place(host, source="slurm", gpus=(), *, run=RUN, name="", extra=()):
     return RunPlacement(run, host, source, tuple(gpus), name, tuple(extra))
 
 
@@ -180,3 +184,37 @@ def test_registration_parsing():
 def test_registration_rejections(payload, reason):
     with pytest.raises(RegistrationError, match=reason):
         parse_registration(payload, "registrations", 600, 3600)
+
+
+def test_poller_survives_crashing_and_garbage_sources():
+    class Flaky:
+        name, interval = "flaky", 0.01
+
+        def __init__(self):
+            self.calls = 0
+
+        def poll(self):
+            self.calls += 1
+            if self.calls == 1:
+                raise ZeroDivisionError("bug")
+            return SourceResult([place("h9", "flaky")])
+
+    class Garbage:
+        returncode, stdout, stderr = 0, "\x00\xff{not json", ""
+
+    garbage = SlurmSource({"interval_seconds": 0.01}, runner=lambda *a, **k: Garbage())
+    reg = Registry(clock=Clock())
+    flaky = Flaky()
+
+    async def main():
+        tasks = [asyncio.create_task(poll_forever(s, reg)) for s in (flaky, garbage)]
+        await asyncio.sleep(0.3)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    asyncio.run(main())
+    status = {s.name: s for s in reg.snapshot().sources}
+    assert status["flaky"].up and status["flaky"].errors_total == 1
+    assert not status["slurm"].up and status["slurm"].errors_total >= 2
+    assert [dict(s)["hostname"] for s in series(reg)[0][labels.NODE_INFO]] == ["h9"]
