@@ -88,7 +88,6 @@ class DeliveryWorker:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
-        self.store.close()
 
     def wake(self) -> None:
         """New data arrived: look at the outbox now rather than at the next tick."""
@@ -104,6 +103,7 @@ class DeliveryWorker:
                 log.exception("delivery worker iteration failed")
             self._wake.wait(1.0)
             self._wake.clear()
+        self.store.close()
 
     # one pass -------------------------------------------------------------------------------
     def run_once(self) -> int:

@@ -96,6 +96,14 @@ class IdentityReader:
                 raise ConfigError(f"identity.{key}: invalid JSONPath {expr!r}: {exc}") from exc
 
     def _first(self, key: str, alert: dict[str, Any]) -> str:
+        value = self._lookup(key, alert)
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return ""
+        return value
+
+    def _lookup(self, key: str, alert: dict[str, Any]) -> str:
         path = self._simple[key]
         if path is not None:
             value: Any = alert

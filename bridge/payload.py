@@ -68,7 +68,7 @@ def parse_time(value: object, where: str) -> datetime:
     iso += "+00:00" if zone in ("Z", "z") else zone
     try:
         return datetime.fromisoformat(iso).astimezone(UTC)
-    except ValueError as exc:
+    except (ValueError, OverflowError) as exc:
         raise PayloadError(f"{where} is out of range: {value[:40]!r}") from exc
 
 
@@ -80,7 +80,13 @@ def _string_map(value: object, where: str) -> dict[str, str]:
     size = 0
     for key, item in value.items():
         if not isinstance(item, str):
-            raise PayloadError(f"{where}.{key[:40]} must be a string")
+            raise PayloadError(f"{where}.{key[:40]!r} must be a string")
+        if not (key.isascii() and item.isascii()):
+            try:
+                key.encode("utf-8")
+                item.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise PayloadError(f"{where} contains an unpaired surrogate") from exc
         size += len(key) + len(item)
     if size > MAX_LABEL_BYTES:
         raise PayloadError(f"{where} is larger than {MAX_LABEL_BYTES} bytes")

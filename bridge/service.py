@@ -46,10 +46,8 @@ def build(cfg: BridgeConfig) -> BridgeContext:
         if wb["markers"]:
             markers = SdkMarkerWriter(str(wb["base_url"]), cfg.secrets.wandb_api_key,
                                       Path(cfg.store_path).parent / "wandb-markers")
-    worker = None
-    if client is not None or lookup is not None:
-        worker = DeliveryWorker(store, client=client, markers=markers, links=links,
-                                metrics=metrics, policy=cfg.policy, lookup=lookup)
+    worker = DeliveryWorker(store, client=client, markers=markers, links=links,
+                            metrics=metrics, policy=cfg.policy, lookup=lookup)
     return BridgeContext(
         store=store, reader=IdentityReader(raw["identity"]), metrics=metrics, links=links,
         credentials=Credentials(cfg.secrets.bearer_token, cfg.secrets.basic_username,
