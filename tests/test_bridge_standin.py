@@ -182,3 +182,28 @@ def test_real_wandb_sdk_shared_mode_writer(wb, tmp_path: Path):
     assert run.config["lr"] == {"value": 0.1}
     assert wb.calls(operation="UpsertBucket")
     assert wb.calls(path_prefix="/files/team/proj/abc123/file_stream")
+
+
+PUBLIC_API = textwrap.dedent("""
+    import json, wandb
+    api = wandb.Api(timeout=10)
+    run = api.run("team/proj/abc123")
+    runs = [r.id for r in api.runs("team/proj", filters={"state": "running"})]
+    print(json.dumps({"state": run.state, "tags": run.tags, "config": run.config,
+                      "summary": dict(run.summary), "notes": run.notes, "runs": runs}))
+""")
+
+
+def test_real_wandb_public_api_reads(wb, tmp_path: Path):
+    wb.add_run("team", "proj", "done1", state="finished")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB")}
+    env.update(HOME=str(tmp_path), WANDB_BASE_URL=wb.url, WANDB_API_KEY=wb.api_key,
+               WANDB_SILENT="true", WANDB__GRAPHQL_RETRY_MAX="1")
+    (tmp_path / "reader.py").write_text(PUBLIC_API)
+    proc = subprocess.run([sys.executable, str(tmp_path / "reader.py")], env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out == {"state": "running", "tags": ["mine"], "config": {"lr": 0.1},
+                   "summary": {"loss": 1.5}, "notes": "user notes", "runs": ["abc123"]}
+    assert not [r for r in wb.requests if r.status != 200]

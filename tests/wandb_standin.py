@@ -70,6 +70,8 @@ type Organization { name: String! }
 
 type Project {
   id: ID!
+  internalId: ID
+  readOnly: Boolean
   name: String!
   entityName: String!
   entity: Entity!
@@ -107,7 +109,7 @@ type Run {
   createdAt: DateTime
   updatedAt: DateTime
   heartbeatAt: DateTime
-  projectId: ID!
+  projectId: Int!
   project: Project
   user: User
   historyKeys(format: String): JSON
@@ -271,12 +273,14 @@ class _ProjectView:
         self.entityName = entity
         self.name = name
         self.id = _b64(f"Project:v1:{name}:{entity}")
+        self.internalId = str(server._projects[(entity, name)])
+        self.readOnly = False
         self.entity = {"id": _b64(f"Entity:{entity}"), "name": entity, "organization": None}
 
     def run(self, _info: Any, name: str) -> dict[str, Any] | None:
         with self.server._lock:
             rec = self.server._runs.get((self.entityName, self.name, name))
-            return None if rec is None else _run_view(rec, self.id)
+            return None if rec is None else _run_view(rec, int(self.internalId))
 
     bucket = run
 
@@ -307,7 +311,8 @@ class _ProjectView:
                 raise GraphQLError(f"invalid cursor {after!r}") from exc
         size = 50 if first is None else max(0, first)
         page = matching[start:start + size]
-        edges = [{"node": _run_view(r, self.id), "cursor": _b64(f"cursor:{start + i}")}
+        number = int(self.internalId)
+        edges = [{"node": _run_view(r, number), "cursor": _b64(f"cursor:{start + i}")}
                  for i, r in enumerate(page)]
         return {
             "edges": edges,
@@ -328,7 +333,7 @@ def _b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
 
-def _run_view(rec: RunRecord, project_id: str) -> dict[str, Any]:
+def _run_view(rec: RunRecord, project_id: int) -> dict[str, Any]:
     keys = sorted({k for row in rec.history for k in row if not k.startswith("_")})
     return {
         "id": rec.storage_id, "name": rec.run_id, "displayName": rec.display_name or rec.run_id,
@@ -428,7 +433,7 @@ class WandbStandin:
         self.rejected: list[Recorded] = []
         self.alerts: list[dict[str, Any]] = []
         self._runs: dict[tuple[str, str, str], RunRecord] = {}
-        self._projects: set[tuple[str, str]] = set()
+        self._projects: dict[tuple[str, str], int] = {}
         self._faults: list[Fault] = []
         self._seq = 0
         self._lock = threading.RLock()
@@ -478,7 +483,7 @@ class WandbStandin:
                 created_seq=self._seq,
             )
             self._runs[(entity, project, run_id)] = rec
-            self._projects.add((entity, project))
+            self._projects.setdefault((entity, project), len(self._projects) + 1)
             self.teams.add(entity)
             return rec
 
@@ -591,8 +596,9 @@ class WandbStandin:
                     getattr(rec, attr).update(value)
                 else:
                     setattr(rec, attr, value)
-            view = _run_view(rec, _b64(f"Project:v1:{rec.project}:{rec.entity}"))
-            view["project"] = {"id": view["projectId"], "name": rec.project,
+            view = _run_view(rec, self._projects[(rec.entity, rec.project)])
+            view["project"] = {"id": _b64(f"Project:v1:{rec.project}:{rec.entity}"),
+                               "name": rec.project,
                                "entityName": rec.entity,
                                "entity": {"id": _b64(f"Entity:{rec.entity}"), "name": rec.entity}}
             return {"bucket": view, "inserted": inserted}
@@ -713,7 +719,7 @@ def _make_handler(server: WandbStandin) -> type[BaseHTTPRequestHandler]:
                     return 400, {"errors": [{"message": "variables must be an object"}]}
                 result = graphql_sync(SCHEMA, body["query"], root_value=server._resolver,
                                       variable_values=variables,
-                                      operation_name=body.get("operationName"))
+                                      operation_name=body.get("operationName") or None)
                 out: dict[str, Any] = {"data": result.data}
                 if result.errors:
                     out["errors"] = [e.formatted for e in result.errors]
