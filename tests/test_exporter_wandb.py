@@ -65,7 +65,8 @@ def test_running_runs_placed_on_hosts_and_gpus(standin):
     assert result.problems == []
     # the four running runs of team/llm come in two pages of two
     calls = standin.calls(path_prefix="/graphql")
-    assert [c.variables["after"] for c in calls][0] is None and len(calls) == 2
+    assert len(calls) == 2
+    assert calls[0].variables["after"] is None and calls[1].variables["after"]
 
 
 def test_errors_become_source_errors(standin):
