@@ -115,22 +115,38 @@ def build_sources(cfg: Mapping[str, Any], secrets: list[str]) -> list[Source]:
 
 def build(cfg: Mapping[str, Any]) -> tuple[web.Application, list[str]]:
     """The app from a loaded config, plus the secrets the log must never show."""
+    try:
+        return _build(cfg)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise ConfigError(f"a value has the wrong type: {exc}") from exc
+
+
+def _build(cfg: Mapping[str, Any]) -> tuple[web.Application, list[str]]:
     secrets: list[str] = []
     auth = cfg.get("auth") or {}
     token = read_secret(auth.get("token"), auth.get("token_file"), "auth token")
     if token:
         secrets.append(token)
     reg_cfg = cfg["registrations"]
+    default_ttl = float(reg_cfg.get("default_ttl_seconds", 600))
+    max_ttl = float(reg_cfg.get("max_ttl_seconds", 30 * 86400))
+    if not 0 < default_ttl <= max_ttl:
+        raise ConfigError("registrations.default_ttl_seconds must be in (0, max_ttl_seconds]")
+    grace = float(cfg["grace_seconds"])
+    if grace < 0:
+        raise ConfigError("grace_seconds must be >= 0")
     store = RegistrationStore(max_entries=int(reg_cfg.get("max_entries", 100000)))
     live = [(REGISTRATION_SOURCE, store.active)] if reg_cfg.get("enabled", True) else []
     registry = Registry(HostnameMapper.from_config(cfg.get("hostnames") or {}),
-                        grace_seconds=float(cfg["grace_seconds"]), live_sources=live,
-                        live_version=store.version)
+                        grace_seconds=grace, live_sources=live, live_version=store.version)
     sources = build_sources(cfg, secrets)
-    app = build_app(registry, store, sources, token=token,
-                    default_ttl=float(reg_cfg.get("default_ttl_seconds", 600)),
-                    max_ttl=float(reg_cfg.get("max_ttl_seconds", 30 * 86400)),
-                    registrations=bool(reg_cfg.get("enabled", True)))
+    for source in sources:
+        if not source.interval > 0:
+            raise ConfigError(f"source {source.name}: interval_seconds must be > 0")
+    app = build_app(registry, store, sources, token=token, default_ttl=default_ttl,
+                    max_ttl=max_ttl, registrations=bool(reg_cfg.get("enabled", True)))
     return app, secrets
 
 

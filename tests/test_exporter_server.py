@@ -197,6 +197,17 @@ def test_cli_help_and_config_errors(tmp_path):
     proc = subprocess.run([EXPORTER, "--config", str(bad)], capture_output=True, text=True,
                           timeout=30, check=False)
     assert proc.returncode == 2 and "unknown configuration keys: colour" in proc.stderr
+    for text, reason in (
+            ("sources:\n  files:\n    enabled: true\n    directory: /tmp\n"
+             "    interval_seconds: soon\n", "wrong type"),
+            ("registrations:\n  default_ttl_seconds: 100\n  max_ttl_seconds: 10\n",
+             "default_ttl_seconds"),
+            ("sources:\n  files:\n    enabled: true\n    directory: /tmp\n"
+             "    interval_seconds: 0\n", "interval_seconds must be > 0")):
+        bad.write_text(text)
+        proc = subprocess.run([EXPORTER, "--config", str(bad), "--check-config"],
+                              capture_output=True, text=True, timeout=30, check=False)
+        assert proc.returncode == 2 and reason in proc.stderr, proc.stderr
     env = {"WANDB_INFRA_EXPORTER__SOURCES__FILES__ENABLED": "true"}
     proc = subprocess.run([EXPORTER, "--check-config"], capture_output=True, text=True,
                           timeout=30, check=False, env={**env, "PATH": "/usr/bin:/bin"})
