@@ -311,7 +311,14 @@ def _mappings(mapping: dict[str, tuple[str, str]]) -> list[model.ValueMapping]:
         for i, (value, (text, color)) in enumerate(mapping.items())})]
 
 
-def build_panel(key: str, spec: PanelSpec) -> Any:
+def node_link(title: str) -> dash.DashboardLink:
+    """A data link from a host's series to the node dashboard, same time range."""
+    url = (f"/d/{catalog.NODE.uid}/{catalog.NODE.slug}?var-{labels.HOSTNAME}="
+           f"${{__field.labels.{labels.HOSTNAME}}}&${{__url_time_range}}")
+    return dash.DashboardLink(title).type(model.DashboardLinkType.LINK).url(url)
+
+
+def build_panel(key: str, spec: PanelSpec, board_key: str) -> Any:
     """One panel with the catalog's id and title and the spec's queries."""
     entry = catalog.panel(key)
     builders: dict[str, Callable[[], Any]] = {
@@ -335,6 +342,11 @@ def build_panel(key: str, spec: PanelSpec) -> Any:
                          .show_legend(True).calcs(["max", "lastNotNull"])))
     if spec.viz == "state":
         panel = panel.show_value(common_model.VisibilityMode.NEVER).merge_values(True)
+    if spec.viz == "table":
+        panel = panel.with_transformation(model.DataTransformerConfig(
+            id_val="organize", options={"excludeByName": {"Time": True, "Value": True}}))
+    if board_key == "run" and spec.viz == "timeseries" and key != "gpu_util_spread":
+        panel = panel.data_links([node_link("Open this host in Node GPU health")])
     return panel
 
 
@@ -352,12 +364,16 @@ def build_dashboard(board: catalog.Dashboard) -> dict[str, Any]:
         scope = "host"
         description = "All GPUs and links of one or a few hosts, for the operator."
     panel_specs = specs(alert_selector, scope)
+    other = catalog.NODE if board.key == "run" else catalog.RUN
     builder = (dash.Dashboard(board.title).uid(board.uid).description(description).tags(TAGS)
                .editable().time("now-6h", "now").refresh("1m").timezone("browser")
                .tooltip(model.DashboardCursorSync.CROSSHAIR).variables(variables)
                .annotation(dash.AnnotationQuery().name("Alerts").datasource(DS).enable(True)
                            .icon_color("red").expr(f'ALERTS{{{alert_selector},'
-                                                   f'alertstate="firing"}}')))
+                                                   f'alertstate="firing"}}'))
+               .link(dash.DashboardLink(other.title).type(model.DashboardLinkType.LINK)
+                     .url(f"/d/{other.uid}/{other.slug}").include_vars(True).keep_time(True)
+                     .icon("dashboard")))
     current_row = None
     for key, entry in catalog.PANELS.items():
         if board.key not in entry.dashboards:
@@ -366,7 +382,7 @@ def build_dashboard(board: catalog.Dashboard) -> dict[str, Any]:
         if row_id != current_row:
             builder = builder.with_row(dash.Row(row_title).id(row_id))
             current_row = row_id
-        builder = builder.with_panel(build_panel(key, panel_specs[key]))
+        builder = builder.with_panel(build_panel(key, panel_specs[key], board.key))
     data = json.loads(JSONEncoder(sort_keys=True).encode(builder.build()))
     data["schemaVersion"] = SCHEMA_VERSION
     for annotation in data["annotations"]["list"]:

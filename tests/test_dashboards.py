@@ -189,3 +189,21 @@ def test_grafana_provisioning_files():
     assert served == generate.OUT_DIR
     uids = {json.loads(p.read_text())["uid"] for p in served.glob("*.json")}
     assert uids == {b.uid for b in BOARDS}
+
+
+@pytest.mark.parametrize("board", BOARDS, ids=lambda b: b.key)
+def test_links_between_dashboards_resolve(board):
+    data = load(board)
+    urls = [link["url"] for link in data["links"]]
+    for panel in panels_of(data):
+        urls += [link["url"] for link in panel.get("fieldConfig", {}).get("defaults", {})
+                 .get("links", [])]
+    assert urls
+    known = {(b.uid, b.slug): b for b in BOARDS}
+    for url in urls:
+        parsed = urlparse(url)
+        _, _d, uid, slug = parsed.path.split("/")
+        target = known[(uid, slug)]
+        for key in parse_qs(parsed.query):
+            if key.startswith("var-"):
+                assert key[4:] in target.variables, url

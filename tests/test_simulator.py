@@ -3,8 +3,10 @@ Prometheus scraping it through the scrape config it writes."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -19,7 +21,7 @@ from demo.simulator import (
     prometheus_config,
     serve,
 )
-from tests.services import PROMTOOL, prom_query, prometheus
+from tests.services import PROMTOOL, env_without_proxies, prom_query, prometheus
 
 LINE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>.*)\})? (?P<value>\S+)$")
 LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
@@ -353,3 +355,37 @@ def test_real_prometheus_scrapes_both_flavours(tmp_path: Path):
             assert {r["metric"]["nodename"] for r in joined} == {
                 "gpu-node-001", "gpu-node-003", "gpu-node-004"}
             assert len(prom_query(prom.url, "wandb_run_gpu_info")) == 16
+
+
+def test_cli_serves_and_writes_configs(tmp_path: Path):
+    config = tmp_path / "prometheus.yml"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "demo.simulator", "--hosts", "3", "--port", "0", "--flavour",
+         "4.9", "--interval", "5s", "--file-sd-dir", str(tmp_path / "sd"),
+         "--prometheus-config", str(config), "--log-level", "warning"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_without_proxies(),
+        cwd=Path(__file__).resolve().parent.parent)
+    try:
+        assert proc.stdout is not None
+        info = json.loads(proc.stdout.readline())
+        assert info["hosts"] == 3
+        text = requests.get(info["url"] + "/dcgm/gpu-node-003/metrics", timeout=10).text
+        assert 'DCGM_FI_DEV_GPU_TEMP_CELSIUS{gpu="0"' in text
+        groups = json.loads((tmp_path / "sd" / "node.json").read_text())
+        assert [g["labels"]["instance"] for g in groups] == [
+            "gpu-node-001:9100", "gpu-node-002:9100", "gpu-node-003:9100"]
+        check = subprocess.run([PROMTOOL, "check", "config", str(config)], check=False,
+                               capture_output=True, text=True, timeout=60)
+        assert check.returncode == 0, check.stdout + check.stderr
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    bad = subprocess.run([sys.executable, "-m", "demo.simulator", "--hosts", "0"], check=False,
+                         capture_output=True, text=True, timeout=60,
+                         cwd=Path(__file__).resolve().parent.parent)
+    assert bad.returncode == 2 and "hosts" in bad.stderr
+    helptext = subprocess.run([sys.executable, "-m", "demo.simulator", "--help"], check=False,
+                              capture_output=True, text=True, timeout=60,
+                              cwd=Path(__file__).resolve().parent.parent)
+    for option in ("--hosts", "--flavour", "--xid-count", "--file-sd-dir", "--prometheus-config"):
+        assert option in helptext.stdout
