@@ -26,7 +26,8 @@ DEFAULTS: dict[str, Any] = {
         "public_pages": False,
     },
     "webhook": {"path": "/alertmanager", "max_body_bytes": 8 * 1024 * 1024},
-    "store": {"path": "bridge-state/bridge.sqlite", "retention_days": 30},
+    "store": {"path": "bridge-state/bridge.sqlite", "retention_days": 30,
+              "min_free_bytes": 16 * 1024 * 1024},
     "identity": dict(DEFAULT_PATHS),
     "prometheus": {"url": "", "timeout_seconds": 5.0},
     "wandb": {
@@ -51,6 +52,7 @@ HELP: dict[str, str] = {
     "webhook.max_body_bytes": "larger notifications get 413",
     "store.path": "SQLite file (WAL) holding alerts and the W&B outbox",
     "store.retention_days": "resolved, delivered alerts older than this are deleted",
+    "store.min_free_bytes": "/readyz fails when the store's filesystem has less free space",
     "identity.{entity,project,run_id,hostname,gpu}": "JSONPath into each alert (default: "
                                                      "contract-2 labels)",
     "prometheus.url": "if set, unattributed alerts are attributed via the join metrics",

@@ -28,7 +28,7 @@ def build(cfg: BridgeConfig) -> BridgeContext:
     """Store, identity reader, W&B client and worker (when a key is configured), app context."""
     raw = cfg.raw
     cfg.store_path.parent.mkdir(parents=True, exist_ok=True)
-    store = Store(cfg.store_path)
+    store = Store(cfg.store_path, int(raw["store"]["min_free_bytes"]))
     metrics = BridgeMetrics()
     grafana = raw["grafana"]
     links = GrafanaLinks(str(grafana["base_url"] or ""), int(grafana["org_id"]),

@@ -13,6 +13,7 @@ it into a 503 so Alertmanager keeps the notification and retries.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -150,8 +151,9 @@ def _fact(row: sqlite3.Row) -> AlertFact:
 class Store:
     """One SQLite file; a connection per thread (the webhook's and the worker's)."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, min_free_bytes: int = 0) -> None:
         self.path = str(path)
+        self.min_free_bytes = min_free_bytes
         self._local = threading.local()
         self._seq_lock = threading.Lock()
         try:
@@ -203,8 +205,18 @@ class Store:
     def probe(self) -> None:
         """Prove the store can grow right now (readiness); raises ``StoreError``.
 
-        Writes and deletes a padded row in one transaction, so a full disk (or a page limit)
-        fails here the same way a notification would."""
+        Checks the filesystem keeps ``min_free_bytes`` free, then writes and deletes a padded
+        row in one transaction, so a full disk (or a page limit) fails here the same way a
+        notification would."""
+        if self.min_free_bytes:
+            try:
+                stat = os.statvfs(os.path.dirname(os.path.abspath(self.path)))
+            except OSError as exc:
+                raise StoreError(f"cannot stat the store's filesystem: {exc}") from exc
+            free = stat.f_bavail * stat.f_frsize
+            if free < self.min_free_bytes:
+                raise StoreError(f"only {free} bytes free on the store's filesystem "
+                                 f"(need {self.min_free_bytes})")
         with self._tx() as conn:
             conn.execute("INSERT OR REPLACE INTO probe (id, at, pad) VALUES (1, ?, "
                          "zeroblob(65536))", (time.time(),))

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from bridge.config import load
 from bridge.identity import IdentityReader, RunKey
+from bridge.store import Store
 from bridge.webhook import Credentials
 from exporter.configfile import ConfigError
 from tests.bridge_payloads import T0, TOKEN, alert, make_context, notification, serve
@@ -192,6 +193,13 @@ def test_full_store_answers_503_readiness_false_then_recovers(tmp_path):
         ctx.write_pool.submit(limit_pages, None).result()
         assert requests.get(running.url + "/readyz", timeout=10).status_code == 200
         assert post(running, big).json()["new"] == 50
+
+
+def test_readiness_needs_free_space(tmp_path):
+    ctx = make_context(tmp_path, store=Store(tmp_path / "s.sqlite", min_free_bytes=1 << 62))
+    with serve(ctx) as running:
+        resp = requests.get(running.url + "/readyz", timeout=10)
+        assert resp.status_code == 503 and "free" in resp.json()["error"]
 
 
 def test_basic_auth_and_constant_time_credentials():
