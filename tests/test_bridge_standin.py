@@ -65,6 +65,8 @@ def test_auth_is_required(wb):
     ok = _gql(wb, query)
     assert ok.status_code == 200 and ok.json()["data"]["viewer"]["id"]
     assert len(wb.rejected) == 4 and len(wb.requests) == 1
+    wb.revoke()
+    assert _gql(wb, query).status_code == 401
 
 
 def test_unknown_fields_and_args_are_graphql_errors(wb):

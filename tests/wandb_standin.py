@@ -497,6 +497,11 @@ class WandbStandin:
         with self._lock:
             self._runs[(entity, project, run_id)].state = state
 
+    def revoke(self, key: str | None = None) -> None:
+        """Stop accepting ``key`` (default: the main key), as revoking it in W&B would."""
+        with self._lock:
+            self.valid_keys.discard(key or self.api_key)
+
     def _has_project(self, entity: str, project: str) -> bool:
         with self._lock:
             return (entity, project) in self._projects
