@@ -33,17 +33,23 @@ def _escape(value: str) -> str:
 
 
 def _family(name: str, names: tuple[str, ...], rows: tuple[tuple[str, ...], ...]) -> str:
-    template = name + "{" + ",".join(f'{n}="%s"' for n in names) + "} 1\n"
+    """One family's text; rows needing no escaping use a %-template per set of present labels."""
+    templates: dict[tuple[bool, ...], str] = {}
     lines = [f"# HELP {name} {_HELP[name]}\n# TYPE {name} gauge\n"]
     append = lines.append
     for row in rows:
         joined = "\x00".join(row)
-        if (row[0] and row[-1] and "\x00\x00" not in joined and "\\" not in joined
-                and '"' not in joined and "\n" not in joined):
-            append(template % row)
+        if "\\" in joined or '"' in joined or "\n" in joined:
+            pairs = ",".join(f'{n}="{_escape(v)}"' for n, v in zip(names, row, strict=True) if v)
+            append(f"{name}{{{pairs}}} 1\n")
             continue
-        pairs = ",".join(f'{n}="{_escape(v)}"' for n, v in zip(names, row, strict=True) if v)
-        append(f"{name}{{{pairs}}} 1\n")
+        present = tuple(map(bool, row))
+        template = templates.get(present)
+        if template is None:
+            template = name + "{" + ",".join(
+                f'{n}="%s"' for n, keep in zip(names, present, strict=True) if keep) + "} 1\n"
+            templates[present] = template
+        append(template % tuple(filter(None, row)))
     return "".join(lines)
 
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
-@dataclass(frozen=True, order=True)
-class RunKey:
-    """A W&B run's identity: entity/project/run_id."""
+class RunKey(NamedTuple):
+    """A W&B run's identity: entity/project/run_id (a tuple: hashing and ordering run in C)."""
 
     entity: str
     project: str
@@ -17,8 +17,7 @@ class RunKey:
         return f"{self.entity}/{self.project}/{self.run_id}"
 
 
-@dataclass(frozen=True, order=True)
-class Gpu:
+class Gpu(NamedTuple):
     """One GPU as a source knows it: index ("" when unknown), UUID ("" when unknown)."""
 
     index: str = ""

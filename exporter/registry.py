@@ -6,7 +6,8 @@
 * Several sources may report the same run on the same host: one node series per (run, host), GPUs
   merged (a GPU known by index and UUID replaces the same GPU known by only one of them).
 * A run's labels stay constant while it lives: the first labels seen for (run, host) win until that
-  pair disappears from every source.
+  pair disappears from every source; likewise a GPU first published by index keeps that label set
+  when another source later adds its UUID (and vice versa).
 """
 
 from __future__ import annotations
@@ -41,6 +42,15 @@ class SourceStatus:
 
 
 @dataclass(frozen=True)
+class _NodeState:
+    """What was published for one (run, host): node labels, GPUs, and their label rows."""
+
+    values: tuple[str, ...]
+    gpus: tuple[Gpu, ...]
+    rows: tuple[tuple[str, ...], ...]
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """Label-value tuples ready to publish, in labels.NODE_INFO_LABELS / GPU_INFO_LABELS order."""
 
@@ -55,6 +65,8 @@ class Snapshot:
 def merge_gpus(gpus: Iterable[Gpu]) -> tuple[Gpu, ...]:
     """Union of GPUs; drop partial entries that a complete (index+uuid) entry covers."""
     unique = set(gpus)
+    if not unique:
+        return ()
     full = [g for g in unique if g.index and g.uuid]
     indices = {g.index for g in full}
     uuids = {g.uuid for g in full}
@@ -80,7 +92,7 @@ class Registry:
         self._live_version = live_version
         for name, _ in self._live:
             self._sources[name] = SourceStatus(name, up=True, polled=True)
-        self._stable: dict[NodeKey, tuple[str, ...]] = {}
+        self._stable: dict[NodeKey, _NodeState] = {}
         self._version = 0
         self._cache: tuple[tuple[int, int], Snapshot] | None = None
 
@@ -162,23 +174,38 @@ class Registry:
                 runs.add(p.run)
                 hosts.add(p.host)
             per_source[name] = (len(runs), len(hosts))
-        stable = {k: v for k, v in self._stable.items() if k in grouped}
+        source_at = labels.NODE_INFO_LABELS.index(labels.SOURCE)
+        stable: dict[NodeKey, _NodeState] = {}
         nodes, gpus = [], []
         for node_key in sorted(grouped):
             group = grouped[node_key]
-            values = stable.get(node_key)
-            if values is None:
-                values = _node_values(node_key, group)
-                stable[node_key] = values
+            state = self._stable.get(node_key)
+            values = state.values if state else _node_values(node_key, group)
             nodes.append(values)
-            run, host = node_key
-            source = values[labels.NODE_INFO_LABELS.index(labels.SOURCE)]
-            for gpu in merge_gpus(g for p in group for g in p.gpus):
-                gpus.append((run.entity, run.project, run.run_id, host, gpu.index, gpu.uuid,
-                             source))
+            previous = state.gpus if state else ()
+            if state and len(group) == 1 and group[0].gpus == previous:
+                rows = state.rows  # the common case: nothing changed for this run on this host
+            else:
+                kept = _keep_gpu_labels(previous, merge_gpus(g for p in group for g in p.gpus))
+                run, host = node_key
+                rows = tuple((run.entity, run.project, run.run_id, host, g.index, g.uuid,
+                              values[source_at]) for g in kept)
+                state = _NodeState(values, kept, rows)
+            stable[node_key] = state
+            gpus.extend(rows)
         self._stable = stable
         return Snapshot(tuple(nodes), tuple(gpus), len({k[0] for k in grouped}),
                         len({k[1] for k in grouped}), self._status_copy(), per_source)
+
+
+def _keep_gpu_labels(previous: tuple[Gpu, ...], merged: tuple[Gpu, ...]) -> tuple[Gpu, ...]:
+    """``merged``, but a GPU already published (same index or same UUID) keeps its old labels."""
+    if not previous:
+        return merged
+    by_index = {g.index: g for g in previous if g.index}
+    by_uuid = {g.uuid: g for g in previous if g.uuid}
+    out = [by_index.get(g.index) or by_uuid.get(g.uuid) or g for g in merged]
+    return tuple(dict.fromkeys(out))
 
 
 def _node_values(node_key: NodeKey, group: list[RunPlacement]) -> tuple[str, ...]:

@@ -73,6 +73,24 @@ def test_labels_stay_constant_while_run_lives():
     assert dict(series(reg)[0][labels.NODE_INFO][0])["wandb_run_name"] == "renamed"
 
 
+def test_gpu_labels_stay_constant_when_another_source_adds_uuid():
+    reg = Registry(clock=Clock())
+    reg.record_success("slurm", SourceResult([place("h1", gpus=[Gpu("0"), Gpu("1")])]), 0)
+    before = series(reg)[0][labels.GPU_INFO]
+    reg.record_success("wandb", SourceResult([place("h1", "wandb", [Gpu("0", "GPU-a"),
+                                                                    Gpu("1", "GPU-b"),
+                                                                    Gpu("2", "GPU-c")])]), 0)
+    after = [dict(s) for s in series(reg)[0][labels.GPU_INFO]]
+    assert [tuple(sorted(d.items())) for d in after[:2]] == before
+    assert [(d["gpu"], d.get("gpu_uuid")) for d in after] == [("0", None), ("1", None),
+                                                              ("2", "GPU-c")]
+    reg.record_success("slurm", SourceResult([]), 0)
+    reg.record_success("wandb", SourceResult([]), 0)
+    assert series(reg)[0][labels.GPU_INFO] == []
+    reg.record_success("wandb", SourceResult([place("h1", "wandb", [Gpu("0", "GPU-a")])]), 0)
+    assert dict(series(reg)[0][labels.GPU_INFO][0])["gpu_uuid"] == "GPU-a"
+
+
 def test_failed_source_keeps_mapping_for_grace_then_drops():
     clock = Clock()
     reg = Registry(grace_seconds=60, clock=clock)
