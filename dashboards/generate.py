@@ -122,7 +122,8 @@ def specs(alert_selector: str, scope: str) -> dict[str, PanelSpec]:
             "When each alert was firing: the first bar is usually the root cause (hardware before "
             "node loss before link loss before slowdowns and stalls).",
             (Query(f"max by ({timeline_by}) (ALERTS{{{alert_selector},alertstate=\"firing\"}})",
-                   "{{alertname}} {{hostname}} {{gpu}}{{device}}"),), width=24, height=7),
+                   "{{alertname}} {{hostname}} {{gpu}}{{device}}"),), width=24, height=7,
+            mappings={"1": ("Firing", "red")}),
         "gpu_temperature": PanelSpec(
             "timeseries", "celsius",
             "GPU die temperature (max over the interval). 85 C is a warning, 95 C critical; "
