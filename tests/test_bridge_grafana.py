@@ -20,6 +20,31 @@ FIXED = ["GpuXidError", "GpuContainedEccError", "GpuUncontainedEccError", "GpuXi
          "TrainingStalled", "TrainingStraggler"]
 
 
+def _generated() -> dict[str, dict]:
+    """Dashboard JSON by uid from dashboards/ (if generated yet)."""
+    out: dict[str, dict] = {}
+    for path in (ROOT / "dashboards").glob("*.json"):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        dash = data.get("dashboard", data)
+        if isinstance(dash, dict) and "uid" in dash:
+            out[dash["uid"]] = dash
+    return out
+
+
+def test_generated_dashboards_have_the_catalog_uids_and_variables():
+    generated = _generated()
+    if not generated:
+        return
+    for dashboard in P.DASHBOARDS.values():
+        assert dashboard.uid in generated, dashboard.uid
+        names = {v["name"] for v in generated[dashboard.uid].get("templating", {}).get(
+            "list", [])}
+        assert set(dashboard.variables) <= names, (dashboard.uid, names)
+
+
 def _generated_panels() -> dict[str, set[int]]:
     """Panel ids per dashboard uid in dashboards/ (if generated yet)."""
     out: dict[str, set[int]] = {}
