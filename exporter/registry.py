@@ -116,6 +116,11 @@ class Registry:
         for problem in result.problems[:20]:
             log.warning("source problem", extra=log_fields(source=name, problem=problem))
 
+    def count_error(self, name: str) -> None:
+        """One rejected input for a source that stays up (e.g. a registration answered 400)."""
+        with self._lock:
+            self._sources.setdefault(name, SourceStatus(name)).errors_total += 1
+
     def record_failure(self, name: str, error: str, duration: float) -> None:
         """A failed poll: down, errors+1; the last good mapping stays for the grace period."""
         with self._lock:

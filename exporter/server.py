@@ -96,11 +96,13 @@ class Api:
         try:
             data = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
+            self.registry.count_error(REGISTRATION_SOURCE)
             return _error(400, f"body is not valid JSON: {exc}")
         try:
             placement, ttl = parse_registration(data, REGISTRATION_SOURCE, self.default_ttl,
                                                 self.max_ttl)
         except RegistrationError as exc:
+            self.registry.count_error(REGISTRATION_SOURCE)
             return _error(400, str(exc))
         placement = self.registry.canonical(placement)
         try:

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exporter import labels
-from tests.exporter_process import EXPORTER, metric_samples, running_exporter
+from tests.exporter_process import EXPORTER, metric_samples, metric_value, running_exporter
 from tests.services import prom_query, prometheus
 
 REG = {"entity": "ent", "project": "proj", "run_id": "run1", "hostname": "gpu01.example.com",
@@ -90,9 +90,20 @@ def test_auth_required(exporter):
 ])
 def test_bad_payloads_get_clear_400(exporter, body, reason):
     url, _ = exporter
+    errors = metric_value(url, "wandb_infra_exporter_source_errors_total", source="registrations")
     resp = requests.post(url + "/v1/runs", data=body, headers=AUTH, timeout=5)
     assert resp.status_code == 400
     assert reason in resp.json()["error"]
+    assert metric_value(url, "wandb_infra_exporter_source_errors_total",
+                        source="registrations") == errors + 1
+
+
+def test_healthz_reports_sources(exporter):
+    url, _ = exporter
+    health = requests.get(url + "/healthz", timeout=5).json()
+    assert health["status"] == "ok"
+    assert set(health["sources"]) == {"registrations", "files"}
+    assert health["sources"]["registrations"]["up"] is True
 
 
 def test_oversized_body_rejected(exporter):
