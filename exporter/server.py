@@ -109,8 +109,8 @@ class Api:
             new = self.store.put(placement, ttl)
         except OverflowError as exc:
             return _error(503, str(exc))
-        log.info("run registered" if new else "run refreshed",
-                 extra=log_fields(run=str(placement.run), host=placement.host))
+        log.log(logging.INFO if new else logging.DEBUG, "run registered" if new else
+                "run refreshed", extra=log_fields(run=str(placement.run), host=placement.host))
         return web.json_response({"status": "registered" if new else "refreshed",
                                   "expires_in": ttl}, status=201 if new else 200)
 

@@ -125,3 +125,21 @@ def test_exporter_process_with_kubernetes(k8s, tmp_path):
                          ("lab1", "node-c", "kubernetes"), ("ann1", "node-d", "kubernetes")}
         assert metric_samples(url, labels.GPU_INFO) == []
     assert k8s.token not in (tmp_path / "exporter" / "exporter.log").read_text()
+
+
+def test_in_cluster_service_account(k8s, tmp_path, monkeypatch):
+    sa = tmp_path / "serviceaccount"
+    sa.mkdir()
+    (sa / "token").write_text(k8s.token)
+    (sa / "ca.crt").write_text("unused")
+    monkeypatch.setattr("exporter.sources.kubernetes.SA_DIR", sa)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(ConfigError, match="KUBERNETES_SERVICE_HOST"):
+        KubernetesSource({"in_cluster": True})
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "6443")
+    source = KubernetesSource({"in_cluster": True})
+    assert source.server == "https://10.0.0.1:6443"
+    assert source.session.verify == str(sa / "ca.crt")
+    (sa / "token").write_text("rotated-token")
+    assert source._headers()["Authorization"] == "Bearer rotated-token"
