@@ -222,8 +222,7 @@ class DeliveryWorker:
             if issue.root.severity != "critical" or mid in done:
                 continue
             text = (f"{issue.root.alertname} on {issue.root.where}. "
-                    f"{issue.root.annotations.get('impact', '')} "
-                    f"{issue.root.annotations.get('remediation', '')}").strip()
+                    f"{issue.root.text('impact')} {issue.root.text('remediation')}").strip()
             self.client.notify(run.entity, run.project, run.run_id,
                                title=f"Infrastructure issue: {issue.root.alertname}", text=text)
             self.store.add_markers(run, [mid], self.clock())

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from bridge.catalog.alerts import cause_of
+from bridge.catalog.alerts import ALERTS, cause_of
 from bridge.catalog.vocabulary import CauseClass
 
 DEFAULT_GAP = timedelta(minutes=10)
@@ -51,6 +51,15 @@ class AlertFact:
     def cause(self) -> CauseClass:
         """Cause class from the catalog, else from the category label."""
         return cause_of(self.alertname, self.category or None)
+
+    def text(self, key: str) -> str:
+        """An annotation, else the catalog's static text for ``summary``/``impact``/
+        ``remediation`` (so a user's Alertmanager stripping annotations still gets advice)."""
+        value = self.annotations.get(key, "")
+        if value or key not in ("summary", "impact", "remediation"):
+            return value
+        known = ALERTS.get(self.alertname)
+        return getattr(known, key, "") if known is not None else ""
 
     @property
     def where(self) -> str:

@@ -45,7 +45,7 @@ def _time(value: datetime | None) -> str:
 
 
 def _alert_line(fact: AlertFact, role: str, link: str) -> str:
-    desc = fact.annotations.get("description") or fact.annotations.get("summary") or ""
+    desc = fact.text("description") or fact.text("summary")
     parts = [f"  - {role}: **{md_escape(fact.alertname)}** on {md_escape(fact.where)}, "
              f"{_time(fact.starts_at)} to {_time(fact.ends_at)}"]
     if desc:
@@ -63,14 +63,12 @@ def _issue_block(n: int, issue: Issue, link_for: LinkFn) -> list[str]:
         f"**{n}. {md_escape(root.alertname)} on {md_escape(root.where)}** ({state}, "
         f"{_time(issue.started_at)} to {_time(issue.ended_at)})",
         "",
-        f"- Root cause: {md_escape(root.annotations.get('summary') or root.alertname)}",
+        f"- Root cause: {md_escape(root.text('summary') or root.alertname)}",
     ]
-    if root.annotations.get("description"):
-        lines.append(f"- What happened: {md_escape(root.annotations['description'])}")
-    if root.annotations.get("impact"):
-        lines.append(f"- Impact on this run: {md_escape(root.annotations['impact'])}")
-    if root.annotations.get("remediation"):
-        lines.append(f"- What to do: {md_escape(root.annotations['remediation'])}")
+    for key, label in (("description", "What happened"), ("impact", "Impact on this run"),
+                       ("remediation", "What to do")):
+        if root.text(key):
+            lines.append(f"- {label}: {md_escape(root.text(key))}")
     lines.append(f"- Why this is the root cause: {md_escape(issue.reasoning, 1000)}")
     if link:
         lines.append(f"- [Open in Grafana]({link})")

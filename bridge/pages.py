@@ -42,10 +42,8 @@ def _fact(fact: AlertFact, link: str) -> dict[str, Any]:
         "alertname": fact.alertname, "severity": fact.severity, "category": fact.category,
         "hostname": fact.hostname, "gpu": fact.gpu, "cause_class": fact.cause.name.lower(),
         "starts_at": _t(fact.starts_at), "ends_at": _t(fact.ends_at),
-        "summary": fact.annotations.get("summary", ""),
-        "description": fact.annotations.get("description", ""),
-        "impact": fact.annotations.get("impact", ""),
-        "remediation": fact.annotations.get("remediation", ""),
+        "summary": fact.text("summary"), "description": fact.text("description"),
+        "impact": fact.text("impact"), "remediation": fact.text("remediation"),
         "runbook_url": fact.annotations.get("runbook_url", ""), "grafana": link,
     }
 

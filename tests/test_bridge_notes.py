@@ -64,3 +64,10 @@ def test_section_lists_what_the_drawer_needs():
                  "XID 79 on GPU 3", "Run crashes\\.", "Drain node1\\.",
                  "https://grafana.example/d/x/y?orgId=1&viewPanel=20", "resolved"):
         assert text in section, text
+
+
+def test_catalog_texts_fill_in_missing_annotations():
+    fact = AlertFact("abcd", "GpuContainedEccError", T0, None, "critical", "gpu_hardware",
+                     "node1", "3", {}, {})
+    section = render_section(diagnose([fact]), _link)
+    assert "Impact on this run:" in section and "What to do:" in section
