@@ -38,7 +38,6 @@ class SourceStatus:
     last_duration: float = 0.0
     errors_total: int = 0
     placements: list[RunPlacement] = field(default_factory=list)
-    polled: bool = False
 
 
 @dataclass(frozen=True)
@@ -91,7 +90,7 @@ class Registry:
         self._live = list(live_sources)
         self._live_version = live_version
         for name, _ in self._live:
-            self._sources[name] = SourceStatus(name, up=True, polled=True)
+            self._sources[name] = SourceStatus(name, up=True)
         self._stable: dict[NodeKey, _NodeState] = {}
         self._version = 0
         self._cache: tuple[tuple[int, int], Snapshot] | None = None
@@ -106,7 +105,7 @@ class Registry:
         placements = [self.canonical(p) for p in result.placements]
         with self._lock:
             status = self._sources.setdefault(name, SourceStatus(name))
-            status.up, status.polled = True, True
+            status.up = True
             status.last_success = self.clock()
             status.last_duration = duration
             status.errors_total += len(result.problems)
@@ -125,7 +124,7 @@ class Registry:
         """A failed poll: down, errors+1; the last good mapping stays for the grace period."""
         with self._lock:
             status = self._sources.setdefault(name, SourceStatus(name))
-            status.up, status.polled = False, True
+            status.up = False
             status.last_duration = duration
             status.errors_total += 1
         log.warning("source failed", extra=log_fields(source=name, error=error))
@@ -164,14 +163,15 @@ class Registry:
                         self._status_copy(), snap.runs_by_source)
 
     def _status_copy(self) -> tuple[SourceStatus, ...]:
-        return tuple(SourceStatus(s.name, s.up, s.last_success, s.last_duration, s.errors_total,
-                                  [], s.polled) for s in self._sources.values())
+        return tuple(SourceStatus(s.name, s.up, s.last_success, s.last_duration, s.errors_total)
+                     for s in self._sources.values())
 
     def _merge(self, live: list[tuple[str, list[RunPlacement]]]) -> Snapshot:
         grouped: dict[NodeKey, list[RunPlacement]] = {}
         per_source: dict[str, tuple[int, int]] = {}
+        live_names = {name for name, _ in live}
         lists = [(s.name, s.placements) for s in self._sources.values()
-                 if s.name not in dict(live)] + live
+                 if s.name not in live_names] + live
         for name, placements in lists:
             runs, hosts = set(), set()
             for p in placements:
