@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from exporter.configfile import ConfigError
 from exporter.hostnames import HostnameMapper
-from exporter.model import Gpu, RunKey
+from exporter.model import Gpu, RunKey, SourceError
 from exporter.nodelist import NodeListError, expand_hostlist, gres_gpu_indices
 from exporter.sources.slurm import (
     DEFAULT_COMMENT_REGEX,
@@ -102,7 +102,7 @@ def test_squeue_json_newer_schema():
          "nodes": "gpu[01-02]", "gres_detail": ["gpu:h100:8(IDX:0-7)", "gpu:h100:4(IDX:4-7)"]},
         {"job_id": 78, "job_state": ["PENDING"], "comment": "wandb:team/llm/run78", "nodes": ""},
         {"job_id": 79, "job_state": ["RUNNING"], "comment": "no run here", "nodes": "gpu03"},
-        {"job_id": 80, "job_state": ["RUNNING"], "comment": "wandb:team/llm/r80",
+        {"job_id": 80, "job_state": ["RUNNING", "CONFIGURING"], "comment": "wandb:team/llm/r80",
          "job_resources": {"nodes": {"list": "gpu04", "allocation": [{"name": "gpu04"}]}}},
         "garbage",
     ], "meta": {}}
@@ -126,7 +126,6 @@ def test_job_name_convention_with_defaults():
 
 @pytest.mark.parametrize("text", ["not json", "[]", '{"jobs": 3}'])
 def test_squeue_garbage_is_a_source_error(text):
-    from exporter.model import SourceError
     with pytest.raises(SourceError):
         parse_squeue_json(text)
 

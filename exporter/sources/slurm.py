@@ -78,8 +78,10 @@ def _number(value: object) -> str:
 
 
 def _state(value: object) -> str:
+    """22.05: ``"RUNNING"``; newer: a list of the base state plus flags."""
     if isinstance(value, list):
-        return str(value[0]) if value else ""
+        names = [str(v) for v in value]
+        return "RUNNING" if "RUNNING" in names else (names[0] if names else "")
     return str(value or "")
 
 
