@@ -122,6 +122,14 @@ class Diagnosis:
         return min(self.issues, key=lambda i: i.root.sort_key())
 
 
+_PLURAL_WORDS = {
+    CauseClass.NODE_LOSS: "node losses",
+    CauseClass.LINK_LOSS: "link losses",
+    CauseClass.DEGRADATION: "performance degradations",
+    CauseClass.SYMPTOM: "symptoms such as stalls and stragglers",
+}
+
+
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
@@ -137,8 +145,15 @@ def _reasoning(root: AlertFact, consequences: list[AlertFact]) -> str:
     scope = f" on {_plural(len(hosts), 'host')}" if hosts else ""
     timing = ("started after it" if len(later) == len(consequences)
               else "overlap it in time")
-    return (f"{root.alertname} on {root.where} is {_CAUSE_WORDS[root.cause]}, which explains "
-            f"{_CAUSE_WORDS[min(c.cause for c in consequences)]} but not the reverse; the "
+    weaker = sorted({c.cause for c in consequences if c.cause > root.cause})
+    if weaker:
+        explained = " and ".join(_PLURAL_WORDS[c] for c in weaker)
+        why = (f"{root.alertname} on {root.where} is {_CAUSE_WORDS[root.cause]}, which explains "
+               f"{explained} but not the reverse")
+    else:
+        why = (f"{root.alertname} on {root.where} is the earliest of alerts of the same kind "
+               f"({_CAUSE_WORDS[root.cause]})")
+    return (f"{why}; the "
             f"{_plural(len(consequences), 'other alert')} ({shown}){scope} {timing}, so they "
             f"are likely consequences.")
 

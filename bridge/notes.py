@@ -20,6 +20,7 @@ TITLE = "### Infrastructure issues"
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|~>:])")
 MAX_FIELD = 600
+MAX_PLACES = 8
 
 LinkFn = Callable[[AlertFact, datetime, datetime | None], str]
 
@@ -44,15 +45,17 @@ def _time(value: datetime | None) -> str:
     return "ongoing" if value is None else value.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def _alert_line(fact: AlertFact, role: str, link: str) -> str:
-    desc = fact.text("description") or fact.text("summary")
-    parts = [f"  - {role}: **{md_escape(fact.alertname)}** on {md_escape(fact.where)}, "
-             f"{_time(fact.starts_at)} to {_time(fact.ends_at)}"]
-    if desc:
-        parts.append(f": {md_escape(desc)}")
-    if link:
-        parts.append(f" ([Grafana]({link}))")
-    return "".join(parts)
+def _group_line(facts: list[AlertFact], link: str) -> str:
+    """One line per consequence alert name: count, where (first few), when, one link."""
+    first = facts[0]
+    places = sorted({f.where for f in facts})
+    where = ", ".join(md_escape(p) for p in places[:MAX_PLACES])
+    if len(places) > MAX_PLACES:
+        where += f" and {len(places) - MAX_PLACES} more"
+    still = sum(1 for f in facts if f.ends_at is None)
+    line = (f"  - **{md_escape(first.alertname)}** ×{len(facts)} on {where}; first at "
+            f"{_time(first.starts_at)}, {still} still firing")
+    return line + (f" ([Grafana]({link}))" if link else "")
 
 
 def _issue_block(n: int, issue: Issue, link_for: LinkFn) -> list[str]:
@@ -73,13 +76,14 @@ def _issue_block(n: int, issue: Issue, link_for: LinkFn) -> list[str]:
     if link:
         lines.append(f"- [Open in Grafana]({link})")
     if issue.consequences:
-        lines.append(f"- Likely consequences ({len(issue.consequences)}):")
-        shown = issue.consequences[:20]
-        for fact in shown:
-            lines.append(_alert_line(fact, "consequence",
-                                     _url(link_for(fact, fact.starts_at, fact.ends_at))))
-        if len(issue.consequences) > len(shown):
-            lines.append(f"  - … and {len(issue.consequences) - len(shown)} more")
+        lines.append(f"- Likely consequences ({len(issue.consequences)} alerts):")
+        groups: dict[str, list[AlertFact]] = {}
+        for fact in issue.consequences:
+            groups.setdefault(fact.alertname, []).append(fact)
+        for facts in groups.values():
+            first = facts[0]
+            lines.append(_group_line(facts, _url(link_for(first, first.starts_at,
+                                                          first.ends_at))))
     lines.append("")
     return lines
 
