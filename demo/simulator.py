@@ -13,7 +13,8 @@ dcgm-exporter flavours (per cluster, overridable per host): ``Hostname`` (label 
 code is a new series and the old one goes stale, as in the real exporter.
 
 Faults (``Cluster.inject`` or ``POST /control/fault``): xid, thermal, stall, ib_flap, ib_down,
-host_lost, nvlink, pcie, ecc_dbe, row_remap_pending; ``clear`` removes them. ``/runs/metrics``
+host_lost, nvlink, pcie, ecc_dbe, row_remap_pending, power_brake, eth_flap, eth_down; ``clear``
+removes them. ``/runs/metrics``
 serves the join metrics for runs assigned with ``assign_run`` (a stand-in for the exporter in tests
 that do not start it).
 """
@@ -46,12 +47,14 @@ log = logging.getLogger("demo.simulator")
 FLAVOURS: tuple[str, ...] = ("Hostname", "hostname", "4.9")
 FAULT_KINDS: tuple[str, ...] = (
     "xid", "thermal", "stall", "ib_flap", "ib_down", "host_lost", "nvlink", "pcie", "ecc_dbe",
-    "row_remap_pending",
+    "row_remap_pending", "power_brake", "eth_flap", "eth_down",
 )
 # Faults that act on one GPU when ``gpu`` is given, on every GPU of the host otherwise.
-GPU_FAULTS = frozenset(
-    {"xid", "thermal", "stall", "nvlink", "pcie", "ecc_dbe", "row_remap_pending"})
+GPU_FAULTS = frozenset({"xid", "thermal", "stall", "nvlink", "pcie", "ecc_dbe",
+                        "row_remap_pending", "power_brake"})
 LINK_FAULTS = frozenset({"ib_flap", "ib_down"})
+ETH_FAULTS = frozenset({"eth_flap", "eth_down"})
+ETH_DEVICES: tuple[str, ...] = ("eth0",)
 
 EXPOSITION_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 DCGM_PORT = 9400
@@ -67,6 +70,7 @@ IB_FLAP_DOWN_S = 3.0
 CLOCK_IDLE = 0x1
 CLOCK_HW_SLOWDOWN = 0x8
 CLOCK_HW_THERMAL = 0x40
+CLOCK_HW_POWER_BRAKE = 0x80
 
 # The err_msg text dcgm-exporter attaches to an XID (its own wording, abridged).
 XID_MESSAGES: dict[int, str] = {
@@ -262,6 +266,16 @@ class IbPort:
 
 
 @dataclass
+class EthPort:
+    """One Ethernet/RoCE interface: up or not, and its carrier-change counter."""
+
+    device: str
+    carrier: Counter
+    fault: str | None = None
+    fault_since: float = 0.0
+
+
+@dataclass
 class Host:
     """One node: its GPUs, IB ports, dcgm flavour, and the cached exposition text."""
 
@@ -269,6 +283,7 @@ class Host:
     flavour: str
     gpus: list[Gpu]
     ib: dict[str, IbPort]
+    eth: dict[str, EthPort]
     lost: bool = False
     version: int = 0
     cache: dict[str, tuple[float, int, bytes]] = field(default_factory=dict)
@@ -327,7 +342,8 @@ class Cluster:
         for name in names:
             gpus = [self._new_gpu(name, i, now) for i in range(gpus_per_host)]
             ib = {f"mlx5_{d}": self._new_port(f"mlx5_{d}", now) for d in range(ib_ports)}
-            self.hosts[name] = Host(name, (host_flavours or {}).get(name, flavour), gpus, ib)
+            eth = {d: EthPort(d, Counter(2.0, now)) for d in ETH_DEVICES}
+            self.hosts[name] = Host(name, (host_flavours or {}).get(name, flavour), gpus, ib, eth)
             for gpu in gpus:
                 self._apply_rates(gpu, now)
             for port in ib.values():
@@ -365,11 +381,15 @@ class Cluster:
         seed = _stable_int(gpu.uuid, 100)
         busy, faults = gpu.busy, gpu.faults
         stalled, hot = "stall" in faults, "thermal" in faults
+        braked = "power_brake" in faults and busy
         util = 100.0 if busy else 0.0
         fb_used = 71_800.0 + seed * 3 if busy else 0.0
         if hot:
             temp, mem_temp, power, clock = 92.0, 97.0, 470.0, 1155.0
             tensor, engine, dram = 0.21, 0.9, 0.18
+        elif braked:
+            temp, mem_temp, power, clock = 58.0, 66.0, 350.0, 1305.0
+            tensor, engine, dram = 0.29, 0.91, 0.25
         elif stalled:
             temp, mem_temp, power, clock = 48.0, 52.0, 112.0, 1980.0
             tensor, engine, dram = 0.0, 0.01, 0.0
@@ -380,9 +400,13 @@ class Cluster:
             temp, mem_temp, power, clock = 34.0, 38.0, 72.0, 345.0
             tensor, engine, dram = 0.0, 0.0, 0.0
         noise = _jitter(seed, now, 1.0)
-        if busy and not stalled and not hot:
+        if busy and not (stalled or hot or braked):
             tensor += 0.01 * noise
-        reasons = CLOCK_HW_THERMAL | CLOCK_HW_SLOWDOWN if hot else (0 if busy else CLOCK_IDLE)
+        reasons = 0 if busy else CLOCK_IDLE
+        if hot:
+            reasons |= CLOCK_HW_THERMAL | CLOCK_HW_SLOWDOWN
+        if braked:
+            reasons |= CLOCK_HW_POWER_BRAKE | CLOCK_HW_SLOWDOWN
         return {
             "sm_clock": clock, "gpu_temp": round(temp + noise),
             "memory_temp": round(mem_temp + noise),
@@ -400,7 +424,8 @@ class Cluster:
         rates = {
             "energy": gauges["power"] * 1000.0,
             "thermal_violation": 0.7e9 if "thermal" in faults else 0.0,
-            "power_violation": 0.05e9 if "thermal" in faults else 0.0,
+            "power_violation": 0.6e9 if "power_brake" in faults else (
+                0.05e9 if "thermal" in faults else 0.0),
             "pcie_replay": 2.0 if "pcie" in faults else 0.0,
             "nvlink_crc_flit": 5.0 if "nvlink" in faults else 0.0,
             "nvlink_crc_data": 1.0 if "nvlink" in faults else 0.0,
@@ -454,6 +479,13 @@ class Cluster:
             raise SimulatorError(f"unknown InfiniBand device {device!r} on {host.name}")
         return [host.ib[device]]
 
+    @staticmethod
+    def _select_eth(host: Host, device: str | None) -> list[EthPort]:
+        name = device or ETH_DEVICES[0]
+        if name not in host.eth:
+            raise SimulatorError(f"unknown network interface {name!r} on {host.name}")
+        return [host.eth[name]]
+
     # ---- faults --------------------------------------------------------------------------------
 
     def inject(self, kind: str, host: str, gpu: int | None = None, code: int | None = None,
@@ -470,7 +502,13 @@ class Cluster:
                     raise SimulatorError(f"xid code must be an integer 1..999, got {code!r}")
             gpus = self._select_gpus(target, gpu) if kind in GPU_FAULTS else []
             ports = self._select_ports(target, device) if kind in LINK_FAULTS else []
+            eths = self._select_eth(target, device) if kind in ETH_FAULTS else []
             now = self.clock()
+            for eth in eths:
+                eth.fault, eth.fault_since = kind, now
+                if kind == "eth_down":
+                    eth.carrier.base += 1
+                eth.carrier.set_rate(2.0 / IB_FLAP_PERIOD_S if kind == "eth_flap" else 0.0, now)
             if kind == "host_lost":
                 target.lost = True
             for port in ports:
@@ -519,7 +557,8 @@ class Cluster:
             selections = [(t, self._select_gpus(t, gpu)) for t in targets]
             if device is not None:
                 for t in targets:
-                    self._select_ports(t, device)
+                    if device not in t.eth:
+                        self._select_ports(t, device)
             now = self.clock()
             for target, gpus in selections:
                 if kind in (None, "host_lost"):
@@ -530,6 +569,10 @@ class Cluster:
                     if (device in (None, port.device)) and kind in (None, port.fault):
                         port.fault = None
                     self._apply_port_rates(target, port, now)
+                for eth in target.eth.values():
+                    if (device in (None, eth.device)) and kind in (None, eth.fault):
+                        eth.fault = None
+                        eth.carrier.set_rate(0.0, now)
                 target.version += 1
         log.info("faults cleared", extra=log_fields(kind=kind, host=host, gpu=gpu, device=device))
 
@@ -664,11 +707,14 @@ class Cluster:
             f'release="{release}",sysname="Linux",version="#141-Ubuntu SMP"}} 1\n',
             "# HELP node_network_up Value is 1 if operstate is 'up', 0 otherwise.\n"
             "# TYPE node_network_up gauge\n",
-            'node_network_up{device="eth0"} 1\nnode_network_up{device="lo"} 0\n',
+            *(f'node_network_up{{device="{e.device}"}} {self._eth_up(e, now)}\n'
+              for e in host.eth.values()),
+            'node_network_up{device="lo"} 0\n',
             "# HELP node_network_carrier_changes_total Network device property: "
             "carrier_changes_total\n"
             "# TYPE node_network_carrier_changes_total counter\n",
-            'node_network_carrier_changes_total{device="eth0"} 2\n'
+            *(f'node_network_carrier_changes_total{{device="{e.device}"}} '
+              f"{math.floor(e.carrier.value(now))}\n" for e in host.eth.values()),
             'node_network_carrier_changes_total{device="lo"} 0\n',
         ]
         if not host.ib:
@@ -699,6 +745,15 @@ class Cluster:
                 out.append(f'{name}{{device="{p.device}",port="{p.port}"}} '
                            f"{math.floor(p.counters[counter].value(now))}\n")
         return "".join(out)
+
+    @staticmethod
+    def _eth_up(eth: EthPort, now: float) -> int:
+        """1 up, 0 down; a flapping interface is down for part of every period."""
+        if eth.fault == "eth_down":
+            return 0
+        if eth.fault == "eth_flap" and (now - eth.fault_since) % IB_FLAP_PERIOD_S < IB_FLAP_DOWN_S:
+            return 0
+        return 1
 
     @staticmethod
     def _port_state(port: IbPort, now: float) -> tuple[int, int]:

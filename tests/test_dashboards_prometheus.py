@@ -65,6 +65,10 @@ FAULTS: dict[str, Fault] = {
     "InfinibandLinkDown": Fault("ib_down", "gpu-node-004", device="mlx5_1"),
     "InfinibandLinkFlapping": Fault("ib_flap", "gpu-node-004", device="mlx5_2"),
     "InfinibandPhysicalErrors": Fault("ib_flap", "gpu-node-004", device="mlx5_2"),
+    "GpuPowerBrake": Fault("power_brake", "gpu-node-002", 5),
+    "GpuPowerThrottled": Fault("power_brake", "gpu-node-002", 5),
+    "NetworkInterfaceDown": Fault("eth_down", "gpu-node-003", device="eth0"),
+    "NetworkInterfaceFlapping": Fault("eth_flap", "gpu-node-004", device="eth0"),
     "TrainingStalled": Fault("stall", "gpu-node-004"),
     "NodeDown": Fault("host_lost", "gpu-node-005"),
 }
@@ -73,7 +77,8 @@ FAULTS: dict[str, Fault] = {
 MUST_REACH_ALERTS = ("GpuXidError", "GpuContainedEccError", "GpuUncontainedEccError",
                      "GpuXidApplicationError", "GpuDoubleBitEccErrors", "GpuThermalViolation",
                      "GpuNvlinkFailure", "InfinibandLinkFlapping", "InfinibandLinkDown",
-                     "GpuPcieReplayRate", "TrainingStalled")
+                     "GpuPcieReplayRate", "TrainingStalled", "GpuPowerBrake",
+                     "NetworkInterfaceDown", "NetworkInterfaceFlapping")
 
 
 def boards() -> dict[str, dict]:

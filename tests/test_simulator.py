@@ -244,6 +244,35 @@ def test_counter_faults(clock):
     assert one(cluster, "dcgm", host, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", gpu="4") == 1
 
 
+def test_power_brake_and_ethernet_faults(clock):
+    cluster = make(clock)
+    host = "gpu-node-001"
+    v0 = one(cluster, "dcgm", host, "DCGM_FI_DEV_POWER_VIOLATION", gpu="5")
+    cluster.inject("power_brake", host, gpu=5)
+    clock.now += 10
+    reasons = int(one(cluster, "dcgm", host, "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", gpu="5"))
+    assert reasons & 0x80 and not reasons & 0x40
+    assert (one(cluster, "dcgm", host, "DCGM_FI_DEV_POWER_VIOLATION", gpu="5") - v0) / 10 > 0.25e9
+    assert one(cluster, "dcgm", host, "DCGM_FI_DEV_SM_CLOCK", gpu="5") < 1500
+    assert one(cluster, "node", host, "node_network_up", device="eth0") == 1
+    cluster.inject("eth_down", host)
+    assert one(cluster, "node", host, "node_network_up", device="eth0") == 0
+    assert one(cluster, "node", host, "node_network_carrier_changes_total", device="eth0") == 3
+    cluster.inject("eth_flap", "gpu-node-002", device="eth0")
+    ups = set()
+    for _ in range(30):
+        clock.now += 1
+        ups.add(one(cluster, "node", "gpu-node-002", "node_network_up", device="eth0"))
+    assert ups == {0, 1}
+    assert one(cluster, "node", "gpu-node-002", "node_network_carrier_changes_total",
+               device="eth0") >= 5
+    with pytest.raises(SimulatorError, match="unknown network interface"):
+        cluster.inject("eth_down", host, device="eth9")
+    cluster.clear(host)
+    assert one(cluster, "node", host, "node_network_up", device="eth0") == 1
+    assert one(cluster, "dcgm", host, "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", gpu="5") == 0
+
+
 def test_host_lost_and_back(clock):
     cluster = make(clock)
     cluster.inject("host_lost", "gpu-node-002")
