@@ -24,7 +24,7 @@ from typing import Any
 
 from grafana_foundation_sdk.builders import common as common_builder
 from grafana_foundation_sdk.builders import dashboard as dash
-from grafana_foundation_sdk.builders import prometheus, stat, statetimeline, table, timeseries
+from grafana_foundation_sdk.builders import prometheus, statetimeline, table, timeseries
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import common as common_model
 from grafana_foundation_sdk.models import dashboard as model
@@ -324,7 +324,6 @@ def build_panel(key: str, spec: PanelSpec, board_key: str) -> Any:
     entry = catalog.panel(key)
     builders: dict[str, Callable[[], Any]] = {
         "timeseries": timeseries.Panel, "table": table.Panel, "state": statetimeline.Panel,
-        "stat": stat.Panel,
     }
     panel = (builders[spec.viz]().id(entry.id).title(entry.title).description(spec.description)
              .datasource(DS).unit(spec.unit).span(spec.width).height(spec.height))
@@ -379,10 +378,12 @@ def build_dashboard(board: catalog.Dashboard) -> dict[str, Any]:
     for key, entry in catalog.PANELS.items():
         if board.key not in entry.dashboards:
             continue
-        row_id, row_title = ROWS[entry.id // 10]
+        row_id, row_title = ROWS.get(entry.id // 10, (100 + entry.id // 10, "More"))
         if row_id != current_row:
             builder = builder.with_row(dash.Row(row_title).id(row_id))
             current_row = row_id
+        if key not in panel_specs:
+            raise KeyError(f"catalog panel {key!r} has no PanelSpec in dashboards/generate.py")
         builder = builder.with_panel(build_panel(key, panel_specs[key], board.key))
     data = json.loads(JSONEncoder(sort_keys=True).encode(builder.build()))
     data["schemaVersion"] = SCHEMA_VERSION
