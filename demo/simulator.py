@@ -13,10 +13,10 @@ dcgm-exporter flavours (per cluster, overridable per host): ``Hostname`` (label 
 code is a new series and the old one goes stale, as in the real exporter.
 
 Faults (``Cluster.inject`` or ``POST /control/fault``): xid, thermal, stall, ib_flap, ib_down,
-host_lost, nvlink, pcie, ecc_dbe, row_remap_pending, power_brake, eth_flap, eth_down; ``clear``
-removes them. ``/runs/metrics``
-serves the join metrics for runs assigned with ``assign_run`` (a stand-in for the exporter in tests
-that do not start it).
+host_lost, nvlink, pcie, ecc_dbe, row_remap_pending, power_brake, eth_flap, eth_down, straggler
+(a GPU that keeps up less: lower utilisation and activity); ``clear`` removes them.
+``/runs/metrics`` serves the join metrics for runs assigned with ``assign_run`` (a stand-in for the
+exporter in tests that do not start it).
 """
 
 from __future__ import annotations
@@ -47,11 +47,11 @@ log = logging.getLogger("demo.simulator")
 FLAVOURS: tuple[str, ...] = ("Hostname", "hostname", "4.9")
 FAULT_KINDS: tuple[str, ...] = (
     "xid", "thermal", "stall", "ib_flap", "ib_down", "host_lost", "nvlink", "pcie", "ecc_dbe",
-    "row_remap_pending", "power_brake", "eth_flap", "eth_down",
+    "row_remap_pending", "power_brake", "eth_flap", "eth_down", "straggler",
 )
 # Faults that act on one GPU when ``gpu`` is given, on every GPU of the host otherwise.
 GPU_FAULTS = frozenset({"xid", "thermal", "stall", "nvlink", "pcie", "ecc_dbe",
-                        "row_remap_pending", "power_brake"})
+                        "row_remap_pending", "power_brake", "straggler"})
 LINK_FAULTS = frozenset({"ib_flap", "ib_down"})
 ETH_FAULTS = frozenset({"eth_flap", "eth_down"})
 ETH_DEVICES: tuple[str, ...] = ("eth0",)
@@ -382,7 +382,7 @@ class Cluster:
         busy, faults = gpu.busy, gpu.faults
         stalled, hot = "stall" in faults, "thermal" in faults
         braked = "power_brake" in faults and busy
-        util = 100.0 if busy else 0.0
+        util = (72.0 if "straggler" in faults else 100.0) if busy else 0.0
         fb_used = 71_800.0 + seed * 3 if busy else 0.0
         if hot:
             temp, mem_temp, power, clock = 92.0, 97.0, 470.0, 1155.0
@@ -393,6 +393,9 @@ class Cluster:
         elif stalled:
             temp, mem_temp, power, clock = 48.0, 52.0, 112.0, 1980.0
             tensor, engine, dram = 0.0, 0.01, 0.0
+        elif busy and "straggler" in faults:
+            temp, mem_temp, power, clock = 57.0, 63.0, 455.0, 1980.0
+            tensor, engine, dram = 0.31, 0.7, 0.26
         elif busy:
             temp, mem_temp, power, clock = 64.0, 71.0, 640.0, 1980.0
             tensor, engine, dram = 0.46, 0.93, 0.38
@@ -400,7 +403,7 @@ class Cluster:
             temp, mem_temp, power, clock = 34.0, 38.0, 72.0, 345.0
             tensor, engine, dram = 0.0, 0.0, 0.0
         noise = _jitter(seed, now, 1.0)
-        if busy and not (stalled or hot or braked):
+        if busy and not (stalled or hot or braked) and "straggler" not in faults:
             tensor += 0.01 * noise
         reasons = 0 if busy else CLOCK_IDLE
         if hot:

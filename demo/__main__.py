@@ -1,0 +1,87 @@
+"""``make demo``: a GPU fault travels from a simulated dcgm-exporter through a real Prometheus and
+Alertmanager to issues on W&B runs, with root cause, impact, remediation and Grafana links.
+
+Runs scenario 1 (XID 94 on one GPU of a 64-host x 8-GPU run, then the NCCL stall cascade) and
+scenario 2 (thermal slowdown on one host), prints each run's issues, and stops everything it
+started unless ``--keep-running``. With ``WANDB_API_KEY`` set, the runs are created in and the
+issues written to real W&B (``WANDB_BASE_URL`` for a self-managed server; ``WANDB_ENTITY`` picks
+the entity); without it, runs are offline and the bridge shows the issues at its own pages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from bridge.report import render_run
+from demo import scenarios
+from demo.stack import ROOT, Stack, StackConfig
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Options, each explained in --help."""
+    parser = argparse.ArgumentParser(prog="python -m demo", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workdir", type=Path, default=ROOT / ".state" / "demo",
+                        help="where configs, logs, the bridge store and W&B offline runs go "
+                             "(wiped at start; default .state/demo)")
+    parser.add_argument("--flavour", choices=("Hostname", "hostname", "4.9"), default="hostname",
+                        help="dcgm-exporter flavour the simulator speaks (default hostname)")
+    parser.add_argument("--keep-running", action="store_true",
+                        help="leave everything running after the scenarios until Ctrl-C")
+    parser.add_argument("--grafana-url", default="http://localhost:3000",
+                        help="Grafana base URL used in deep links (default http://localhost:3000)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run both scenarios end to end and print what a W&B user would read."""
+    args = parse_args(argv)
+    shutil.rmtree(args.workdir, ignore_errors=True)
+    api_key = os.environ.get("WANDB_API_KEY") or None
+    config = StackConfig(
+        workdir=args.workdir, hosts=66, flavour=args.flavour, grafana_url=args.grafana_url,
+        wandb_api_key=api_key, wandb_base_url=os.environ.get("WANDB_BASE_URL") if api_key else None,
+        markers=bool(api_key))
+    if api_key and os.environ.get("WANDB_ENTITY"):
+        scenarios.ENTITY = os.environ["WANDB_ENTITY"]
+    began = time.monotonic()
+    print(f"starting simulator (66 hosts x 8 GPUs), exporter, bridge, Alertmanager, Prometheus "
+          f"in {args.workdir} ...", flush=True)
+    with Stack(config) as stack:
+        assert stack.bridge and stack.prometheus and stack.alertmanager
+        hosts = list(stack.cluster.hosts)
+        print(f"  Prometheus   {stack.prometheus.url}\n  Alertmanager {stack.alertmanager.url}\n"
+              f"  bridge       {stack.bridge.url}/runs\n", flush=True)
+        print("scenario 1: XID 94 on gpu-node-017 GPU 3 of a 64-host run, then the NCCL stall "
+              "cascade ...", flush=True)
+        run1, view1 = scenarios.xid94_cascade(stack, hosts[:64])
+        print(render_run(view1) + "\n", flush=True)
+        print("scenario 2: thermal violation on one host of a 2-host run ...", flush=True)
+        run2, view2, job, neighbour = scenarios.thermal_slowdown(stack, hosts[64:66])
+        print(render_run(view2), flush=True)
+        window = job.drop_window()
+        if window:
+            dropped = time.strftime("%H:%M:%S", time.gmtime(window[0]))
+            print(f"    (the job's MFU dropped from {dropped} UTC; the neighbour run "
+                  f"{neighbour.path} on the other GPUs has "
+                  f"{len(scenarios.run_view(stack, neighbour).get('issues', []))} issue(s))\n")
+        where = "in W&B and " if api_key else ""
+        print(f"The issues are {where}at the bridge's run views:\n"
+              f"  {stack.bridge.url}/runs/{run1.path}\n  {stack.bridge.url}/runs/{run2.path}")
+        print(f"demo finished in {time.monotonic() - began:.0f} s")
+        if args.keep_running:
+            print("keeping everything running; Ctrl-C to stop", flush=True)
+            try:
+                while True:
+                    time.sleep(3600)
+            except KeyboardInterrupt:
+                pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

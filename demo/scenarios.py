@@ -1,0 +1,157 @@
+"""The demo's fault scenarios, each a function over a running ``Stack``.
+
+1. ``xid94_cascade``: a 64-host x 8-GPU run; XID 94 (contained ECC) on one GPU of one host, then
+   every host of the run stalls (the NCCL hang that follows). Expected: one issue whose root cause
+   is the XID 94 host and GPU; every stall a consequence.
+2. ``thermal_slowdown``: thermal violation on one host of a 2-host run: clocks and tensor activity
+   drop, so does the job's MFU. Expected: a thermal issue starting inside the MFU drop; a second
+   run on the other GPUs of the same hosts untouched.
+3. ``ib_flap``: an InfiniBand port flapping under a run.
+4. ``host_lost``: a host of a run stops answering (node_exporter and dcgm-exporter gone).
+
+Each returns the bridge's view of the affected run (JSON, as ``GET /runs/<e>/<p>/<id>`` serves it).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import requests
+
+from demo.stack import Stack, wait_for
+from demo.trainer import TrainingJob
+
+ENTITY = "demo"
+GPUS = list(range(8))
+HALF_A, HALF_B = [0, 1, 2, 3], [4, 5, 6, 7]
+
+
+@dataclass
+class RunRef:
+    """entity/project/run id of a scenario's run."""
+
+    entity: str
+    project: str
+    run_id: str
+
+    @property
+    def path(self) -> str:
+        """``entity/project/run_id``."""
+        return f"{self.entity}/{self.project}/{self.run_id}"
+
+
+def start_job(stack: Stack, run: RunRef, hosts: list[str], gpus: list[int]) -> TrainingJob:
+    """Start a training-job stand-in on ``hosts`` and wait until Prometheus sees it working."""
+    assert stack.simulator and stack.exporter
+    job = TrainingJob(
+        run.entity, run.project, run.run_id, hosts, gpus, simulator_url=stack.simulator.url,
+        exporter_url=stack.exporter.url, exporter_token=stack.token,
+        workdir=stack.workdir / "jobs" / run.run_id, wandb_base_url=stack.config.wandb_base_url,
+        wandb_api_key=stack.config.wandb_api_key).start()
+    selector = f'wandb_run_id="{run.run_id}"'
+    expected = len(hosts) * len(gpus)
+    wait_for(lambda: len(stack.query(f"wandb_run_gpu_info{{{selector}}}")) == expected,
+             120, f"join metrics of {run.path} in Prometheus")
+    active = f"max_over_time(wandb_run_hostname:dcgm_tensor_active:max{{{selector}}}[1h]) > 0.2"
+    wait_for(lambda: len(stack.query(active)) == len(hosts), 120,
+             f"{run.path} to be seen active on every host")
+    return job
+
+
+def run_view(stack: Stack, run: RunRef) -> dict[str, Any]:
+    """The bridge's JSON view of one run (no issues yet: an empty view)."""
+    try:
+        return stack.bridge_json(f"/runs/{run.path}")
+    except requests.HTTPError as exc:
+        if exc.response is not None and exc.response.status_code == 404:
+            return {"entity": run.entity, "project": run.project, "run_id": run.run_id,
+                    "issues": []}
+        raise
+
+
+def _alertnames(view: dict[str, Any]) -> list[str]:
+    return [a["alertname"] for issue in view.get("issues", [])
+            for a in [issue["root_cause"], *issue["consequences"]]]
+
+
+def xid94_cascade(stack: Stack, hosts: list[str], timeout: float = 240) -> tuple[RunRef, dict]:
+    """Scenario 1: XID 94 on one GPU, then the whole run hangs."""
+    run = RunRef(ENTITY, "llm-pretrain", "cascade64")
+    job = start_job(stack, run, hosts, GPUS)
+    faulty_host, faulty_gpu = hosts[16], 3
+    stack.cluster.inject("xid", faulty_host, gpu=faulty_gpu, code=94)
+    time.sleep(3 * stack.config.interval_seconds)
+    for host in hosts:
+        stack.cluster.inject("stall", host)
+
+    def settled() -> dict | None:
+        view = run_view(stack, run)
+        stalled = {a["hostname"] for issue in view.get("issues", [])
+                   for a in issue["consequences"] if a["alertname"] == "TrainingStalled"}
+        return view if stalled >= set(hosts) else None
+
+    try:
+        view = wait_for(settled, timeout, "TrainingStalled on every host in the bridge", 2.0)
+    finally:
+        job.stop(exit_code=1)
+    return run, view
+
+
+def thermal_slowdown(stack: Stack, hosts: list[str], timeout: float = 240,
+                     ) -> tuple[RunRef, dict, TrainingJob, RunRef]:
+    """Scenario 2: one host throttles; a neighbour run on the same hosts' other GPUs."""
+    run = RunRef(ENTITY, "llm-finetune", "thermal2")
+    neighbour = RunRef(ENTITY, "eval-sweep", "neighbour")
+    job = start_job(stack, run, hosts, HALF_A)
+    other = start_job(stack, neighbour, hosts, HALF_B)
+    time.sleep(5 * job.period)
+    for gpu in HALF_A:
+        stack.cluster.inject("thermal", hosts[0], gpu=gpu)
+
+    def thermal_issue() -> dict | None:
+        view = run_view(stack, run)
+        return view if "GpuThermalViolation" in _alertnames(view) else None
+
+    try:
+        view = wait_for(thermal_issue, timeout, "GpuThermalViolation in the bridge", 2.0)
+        time.sleep(2 * job.period)
+    finally:
+        job.stop()
+        other.stop()
+    return run, view, job, neighbour
+
+
+def ib_flap(stack: Stack, hosts: list[str], timeout: float = 180) -> tuple[RunRef, dict]:
+    """Scenario 3: one InfiniBand port of a run's host flaps."""
+    run = RunRef(ENTITY, "llm-pretrain", "ibflap3")
+    job = start_job(stack, run, hosts, GPUS)
+    stack.cluster.inject("ib_flap", hosts[0], device="mlx5_0")
+
+    def flapping() -> dict | None:
+        view = run_view(stack, run)
+        return view if "InfinibandLinkFlapping" in _alertnames(view) else None
+
+    try:
+        view = wait_for(flapping, timeout, "InfinibandLinkFlapping in the bridge", 2.0)
+    finally:
+        job.stop()
+    return run, view
+
+
+def host_lost(stack: Stack, hosts: list[str], timeout: float = 180) -> tuple[RunRef, dict]:
+    """Scenario 4: a host of a run goes silent."""
+    run = RunRef(ENTITY, "llm-pretrain", "hostlost4")
+    job = start_job(stack, run, hosts, GPUS)
+    stack.cluster.inject("host_lost", hosts[-1])
+
+    def down() -> dict | None:
+        view = run_view(stack, run)
+        return view if "NodeDown" in _alertnames(view) else None
+
+    try:
+        view = wait_for(down, timeout, "NodeDown in the bridge", 2.0)
+    finally:
+        job.stop(exit_code=1)
+    return run, view
