@@ -1,13 +1,16 @@
 """Builds the exposition on each scrape from the registry's current snapshot.
 
 The two join metrics are rendered straight to text format 0.0.4: prometheus_client's generic
-writer needs about 150 ms for the 18,000 series of a 2,000-host cluster (see
-bench/bench_exporter.py), too slow for a scrape target. Self-metrics go through a prometheus_client
-custom collector. Nothing is kept between scrapes: no global gauges are mutated behind the scrape.
+writer needs 150+ ms for the 18,000 series of a 2,000-host cluster (see bench/bench_exporter.py),
+too slow for a scrape target. Each scrape assembles the body from the registry's current snapshot;
+the only thing remembered between scrapes is a memo from a series' label values to its text line
+(a pure function of them), pruned to the series of the last scrape. Self-metrics go through a
+prometheus_client custom collector. No gauges are mutated behind the scrape.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -32,31 +35,63 @@ def _escape(value: str) -> str:
     return value
 
 
-def _family(name: str, names: tuple[str, ...], rows: tuple[tuple[str, ...], ...]) -> str:
-    """One family's text; rows needing no escaping use a %-template per set of present labels."""
-    templates: dict[tuple[bool, ...], str] = {}
-    lines = [f"# HELP {name} {_HELP[name]}\n# TYPE {name} gauge\n"]
-    append = lines.append
-    for row in rows:
+class _Lines:
+    """Text lines of one family, memoised by label values (pruned to the last scrape's series)."""
+
+    def __init__(self, name: str, names: tuple[str, ...]) -> None:
+        self.name, self.names = name, names
+        self.header = f"# HELP {name} {_HELP[name]}\n# TYPE {name} gauge\n"
+        self._templates: dict[tuple[bool, ...], str] = {}
+        self._memo: dict[tuple[str, ...], str] = {}
+
+    def _line(self, row: tuple[str, ...]) -> str:
         joined = "\x00".join(row)
         if "\\" in joined or '"' in joined or "\n" in joined:
-            pairs = ",".join(f'{n}="{_escape(v)}"' for n, v in zip(names, row, strict=True) if v)
-            append(f"{name}{{{pairs}}} 1\n")
-            continue
+            pairs = ",".join(f'{n}="{_escape(v)}"' for n, v in zip(self.names, row, strict=True)
+                             if v)
+            return f"{self.name}{{{pairs}}} 1\n"
         present = tuple(map(bool, row))
-        template = templates.get(present)
+        template = self._templates.get(present)
         if template is None:
-            template = name + "{" + ",".join(
-                f'{n}="%s"' for n, keep in zip(names, present, strict=True) if keep) + "} 1\n"
-            templates[present] = template
-        append(template % tuple(filter(None, row)))
-    return "".join(lines)
+            template = self.name + "{" + ",".join(
+                f'{n}="%s"' for n, keep in zip(self.names, present, strict=True) if keep) + "} 1\n"
+            self._templates[present] = template
+        return template % tuple(filter(None, row))
+
+    def render(self, rows: tuple[tuple[str, ...], ...]) -> str:
+        """The family's text for exactly ``rows``; empty label values are omitted."""
+        memo, fresh = self._memo, {}
+        lines = [self.header]
+        append = lines.append
+        for row in rows:
+            line = memo.get(row)
+            if line is None:
+                line = self._line(row)
+            fresh[row] = line
+            append(line)
+        self._memo = fresh
+        return "".join(lines)
 
 
-def render_info(snapshot: Snapshot) -> str:
-    """``wandb_run_node_info`` and ``wandb_run_gpu_info`` in text format; empty labels omitted."""
-    return (_family(labels.NODE_INFO, labels.NODE_INFO_LABELS, snapshot.nodes)
-            + _family(labels.GPU_INFO, labels.GPU_INFO_LABELS, snapshot.gpus))
+class Exposition:
+    """Builds /metrics bodies from a registry (one instance per server)."""
+
+    def __init__(self) -> None:
+        self._nodes = _Lines(labels.NODE_INFO, labels.NODE_INFO_LABELS)
+        self._gpus = _Lines(labels.GPU_INFO, labels.GPU_INFO_LABELS)
+        self._lock = threading.Lock()
+
+    def render_info(self, snapshot: Snapshot) -> str:
+        """``wandb_run_node_info`` and ``wandb_run_gpu_info`` in text format."""
+        with self._lock:
+            return self._nodes.render(snapshot.nodes) + self._gpus.render(snapshot.gpus)
+
+    def render(self, registry: Registry) -> bytes:
+        """The whole /metrics body, built now from the registry's current snapshot."""
+        snap = registry.snapshot()
+        self_registry = CollectorRegistry(auto_describe=False)
+        self_registry.register(SelfMetrics(snap))
+        return self.render_info(snap).encode() + generate_latest(self_registry)
 
 
 class SelfMetrics(Collector):
@@ -99,9 +134,7 @@ class SelfMetrics(Collector):
                                 value=len(snap.gpus))
 
 
+
 def render(registry: Registry) -> bytes:
-    """The whole /metrics body, built now from the current snapshot."""
-    snap = registry.snapshot()
-    self_registry = CollectorRegistry(auto_describe=False)
-    self_registry.register(SelfMetrics(snap))
-    return render_info(snap).encode() + generate_latest(self_registry)
+    """A /metrics body without memo (tests, one-off dumps)."""
+    return Exposition().render(registry)

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Sequence
 
 from aiohttp import web
 
-from exporter.collector import CONTENT_TYPE, render
+from exporter.collector import CONTENT_TYPE, Exposition
 from exporter.logsetup import log_fields
 from exporter.model import SourceError
 from exporter.registration import (
@@ -58,6 +58,7 @@ class Api:
                  default_ttl: float, max_ttl: float) -> None:
         self.registry, self.store, self.token = registry, store, token
         self.default_ttl, self.max_ttl = default_ttl, max_ttl
+        self.exposition = Exposition()
 
     def _authorized(self, request: web.Request) -> bool:
         if not self.token:
@@ -69,7 +70,8 @@ class Api:
 
     async def metrics(self, request: web.Request) -> web.Response:
         """The exposition, built now."""
-        body = await asyncio.get_running_loop().run_in_executor(None, render, self.registry)
+        body = await asyncio.get_running_loop().run_in_executor(None, self.exposition.render,
+                                                            self.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
     async def healthz(self, request: web.Request) -> web.Response:

@@ -8,7 +8,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter import labels
-from exporter.collector import render
+from exporter.collector import Exposition, render
 from exporter.hostnames import HostnameMapper
 from exporter.model import Gpu, RunKey, RunPlacement, SourceResult
 from exporter.registration import RegistrationError, RegistrationStore, parse_registration
@@ -236,3 +236,17 @@ def test_poller_survives_crashing_and_garbage_sources():
     assert status["flaky"].up and status["flaky"].errors_total == 1
     assert not status["slurm"].up and status["slurm"].errors_total >= 2
     assert [dict(s)["hostname"] for s in series(reg)[0][labels.NODE_INFO]] == ["h9"]
+
+
+def test_memoised_exposition_equals_fresh_rendering():
+    reg = Registry(clock=Clock())
+    exposition = Exposition()
+    steps = [
+        [place("h1", gpus=[Gpu("0"), Gpu("1")]), place("h2", name='q"uote')],
+        [place("h1", gpus=[Gpu("0")]), place("h3", gpus=[Gpu("5", "GPU-z")])],
+        [],
+        [place("h1", gpus=[Gpu("0"), Gpu("1")])],
+    ]
+    for placements in steps:
+        reg.record_success("slurm", SourceResult(placements), 0)
+        assert exposition.render(reg) == render(reg)
