@@ -3,7 +3,8 @@
 ``/d/<uid>/<slug>?orgId=<org>&viewPanel=<id>&from=<ms>&to=<ms>&var-<name>=<value>...``. The panel
 comes from the alert's ``dashboard_uid``/``panel_id`` annotations when they name a panel that
 exists in the catalog, else from the catalog's entry for the alert, else the "alerts" panel. An
-attributed run links to the run dashboard, an unattributed alert to the node dashboard.
+attributed run always links to the run dashboard (with the run's variables, whatever dashboard the
+rule names), an unattributed alert to the dashboard its annotation names, else the node dashboard.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class GrafanaLinks:
         """The dashboard and panel an alert links to (always one that exists in the catalog)."""
         wanted = P.RUN if run.attributed else P.NODE
         uid = fact.annotations.get(ANNOTATION_DASHBOARD_UID, "")
-        if uid in _BY_UID:
+        if uid in _BY_UID and not run.attributed:
             wanted = _BY_UID[uid]
         panel = None
         raw_id = fact.annotations.get(ANNOTATION_PANEL_ID, "")

@@ -115,3 +115,17 @@ def test_link_window_and_variables():
     open_ended = parse_qs(urlparse(links.link(fact, RunKey("e", "p", "r"), T0, None)).query)
     assert open_ended["to"] == ["now"]
     assert GrafanaLinks("").link(fact, RunKey("e", "p", "r"), T0, None) == ""
+
+
+def test_attributed_alert_links_to_the_run_dashboard_with_run_variables():
+    links = GrafanaLinks("https://g.example")
+    fact = AlertFact("f", "GpuContainedEccError", T0, None, "critical", "gpu_hardware",
+                     "gpu-node-017", "3", {}, {"dashboard_uid": P.NODE.uid,
+                                               "panel_id": str(P.PANELS["xid_errors"].id)})
+    url = urlparse(links.link(fact, RunKey("ent", "pro", "abc"), T0, None))
+    assert url.path == f"/d/{P.RUN.uid}/{P.RUN.slug}"
+    query = parse_qs(url.query)
+    assert query["var-wandb_run_id"] == ["abc"] and query["var-hostname"] == ["gpu-node-017"]
+    assert query["var-gpu"] == ["3"] and query["viewPanel"] == [str(P.PANELS["xid_errors"].id)]
+    unattributed = urlparse(links.link(fact, UNATTRIBUTED, T0, None))
+    assert unattributed.path == f"/d/{P.NODE.uid}/{P.NODE.slug}"
