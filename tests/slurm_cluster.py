@@ -182,10 +182,18 @@ def slurm_cluster(workdir: Path, gpus: int = 2, prolog: str | None = None,
         _wait_for(lambda: _idle(cluster), "node idle", cluster)
         yield cluster
     finally:
-        with contextlib.suppress(Exception):
-            cluster.run("scancel", "--full", "-u", "root", timeout=10)
+        _cancel_all(cluster)
         for proc in reversed(cluster.procs):
             _stop(proc)
+
+
+def _cancel_all(cluster: SlurmCluster, timeout: float = 20) -> None:
+    """Cancel every job and wait until the queue is empty, so no job step outlives slurmd."""
+    with contextlib.suppress(Exception):
+        cluster.run("scancel", "--full", "-u", "root", timeout=10)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and cluster.run("squeue", "-h", timeout=10).strip():
+            time.sleep(0.2)
 
 
 def _ok(cluster: SlurmCluster, *args: str) -> bool:
