@@ -70,6 +70,7 @@ FAULTS: dict[str, Fault] = {
     "NetworkInterfaceDown": Fault("eth_down", "gpu-node-003", device="eth0"),
     "NetworkInterfaceFlapping": Fault("eth_flap", "gpu-node-004", device="eth0"),
     "TrainingStalled": Fault("stall", "gpu-node-004"),
+    "TrainingStraggler": Fault("straggler", "gpu-node-001", 7),
     "NodeDown": Fault("host_lost", "gpu-node-005"),
 }
 # Alerts whose condition only shows after minutes (a `for`, a 5-minute rate) are still checked
@@ -78,7 +79,7 @@ MUST_REACH_ALERTS = ("GpuXidError", "GpuContainedEccError", "GpuUncontainedEccEr
                      "GpuXidApplicationError", "GpuDoubleBitEccErrors", "GpuThermalViolation",
                      "GpuNvlinkFailure", "InfinibandLinkFlapping", "InfinibandLinkDown",
                      "GpuPcieReplayRate", "TrainingStalled", "GpuPowerBrake",
-                     "NetworkInterfaceDown", "NetworkInterfaceFlapping")
+                     "NetworkInterfaceDown", "NetworkInterfaceFlapping", "TrainingStraggler")
 
 
 def boards() -> dict[str, dict]:
@@ -224,7 +225,7 @@ def test_linked_panel_shows_the_fault(stack, alertname):
         found = [r for e in exprs for r in prom_query(url, substitute(e, values))]
         matching = [r for r in found if r["metric"].get("hostname", fault.host) == fault.host
                     and (fault.gpu is None or panel.key == "gpu_count"
-                         or r["metric"].get("gpu") == str(fault.gpu))]
+                         or r["metric"].get("gpu", str(fault.gpu)) == str(fault.gpu))]
         if fault.kind == "xid" and panel.key == "xid_errors":
             matching = [r for r in matching if r["metric"].get("xid") == str(fault.code)]
         if matching or time.monotonic() > deadline:

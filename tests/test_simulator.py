@@ -273,6 +273,18 @@ def test_power_brake_and_ethernet_faults(clock):
     assert one(cluster, "dcgm", host, "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", gpu="5") == 0
 
 
+def test_straggler_lags_its_peers(clock):
+    cluster = make(clock)
+    cluster.inject("straggler", "gpu-node-003", gpu=6)
+    utils = {g: one(cluster, "dcgm", "gpu-node-003", "DCGM_FI_DEV_GPU_UTIL", gpu=str(g))
+             for g in range(8)}
+    assert max(utils.values()) - utils[6] > 10
+    assert [g for g, u in utils.items() if u < 100] == [6]
+    tensor = one(cluster, "dcgm", "gpu-node-003", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", gpu="6")
+    assert tensor < one(cluster, "dcgm", "gpu-node-003", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+                        gpu="5")
+
+
 def test_host_lost_and_back(clock):
     cluster = make(clock)
     cluster.inject("host_lost", "gpu-node-002")
