@@ -8,6 +8,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from wandb.sdk.wandb_run import Run
 
 from exporter import labels
 from exporter.register import build_payload, deregister, keep_registered, register, visible_gpus
@@ -137,3 +138,8 @@ def test_prolog_never_fails_the_job(exporter, tmp_path):
     assert [(n["wandb_run_id"], n["hostname"]) for n in nodes] == [("r", "gpu21")]
     assert metric_samples(url, labels.GPU_INFO) == []
     _slurm_script("epilog.sh", url, token_file, SLURM_JOB_COMMENT="wandb:t/p/r")
+
+
+def test_reads_the_attributes_a_real_wandb_run_has():
+    for attribute in ("entity", "project", "id", "name", "group"):
+        assert isinstance(getattr(Run, attribute, None), property), attribute
