@@ -1,7 +1,7 @@
 """``wandb-infra-bridge``: the Alertmanager -> W&B bridge command line.
 
-Subcommands: ``serve`` (the daemon). More subcommands (e.g. ``explain``) register themselves in
-``SUBCOMMANDS`` with a function that adds their parser.
+Subcommands: ``serve`` (the daemon) and ``explain`` (post-mortem from Prometheus history); each
+registers itself in ``SUBCOMMANDS`` with a function that adds its parser.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from bridge.config import ENV_PREFIX, HELP, BridgeConfig, load
+from bridge.explain_cli import add_parser as add_explain
 from exporter.configfile import ConfigError
 from exporter.logsetup import setup_logging
 
@@ -73,7 +74,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_serve)
 
 
-SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_serve]
+SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_serve, add_explain]
 
 
 def build_parser() -> argparse.ArgumentParser:

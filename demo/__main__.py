@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     config = StackConfig(
         workdir=args.workdir, hosts=66, flavour=args.flavour, grafana_url=args.grafana_url,
         wandb_api_key=api_key, wandb_base_url=os.environ.get("WANDB_BASE_URL") if api_key else None,
-        markers=bool(api_key))
+        markers=bool(api_key), jobs_online=bool(api_key))
     if api_key and os.environ.get("WANDB_ENTITY"):
         scenarios.ENTITY = os.environ["WANDB_ENTITY"]
     began = time.monotonic()

@@ -48,8 +48,9 @@ def start_job(stack: Stack, run: RunRef, hosts: list[str], gpus: list[int]) -> T
     job = TrainingJob(
         run.entity, run.project, run.run_id, hosts, gpus, simulator_url=stack.simulator.url,
         exporter_url=stack.exporter.url, exporter_token=stack.token,
-        workdir=stack.workdir / "jobs" / run.run_id, wandb_base_url=stack.config.wandb_base_url,
-        wandb_api_key=stack.config.wandb_api_key).start()
+        workdir=stack.workdir / "jobs" / run.run_id,
+        wandb_base_url=stack.config.wandb_base_url if stack.config.jobs_online else None,
+        wandb_api_key=stack.config.wandb_api_key if stack.config.jobs_online else None).start()
     selector = f'wandb_run_id="{run.run_id}"'
     expected = len(hosts) * len(gpus)
     wait_for(lambda: len(stack.query(f"wandb_run_gpu_info{{{selector}}}")) == expected,

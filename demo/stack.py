@@ -58,7 +58,10 @@ def scale_rules(text: str, scale: float, minimum_seconds: int = 0) -> str:
 
 @dataclass
 class StackConfig:
-    """What differs between the demo, the end-to-end tests and production intervals."""
+    """What differs between the demo, the end-to-end tests and production intervals.
+
+    ``wandb_*`` configure the bridge's W&B; ``jobs_online`` makes the training-job stand-ins
+    create their runs there too (real W&B), instead of offline runs."""
 
     workdir: Path
     hosts: int = 66
@@ -73,6 +76,7 @@ class StackConfig:
     grafana_url: str = "http://localhost:3000"
     flush_interval_seconds: float = 1.0
     log_level: str = "info"
+    jobs_online: bool = False
 
 
 class Stack:

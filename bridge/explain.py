@@ -1,0 +1,255 @@
+"""Post-mortem: explain a run from Prometheus history, before or without the live bridge.
+
+Most crashed runs happened before anyone installed the bridge, but Prometheus kept what the rules
+concluded: ``ALERTS`` (with run labels, since the rules attribute faults to runs themselves) and the
+join metrics over the run's lifetime. ``explain`` reads both with range queries, rebuilds the alerts
+(start and end of every firing period), runs the same ``diagnose`` as the bridge and prints the
+timeline with the root cause. ``--post`` stores the rebuilt alerts and delivers them to W&B through
+the bridge's own store and delivery worker, so W&B shows exactly what the live bridge would have.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import requests
+
+from bridge.catalog import panels as P
+from bridge.catalog.alerts import ALERTS
+from bridge.catalog.vocabulary import ANNOTATION_DASHBOARD_UID, ANNOTATION_PANEL_ID
+from bridge.diagnosis import AlertFact
+from bridge.identity import RunKey
+from bridge.payload import Alert, Notification
+from exporter import labels as L
+
+MAX_POINTS = 10_000  # Prometheus refuses range queries over 11,000 points per series
+_TEMPLATE = re.compile(r"\{\{\s*\$labels\.([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
+_RUN_PATH = re.compile(r"^([^/\s]+)/([^/\s]+)/([^/\s]+)$")
+
+
+class ExplainError(RuntimeError):
+    """Prometheus could not answer, or has no trace of the run; the message says which."""
+
+
+def parse_run(text: str) -> RunKey:
+    """``ENTITY/PROJECT/RUN_ID`` -> RunKey, or ValueError with the expected shape."""
+    match = _RUN_PATH.match(text.strip())
+    if not match:
+        raise ValueError(f"expected ENTITY/PROJECT/RUN_ID, got {text!r}")
+    return RunKey(*match.groups())
+
+
+class PrometheusHistory:
+    """The one side effect: range queries against Prometheus' HTTP API."""
+
+    def __init__(self, base_url: str, timeout: float = 30.0,
+                 session: requests.Session | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self.session = session or requests.Session()
+
+    def range(self, expr: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
+        """``/api/v1/query_range``; raises ExplainError with Prometheus' own message."""
+        try:
+            resp = self.session.get(f"{self.base_url}/api/v1/query_range", timeout=self.timeout,
+                                    params={"query": expr, "start": f"{start:.3f}",
+                                            "end": f"{end:.3f}", "step": f"{step:.3f}"})
+            body = resp.json()
+        except (requests.RequestException, ValueError) as exc:
+            raise ExplainError(f"Prometheus at {self.base_url} did not answer: "
+                               f"{type(exc).__name__}") from exc
+        if body.get("status") != "success":
+            raise ExplainError(f"Prometheus rejected {expr!r}: {body.get('error')}")
+        return body["data"]["result"]
+
+
+def _selector(run: RunKey) -> str:
+    def q(value: str) -> str:
+        return json.dumps(value)
+    return (f"{L.ENTITY}={q(run.entity)},{L.PROJECT}={q(run.project)},"
+            f"{L.RUN_ID}={q(run.run_id)}")
+
+
+def pick_step(start: float, end: float, minimum: float) -> float:
+    """The finest step (>= ``minimum``) that keeps a range query under Prometheus' point limit."""
+    return max(minimum, (end - start) / MAX_POINTS)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the run ran, and when Prometheus saw it: hosts, GPUs per host, lifetime."""
+
+    hosts: frozenset[str]
+    gpus: Mapping[str, frozenset[str]]
+    first_seen: float
+    last_seen: float
+
+
+def find_placement(prom: PrometheusHistory, run: RunKey, start: float, end: float,
+                   min_step: float) -> Placement:
+    """The run's hosts and GPUs over [start, end] from the join metrics."""
+    step = pick_step(start, end, min_step)
+    nodes = prom.range(f"max by ({L.HOSTNAME}) ({L.NODE_INFO}{{{_selector(run)}}})",
+                       start, end, step)
+    if not nodes:
+        raise ExplainError(f"no {L.NODE_INFO} series for {run.path()} between "
+                           f"{_iso(start)} and {_iso(end)}: the exporter never saw this run "
+                           f"there (widen --start/--end?)")
+    gpu_series = prom.range(f"max by ({L.HOSTNAME}, {L.GPU}) ({L.GPU_INFO}{{{_selector(run)}}})",
+                            start, end, step)
+    gpus: dict[str, set[str]] = {}
+    for series in gpu_series:
+        metric = series["metric"]
+        if metric.get(L.GPU):
+            gpus.setdefault(metric.get(L.HOSTNAME, ""), set()).add(metric[L.GPU])
+    stamps = [float(ts) for series in nodes for ts, _ in series["values"]]
+    return Placement(frozenset(s["metric"].get(L.HOSTNAME, "") for s in nodes),
+                     {h: frozenset(g) for h, g in gpus.items()}, min(stamps), max(stamps))
+
+
+def _segments(values: list[list[Any]], step: float) -> list[tuple[float, float]]:
+    """Contiguous runs of samples: a gap of more than 1.5 steps ends a firing period."""
+    out: list[tuple[float, float]] = []
+    for ts_raw, _ in values:
+        ts = float(ts_raw)
+        if out and ts - out[-1][1] <= 1.5 * step:
+            out[-1] = (out[-1][0], ts)
+        else:
+            out.append((ts, ts))
+    return out
+
+
+def fingerprint(labels: Mapping[str, str], starts_at: float) -> str:
+    """A stable 16-hex id for a rebuilt alert (its label set and when it started)."""
+    text = json.dumps(sorted(labels.items())) + f"@{starts_at:.0f}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def catalog_annotations(labels: Mapping[str, str]) -> dict[str, str]:
+    """What the rule's annotations said, from the catalog (ALERTS keeps no annotations).
+
+    Label templates are filled in; a description that depends on the measured value falls back
+    to the static summary, since the value is not in ``ALERTS``."""
+    known = ALERTS.get(labels.get("alertname", ""))
+    if known is None:
+        return {}
+    description = known.description
+    if "$value" in description:
+        description = known.summary
+    description = _TEMPLATE.sub(lambda m: labels.get(m.group(1), ""), description)
+    panel = P.PANELS[known.panel]
+    return {"summary": known.summary, "description": description, "impact": known.impact,
+            "remediation": known.remediation,
+            ANNOTATION_DASHBOARD_UID: (P.NODE if "node" in panel.dashboards else P.RUN).uid,
+            ANNOTATION_PANEL_ID: str(panel.id)}
+
+
+def _belongs(labels: Mapping[str, str], run: RunKey, placement: Placement) -> bool:
+    if labels.get(L.RUN_ID):
+        return (labels.get(L.ENTITY), labels.get(L.PROJECT), labels.get(L.RUN_ID)) == (
+            run.entity, run.project, run.run_id)
+    host = labels.get(L.HOSTNAME, "")
+    if host not in placement.hosts:
+        return False
+    gpu, known = labels.get(L.GPU, ""), placement.gpus.get(host)
+    return not (gpu and known and gpu not in known)
+
+
+def rebuild_alerts(prom: PrometheusHistory, run: RunKey, placement: Placement, start: float,
+                   end: float, *, min_step: float) -> list[Alert]:
+    """Every firing period of an alert that hit the run (attributed, or on its hosts/GPUs)."""
+    step = pick_step(start, end, min_step)
+    hosts = "|".join(re.escape(h) for h in sorted(placement.hosts))
+    series = prom.range(f'ALERTS{{alertstate="firing",{_selector(run)}}}', start, end, step)
+    series += prom.range(f'ALERTS{{alertstate="firing",{L.RUN_ID}="",{L.HOSTNAME}=~"{hosts}"}}',
+                         start, end, step)
+    alerts: list[Alert] = []
+    for item in series:
+        labels = {k: v for k, v in item["metric"].items() if k not in ("__name__", "alertstate")}
+        if not _belongs(labels, run, placement):
+            continue
+        annotations = catalog_annotations(labels)
+        for first, last in _segments(item["values"], step):
+            firing = last >= end - 1.5 * step
+            starts = datetime.fromtimestamp(first, UTC)
+            ends = None if firing else datetime.fromtimestamp(last + step, UTC)
+            raw = {"status": "firing" if firing else "resolved", "labels": labels,
+                   "annotations": annotations, "startsAt": _iso(first),
+                   "endsAt": _iso(last + step) if ends else "0001-01-01T00:00:00Z",
+                   "fingerprint": fingerprint(labels, first)}
+            alerts.append(Alert(raw["fingerprint"], raw["status"], starts, ends, labels,
+                                annotations, "", raw))
+    alerts.sort(key=lambda a: (a.starts_at, a.alertname, a.fingerprint))
+    return alerts
+
+
+def as_facts(alerts: Iterable[Alert]) -> list[AlertFact]:
+    """The diagnosis' view of rebuilt alerts."""
+    return [AlertFact(a.fingerprint, a.alertname, a.starts_at, a.ends_at,
+                      a.labels.get("severity", ""), a.labels.get("category", ""),
+                      a.labels.get(L.HOSTNAME, ""), a.labels.get(L.GPU, ""), a.labels,
+                      a.annotations) for a in alerts]
+
+
+def as_notification(alerts: list[Alert]) -> Notification:
+    """Rebuilt alerts as one notification, for the bridge's store."""
+    return Notification("explain", "firing", alerts, "explain", 0)
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def parse_when(text: str | None, now: float) -> float | None:
+    """RFC 3339, a unix timestamp, or a duration ago such as ``6h``/``2d`` -> unix seconds."""
+    if not text:
+        return None
+    match = re.fullmatch(r"(\d+)([smhd])", text)
+    if match:
+        seconds = int(match.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[match.group(2)]
+        return now - seconds
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise ValueError(f"cannot read time {text!r}: use RFC 3339, unix seconds or e.g. 6h"
+                         ) from exc
+    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """What ``explain`` found: placement, the window it read and the rebuilt alerts."""
+
+    run: RunKey
+    placement: Placement
+    start: float
+    end: float
+    alerts: list[Alert]
+
+
+def explain(prom: PrometheusHistory, run: RunKey, start: float | None, end: float | None, *,
+            lookback: timedelta = timedelta(days=7), margin: timedelta = timedelta(minutes=10),
+            min_step: float = 15.0, now: float | None = None) -> Explanation:
+    """Find the run's lifetime (unless given), then rebuild the alerts that hit it."""
+    now = time.time() if now is None else now
+    search_end = end if end is not None else now
+    search_start = start if start is not None else search_end - lookback.total_seconds()
+    if search_start >= search_end:
+        raise ValueError("--start must be before --end")
+    placement = find_placement(prom, run, search_start, search_end, min_step)
+    window_start = start if start is not None else placement.first_seen - margin.total_seconds()
+    window_end = end if end is not None else min(now, placement.last_seen
+                                                 + margin.total_seconds())
+    alerts = rebuild_alerts(prom, run, placement, window_start, window_end, min_step=min_step)
+    return Explanation(run, placement, window_start, window_end, alerts)

@@ -1,0 +1,129 @@
+"""``wandb-infra-bridge explain``: the command-line edge of ``bridge.explain``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from datetime import timedelta
+
+from bridge.config import load
+from bridge.diagnosis import diagnose
+from bridge.explain import (
+    ExplainError,
+    Explanation,
+    PrometheusHistory,
+    as_facts,
+    as_notification,
+    explain,
+    parse_run,
+    parse_when,
+)
+from bridge.grafana import GrafanaLinks
+from bridge.pages import run_detail
+from bridge.report import render_run
+from exporter.configfile import ConfigError
+from exporter.logsetup import setup_logging
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register the ``explain`` subcommand."""
+    p = sub.add_parser(
+        "explain", help="post-mortem: rebuild a run's issues from Prometheus history",
+        description="Read the run's hosts and GPUs from the join metrics and the ALERTS series "
+                    "over its lifetime (range queries), run the bridge's diagnosis and print the "
+                    "timeline with the root cause. --post writes the result to the run in W&B "
+                    "through the bridge's own store and delivery path.")
+    p.add_argument("run", metavar="ENTITY/PROJECT/RUN_ID", help="the W&B run to explain")
+    p.add_argument("--prometheus", required=True, metavar="URL",
+                   help="Prometheus base URL holding the rules' ALERTS and the join metrics")
+    p.add_argument("--start", help="window start: RFC 3339, unix seconds or e.g. 2d (ago); "
+                                   "default: 10 minutes before the run was first seen")
+    p.add_argument("--end", help="window end (same forms); default: 10 minutes after the run "
+                                 "was last seen, or now")
+    p.add_argument("--lookback", default="7d",
+                   help="how far back to look for the run when --start is not given (default 7d)")
+    p.add_argument("--step", type=float, default=15.0,
+                   help="finest range-query step in seconds; use your rule evaluation interval "
+                        "(default 15)")
+    p.add_argument("--grafana-url", default="", help="Grafana base URL for deep links")
+    p.add_argument("--json", action="store_true", help="print the run view as JSON")
+    p.add_argument("--post", action="store_true",
+                   help="also write the issues to the run in W&B (needs --config with a W&B key)")
+    p.add_argument("--config", metavar="FILE",
+                   help="bridge YAML configuration (W&B key, store, Grafana) for --post")
+    p.add_argument("--timeout", type=float, default=120.0,
+                   help="seconds --post waits for the W&B write (default 120)")
+    p.set_defaults(func=run)
+
+
+def _post(found: Explanation, args: argparse.Namespace) -> str:
+    """Deliver through the bridge's store and worker; returns the delivery state."""
+    from bridge.service import build  # noqa: PLC0415 - only --post needs the whole bridge
+
+    cfg = load(args.config, insecure_no_auth=True)
+    if not cfg.secrets.wandb_api_key:
+        raise ConfigError("--post needs a W&B API key (wandb.api_key_file in --config, or "
+                          "WANDB_INFRA_BRIDGE__WANDB__API_KEY)")
+    setup_logging(str(cfg.raw["log_level"]), cfg.secrets.all())
+    ctx = build(cfg)
+    assert ctx.worker is not None
+    ctx.store.ingest(as_notification(found.alerts), ctx.reader)
+    deadline = time.monotonic() + args.timeout
+    while True:
+        ctx.worker.run_once()
+        row = ctx.store.outbox(found.run)
+        if row is None or row.parked or row.delivered_seq >= row.dirty_seq:
+            break
+        if time.monotonic() > deadline:
+            return "pending (the bridge will keep retrying from its store)"
+        time.sleep(1.0)
+    ctx.store.close()
+    if row is not None and row.parked:
+        return f"parked: {row.parked}"
+    return "delivered"
+
+
+def run(args: argparse.Namespace) -> int:
+    """Explain one run; exit 2 on bad input, 1 when Prometheus or W&B fails."""
+    try:
+        target = parse_run(args.run)
+        now = time.time()
+        start, end = parse_when(args.start, now), parse_when(args.end, now)
+        lookback = parse_when(args.lookback, now)
+    except ValueError as exc:
+        print(f"wandb-infra-bridge explain: {exc}", file=sys.stderr)
+        return 2
+    try:
+        found = explain(PrometheusHistory(args.prometheus), target, start, end,
+                        lookback=timedelta(seconds=now - (lookback or now)), min_step=args.step)
+    except ValueError as exc:
+        print(f"wandb-infra-bridge explain: {exc}", file=sys.stderr)
+        return 2
+    except ExplainError as exc:
+        print(f"wandb-infra-bridge explain: {exc}", file=sys.stderr)
+        return 1
+    diagnosis = diagnose(as_facts(found.alerts))
+    links = GrafanaLinks(args.grafana_url)
+    view = run_detail(target, diagnosis,
+                      lambda fact, s, e: links.link(fact, target, s, e), None)
+    view["placement"] = {"hosts": sorted(found.placement.hosts),
+                         "gpus": {h: sorted(g) for h, g in sorted(found.placement.gpus.items())}}
+    if args.post:
+        try:
+            view["wandb"] = {"state": _post(found, args)}
+        except ConfigError as exc:
+            print(f"wandb-infra-bridge explain: {exc}", file=sys.stderr)
+            return 2
+    if args.json:
+        print(json.dumps(view, indent=2))
+    else:
+        hosts = len(found.placement.hosts)
+        print(f"{target.path()} ran on {hosts} host(s); {len(found.alerts)} alert period(s) "
+              f"between {found.alerts[0].starts_at.isoformat() if found.alerts else '-'} and "
+              f"the end of the window")
+        print(render_run(view))
+        if args.post:
+            print(f"W&B: {view['wandb']['state']}")
+    return 0

@@ -1,0 +1,168 @@
+"""End to end: real Prometheus + Alertmanager + exporter + bridge + the W&B stand-in on loopback.
+
+One stack (the same one ``make demo`` runs, from the example configs in deploy/) serves every test
+in this module, in order: scenario 1 (XID 94 cascade on 64 hosts x 8 GPUs), scenario 2 (thermal
+slowdown with a neighbour run on the same hosts), resolve, and ``explain`` after the fact.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+
+from demo import scenarios
+from demo.stack import Stack, StackConfig, wait_for
+from tests.wandb_standin import WandbStandin
+
+pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parent.parent
+CASCADE = scenarios.RunRef(scenarios.ENTITY, "llm-pretrain", "cascade64")
+THERMAL = scenarios.RunRef(scenarios.ENTITY, "llm-finetune", "thermal2")
+NEIGHBOUR = scenarios.RunRef(scenarios.ENTITY, "eval-sweep", "neighbour")
+LINK = scenarios.RunRef(scenarios.ENTITY, "llm-pretrain", "ibflap3")
+USER_NOTES = "My own notes: lr 3e-4, <b>keep</b> this *exactly*.\n"
+
+
+def _ts(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def _dashboard_panels() -> dict[str, set[int]]:
+    out = {}
+    for path in (ROOT / "dashboards").glob("*.json"):
+        dash = json.loads(path.read_text())
+        out[dash["uid"]] = {p["id"] for p in dash["panels"]}
+    return out
+
+
+@pytest.fixture(scope="module")
+def standin():
+    with WandbStandin() as server:
+        for run in (CASCADE, THERMAL, NEIGHBOUR, LINK):
+            server.add_run(run.entity, run.project, run.run_id, tags=["baseline"],
+                           notes=USER_NOTES)
+        yield server
+
+
+@pytest.fixture(scope="module")
+def stack(standin, tmp_path_factory):
+    config = StackConfig(workdir=tmp_path_factory.mktemp("e2e"), hosts=67,
+                         wandb_base_url=standin.url, wandb_api_key=standin.api_key,
+                         markers=True, grafana_url="https://grafana.example")
+    with Stack(config) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def cascade(stack):
+    hosts = list(stack.cluster.hosts)[:64]
+    return scenarios.xid94_cascade(stack, hosts)
+
+
+def test_scenario1_single_root_cause_is_the_xid94_gpu(cascade):
+    _, view = cascade
+    assert len(view["issues"]) == 1
+    issue = view["issues"][0]
+    root = issue["root_cause"]
+    assert (root["alertname"], root["hostname"], root["gpu"]) == (
+        "GpuContainedEccError", "gpu-node-017", "3")
+    stalls = [c for c in issue["consequences"] if c["alertname"] == "TrainingStalled"]
+    assert {c["hostname"] for c in stalls} == {f"gpu-node-{i:03d}" for i in range(1, 65)}
+    assert all(_ts(c["starts_at"]) >= _ts(root["starts_at"]) for c in stalls)
+
+
+def test_scenario1_projected_onto_the_wandb_run(cascade, stack, standin):
+    run, _ = cascade
+    def projected():
+        rec = standin.run(run.entity, run.project, run.run_id)
+        return rec if "infra:GpuContainedEccError" in rec.tags and "TrainingStalled" in rec.notes \
+            else None
+    rec = wait_for(projected, 60, "tags and notes in the W&B stand-in")
+    assert rec.tags[0] == "baseline"
+    infra = [t for t in rec.tags if t.startswith("infra:")]
+    assert infra[0] == "infra:GpuContainedEccError" and "infra:TrainingStalled" in infra
+    assert rec.notes.startswith(USER_NOTES)
+    assert "Restart the job from its last checkpoint" in rec.notes
+    assert "whole synchronous job fails" in rec.notes
+    links = [u for u in rec.notes.replace(")", " ").split() if "grafana.example/d/" in u]
+    assert links
+    panels = _dashboard_panels()
+    for link in links:
+        url = urlparse(link.strip("<>()[]"))
+        uid = url.path.split("/")[2]
+        assert int(parse_qs(url.query)["viewPanel"][0]) in panels[uid], link
+    marker_rows = wait_for(
+        lambda: [r for r in standin.run(run.entity, run.project, run.run_id).history
+                 if "infra/issue" in r], 90, "infra/issue marker rows from the shared-mode writer")
+    assert marker_rows
+
+
+def test_scenario1_summary_written_once_the_run_crashed(cascade, standin):
+    run, _ = cascade
+    standin.set_state(run.entity, run.project, run.run_id, "crashed")
+
+    def summary_written():
+        rec = standin.run(run.entity, run.project, run.run_id)
+        return rec if any(k.startswith("infra/") for k in rec.summary) else None
+
+    rec = wait_for(summary_written, 60, "summary keys after the crash")
+    assert "GpuContainedEccError" in json.dumps(rec.summary)
+
+
+def test_scenario2_thermal_issue_starts_inside_the_mfu_drop(stack, standin):
+    hosts = list(stack.cluster.hosts)[64:66]
+    _, view, job, neighbour = scenarios.thermal_slowdown(stack, hosts)
+    window = job.drop_window()
+    assert window is not None, job.samples
+    thermal = [i for i in view["issues"] if i["root_cause"]["category"] == "gpu_thermal"]
+    assert thermal, view
+    started = _ts(thermal[0]["started_at"])
+    assert window[0] - stack.config.interval_seconds <= started <= window[1] + job.period, (
+        window, thermal[0]["started_at"])
+    assert scenarios.run_view(stack, neighbour)["issues"] == []
+    time.sleep(3)
+    assert not [t for t in standin.run(neighbour.entity, neighbour.project,
+                                       neighbour.run_id).tags if t.startswith("infra:")]
+
+
+def test_resolving_the_fault_closes_the_issue(stack):
+    host = list(stack.cluster.hosts)[66]  # a host no other scenario touches
+    job = scenarios.start_job(stack, LINK, [host], scenarios.GPUS)
+    try:
+        stack.cluster.inject("ib_down", host, device="mlx5_1")
+        opened = wait_for(lambda: [i for i in scenarios.run_view(stack, LINK)["issues"]
+                                   if i["root_cause"]["alertname"] == "InfinibandLinkDown"],
+                          90, "InfinibandLinkDown issue")
+        assert opened[0]["open"]
+        stack.cluster.clear(host, kind="ib_down")
+        closed = wait_for(lambda: [i for i in scenarios.run_view(stack, LINK)["issues"]
+                                   if i["root_cause"]["alertname"] == "InfinibandLinkDown"
+                                   and not i["open"]], 90, "the issue to close")
+        assert closed[0]["ended_at"]
+    finally:
+        job.stop()
+
+
+def test_explain_after_the_fact_reaches_the_same_root_cause(cascade, stack):
+    run, live = cascade
+    assert stack.prometheus is not None
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "wandb-infra-bridge"), "explain", run.path,
+         "--prometheus", stack.prometheus.url, "--step", str(stack.config.interval_seconds),
+         "--lookback", "1h", "--json"], capture_output=True, text=True, timeout=120, check=True)
+    view = json.loads(out.stdout)
+    assert len(view["placement"]["hosts"]) == 64
+    roots = [(i["root_cause"]["alertname"], i["root_cause"]["hostname"], i["root_cause"]["gpu"])
+             for i in view["issues"]]
+    live_root = live["issues"][0]["root_cause"]
+    assert roots[0] == (live_root["alertname"], live_root["hostname"], live_root["gpu"])
+    stalled = {c["hostname"] for c in view["issues"][0]["consequences"]
+               if c["alertname"] == "TrainingStalled"}
+    assert len(stalled) == 64
