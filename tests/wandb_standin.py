@@ -644,6 +644,9 @@ class WandbStandin:
 def _make_handler(server: WandbStandin) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # Headers and body go out in separate writes; with Nagle on, keep-alive clients wait
+        # for the delayed ACK (~40 ms) on every request.
+        disable_nagle_algorithm = True
 
         def log_message(self, format: str, *args: Any) -> None:
             return

@@ -1,0 +1,132 @@
+"""The real bridge CLI process for the reliability tests: start, kill -9, restart, read metrics.
+
+Every start appends to one log file, so a test can search everything the process ever wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import requests
+
+from tests.bridge_payloads import TOKEN
+from tests.services import env_without_proxies, free_port, wait_http
+
+ROOT = Path(__file__).resolve().parent.parent
+AUTH = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+T = TypeVar("T")
+
+
+@dataclass
+class BridgeProcess:
+    """One ``wandb-infra-bridge serve`` process on 127.0.0.1."""
+
+    proc: subprocess.Popen
+    url: str
+    port: int
+    log: Path
+    env: dict[str, str]
+
+    def post(self, body: dict[str, Any] | bytes, timeout: float = 10.0,
+             headers: dict[str, str] | None = None) -> requests.Response:
+        """POST a webhook body with the bearer token."""
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        return requests.post(self.url + "/alertmanager", data=data,
+                             headers=headers or AUTH, timeout=timeout)
+
+    def metrics(self) -> dict[str, float]:
+        """The /metrics samples as {'name{labels}': value}."""
+        out: dict[str, float] = {}
+        text = requests.get(self.url + "/metrics", timeout=10).text
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                out[name] = float(value)
+        return out
+
+    def runs(self) -> dict[str, dict[str, Any]]:
+        """/runs as JSON, keyed by run id."""
+        data = requests.get(self.url + "/runs?format=json", headers=AUTH, timeout=30).json()
+        return {r["run_id"]: r for r in data["runs"]}
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown code runs."""
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> int:
+        """SIGTERM and wait; kill if it hangs. Returns the exit code."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        return self.proc.returncode
+
+
+def bridge_env(tmp: Path, *, wandb_url: str | None = None, wandb_key: str | None = None,
+               **overrides: str) -> dict[str, str]:
+    """Environment configuring a bridge under ``tmp`` (secrets in files, fast timings)."""
+    (tmp / "token").write_text(TOKEN + "\n")
+    env = env_without_proxies()
+    env.update({
+        "WANDB_INFRA_BRIDGE__AUTH__BEARER_TOKEN_FILE": str(tmp / "token"),
+        "WANDB_INFRA_BRIDGE__STORE__PATH": str(tmp / "state" / "bridge.sqlite"),
+        "WANDB_INFRA_BRIDGE__WANDB__MARKERS": "false",
+        "WANDB_INFRA_BRIDGE__WANDB__FLUSH_INTERVAL_SECONDS": "0.2",
+        "WANDB_INFRA_BRIDGE__WANDB__BACKOFF_BASE_SECONDS": "0.2",
+        "WANDB_INFRA_BRIDGE__WANDB__BACKOFF_MAX_SECONDS": "1",
+        "WANDB_INFRA_BRIDGE__GRAFANA__BASE_URL": "http://grafana.invalid",
+        "WANDB_INFRA_BRIDGE__LOG_LEVEL": "debug",
+    })
+    if wandb_url and wandb_key:
+        (tmp / "wandb-key").write_text(wandb_key + "\n")
+        env["WANDB_INFRA_BRIDGE__WANDB__BASE_URL"] = wandb_url
+        env["WANDB_INFRA_BRIDGE__WANDB__API_KEY_FILE"] = str(tmp / "wandb-key")
+    env.update({f"WANDB_INFRA_BRIDGE__{k.upper()}": v for k, v in overrides.items()})
+    return env
+
+
+def start_bridge(tmp: Path, env: dict[str, str], port: int | None = None) -> BridgeProcess:
+    """Start the CLI and wait for /healthz; output is appended to ``tmp/bridge.log``."""
+    port = port or free_port()
+    log = tmp / "bridge.log"
+    with log.open("ab") as handle:
+        proc = subprocess.Popen([sys.executable, "-m", "bridge.cli", "serve", "--port", str(port)],
+                                stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    bridge = BridgeProcess(proc, f"http://127.0.0.1:{port}", port, log, env)
+    try:
+        wait_http(bridge.url + "/healthz", proc=proc)
+    except BaseException:
+        bridge.stop()
+        raise
+    return bridge
+
+
+def wait_for(predicate: Callable[[], T], timeout: float = 30.0, every: float = 0.2,
+             what: str = "condition") -> T:
+    """Poll until ``predicate`` returns something truthy; fail with ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached within {timeout}s")
+        time.sleep(every)
+
+
+def section_blocks(notes: str) -> list[str]:
+    """The numbered issue headlines of the bridge's notes section."""
+    return re.findall(r"^\*\*\d+\. (.+?)\*\* \(", notes, flags=re.M)
