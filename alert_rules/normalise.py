@@ -31,10 +31,20 @@ class Recording:
     labels: tuple[tuple[str, str], ...] = ()
 
 
-def _gpu(inner: str, op: str = "max") -> str:
-    """Rename the dcgm host/UUID labels and collapse duplicates into one series per GPU."""
-    return (f"{op} by ({GPU_KEYS}) (label_replace(label_replace({inner}, "
+def _gpu(inner: str) -> str:
+    """Rename the dcgm host/UUID labels and collapse duplicates into one series per GPU.
+
+    The inner ``max by`` first strips every other label, so the relabelling works on small label
+    sets (the dominant cost on a large cluster).
+    """
+    return (f"max by ({GPU_KEYS}) (label_replace(label_replace("
+            f"max by (Hostname, {L.HOSTNAME}, {L.GPU}, UUID) ({inner}), "
             f'"{L.HOSTNAME}", "$1", "Hostname", "(.+)"), "{L.GPU_UUID}", "$1", "UUID", "(.+)"))')
+
+
+def _sparse(inner: str) -> str:
+    """Error counters: only GPUs with a non-zero value are relabelled and recorded."""
+    return _gpu(f"({inner}) > 0")
 
 
 def _either(*variants: str) -> str:
@@ -76,42 +86,40 @@ def dcgm_rules(violation_unit: str) -> list[Recording]:
         Recording(s.FB_USED, _gpu("DCGM_FI_DEV_FB_USED * 1048576")),
         Recording(s.POWER_USAGE, _gpu(_either("DCGM_FI_DEV_POWER_USAGE",
                                               "DCGM_FI_DEV_BOARD_POWER_WATTS"))),
-        Recording(s.GPU_PRESENT, f"clamp_max(count by ({GPU_KEYS}) "
-                                 f"({s.GPU_TEMP} or {s.POWER_USAGE}), 1)"),
-        Recording(s.THERMAL_VIOLATION,
-                  f"clamp_max({_gpu(_rate('DCGM_FI_DEV_THERMAL_VIOLATION', '5m'))} / {div}, 1)"),
-        Recording(s.POWER_VIOLATION,
-                  f"clamp_max({_gpu(_rate('DCGM_FI_DEV_POWER_VIOLATION', '5m'))} / {div}, 1)"),
+        Recording(s.GPU_PRESENT, f"clamp({s.GPU_TEMP}, 1, 1)"),
+        *(Recording(record, f"clamp_max({_sparse(_rate(metric, '5m'))} / {div}, 1)")
+          for record, metric in ((s.THERMAL_VIOLATION, "DCGM_FI_DEV_THERMAL_VIOLATION"),
+                                 (s.POWER_VIOLATION, "DCGM_FI_DEV_POWER_VIOLATION"))),
         Recording(s.CLOCK_EVENT_REASONS, _gpu(_either("DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
                                                       "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"))),
-        Recording(s.PCIE_REPLAY_RATE, _gpu(_either(
+        Recording(s.PCIE_REPLAY_RATE, _sparse(_either(
             _rate("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "5m"),
             _rate("DCGM_FI_DEV_PCIE_REPLAY_TOTAL", "5m")))),
-        Recording(s.NVLINK_CRC_RATE, _gpu(_either(
+        Recording(s.NVLINK_CRC_RATE, _sparse(_either(
             _tagged_sum(("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
                          "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL"), "rate", "5m",
                         "instance, job, Hostname, hostname, gpu, UUID"),
             _tagged_sum(("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_TOTAL",
                          "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_TOTAL"), "rate", "5m",
                         "instance, job, Hostname, hostname, gpu, UUID")))),
-        Recording(s.NVLINK_REPLAY_RECOVERY, _gpu(_either(
+        Recording(s.NVLINK_REPLAY_RECOVERY, _sparse(_either(
             _tagged_sum(("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
                          "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL"), "increase", "10m",
                         "instance, job, Hostname, hostname, gpu, UUID"),
             _tagged_sum(("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_TOTAL",
                          "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_TOTAL"), "increase", "10m",
                         "instance, job, Hostname, hostname, gpu, UUID")))),
-        Recording(s.ECC_DBE, _gpu(_rate("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "10m", "increase"))),
-        Recording(s.ECC_SBE, _gpu(_rate("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "10m", "increase"))),
-        Recording(s.RETIRED_PAGES, _gpu(
+        Recording(s.ECC_DBE, _sparse(_rate("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "10m", "increase"))),
+        Recording(s.ECC_SBE, _sparse(_rate("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "10m", "increase"))),
+        Recording(s.RETIRED_PAGES, _sparse(
             "sum by (instance, job, Hostname, hostname, gpu, UUID) "
             '(label_replace(DCGM_FI_DEV_RETIRED_SBE, "counter", "sbe", "", "") '
             'or label_replace(DCGM_FI_DEV_RETIRED_DBE, "counter", "dbe", "", ""))')),
-        Recording(s.RETIRED_PENDING, _gpu("DCGM_FI_DEV_RETIRED_PENDING")),
-        Recording(s.ROW_REMAP_FAILURE, _gpu(_either("DCGM_FI_DEV_ROW_REMAP_FAILURE",
+        Recording(s.RETIRED_PENDING, _sparse("DCGM_FI_DEV_RETIRED_PENDING")),
+        Recording(s.ROW_REMAP_FAILURE, _sparse(_either("DCGM_FI_DEV_ROW_REMAP_FAILURE",
                                                     "DCGM_FI_DEV_ROW_REMAP_FAILED"))),
-        Recording(s.ROW_REMAP_PENDING, _gpu("DCGM_FI_DEV_ROW_REMAP_PENDING")),
-        Recording(s.UNCORRECTABLE_ROWS, _gpu(_either(
+        Recording(s.ROW_REMAP_PENDING, _sparse("DCGM_FI_DEV_ROW_REMAP_PENDING")),
+        Recording(s.UNCORRECTABLE_ROWS, _sparse(_either(
             "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
             "DCGM_FI_DEV_ROW_REMAP_UNCORRECTABLE_TOTAL"))),
         Recording(s.XID_EVENTS, _either(

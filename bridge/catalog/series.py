@@ -8,6 +8,11 @@ Levels: ``gpu`` = (hostname, gpu, gpu_uuid); ``gpu_xid`` adds ``xid``; ``hostnam
 (hostname, device, port) for InfiniBand; ``interface`` = (hostname, device); ``instance`` keeps the
 scrape target's (instance, job); ``wandb_run_gpu`` = run labels + hostname + gpu;
 ``wandb_run_hostname`` = run labels + hostname.
+
+Error counters and violation rates (ECC, retired pages, row remaps, NVLink, PCIe, violations) are
+sparse: only GPUs with a non-zero value have a series, which keeps evaluation cheap on large
+clusters; read a missing series as zero. Dense: temperatures, utilisation, activity, memory,
+power, clock-event bits, presence.
 """
 
 from __future__ import annotations

@@ -406,11 +406,45 @@ def link_attribution_cases() -> list[Case]:
     ]
 
 
+def dcgm49_cases() -> list[Case]:
+    """dcgm-exporter 4.9 renames and unit changes reach the same alerts."""
+    sp = "hostname"
+    bg = [dcgm(sp, "DCGM_FI_DEV_GPU_TEMP_CELSIUS", "40x80", gpu="1")]
+    run = [node_info(RUN_A), *(gpu_info(RUN_A, str(i)) for i in range(4))]
+    util = [dcgm(sp, "DCGM_FI_DEV_GPU_UTIL_RATIO", "0.95x80", gpu=str(i)) for i in range(3)]
+    return [
+        *_pair("4.9 temperature name", "GpuTemperatureCritical",
+               [*bg, dcgm(sp, "DCGM_FI_DEV_GPU_TEMP_CELSIUS", "97x80")],
+               [*bg, dcgm(sp, "DCGM_FI_DEV_GPU_TEMP_CELSIUS", "60x80")], "3m",
+               [Expect(g(), f"{W} is at 97 C (critical at 95 C).")]),
+        *_pair("4.9 XID name", "GpuContainedEccError",
+               [*bg, dcgm(sp, "DCGM_FI_DEV_XID_ERROR", "94x80", err_code="94")],
+               [*bg, dcgm(sp, "DCGM_FI_DEV_XID_ERROR", "0x80", err_code="0")], "3m",
+               [Expect(g(xid="94"),
+                       f"Contained uncorrectable ECC error (XID 94) on {W} (1 event(s)).")]),
+        *_pair("4.9 utilisation ratio", "TrainingStraggler",
+               [*run, *util, dcgm(sp, "DCGM_FI_DEV_GPU_UTIL_RATIO", "0.6x80", gpu="3")],
+               [*run, *util, dcgm(sp, "DCGM_FI_DEV_GPU_UTIL_RATIO", "0.92x80", gpu="3")], "8m",
+               [Expect({**RUN_A, "hostname": "n1", "gpu": "3"},
+                       "GPU 3 on n1 averaged 60% utilisation over 2 minutes, more than 10 "
+                       "points below the run's busiest GPU.")]),
+        *_pair("4.9 PCIe replay name", "GpuPcieReplayRate",
+               [*bg, dcgm(sp, "DCGM_FI_DEV_PCIE_REPLAY_TOTAL", "0+30x80")],
+               [*bg, dcgm(sp, "DCGM_FI_DEV_PCIE_REPLAY_TOTAL", "0+1x80")], "15m",
+               [Expect(g(), f"{W} replays 60 PCIe packets per minute (DCGM warns above 16).")]),
+        *_pair("4.9 row remap name", "GpuRowRemapFailure",
+               [*bg, dcgm(sp, "DCGM_FI_DEV_ROW_REMAP_FAILED", "1x80")],
+               [*bg, dcgm(sp, "DCGM_FI_DEV_ROW_REMAP_FAILED", "0x80")], "1m",
+               [Expect(g(), f"Row remapping failed on {W} (value 1).")]),
+    ]
+
+
 def files(cfg: dict[str, Any]) -> dict[str, str]:
     """Test file name -> YAML text."""
     rules = f"../../alert_rules/{generate.RULES_FILE}"
     groups: dict[str, list[Case]] = {"node_alerts.test.yml": node_cases(),
-                                     "link_attribution.test.yml": link_attribution_cases()}
+                                     "link_attribution.test.yml": link_attribution_cases(),
+                                     "dcgm_4_9.test.yml": dcgm49_cases()}
     for sp in SPELLINGS:
         groups[f"gpu_alerts_{sp}.test.yml"] = gpu_cases(sp) + dcgm_node_cases(sp)
         groups[f"workload_{sp}.test.yml"] = workload_cases(sp)
