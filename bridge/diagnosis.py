@@ -7,7 +7,10 @@ can all call ``diagnose``.
 Rules: alerts are grouped into incidents by time (an alert joins the incident whose activity it
 starts within ``gap`` of); inside an incident the root cause is the alert with the strongest cause
 class (hardware > node loss > link loss > degradation > symptom, from the catalog or the alert's
-``category``), earliest first; every other alert is a likely consequence. An issue starts at its
+``category``), earliest first; every other alert is a likely consequence. Alerts of the same
+class on the same host that start within ``SIMULTANEOUS`` of each other are one event seen twice
+(an XID 94 also bumps the ECC counters); the one carrying the driver's own diagnosis (an ``xid``
+label) names it, whichever rule evaluated first. An issue starts at its
 earliest alert (where the slowdown or failure became visible) and ends when all of its alerts
 resolved.
 """
@@ -22,6 +25,7 @@ from bridge.catalog.alerts import ALERTS, cause_of
 from bridge.catalog.vocabulary import CauseClass
 
 DEFAULT_GAP = timedelta(minutes=10)
+SIMULTANEOUS = timedelta(seconds=60)
 
 _CAUSE_WORDS = {
     CauseClass.HARDWARE: "a hardware fault",
@@ -153,6 +157,12 @@ def _reasoning(root: AlertFact, consequences: list[AlertFact]) -> str:
     else:
         why = (f"{root.alertname} on {root.where} is the earliest of alerts of the same kind "
                f"({_CAUSE_WORDS[root.cause]})")
+    twins = sorted({c.alertname for c in consequences
+                    if c.cause == root.cause and c.hostname == root.hostname
+                    and abs(c.starts_at - root.starts_at) <= SIMULTANEOUS})
+    if twins and root.labels.get("xid"):
+        why += (f", and it is the driver's own diagnosis (XID {root.labels['xid']}) of the event "
+                f"that {', '.join(twins)} also report")
     return (f"{why}; the "
             f"{_plural(len(consequences), 'other alert')} ({shown}){scope} {timing}, so they "
             f"are likely consequences.")
@@ -172,13 +182,24 @@ def _incidents(facts: list[AlertFact], gap: timedelta) -> list[list[AlertFact]]:
     return groups
 
 
+def _pick_root(ordered: list[AlertFact]) -> AlertFact:
+    """The strongest, earliest alert, unless a same-host, same-class alert of the same moment
+    carries the driver's XID diagnosis (rule evaluation order must not decide the headline)."""
+    first = ordered[0]
+    same_event = [f for f in ordered
+                  if f.cause == first.cause and f.hostname == first.hostname
+                  and f.starts_at - first.starts_at <= SIMULTANEOUS]
+    return min(same_event, key=lambda f: (0 if f.labels.get("xid") else 1, f.sort_key()))
+
+
 def diagnose(alerts: Iterable[AlertFact], gap: timedelta = DEFAULT_GAP) -> Diagnosis:
     """Group one run's alerts into issues and name each issue's root cause (see module doc)."""
     unique = {(a.fingerprint, a.starts_at): a for a in alerts}
     issues = []
     for group in _incidents(list(unique.values()), gap):
         ordered = sorted(group, key=AlertFact.sort_key)
-        root, rest = ordered[0], ordered[1:]
+        root = _pick_root(ordered)
+        rest = [f for f in ordered if f is not root]
         rest.sort(key=lambda f: (f.starts_at, f.sort_key()))
         ends = [f.ends_at for f in group]
         ended = None if any(e is None for e in ends) else max(e for e in ends if e is not None)

@@ -115,3 +115,21 @@ def test_empty_and_unknown_alerts():
     assert diagnose([]).root_cause is None
     custom = facts([alert("MyOwnRule", category="", host="h", run="r")])
     assert diagnose(custom).issues[0].root.cause.name == "SYMPTOM"
+
+
+def test_xid_alert_names_the_event_even_when_a_counter_alert_evaluated_first():
+    """XID 94 also bumps the ECC counters; rule evaluation order must not change the headline."""
+    dbe = alert("GpuDoubleBitEccErrors", category="gpu_hardware", host="node017", gpu="3",
+                run="r1", start=T0)
+    xid = alert("GpuContainedEccError", category="gpu_hardware", host="node017", gpu="3",
+                run="r1", start=T0 + timedelta(seconds=2), extra={"xid": "94"})
+    stall = alert("TrainingStalled", category="workload", host="node001", run="r1",
+                  start=T0 + timedelta(seconds=40), severity="warning")
+    issue = diagnose(facts([dbe, xid, stall])).issues[0]
+    assert issue.root.alertname == "GpuContainedEccError"
+    assert [c.alertname for c in issue.consequences] == ["GpuDoubleBitEccErrors",
+                                                         "TrainingStalled"]
+    assert "XID 94" in issue.reasoning and "GpuDoubleBitEccErrors" in issue.reasoning
+    later_xid = alert("GpuContainedEccError", category="gpu_hardware", host="node017", gpu="3",
+                      run="r1", start=T0 + timedelta(minutes=5), extra={"xid": "94"})
+    assert diagnose(facts([dbe, later_xid])).issues[0].root.alertname == "GpuDoubleBitEccErrors"

@@ -7,7 +7,9 @@ slowdown with a neighbour run on the same hosts), resolve, and ``explain`` after
 
 from __future__ import annotations
 
+import html
 import json
+import re
 import subprocess
 import sys
 import time
@@ -91,11 +93,11 @@ def test_scenario1_projected_onto_the_wandb_run(cascade, stack, standin):
     assert rec.notes.startswith(USER_NOTES)
     assert "Restart the job from its last checkpoint" in rec.notes
     assert "whole synchronous job fails" in rec.notes
-    links = [u for u in rec.notes.replace(")", " ").split() if "grafana.example/d/" in u]
-    assert links
+    links = re.findall(r"https://grafana\.example/d/[^\s)\]>\"']+", rec.notes)
+    assert links, rec.notes
     panels = _dashboard_panels()
     for link in links:
-        url = urlparse(link.strip("<>()[]"))
+        url = urlparse(html.unescape(link))
         uid = url.path.split("/")[2]
         assert int(parse_qs(url.query)["viewPanel"][0]) in panels[uid], link
     marker_rows = wait_for(
