@@ -992,8 +992,7 @@ class SimulatorServer:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._host, self._port, backlog=1024)
         await site.start()
-        sockets = site._server.sockets if site._server else []  # type: ignore[union-attr]
-        self.port = sockets[0].getsockname()[1]
+        self.port = self._runner.addresses[0][1]
 
     def stop(self) -> None:
         """Stop serving and end the thread."""
