@@ -28,6 +28,7 @@ import hashlib
 import json
 import logging
 import math
+import re
 import sys
 import threading
 import time
@@ -56,6 +57,7 @@ LINK_FAULTS = frozenset({"ib_flap", "ib_down"})
 ETH_FAULTS = frozenset({"eth_flap", "eth_down"})
 ETH_DEVICES: tuple[str, ...] = ("eth0",)
 
+HOST_PREFIX = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]{0,50}")
 EXPOSITION_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 DCGM_PORT = 9400
 NODE_PORT = 9100
@@ -320,6 +322,8 @@ class Cluster:
     ) -> None:
         if hosts < 1 or gpus_per_host < 1 or ib_ports < 0:
             raise SimulatorError("hosts and gpus_per_host must be >= 1, ib_ports >= 0")
+        if not HOST_PREFIX.fullmatch(prefix):
+            raise SimulatorError(f"host prefix {prefix!r} must match {HOST_PREFIX.pattern}")
         for fl in [flavour, *(host_flavours or {}).values()]:
             if fl not in FLAVOURS:
                 raise SimulatorError(f"unknown dcgm flavour {fl!r}; expected one of {FLAVOURS}")
@@ -776,10 +780,12 @@ class Cluster:
                    f"# TYPE {labels.NODE_INFO} gauge\n"]
             gpu_lines = []
             for run in self.runs.values():
-                ident = (f'{labels.ENTITY}="{run.entity}",{labels.PROJECT}="{run.project}",'
-                         f'{labels.RUN_ID}="{run.run_id}"')
+                ident = (f'{labels.ENTITY}="{_escape(run.entity)}",'
+                         f'{labels.PROJECT}="{_escape(run.project)}",'
+                         f'{labels.RUN_ID}="{_escape(run.run_id)}"')
                 for name in run.hosts:
-                    out.append(f'{labels.NODE_INFO}{{{ident},{labels.RUN_NAME}="{run.run_name}",'
+                    out.append(f'{labels.NODE_INFO}{{{ident},'
+                               f'{labels.RUN_NAME}="{_escape(run.run_name)}",'
                                f'{labels.HOSTNAME}="{name}",{labels.SOURCE}="simulator"}} 1\n')
                     for index in run.gpus if run.gpus is not None else range(self.gpus_per_host):
                         uuid = self.hosts[name].gpus[index].uuid
@@ -793,6 +799,11 @@ class Cluster:
             data = "".join(out).encode()
             self._runs_cache = (self._runs_version, data)
             return data
+
+
+def _escape(value: str) -> str:
+    """A label value as the exposition format needs it (backslash, quote, newline escaped)."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def _fmt(value: float) -> str:
@@ -954,6 +965,12 @@ def _control(cluster: Cluster, action: str, body: dict[str, Any]) -> None:
         fields = [body.get(k) for k in ("entity", "project", "run_id")]
         if not all(isinstance(f, str) for f in fields):
             raise SimulatorError("run needs entity, project and run_id strings")
+        gpus = body.get("gpus")
+        if gpus is not None and not (isinstance(gpus, list) and all(
+                isinstance(g, int) and not isinstance(g, bool) for g in gpus)):
+            raise SimulatorError("gpus must be a list of GPU indices")
+        if not isinstance(body.get("run_name", ""), str):
+            raise SimulatorError("run_name must be a string")
         cluster.assign_run(*fields, hosts, gpus=body.get("gpus"), run_name=body.get("run_name"))
     else:
         raise SimulatorError(f"unknown control action {action!r}")

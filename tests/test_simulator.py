@@ -430,3 +430,23 @@ def test_cli_serves_and_writes_configs(tmp_path: Path):
                               cwd=Path(__file__).resolve().parent.parent)
     for option in ("--hosts", "--flavour", "--xid-count", "--file-sd-dir", "--prometheus-config"):
         assert option in helptext.stdout
+
+
+def test_run_labels_are_escaped_and_bad_runs_rejected():
+    cluster = Cluster(hosts=1)
+    cluster.assign_run("team", "llm", "r1", ["gpu-node-001"], gpus=[0],
+                       run_name='quote " back \\ new\nline')
+    runs = parse(cluster.render_runs().decode())
+    (node,) = [lab for n, lab, _ in runs if n == "wandb_run_node_info"]
+    assert node["wandb_run_name"] == 'quote \\" back \\\\ new\\nline'
+    with serve(cluster) as sim:
+        for body in ({"entity": "t", "project": "p", "run_id": "r", "hosts": ["gpu-node-001"],
+                      "gpus": 3},
+                     {"entity": "t", "project": "p", "run_id": "r", "hosts": ["gpu-node-001"],
+                      "run_name": 5},
+                     {"entity": "t", "project": "p", "hosts": ["gpu-node-001"]}):
+            resp = requests.post(sim.url + "/control/run", json=body, timeout=10)
+            assert resp.status_code == 400, body
+    assert list(cluster.runs) == [("team", "llm", "r1")]
+    with pytest.raises(SimulatorError, match="prefix"):
+        Cluster(hosts=1, prefix='bad"name')
