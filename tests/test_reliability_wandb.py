@@ -1,0 +1,148 @@
+"""W&B failing under the real bridge process: an outage (503, then 429 + Retry-After, then
+recovery) and permanent failures (unknown run, 403, 400, revoked key).
+
+Also the log check of the auth item: everything the process logged while W&B failed is searched
+for the API key (raw and as the Basic credential it is sent as) and the webhook token.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import requests
+
+from tests.bridge_payloads import T0, TOKEN, alert, notification
+from tests.reliability_bridge import (
+    BridgeProcess,
+    bridge_env,
+    section_blocks,
+    start_bridge,
+    wait_for,
+)
+from tests.wandb_standin import WandbStandin
+
+RUNS = [f"r{i:02d}" for i in range(20)]
+
+
+def _assert_no_secrets(bridge: BridgeProcess, wb: WandbStandin) -> None:
+    basic = base64.b64encode(f"api:{wb.api_key}".encode()).decode()
+    log = bridge.log.read_text()
+    assert log.count("\n") > 5, "the process logged"
+    for secret in (wb.api_key, basic, TOKEN):
+        assert secret not in log
+    for path in ("/metrics", "/healthz", "/readyz"):
+        text = requests.get(bridge.url + path, timeout=10).text
+        assert wb.api_key not in text and TOKEN not in text and basic not in text
+
+
+def _node_down(run: str, host: str, minutes: int = 0, end: bool = False) -> dict:
+    start = T0 + timedelta(minutes=minutes)
+    return alert("NodeDown", category="node", host=host, run=run, start=start,
+                 end=start + timedelta(minutes=5) if end else None)
+
+
+def test_outage_503_then_429_retry_after_then_recovery(tmp_path: Path):
+    with WandbStandin() as wb:
+        for run in [*RUNS, "ordered"]:
+            wb.add_run("team", "proj", run)
+        wb.fail(503, times=None)
+        bridge = start_bridge(tmp_path, bridge_env(tmp_path, wandb_url=wb.url,
+                                                   wandb_key=wb.api_key))
+        try:
+            t_down = time.monotonic()
+            assert bridge.post(notification([_node_down(r, f"h{r}") for r in RUNS])).ok
+            assert bridge.post(notification([_node_down("ordered", "ha")])).ok
+            time.sleep(1)
+            assert bridge.post(notification([_node_down("ordered", "hb", minutes=20)])).ok
+            time.sleep(1)
+            assert bridge.post(notification([_node_down("ordered", "ha", end=True)])).ok
+            time.sleep(2)
+            m = bridge.metrics()
+            assert m["wandb_infra_bridge_queue_runs"] == len(RUNS) + 1
+            assert m["wandb_infra_bridge_oldest_undelivered_seconds"] >= 3
+            assert m['wandb_infra_bridge_deliveries_total{outcome="transient"}'] >= 2
+            down = wb.calls(since=t_down)
+            assert len(down) / (time.monotonic() - t_down) <= 3, "no retry storm while down"
+            assert all(r.status == 503 for r in down)
+
+            wb.clear_faults()
+            wb.fail(429, times=None, retry_after="1.5")
+            t_limited = time.monotonic()
+            time.sleep(5)
+            limited = wb.calls(since=t_limited)
+            wb.clear_faults()
+            assert len(limited) >= 2 and all(r.status == 429 for r in limited)
+            gaps = [b.at - a.at for a, b in itertools.pairwise(limited)]
+            assert min(gaps) >= 1.45, f"Retry-After 1.5 s not respected: {gaps}"
+
+            wait_for(lambda: bridge.metrics()["wandb_infra_bridge_queue_runs"] == 0, 30,
+                     what="backlog drained")
+            m = bridge.metrics()
+            assert m["wandb_infra_bridge_oldest_undelivered_seconds"] == 0
+            assert m["wandb_infra_bridge_parked_runs"] == 0
+            for run in RUNS:
+                assert wb.run("team", "proj", run).tags == ["infra:NodeDown"]
+            notes = wb.run("team", "proj", "ordered").notes
+            assert section_blocks(notes) == ["NodeDown on ha", "NodeDown on hb"]
+            # Per-run order: every successful write of this run shows the state it had at
+            # that time or later; the resolved issue is never shown open again.
+            storage = wb.run("team", "proj", "ordered").storage_id
+            writes = [r.variables["notes"] for r in wb.calls("BridgeUpsertBucket")
+                      if r.status == 200 and r.variables["id"] == storage]
+            assert writes and "(resolved" in writes[0].split("NodeDown on hb")[0]
+            _assert_no_secrets(bridge, wb)
+        finally:
+            assert bridge.stop() == 0
+
+
+def test_permanent_failures_are_parked_counted_and_not_retried(tmp_path: Path):
+    with WandbStandin() as wb:
+        good = ["p1", "p2", "p3", "p4", "p5", "p6"]
+        for run in good:
+            wb.add_run("team", "proj", run)
+        wb.fail(403, times=1, operation="BridgeRun")
+        wb.fail(400, times=1, operation="BridgeUpsertBucket")
+        bridge = start_bridge(tmp_path, bridge_env(tmp_path, wandb_url=wb.url,
+                                                   wandb_key=wb.api_key))
+        try:
+            assert bridge.post(notification([_node_down(r, f"h{r}")
+                                             for r in ["zghost", *good]])).ok
+
+            def states() -> dict[str, str]:
+                return {r: row["wandb"]["state"] for r, row in bridge.runs().items()}
+            wait_for(lambda: set(states().values()) <= {"parked", "delivered"}, 20,
+                     what="every run delivered or parked")
+            runs = bridge.runs()
+            parked = {r: row["wandb"]["reason"] for r, row in runs.items()
+                      if row["wandb"]["state"] == "parked"}
+            assert len(parked) == 3 and "zghost" in parked
+            reasons = " | ".join(parked.values())
+            assert "not found" in reasons and "HTTP 403" in reasons and "HTTP 400" in reasons
+            delivered = [r for r in good if r not in parked]
+            for run in delivered:
+                assert wb.run("team", "proj", run).tags == ["infra:NodeDown"]
+            m = bridge.metrics()
+            assert m["wandb_infra_bridge_parked_runs"] == 3
+            assert m['wandb_infra_bridge_deliveries_total{outcome="parked"}'] == 3
+            calls = len(wb.requests)
+            time.sleep(2.5)
+            assert len(wb.requests) == calls, "parked runs are not retried"
+
+            wb.revoke()
+            assert bridge.post(notification([_node_down(r, f"x{r}", minutes=30)
+                                             for r in delivered])).ok
+            wait_for(lambda: bridge.metrics()["wandb_infra_bridge_parked_runs"] == 3 + len(delivered), 20,
+                     what="revoked key parks every run")
+            assert all("401" in row["wandb"]["reason"] for r, row in bridge.runs().items()
+                       if r in delivered)
+            rejected = len(wb.rejected)
+            assert rejected == len(delivered), "one attempt per run, then parked"
+            time.sleep(2.5)
+            assert len(wb.rejected) == rejected and len(wb.requests) == calls
+            _assert_no_secrets(bridge, wb)
+        finally:
+            assert bridge.stop() == 0
