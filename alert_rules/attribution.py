@@ -1,7 +1,9 @@
 """Wrap a per-entity fault expression so the alert carries the run labels (contract 2).
 
 PromQL refuses many-to-many joins, and a failed join drops the whole rule, so the run info metric
-is always on the many side and the fault side is made unique per join key with ``topk by``. Three
+is always on the many side and the fault side is made unique per join key with ``topk by``. The
+run side comes from the deduplicated join records of ``normalise.run_rules`` (``max by`` over the
+info metrics, so exporter replicas collapse). Three
 cases per GPU fault: the run that holds the GPU (several runs may share one), runs on the host
 whose GPUs are unknown (never a GPU another run holds), and no run at all (the fault still
 alerts, without run labels). Host and link faults attribute to every run on the host.
@@ -9,10 +11,10 @@ alerts, without run labels). Host and link faults attribute to every run on the 
 
 from __future__ import annotations
 
+from bridge.catalog import series as s
 from exporter import labels as L
 
 RUN = ", ".join(L.RUN_LABELS)
-GPU_ONLY_RUNS = f"({L.NODE_INFO} unless on ({L.HOSTNAME}, {RUN}) {L.GPU_INFO})"
 
 
 def _join(*names: str) -> str:
@@ -28,7 +30,7 @@ def gpu_scope(fault: str, copy: tuple[str, ...]) -> str:
     copied = _join(L.GPU_UUID, *copy)
     return "\n".join([
         "(",
-        f"  max by ({L.HOSTNAME}, {L.GPU}, {RUN}) ({L.GPU_INFO})",
+        f"  {s.RUN_GPUS}",
         f"  * on ({L.HOSTNAME}, {L.GPU}) group_left ({copied})",
         f"  topk by ({L.HOSTNAME}, {L.GPU}) (1, (",
         _indent(_indent(fault)),
@@ -36,19 +38,19 @@ def gpu_scope(fault: str, copy: tuple[str, ...]) -> str:
         ")",
         "or",
         "(",
-        f"  max by ({L.HOSTNAME}, {RUN}) {GPU_ONLY_RUNS}",
+        f"  {s.RUN_HOSTS_GPUS_UNKNOWN}",
         f"  * on ({L.HOSTNAME}) group_left ({_join(L.GPU, copied)})",
         f"  topk by ({L.HOSTNAME}) (1, (",
         _indent(_indent(fault)),
-        f"  ) unless on ({L.HOSTNAME}, {L.GPU}) {L.GPU_INFO})",
+        f"  ) unless on ({L.HOSTNAME}, {L.GPU}) {s.RUN_GPUS})",
         ")",
         "or",
         "(",
         f"  max by ({_join(L.HOSTNAME, L.GPU, copied)}) (",
         _indent(_indent(fault)),
         "  )",
-        f"  unless on ({L.HOSTNAME}, {L.GPU}) {L.GPU_INFO}",
-        f"  unless on ({L.HOSTNAME}) {GPU_ONLY_RUNS}",
+        f"  unless on ({L.HOSTNAME}, {L.GPU}) {s.RUN_GPUS}",
+        f"  unless on ({L.HOSTNAME}) {s.RUN_HOSTS_GPUS_UNKNOWN}",
         ")",
     ])
 
@@ -57,7 +59,7 @@ def host_scope(fault: str, copy: tuple[str, ...]) -> str:
     """A host or link fault attributed to every run on the host, else to nobody."""
     return "\n".join([
         "(",
-        f"  max by ({L.HOSTNAME}, {RUN}) ({L.NODE_INFO})",
+        f"  {s.RUN_HOSTS}",
         f"  * on ({L.HOSTNAME}) group_left ({_join(*copy)})",
         f"  topk by ({L.HOSTNAME}) (1, (",
         _indent(_indent(fault)),
@@ -68,7 +70,7 @@ def host_scope(fault: str, copy: tuple[str, ...]) -> str:
         f"  max by ({_join(L.HOSTNAME, *copy)}) (",
         _indent(_indent(fault)),
         "  )",
-        f"  unless on ({L.HOSTNAME}) {L.NODE_INFO}",
+        f"  unless on ({L.HOSTNAME}) {s.RUN_HOSTS}",
         ")",
     ])
 

@@ -177,19 +177,23 @@ def node_rules() -> list[Recording]:
 
 def _per_run_gpu(metric: str) -> str:
     """A per-GPU series relabelled with the run on that GPU (never another run's GPU)."""
-    gpu_runs = f"max by ({L.HOSTNAME}, {L.GPU}, {RUN}) ({L.GPU_INFO})"
-    gpuless = (f"max by ({L.HOSTNAME}, {RUN}) ({L.NODE_INFO} unless on ({L.HOSTNAME}, {RUN}) "
-               f"{L.GPU_INFO})")
+    gpuless = s.RUN_HOSTS_GPUS_UNKNOWN
     sole_gpuless = f"({gpuless} and on ({L.HOSTNAME}) (count by ({L.HOSTNAME}) ({gpuless}) == 1))"
-    return (f"({gpu_runs} * on ({L.HOSTNAME}, {L.GPU}) group_left () "
+    return (f"({s.RUN_GPUS} * on ({L.HOSTNAME}, {L.GPU}) group_left () "
             f"max by ({L.HOSTNAME}, {L.GPU}) ({metric})) "
             f"or (max by ({L.HOSTNAME}, {L.GPU}) ({metric} unless on ({L.HOSTNAME}, {L.GPU}) "
-            f"{L.GPU_INFO}) * on ({L.HOSTNAME}) group_left ({RUN}) {sole_gpuless})")
+            f"{s.RUN_GPUS}) * on ({L.HOSTNAME}) group_left ({RUN}) {sole_gpuless})")
 
 
 def run_rules() -> list[Recording]:
-    """What the workload alerts (stall, straggler) need per run."""
+    """Deduplicated join records (read by every attributed alert) and what the workload alerts
+    (stall, straggler) need per run."""
     return [
+        Recording(s.RUN_GPUS, f"max by ({L.HOSTNAME}, {L.GPU}, {RUN}) ({L.GPU_INFO})"),
+        Recording(s.RUN_HOSTS, f"max by ({L.HOSTNAME}, {RUN}) ({L.NODE_INFO})"),
+        Recording(s.RUN_HOSTS_GPUS_UNKNOWN,
+                  f"max by ({L.HOSTNAME}, {RUN}) ({L.NODE_INFO} unless on ({L.HOSTNAME}, {RUN}) "
+                  f"{L.GPU_INFO})"),
         Recording(s.RUN_GPU_TENSOR, _per_run_gpu(s.TENSOR_ACTIVE)),
         Recording(s.RUN_GPU_UTIL, _per_run_gpu(f"avg_over_time({s.GPU_UTIL}[2m])")),
         Recording(s.RUN_GPU_FB, _per_run_gpu(s.FB_USED)),

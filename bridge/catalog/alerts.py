@@ -373,7 +373,7 @@ register(
         "last checkpoint without it; if only the exporter died, restart the exporter.",
         "targets_up",
         f"({s.TARGET_UP} == 0) or (((max_over_time({s.TARGET_UP}[1h]) unless {s.TARGET_UP}) "
-        f"* 0) and on ({L.HOSTNAME}) {L.NODE_INFO})",
+        f"* 0) and on ({L.HOSTNAME}) {s.RUN_HOSTS})",
         for_="2m", copy_labels=(s.TARGET_LABEL,), group="node"),
     AlertDef(
         "NodeGpuCountDropped", "critical", _H, _HW, "host",
