@@ -126,7 +126,7 @@ class DeliveryWorker:
             self.metrics.parked.set(stats.parked_runs)
         if now - self._last_purge > 3600:
             self._last_purge = now
-            self.store.purge(now - self.policy.retention)
+            self.store.purge(now - self.policy.retention, delivering=self.client is not None)
         return delivered
 
     def _attribute(self, now: float) -> None:

@@ -16,7 +16,7 @@ from bridge.grafana import GrafanaLinks
 from bridge.identity import IdentityReader, PrometheusRunLookup
 from bridge.markers import SdkMarkerWriter
 from bridge.metrics import BridgeMetrics
-from bridge.store import Store
+from bridge.store import Store, StoreError
 from bridge.wandb_client import WandbClient
 from bridge.webhook import BridgeContext, Credentials, create_app
 from exporter.logsetup import log_fields
@@ -29,6 +29,11 @@ def build(cfg: BridgeConfig) -> BridgeContext:
     raw = cfg.raw
     cfg.store_path.parent.mkdir(parents=True, exist_ok=True)
     store = Store(cfg.store_path, int(raw["store"]["min_free_bytes"]))
+    try:
+        store.probe()
+    except StoreError as exc:
+        log.error("store not writable at start; answering 503 until it is",
+                  extra=log_fields(error=str(exc)))
     metrics = BridgeMetrics()
     grafana = raw["grafana"]
     links = GrafanaLinks(str(grafana["base_url"] or ""), int(grafana["org_id"]),

@@ -156,10 +156,11 @@ class Store:
         self.min_free_bytes = min_free_bytes
         self._local = threading.local()
         self._seq_lock = threading.Lock()
-        try:
-            self._conn().executescript(SCHEMA)
-        except sqlite3.Error as exc:
-            raise StoreError(f"cannot initialise store {self.path}: {exc}") from exc
+        self._schema_ready = False
+        # A read-only or full disk at start is not fatal: every use retries opening, so the
+        # webhook answers 503 and /readyz fails until the disk is back, then all works again.
+        with suppress(StoreError):
+            self._conn()
 
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
@@ -167,11 +168,18 @@ class Store:
             try:
                 conn = sqlite3.connect(self.path, timeout=10, isolation_level=None,
                                        check_same_thread=True)
+            except sqlite3.Error as exc:
+                raise StoreError(f"cannot open store {self.path}: {exc}") from exc
+            try:
                 conn.row_factory = sqlite3.Row
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.execute("PRAGMA synchronous=FULL")
                 conn.execute("PRAGMA foreign_keys=ON")
+                if not self._schema_ready:
+                    conn.executescript(SCHEMA)
+                    self._schema_ready = True
             except sqlite3.Error as exc:
+                conn.close()
                 raise StoreError(f"cannot open store {self.path}: {exc}") from exc
             self._local.conn = conn
         return conn
@@ -423,20 +431,22 @@ class Store:
                 [(run.entity, run.project, run.run_id, m, now) for m in markers])
 
     # retention ------------------------------------------------------------------------------
-    def purge(self, older_than: float) -> int:
-        """Delete resolved alerts that ended before ``older_than`` on fully delivered runs."""
+    def purge(self, older_than: float, delivering: bool = True) -> int:
+        """Delete resolved alerts that ended before ``older_than``, except those of runs whose
+        W&B delivery is still pending. Parked runs and, without W&B (``delivering`` False),
+        every run have nothing pending, so the store stays bounded in every mode."""
         cutoff = iso(datetime.fromtimestamp(older_than, UTC))
         with self._tx() as conn:
             cur = conn.execute(
                 "DELETE FROM alerts WHERE status='resolved' AND ends_at < ? AND NOT EXISTS "
                 "(SELECT 1 FROM outbox o WHERE o.entity=alerts.entity AND "
                 "o.project=alerts.project AND o.run_id=alerts.run_id AND "
-                "o.dirty_seq > o.delivered_seq)", (cutoff,))
+                "o.dirty_seq > o.delivered_seq AND o.parked IS NULL AND ?)", (cutoff, delivering))
             removed = cur.rowcount
             conn.execute(
-                "DELETE FROM outbox WHERE dirty_seq <= delivered_seq AND NOT EXISTS (SELECT 1 "
-                "FROM alerts a WHERE a.entity=outbox.entity AND a.project=outbox.project AND "
-                "a.run_id=outbox.run_id)")
+                "DELETE FROM outbox WHERE NOT (dirty_seq > delivered_seq AND parked IS NULL AND ?) "
+                "AND NOT EXISTS (SELECT 1 FROM alerts a WHERE a.entity=outbox.entity AND "
+                "a.project=outbox.project AND a.run_id=outbox.run_id)", (delivering,))
             conn.execute(
                 "DELETE FROM markers WHERE NOT EXISTS (SELECT 1 FROM outbox o WHERE "
                 "o.entity=markers.entity AND o.project=markers.project AND "
