@@ -77,6 +77,13 @@ def _selector(run: RunKey) -> str:
             f"{L.RUN_ID}={q(run.run_id)}")
 
 
+def _regex_literal(text: str) -> str:
+    """``text`` as a literal inside a double-quoted PromQL regex (RE2 escapes, then the
+    string literal's own backslash escaping)."""
+    escaped = re.sub(r"([.^$*+?()\[\]{}|\\])", r"\\\1", text)
+    return escaped.replace("\\", "\\\\").replace('"', '\\"')
+
+
 def pick_step(start: float, end: float, minimum: float) -> float:
     """The finest step (>= ``minimum``) that keeps a range query under Prometheus' point limit."""
     return max(minimum, (end - start) / MAX_POINTS)
@@ -166,7 +173,7 @@ def rebuild_alerts(prom: PrometheusHistory, run: RunKey, placement: Placement, s
                    end: float, *, min_step: float) -> list[Alert]:
     """Every firing period of an alert that hit the run (attributed, or on its hosts/GPUs)."""
     step = pick_step(start, end, min_step)
-    hosts = "|".join(re.escape(h) for h in sorted(placement.hosts))
+    hosts = "|".join(_regex_literal(h) for h in sorted(placement.hosts))
     series = prom.range(f'ALERTS{{alertstate="firing",{_selector(run)}}}', start, end, step)
     series += prom.range(f'ALERTS{{alertstate="firing",{L.RUN_ID}="",{L.HOSTNAME}=~"{hosts}"}}',
                          start, end, step)

@@ -158,7 +158,8 @@ def test_explain_after_the_fact_reaches_the_same_root_cause(cascade, stack):
     out = subprocess.run(
         [str(Path(sys.executable).parent / "wandb-infra-bridge"), "explain", run.path,
          "--prometheus", stack.prometheus.url, "--step", str(stack.config.interval_seconds),
-         "--lookback", "1h", "--json"], capture_output=True, text=True, timeout=120, check=True)
+         "--lookback", "1h", "--json"], capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
     view = json.loads(out.stdout)
     assert len(view["placement"]["hosts"]) == 64
     roots = [(i["root_cause"]["alertname"], i["root_cause"]["hostname"], i["root_cause"]["gpu"])

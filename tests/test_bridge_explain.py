@@ -1,0 +1,77 @@
+"""explain's pure parts: firing periods, run membership, annotations, times, PromQL escaping."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from bridge.explain import (
+    Placement,
+    _belongs,
+    _regex_literal,
+    _segments,
+    catalog_annotations,
+    fingerprint,
+    parse_run,
+    parse_when,
+    pick_step,
+)
+from bridge.identity import RunKey
+
+RUN = RunKey("e", "p", "r1")
+PLACEMENT = Placement(frozenset({"h1", "h2"}), {"h1": frozenset({"0", "1"})}, 0.0, 100.0)
+
+
+def test_segments_split_on_gaps_longer_than_one_and_a_half_steps():
+    values = [[t, "1"] for t in (0, 2, 4, 10, 12, 30)]
+    assert _segments(values, 2.0) == [(0, 4), (10, 12), (30, 30)]
+    assert _segments([], 2.0) == []
+
+
+def test_membership_by_run_labels_or_by_host_and_gpu():
+    assert _belongs({"wandb_entity": "e", "wandb_project": "p", "wandb_run_id": "r1"}, RUN,
+                    PLACEMENT)
+    assert not _belongs({"wandb_entity": "e", "wandb_project": "p", "wandb_run_id": "other",
+                         "hostname": "h1"}, RUN, PLACEMENT)
+    assert _belongs({"hostname": "h1", "gpu": "1"}, RUN, PLACEMENT)
+    assert not _belongs({"hostname": "h1", "gpu": "5"}, RUN, PLACEMENT), "another run's GPU"
+    assert _belongs({"hostname": "h2", "gpu": "5"}, RUN, PLACEMENT), "GPUs unknown on h2"
+    assert not _belongs({"hostname": "h9"}, RUN, PLACEMENT)
+
+
+def test_annotations_come_from_the_catalog_with_labels_filled_in():
+    ann = catalog_annotations({"alertname": "InfinibandLinkDown", "hostname": "h1",
+                               "device": "mlx5_0", "port": "1"})
+    assert ann["impact"] and ann["remediation"] and ann["panel_id"].isdigit()
+    assert "{{" not in ann["description"]
+    assert catalog_annotations({"alertname": "SomethingElse"}) == {}
+
+
+def test_times_and_runs_parse_or_fail_clearly():
+    assert parse_when("2h", 10_000.0) == 10_000.0 - 7200
+    assert parse_when("1700000000", 0) == 1_700_000_000.0
+    assert parse_when("2026-11-29T10:00:00Z", 0) == parse_when("2026-11-29T10:00:00+00:00", 0)
+    assert parse_when(None, 0) is None
+    with pytest.raises(ValueError, match="cannot read time"):
+        parse_when("yesterday", 0)
+    assert parse_run("a/b/c") == RunKey("a", "b", "c")
+    with pytest.raises(ValueError, match="ENTITY/PROJECT/RUN_ID"):
+        parse_run("a/b")
+
+
+def test_step_respects_the_point_limit_and_fingerprints_are_stable():
+    assert pick_step(0, 3600, 15) == 15
+    assert pick_step(0, 30 * 86400, 15) == 30 * 86400 / 10_000
+    labels = {"alertname": "X", "hostname": "h"}
+    assert fingerprint(labels, 5.0) == fingerprint(dict(reversed(labels.items())), 5.0)
+    assert re.fullmatch(r"[0-9a-f]{16}", fingerprint(labels, 5.0))
+
+
+def test_regex_literal_survives_promql_string_and_re2_escaping():
+    # What Prometheus' parser turns the literal into (Go string unescaping), then RE2.
+    for host in ("gpu-node-001", "a.b", "x|y", "n(1)"):
+        literal = _regex_literal(host)
+        unescaped = literal.encode().decode("unicode_escape")
+        assert re.fullmatch(unescaped, host)
+        assert not re.fullmatch(unescaped, host + "x")
