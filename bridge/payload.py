@@ -130,6 +130,8 @@ def parse_notification(body: bytes) -> Notification:
         raise PayloadError("body is nested too deeply") from exc
     except json.JSONDecodeError as exc:
         raise PayloadError(f"body is not valid JSON: {exc.msg} at position {exc.pos}") from exc
+    except ValueError as exc:  # e.g. an integer literal beyond Python's digit limit
+        raise PayloadError(f"body has an unusable value: {str(exc)[:80]}") from exc
     if not isinstance(data, dict):
         raise PayloadError("body must be a JSON object")
     version = data.get("version")
