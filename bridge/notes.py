@@ -25,9 +25,14 @@ MAX_PLACES = 8
 LinkFn = Callable[[AlertFact, datetime, datetime | None], str]
 
 
+def strip_controls(text: str) -> str:
+    """Control, line-separator and bidi-override characters (and newlines) become spaces."""
+    return _CONTROL.sub(" ", text.replace("\r\n", " ").replace("\n", " "))
+
+
 def md_escape(text: str, limit: int = MAX_FIELD) -> str:
     """Inline-safe markdown: no control characters or newlines, HTML entities, escaped syntax."""
-    text = _CONTROL.sub(" ", text.replace("\r\n", " ").replace("\n", " "))
+    text = strip_controls(text)
     if len(text) > limit:
         text = text[: limit - 1] + "…"
     text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from bridge.diagnosis import Diagnosis
+from bridge.notes import strip_controls
 
 TAG_PREFIX = "infra:"
 MAX_TAG = 64
@@ -20,7 +21,8 @@ def infra_tags(diagnosis: Diagnosis) -> list[str]:
     roots = [i.root.alertname for i in diagnosis.issues]
     rest = [name for i in diagnosis.issues for name in i.alertnames[1:]]
     out: list[str] = []
-    for name in [*roots, *rest]:
+    for raw in [*roots, *rest]:
+        name = " ".join(strip_controls(raw).split())
         tag = (TAG_PREFIX + name)[:MAX_TAG]
         if name and tag not in out:
             out.append(tag)
