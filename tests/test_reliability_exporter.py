@@ -1,0 +1,123 @@
+"""The exporter process while its sources hang past their timeout, then answer garbage.
+
+Existing tests cover a Slurm outage, W&B 503s, Kubernetes garbage items and registration fuzzing
+one at a time; here two sources (W&B and Kubernetes) fail together in the real process: the last
+good mapping stays for the grace period with each source reported down, /metrics keeps
+answering, the mapping is dropped after the grace period, and everything comes back by itself.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from exporter import labels
+from tests.exporter_process import metric_samples, metric_value, running_exporter
+from tests.k8s_standin import K8sStandin, make_pod
+from tests.reliability_bridge import wait_for
+from tests.test_exporter_wandb import env, wire_config
+from tests.wandb_standin import WandbStandin
+
+GRACE = 5.0
+GARBAGE = b"<html><body>502 Bad Gateway</body></html>\x00\xff"
+
+
+class FaultProxy:
+    """Forwards to ``upstream`` (mode 'ok'), hangs ('hang') or answers 200 with garbage."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+        self.mode = "ok"
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+            def do_GET(self) -> None:
+                if proxy.mode == "hang":
+                    time.sleep(3)
+                if proxy.mode in ("hang", "garbage"):
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(GARBAGE)))
+                    self.end_headers()
+                    self.wfile.write(GARBAGE)
+                    return
+                resp = requests.get(proxy.upstream + self.path, timeout=10, headers={
+                    "Authorization": self.headers.get("Authorization", "")})
+                self.send_response(resp.status_code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(resp.content)))
+                self.end_headers()
+                self.wfile.write(resp.content)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> FaultProxy:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _hosts(url: str) -> set[tuple[str, str]]:
+    return {(s["source"], s["hostname"]) for s in metric_samples(url, labels.NODE_INFO)}
+
+
+def _up(url: str, source: str) -> float | None:
+    return metric_value(url, "wandb_infra_exporter_source_up", source=source)
+
+
+def test_sources_hanging_then_garbage_keep_mapping_for_grace_then_recover(tmp_path: Path):
+    with WandbStandin() as wb, K8sStandin() as k8s, FaultProxy(k8s.url) as proxy:
+        wb.add_run("team", "llm", "live", config=wire_config(env("gpu01", 2)))
+        k8s.set_pods([make_pod("trainer-0", "node-k", "ml", labels={"wandb.ai/run-id": "k1"})])
+        (tmp_path / "key").write_text(wb.api_key + "\n")
+        config = {"grace_seconds": GRACE, "log_level": "debug", "sources": {
+            "wandb": {"enabled": True, "base_url": wb.url, "api_key_file": str(tmp_path / "key"),
+                      "projects": ["team/llm"], "interval_seconds": 0.3, "timeout_seconds": 1},
+            "kubernetes": {"enabled": True, "api_server": proxy.url, "token": "env:K8S_TOKEN",
+                           "default_entity": "team", "default_project": "k",
+                           "interval_seconds": 0.3, "timeout_seconds": 1}}}
+        both = {("wandb", "gpu01"), ("kubernetes", "node-k")}
+        with running_exporter(config, tmp_path / "exporter", env={"K8S_TOKEN": k8s.token}) as url:
+            wait_for(lambda: _hosts(url) == both, 20, what="both sources mapped")
+            wb.slow(3, times=None)
+            proxy.mode = "hang"
+            failed_at = time.monotonic()
+            wait_for(lambda: _up(url, "wandb") == 0 and _up(url, "kubernetes") == 0, GRACE - 1,
+                     0.1, "both sources reported down within the grace period")
+            assert _hosts(url) == both, "last good mapping kept within the grace period"
+            assert time.monotonic() - failed_at < GRACE
+            wb.clear_faults()
+            wb.fail(200, times=None, body=GARBAGE.decode("latin-1"))
+            proxy.mode = "garbage"
+            wait_for(lambda: not _hosts(url), GRACE + 5, what="mapping dropped after grace")
+            assert time.monotonic() - failed_at >= GRACE - 0.5
+            assert _up(url, "wandb") == 0 and _up(url, "kubernetes") == 0
+            assert metric_value(url, "wandb_infra_exporter_source_errors_total",
+                                source="wandb") >= 2
+            health = requests.get(url + "/healthz", timeout=5)
+            assert health.status_code in (200, 503)
+            wb.clear_faults()
+            proxy.mode = "ok"
+            wait_for(lambda: _hosts(url) == both and _up(url, "wandb") == 1
+                     and _up(url, "kubernetes") == 1, 20, what="recovered by itself")
+        log = (tmp_path / "exporter" / "exporter.log").read_text()
+        assert wb.api_key not in log and k8s.token not in log
+        assert "Traceback" not in log
+        for source, error in (("wandb", "ReadTimeout"), ("kubernetes", "ReadTimeout"),
+                              ("wandb", "non-JSON"), ("kubernetes", "non-PodList")):
+            assert any(f'"source": "{source}"' in line and error in line
+                       for line in log.splitlines()), (source, error)
