@@ -172,10 +172,12 @@ def specs(alert_selector: str, scope: str) -> dict[str, PanelSpec]:
         "row_remap": PanelSpec(
             "timeseries", "short",
             "HBM row remapping: a pending remap is applied at the next GPU reset; a failed "
-            "remap or many uncorrectable rows means the GPU should be replaced.",
+            "remap or many uncorrectable rows (512) means the GPU should be replaced. Retired "
+            "pages, the older GPUs' equivalent, count against the same limit (63).",
             (gpu_q("max", series.ROW_REMAP_PENDING, " pending"),
              gpu_q("max", series.ROW_REMAP_FAILURE, " failed"),
-             gpu_q("max", series.UNCORRECTABLE_ROWS, " uncorrectable rows"))),
+             gpu_q("max", series.UNCORRECTABLE_ROWS, " uncorrectable rows"),
+             gpu_q("max", series.RETIRED_PAGES, " retired pages"))),
         "gpu_count": PanelSpec(
             "timeseries", "short",
             "GPUs dcgm-exporter reports per host (min over the interval). Fewer than the host "

@@ -14,7 +14,8 @@ code is a new series and the old one goes stale, as in the real exporter.
 
 Faults (``Cluster.inject`` or ``POST /control/fault``): xid, thermal, stall, ib_flap, ib_down,
 host_lost, nvlink, pcie, ecc_dbe, row_remap_pending, power_brake, eth_flap, eth_down, straggler
-(a GPU that keeps up less: lower utilisation and activity); ``clear`` removes them.
+(a GPU that keeps up less: lower utilisation and activity), row_remap_failure, sbe_storm
+(single-bit errors at a high rate, 64 pages retired); ``clear`` removes them.
 ``/runs/metrics`` serves the join metrics for runs assigned with ``assign_run`` (a stand-in for the
 exporter in tests that do not start it).
 """
@@ -48,11 +49,13 @@ log = logging.getLogger("demo.simulator")
 FLAVOURS: tuple[str, ...] = ("Hostname", "hostname", "4.9")
 FAULT_KINDS: tuple[str, ...] = (
     "xid", "thermal", "stall", "ib_flap", "ib_down", "host_lost", "nvlink", "pcie", "ecc_dbe",
-    "row_remap_pending", "power_brake", "eth_flap", "eth_down", "straggler",
+    "row_remap_pending", "power_brake", "eth_flap", "eth_down", "straggler", "row_remap_failure",
+    "sbe_storm",
 )
 # Faults that act on one GPU when ``gpu`` is given, on every GPU of the host otherwise.
 GPU_FAULTS = frozenset({"xid", "thermal", "stall", "nvlink", "pcie", "ecc_dbe",
-                        "row_remap_pending", "power_brake", "straggler"})
+                        "row_remap_pending", "power_brake", "straggler", "row_remap_failure",
+                        "sbe_storm"})
 LINK_FAULTS = frozenset({"ib_flap", "ib_down"})
 ETH_FAULTS = frozenset({"eth_flap", "eth_down"})
 ETH_DEVICES: tuple[str, ...] = ("eth0",)
@@ -418,7 +421,8 @@ class Cluster:
             "sm_clock": clock, "gpu_temp": round(temp + noise),
             "memory_temp": round(mem_temp + noise),
             "power": round(power + 5 * noise, 3), "gpu_util": util, "fb_used": fb_used,
-            "fb_free": FB_TOTAL_MIB - fb_used, "row_remap_failure": 0.0,
+            "fb_free": FB_TOTAL_MIB - fb_used,
+            "row_remap_failure": 1.0 if "row_remap_failure" in faults else 0.0,
             "row_remap_pending": 1.0 if gpu.row_remap_pending else 0.0,
             "clock_events": float(reasons), "gr_engine_active": round(engine, 4),
             "tensor_active": round(tensor, 4), "dram_active": round(dram, 4),
@@ -439,6 +443,8 @@ class Cluster:
             "nvlink_replay": 0.5 if "nvlink" in faults else 0.0,
             "nvlink_recovery": 0.1 if "nvlink" in faults else 0.0,
             "low_util_violation": 0.0 if gpu.busy else 1e9,
+            "ecc_sbe_vol": 5.0 if "sbe_storm" in faults else 0.0,
+            "ecc_sbe_agg": 5.0 if "sbe_storm" in faults else 0.0,
         }
         for key, counter in gpu.counters.items():
             counter.set_rate(rates.get(key, 0.0), now)
@@ -551,6 +557,10 @@ class Cluster:
             gpu.counters["uncorrectable_remapped"].base += 1
         else:
             gpu.faults.add(kind)
+            if kind == "row_remap_failure":
+                gpu.counters["uncorrectable_remapped"].base += 1
+            if kind == "sbe_storm":
+                gpu.counters["retired_sbe"].base += 64
         self._apply_rates(gpu, now)
 
     def clear(self, host: str | None = None, gpu: int | None = None, kind: str | None = None,

@@ -54,6 +54,9 @@ FAULTS: dict[str, Fault] = {
     "GpuXidUnclassified": Fault("xid", "gpu-node-001", 6, code=201),
     "GpuDoubleBitEccErrors": Fault("ecc_dbe", "gpu-node-002", 0),
     "GpuRowRemapPending": Fault("row_remap_pending", "gpu-node-002", 1),
+    "GpuRowRemapFailure": Fault("row_remap_failure", "gpu-node-002", 6),
+    "GpuSingleBitEccStorm": Fault("sbe_storm", "gpu-node-002", 7),
+    "GpuMemoryRetirementLimit": Fault("sbe_storm", "gpu-node-002", 7),
     "GpuThermalViolation": Fault("thermal", "gpu-node-002", 2),
     "GpuTemperatureHigh": Fault("thermal", "gpu-node-002", 2),
     "GpuMemoryTemperatureCritical": Fault("thermal", "gpu-node-002", 2),
@@ -75,16 +78,14 @@ FAULTS: dict[str, Fault] = {
     "TrainingStraggler": Fault("straggler", "gpu-node-001", 7),
     "NodeDown": Fault("host_lost", "gpu-node-005"),
 }
-# Catalog alerts the simulator has no fault for: their panel must still show every run GPU.
-NOT_SIMULATED = frozenset({"GpuSingleBitEccStorm", "GpuMemoryRetirementLimit",
-                           "GpuRowRemapFailure"})
 # Alerts whose condition only shows after minutes (a `for`, a 5-minute rate) are still checked
 # for their panel, but need not have reached ALERTS within this test's bounded time.
 MUST_REACH_ALERTS = ("GpuXidError", "GpuContainedEccError", "GpuUncontainedEccError",
                      "GpuXidApplicationError", "GpuDoubleBitEccErrors", "GpuThermalViolation",
                      "GpuNvlinkFailure", "InfinibandLinkFlapping", "InfinibandLinkDown",
                      "GpuPcieReplayRate", "TrainingStalled", "GpuPowerBrake",
-                     "NetworkInterfaceDown", "NetworkInterfaceFlapping", "TrainingStraggler")
+                     "NetworkInterfaceDown", "NetworkInterfaceFlapping", "TrainingStraggler",
+                     "GpuRowRemapFailure")
 
 
 def boards() -> dict[str, dict]:
@@ -202,15 +203,17 @@ def test_every_panel_query_runs_and_returns_data(stack, key):
     _cluster, url = stack
     board = boards()[key]
     values = run_values(RUN_HOSTS, [str(i) for i in range(8)])
-    # wait until the slowest recorded series (rates, increases, alerts) exist
-    _wait(url, 'ALERTS{alertname="GpuThermalViolation"}')
-    _wait(url, 'link:node_infiniband_physical_errors:rate5m > 0')
-    empty = []
-    for panel_id, exprs in panel_targets(board).items():
-        results = [prom_query(url, substitute(e, values)) for e in exprs]
-        if not any(results):
-            empty.append(panel_id)
-    assert empty == [], f"panels without data: {empty}"
+    # every query must evaluate at once; data may take a few rule evaluations (rates, alerts)
+    pending = panel_targets(board)
+    deadline = time.monotonic() + DEADLINE_S
+    while pending:
+        for panel_id, exprs in list(pending.items()):
+            if any([prom_query(url, substitute(e, values)) for e in exprs]):
+                del pending[panel_id]
+        if not pending or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert not pending, f"panels without data: {sorted(pending)}"
     for annotation in board["annotations"]["list"]:
         assert prom_query(url, substitute(annotation["expr"], values))
 
@@ -248,14 +251,6 @@ def test_linked_panel_shows_the_fault(stack, alertname):
         assert (alertname, fault.host) in names, f"{alertname} not in the run's alerts panel"
 
 
-def test_every_catalog_alert_is_exercised(stack):
-    _cluster, url = stack
-    missing = set(ALERTS) - set(FAULTS) - NOT_SIMULATED
-    assert not missing, f"add a fault (or NOT_SIMULATED entry) for {sorted(missing)}"
-    values = run_values(["gpu-node-001"], [str(i) for i in range(8)])
-    for name in sorted(NOT_SIMULATED & set(ALERTS)):
-        panel = catalog.panel(ALERTS[name].panel)
-        exprs = panel_targets(boards()["run"])[panel.id]
-        gpus = {r["metric"].get("gpu") for e in exprs
-                for r in prom_query(url, substitute(e, values))}
-        assert {"0", "7"} <= gpus, (name, panel.key, gpus)
+def test_every_catalog_alert_is_exercised():
+    missing = set(ALERTS) - set(FAULTS)
+    assert not missing, f"add a simulated fault for {sorted(missing)}"

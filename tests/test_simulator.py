@@ -285,6 +285,20 @@ def test_straggler_lags_its_peers(clock):
                         gpu="5")
 
 
+def test_row_remap_failure_and_sbe_storm(clock):
+    cluster = make(clock)
+    host = "gpu-node-001"
+    cluster.inject("row_remap_failure", host, gpu=2)
+    cluster.inject("sbe_storm", host, gpu=3)
+    clock.now += 60
+    assert one(cluster, "dcgm", host, "DCGM_FI_DEV_ROW_REMAP_FAILURE", gpu="2") == 1
+    assert one(cluster, "dcgm", host, "DCGM_FI_DEV_ROW_REMAP_FAILURE", gpu="3") == 0
+    assert one(cluster, "dcgm", host, "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", gpu="3") > 100
+    assert one(cluster, "dcgm", host, "DCGM_FI_DEV_RETIRED_SBE", gpu="3") >= 63
+    cluster.clear(host, gpu=2)
+    assert one(cluster, "dcgm", host, "DCGM_FI_DEV_ROW_REMAP_FAILURE", gpu="2") == 0
+
+
 def test_host_lost_and_back(clock):
     cluster = make(clock)
     cluster.inject("host_lost", "gpu-node-002")
