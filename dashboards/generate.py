@@ -88,6 +88,8 @@ class PanelSpec:
     height: int = 8
     mappings: dict[str, tuple[str, str]] | None = None
     max_value: float | None = None
+    # The recording rules keep error series only while non-zero: no series means none recorded.
+    sparse: bool = False
 
 
 def over(fn: str, name: str, selector: str) -> str:
@@ -137,12 +139,12 @@ def specs(alert_selector: str, scope: str) -> dict[str, PanelSpec]:
             "timeseries", "percentunit",
             "Share of time the GPU was throttled for temperature (5-minute rate of dcgm's "
             "violation counter, normalised to a fraction). Above a few percent the run slows.",
-            (gpu_q("max", series.THERMAL_VIOLATION),), max_value=1),
+            (gpu_q("max", series.THERMAL_VIOLATION),), max_value=1, sparse=True),
         "power_violation": PanelSpec(
             "timeseries", "percentunit",
             "Share of time the GPU was throttled by its power limit (5-minute rate of dcgm's "
             "violation counter, normalised to a fraction).",
-            (gpu_q("max", series.POWER_VIOLATION),), max_value=1),
+            (gpu_q("max", series.POWER_VIOLATION),), max_value=1, sparse=True),
         "clock_events": PanelSpec(
             "timeseries", "short",
             "Clock-event reasons that slow a GPU, one line per active reason (1 = active): HW "
@@ -161,14 +163,14 @@ def specs(alert_selector: str, scope: str) -> dict[str, PanelSpec]:
             "XID errors reported by the driver, one line per GPU and XID code. 48, 94, 95 and "
             "79 are hardware faults; 13, 31, 43 usually come from the application.",
             (Query(over("max", series.XID_EVENTS, GPU_SELECTOR),
-                   f"{GPU_LEGEND} XID {{{{xid}}}}"),)),
+                   f"{GPU_LEGEND} XID {{{{xid}}}}"),), sparse=True),
         "ecc_errors": PanelSpec(
             "timeseries", "short",
             "Double- and single-bit ECC errors in the last 10 minutes, pages retired and pages "
             "pending retirement. Any double-bit error kills the process on that GPU.",
             (gpu_q("max", series.ECC_DBE, " DBE 10m"), gpu_q("max", series.ECC_SBE, " SBE 10m"),
              gpu_q("max", series.RETIRED_PAGES, " retired pages"),
-             gpu_q("max", series.RETIRED_PENDING, " retirement pending"))),
+             gpu_q("max", series.RETIRED_PENDING, " retirement pending")), sparse=True),
         "row_remap": PanelSpec(
             "timeseries", "short",
             "HBM row remapping: a pending remap is applied at the next GPU reset; a failed "
@@ -177,7 +179,7 @@ def specs(alert_selector: str, scope: str) -> dict[str, PanelSpec]:
             (gpu_q("max", series.ROW_REMAP_PENDING, " pending"),
              gpu_q("max", series.ROW_REMAP_FAILURE, " failed"),
              gpu_q("max", series.UNCORRECTABLE_ROWS, " uncorrectable rows"),
-             gpu_q("max", series.RETIRED_PAGES, " retired pages"))),
+             gpu_q("max", series.RETIRED_PAGES, " retired pages")), sparse=True),
         "gpu_count": PanelSpec(
             "timeseries", "short",
             "GPUs dcgm-exporter reports per host (min over the interval). Fewer than the host "
@@ -188,12 +190,13 @@ def specs(alert_selector: str, scope: str) -> dict[str, PanelSpec]:
             "NVLink CRC errors per second and replay/recovery errors in the last 10 minutes. "
             "Any replay or recovery error degrades collectives on that host.",
             (gpu_q("max", series.NVLINK_CRC_RATE, " CRC/s"),
-             gpu_q("max", series.NVLINK_REPLAY_RECOVERY, " replay+recovery 10m"))),
+             gpu_q("max", series.NVLINK_REPLAY_RECOVERY, " replay+recovery 10m")),
+            sparse=True),
         "pcie_replays": PanelSpec(
             "timeseries", "cps",
             "PCIe replays per second (5-minute rate). DCGM warns above ~16 per minute on Gen4 "
             "x16 and ~31 on Gen5: a bad riser, slot or cable.",
-            (gpu_q("max", series.PCIE_REPLAY_RATE),)),
+            (gpu_q("max", series.PCIE_REPLAY_RATE),), sparse=True),
         "tensor_activity": PanelSpec(
             "timeseries", "percentunit",
             "Tensor-pipe activity (tracks MFU within a few points) and GPU utilisation. Tensor "
@@ -336,6 +339,8 @@ def build_panel(key: str, spec: PanelSpec, board_key: str) -> Any:
         panel = panel.min(0).max(spec.max_value)
     if spec.mappings:
         panel = panel.mappings(_mappings(spec.mappings))
+    if spec.sparse:
+        panel = panel.no_value("None recorded")
     if spec.viz == "timeseries":
         panel = (panel.line_width(1).fill_opacity(10).span_nulls(False)
                  .legend(common_builder.VizLegendOptions()
