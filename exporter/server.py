@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import hmac
 import json
 import logging
@@ -65,8 +66,11 @@ class Api:
             return True
         header = request.headers.get("Authorization", "")
         scheme, _, value = header.partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(),
-                                                                  self.token.encode())
+        # Digests: equal length whatever was sent (no length leak), and header bytes that are
+        # not UTF-8 (kept as surrogates by aiohttp) cannot raise.
+        got = hashlib.sha256(value.strip().encode("utf-8", "surrogateescape")).digest()
+        want = hashlib.sha256(self.token.encode()).digest()
+        return hmac.compare_digest(got, want) and scheme.lower() == "bearer"
 
     async def metrics(self, request: web.Request) -> web.Response:
         """The exposition, built now."""

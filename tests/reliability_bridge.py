@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -130,3 +131,12 @@ def wait_for(predicate: Callable[[], T], timeout: float = 30.0, every: float = 0
 def section_blocks(notes: str) -> list[str]:
     """The numbered issue headlines of the bridge's notes section."""
     return re.findall(r"^\*\*\d+\. (.+?)\*\* \(", notes, flags=re.M)
+
+
+def raw_status(port: int, method: str, path: str, authorization: bytes) -> int:
+    """Send a request with exactly these header bytes; return the status code."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(f"{method} {path} HTTP/1.1\r\nHost: x\r\n".encode()
+                     + b"Content-Type: application/json\r\nAuthorization: " + authorization
+                     + b"\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+        return int(sock.recv(100).split(b" ", 2)[1])

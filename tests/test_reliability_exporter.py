@@ -19,7 +19,7 @@ import requests
 from exporter import labels
 from tests.exporter_process import metric_samples, metric_value, running_exporter
 from tests.k8s_standin import K8sStandin, make_pod
-from tests.reliability_bridge import wait_for
+from tests.reliability_bridge import raw_status, wait_for
 from tests.test_exporter_wandb import env, wire_config
 from tests.wandb_standin import WandbStandin
 
@@ -121,3 +121,19 @@ def test_sources_hanging_then_garbage_keep_mapping_for_grace_then_recover(tmp_pa
                               ("wandb", "non-JSON"), ("kubernetes", "non-PodList")):
             assert any(f'"source": "{source}"' in line and error in line
                        for line in log.splitlines()), (source, error)
+
+
+RAW_CREDENTIALS = [b"Bearer \xff\xfe", "Bearer s3cr\u00e9t".encode("latin-1"), b"Bearer s3cre",
+                   "Bearer s3cr\u00e9t".encode(), b"Bearer \x80" * 50, b"Bearer s3cret-token-x"]
+
+
+def test_registration_api_rejects_any_wrong_credential_bytes_with_401(tmp_path: Path):
+    (tmp_path / "token").write_text("s3cret-token\n")
+    with running_exporter({"auth": {"token_file": str(tmp_path / "token")}},
+                          tmp_path / "exporter") as url:
+        port = int(url.rsplit(":", 1)[1])
+        for header in RAW_CREDENTIALS:
+            for method, path in (("POST", "/v1/runs"), ("DELETE", "/v1/runs/e/p/r")):
+                assert raw_status(port, method, path, header) == 401, (method, header)
+        assert raw_status(port, "POST", "/v1/runs", b"Bearer s3cret-token") == 400
+        assert requests.get(url + "/healthz", timeout=5).status_code == 200

@@ -30,6 +30,7 @@ from bridge.pages import run_detail, run_html, run_summary, runs_html
 from bridge.payload import parse_notification
 from bridge.wandb_client import WandbClient
 from tests.bridge_payloads import T0, TOKEN, alert, make_context, notification, serve
+from tests.reliability_bridge import raw_status
 from tests.wandb_standin import WandbStandin
 
 GRAFANA = "https://grafana.example"
@@ -199,6 +200,10 @@ def test_every_state_changing_route_requires_credentials(bridge):
             resp = requests.request(method, bridge.url + path, data=body, headers=headers,
                                     timeout=10)
             assert resp.status_code == 401, (method, path, header, resp.status_code)
+    port = int(bridge.url.rsplit(":", 1)[1])
+    for raw in (b"Bearer \xff\xfe", ("Bearer " + TOKEN[:-1] + "\u00e9").encode("latin-1"),
+                b"Basic \x80\x80", TOKEN.encode() + b"\xff"):
+        assert raw_status(port, "POST", "/alertmanager", raw) == 401, raw
     for method in ("PUT", "DELETE", "PATCH"):
         resp = requests.request(method, bridge.url + "/alertmanager", data=body, timeout=10,
                                 headers={"Authorization": f"Bearer {TOKEN}"})
