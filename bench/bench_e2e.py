@@ -45,6 +45,7 @@ def _received_at(store: Path, run_id: str, alertname: str) -> float | None:
 
 
 def _tagged_at(standin: WandbStandin, since: float, storage_id: str) -> float | None:
+    """Monotonic time the stand-in received the bridge's tag write (its clock is monotonic)."""
     for call in standin.calls("BridgeUpsertBucket", since=since):
         variables = call.variables or {}
         if variables.get("id") == storage_id and any(
@@ -65,11 +66,12 @@ def _measure_one(stack: Stack, standin: WandbStandin, host: str, index: int) -> 
     record = standin.add_run(run.entity, run.project, run.run_id)
     job = scenarios.start_job(stack, run, [host], [0, 1])
     try:
-        injected = time.time()
+        injected, injected_mono = time.time(), time.monotonic()
         stack.cluster.inject("xid", host, gpu=1, code=94)
         store = stack.workdir / "bridge.sqlite"
-        tagged = wait_for(lambda: _tagged_at(standin, injected, record.storage_id), 120,
-                          "the W&B tag write", 0.05)
+        tagged_mono = wait_for(lambda: _tagged_at(standin, injected_mono, record.storage_id), 120,
+                               "the W&B tag write", 0.05)
+        tagged = injected + (tagged_mono - injected_mono)
         received = wait_for(lambda: _received_at(store, run.run_id, "GpuContainedEccError"),
                             10, "the stored alert")
         root = stack.bridge_json(f"/runs/{run.path}")["issues"][0]["root_cause"]
