@@ -92,9 +92,9 @@ CONFIRM = {
                         "`dcgmi diag -r 2`.",
     "network": "`ibstat` / `ibstatus` and `perfquery` for InfiniBand; `ip link` and "
                "`ethtool -S <iface>` for Ethernet/RoCE; the switch port's counters.",
-    "node": "Ping the node and check its BMC; `curl <target>/metrics` for the exporter; "
+    "node": "ping the node and check its BMC; `curl <target>/metrics` for the exporter; "
             "Prometheus' Targets page.",
-    "workload": "The run's W&B system metrics and logs; `py-spy dump --pid <rank>`; "
+    "workload": "the run's W&B system metrics and logs; `py-spy dump --pid <rank>`; "
                 "`NCCL_DEBUG=INFO` output of the ranks.",
 }
 

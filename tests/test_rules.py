@@ -186,8 +186,9 @@ def test_xid_catalog_classes():
     assert {63, 92} <= set(codes(XidClass.INFORMATIONAL))
     for code in (48, 62, 64, 74, 109, 119, 120, 136, 140, 143, *range(144, 151), 155):
         assert XIDS[code].cls is XidClass.HARDWARE, code
-    xid_alerts = [r["expr"] for r in _alert_rules() if r["alert"].startswith("GpuXid")]
-    assert any('"48|' in e for e in xid_alerts)
+    faults = {r["record"]: r["expr"] for g in _groups() for r in g["rules"] if "record" in r}
+    assert '"48|' in faults["gpu:alert_gpu_xid_error:fault"]
+    assert '"13|31|43|68|69"' in faults["gpu:alert_gpu_xid_application_error:fault"]
 
 
 def test_dcgm_counters_file_covers_the_rules():
