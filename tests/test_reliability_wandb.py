@@ -1,5 +1,6 @@
 """W&B failing under the real bridge process: an outage (503, then 429 + Retry-After, then
-recovery) and permanent failures (unknown run, 403, 400, revoked key).
+writes hanging past the client timeout, then recovery) and permanent failures (unknown run,
+403, 400, revoked key).
 
 Also the log check of the auth item: everything the process logged while W&B failed is searched
 for the API key (raw and as the Basic credential it is sent as) and the webhook token.
@@ -51,7 +52,8 @@ def test_outage_503_then_429_retry_after_then_recovery(tmp_path: Path):
             wb.add_run("team", "proj", run)
         wb.fail(503, times=None)
         bridge = start_bridge(tmp_path, bridge_env(tmp_path, wandb_url=wb.url,
-                                                   wandb_key=wb.api_key))
+                                                   wandb_key=wb.api_key,
+                                                   WANDB__TIMEOUT_SECONDS="0.5"))
         try:
             t_down = time.monotonic()
             assert bridge.post(notification([_node_down(r, f"h{r}") for r in RUNS])).ok
@@ -78,6 +80,16 @@ def test_outage_503_then_429_retry_after_then_recovery(tmp_path: Path):
             assert len(limited) >= 2 and all(r.status == 429 for r in limited)
             gaps = [b.at - a.at for a, b in itertools.pairwise(limited)]
             assert min(gaps) >= 1.45, f"Retry-After 1.5 s not respected: {gaps}"
+
+            # Writes that hang past the client timeout but are applied by W&B afterwards:
+            # the retry must not duplicate anything.
+            wb.slow(1.5, times=None, operation="BridgeUpsertBucket")
+            t_hung = time.monotonic()
+            time.sleep(3)
+            wb.clear_faults()
+            hung = wb.calls("BridgeUpsertBucket", since=t_hung)
+            assert hung, "an upsert was attempted while W&B hung"
+            assert bridge.metrics()["wandb_infra_bridge_queue_runs"] > 0
 
             wait_for(lambda: bridge.metrics()["wandb_infra_bridge_queue_runs"] == 0, 30,
                      what="backlog drained")
@@ -135,8 +147,8 @@ def test_permanent_failures_are_parked_counted_and_not_retried(tmp_path: Path):
             wb.revoke()
             assert bridge.post(notification([_node_down(r, f"x{r}", minutes=30)
                                              for r in delivered])).ok
-            wait_for(lambda: bridge.metrics()["wandb_infra_bridge_parked_runs"] == 3 + len(delivered), 20,
-                     what="revoked key parks every run")
+            wait_for(lambda: bridge.metrics()["wandb_infra_bridge_parked_runs"]
+                     == 3 + len(delivered), 20, what="revoked key parks every run")
             assert all("401" in row["wandb"]["reason"] for r, row in bridge.runs().items()
                        if r in delivered)
             rejected = len(wb.rejected)

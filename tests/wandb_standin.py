@@ -515,10 +515,11 @@ class WandbStandin:
             self._faults.append(Fault(status, times, None if retry_after is None
                                       else str(retry_after), 0.0, path_prefix, operation, body))
 
-    def slow(self, delay: float, times: int | None = 1, path_prefix: str = "") -> None:
+    def slow(self, delay: float, times: int | None = 1, path_prefix: str = "",
+             operation: str | None = None) -> None:
         """Delay the next ``times`` matching requests by ``delay`` seconds, then answer normally."""
         with self._lock:
-            self._faults.append(Fault(None, times, None, delay, path_prefix))
+            self._faults.append(Fault(None, times, None, delay, path_prefix, operation))
 
     def clear_faults(self) -> None:
         """Remove every injected failure."""
