@@ -22,10 +22,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from bridge.catalog.alerts import ALERTS, cause_of
-from bridge.catalog.vocabulary import CauseClass
+from bridge.catalog.vocabulary import ANNOTATION_FOR_SECONDS, CauseClass
 
 DEFAULT_GAP = timedelta(minutes=10)
 SIMULTANEOUS = timedelta(seconds=60)
+MAX_PENDING = timedelta(days=1)
 
 _CAUSE_WORDS = {
     CauseClass.HARDWARE: "a hardware fault",
@@ -66,6 +67,20 @@ class AlertFact:
         return getattr(known, key, "") if known is not None else ""
 
     @property
+    def onset(self) -> datetime:
+        """When the fault's condition began: Prometheus reports ``startsAt`` when the alert
+        *fired*, after its rule's ``for``; the rule states that delay in the ``for_seconds``
+        annotation, so the issue (and its plot marker) sits where the slowdown started."""
+        raw = self.annotations.get(ANNOTATION_FOR_SECONDS, "")
+        try:
+            pending = float(raw) if raw else 0.0
+        except ValueError:
+            pending = 0.0
+        if not 0.0 < pending <= MAX_PENDING.total_seconds():
+            return self.starts_at
+        return self.starts_at - timedelta(seconds=pending)
+
+    @property
     def where(self) -> str:
         """``host`` or ``host GPU n`` (or "unknown host")."""
         host = self.hostname or "unknown host"
@@ -73,7 +88,7 @@ class AlertFact:
 
     def sort_key(self) -> tuple:
         """Precedence order: cause class, then time, then stable tie-breakers."""
-        return (int(self.cause), self.starts_at, self.alertname, self.hostname, self.gpu,
+        return (int(self.cause), self.onset, self.alertname, self.hostname, self.gpu,
                 self.fingerprint)
 
 
@@ -143,7 +158,7 @@ def _reasoning(root: AlertFact, consequences: list[AlertFact]) -> str:
         return (f"{root.alertname} on {root.where} is the only alert in this incident, "
                 f"so it is the root cause.")
     hosts = {c.hostname for c in consequences if c.hostname}
-    later = [c for c in consequences if c.starts_at >= root.starts_at]
+    later = [c for c in consequences if c.onset >= root.onset]
     names = sorted({c.alertname for c in consequences})
     shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
     scope = f" on {_plural(len(hosts), 'host')}" if hosts else ""
@@ -159,7 +174,7 @@ def _reasoning(root: AlertFact, consequences: list[AlertFact]) -> str:
                f"({_CAUSE_WORDS[root.cause]})")
     twins = sorted({c.alertname for c in consequences
                     if c.cause == root.cause and c.hostname == root.hostname
-                    and abs(c.starts_at - root.starts_at) <= SIMULTANEOUS})
+                    and abs(c.onset - root.onset) <= SIMULTANEOUS})
     if twins and root.labels.get("xid"):
         why += (f", and it is the driver's own diagnosis (XID {root.labels['xid']}) of the event "
                 f"that {', '.join(twins)} also report")
@@ -171,13 +186,13 @@ def _reasoning(root: AlertFact, consequences: list[AlertFact]) -> str:
 def _incidents(facts: list[AlertFact], gap: timedelta) -> list[list[AlertFact]]:
     groups: list[list[AlertFact]] = []
     active_until: datetime | None = None
-    for fact in sorted(facts, key=lambda f: (f.starts_at, f.sort_key())):
-        if groups and active_until is not None and fact.starts_at <= active_until:
+    for fact in sorted(facts, key=lambda f: (f.onset, f.sort_key())):
+        if groups and active_until is not None and fact.onset <= active_until:
             groups[-1].append(fact)
         else:
             groups.append([fact])
             active_until = None
-        end = (fact.ends_at or fact.starts_at) + gap
+        end = (fact.ends_at or fact.onset) + gap
         active_until = end if active_until is None else max(active_until, end)
     return groups
 
@@ -188,7 +203,7 @@ def _pick_root(ordered: list[AlertFact]) -> AlertFact:
     first = ordered[0]
     same_event = [f for f in ordered
                   if f.cause == first.cause and f.hostname == first.hostname
-                  and f.starts_at - first.starts_at <= SIMULTANEOUS]
+                  and f.onset - first.onset <= SIMULTANEOUS]
     return min(same_event, key=lambda f: (0 if f.labels.get("xid") else 1, f.sort_key()))
 
 
@@ -200,10 +215,10 @@ def diagnose(alerts: Iterable[AlertFact], gap: timedelta = DEFAULT_GAP) -> Diagn
         ordered = sorted(group, key=AlertFact.sort_key)
         root = _pick_root(ordered)
         rest = [f for f in ordered if f is not root]
-        rest.sort(key=lambda f: (f.starts_at, f.sort_key()))
+        rest.sort(key=lambda f: (f.onset, f.sort_key()))
         ends = [f.ends_at for f in group]
         ended = None if any(e is None for e in ends) else max(e for e in ends if e is not None)
-        issues.append(Issue(root, tuple(rest), min(f.starts_at for f in group), ended,
+        issues.append(Issue(root, tuple(rest), min(f.onset for f in group), ended,
                             _reasoning(root, rest)))
     issues.sort(key=lambda i: (i.started_at, i.root.sort_key()))
     return Diagnosis(tuple(issues))

@@ -59,7 +59,7 @@ def _group_line(facts: list[AlertFact], link: str) -> str:
         where += f" and {len(places) - MAX_PLACES} more"
     still = sum(1 for f in facts if f.ends_at is None)
     line = (f"  - **{md_escape(first.alertname)}** ×{len(facts)} on {where}; first at "
-            f"{_time(first.starts_at)}, {still} still firing")
+            f"{_time(first.onset)}, {still} still firing")
     return line + (f" ([Grafana]({link}))" if link else "")
 
 
@@ -87,8 +87,7 @@ def _issue_block(n: int, issue: Issue, link_for: LinkFn) -> list[str]:
             groups.setdefault(fact.alertname, []).append(fact)
         for facts in groups.values():
             first = facts[0]
-            lines.append(_group_line(facts, _url(link_for(first, first.starts_at,
-                                                          first.ends_at))))
+            lines.append(_group_line(facts, _url(link_for(first, first.onset, first.ends_at))))
     lines.append("")
     return lines
 

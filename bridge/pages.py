@@ -41,7 +41,7 @@ def _fact(fact: AlertFact, link: str) -> dict[str, Any]:
     return {
         "alertname": fact.alertname, "severity": fact.severity, "category": fact.category,
         "hostname": fact.hostname, "gpu": fact.gpu, "cause_class": fact.cause.name.lower(),
-        "starts_at": _t(fact.starts_at), "ends_at": _t(fact.ends_at),
+        "onset": _t(fact.onset), "starts_at": _t(fact.starts_at), "ends_at": _t(fact.ends_at),
         "summary": fact.text("summary"), "description": fact.text("description"),
         "impact": fact.text("impact"), "remediation": fact.text("remediation"),
         "runbook_url": fact.annotations.get("runbook_url", ""), "grafana": link,
@@ -53,7 +53,7 @@ def _issue(issue: Issue, link_for: LinkFn) -> dict[str, Any]:
         "started_at": _t(issue.started_at), "ended_at": _t(issue.ended_at), "open": issue.open,
         "reasoning": issue.reasoning,
         "root_cause": _fact(issue.root, link_for(issue.root, issue.started_at, issue.ended_at)),
-        "consequences": [_fact(c, link_for(c, c.starts_at, c.ends_at))
+        "consequences": [_fact(c, link_for(c, c.onset, c.ends_at))
                          for c in issue.consequences],
     }
 
@@ -118,7 +118,7 @@ def _fact_html(f: dict[str, Any], role: str) -> str:
              f"<td>{escape(f['alertname'])}<br><span class='muted'>{escape(f['severity'])} "
              f"{escape(f['category'])}</span></td>",
              f"<td>{escape(where)}</td>",
-             f"<td>{escape(f['starts_at'] or '')} - {escape(f['ends_at'] or 'ongoing')}</td>",
+             f"<td>{escape(f['onset'] or '')} - {escape(f['ends_at'] or 'ongoing')}</td>",
              f"<td>{escape(f['description'] or f['summary'])}</td>",
              f"<td>{_link(f['grafana'], 'Grafana')}</td>"]
     return "<tr>" + "".join(parts) + "</tr>"

@@ -14,7 +14,7 @@ _MAX_WHERE = 6
 
 
 def _when(fact: dict[str, Any]) -> str:
-    start = (fact.get("starts_at") or "?").replace("T", " ")
+    start = (fact.get("onset") or fact.get("starts_at") or "?").replace("T", " ")
     end = fact.get("ends_at")
     return f"{start} -> {end.replace('T', ' ')}" if end else f"{start} (firing)"
 
@@ -28,7 +28,7 @@ def _consequence_lines(consequences: list[dict[str, Any]]) -> list[str]:
         places = sorted({f.get("hostname") or "?" for f in facts})
         shown = ", ".join(places[:_MAX_WHERE])
         more = f" and {len(places) - _MAX_WHERE} more" if len(places) > _MAX_WHERE else ""
-        first = min(f["starts_at"] for f in facts).replace("T", " ")
+        first = min(f.get("onset") or f["starts_at"] for f in facts).replace("T", " ")
         lines.append(f"      - {name} on {len(places)} host(s) ({shown}{more}), from {first}")
     return lines
 

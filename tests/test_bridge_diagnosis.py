@@ -133,3 +133,21 @@ def test_xid_alert_names_the_event_even_when_a_counter_alert_evaluated_first():
     later_xid = alert("GpuContainedEccError", category="gpu_hardware", host="node017", gpu="3",
                       run="r1", start=T0 + timedelta(minutes=5), extra={"xid": "94"})
     assert diagnose(facts([dbe, later_xid])).issues[0].root.alertname == "GpuDoubleBitEccErrors"
+
+
+def test_issue_starts_at_the_fault_onset_not_when_the_rule_fired():
+    """Prometheus stamps startsAt after the rule's ``for``; the rule states it in for_seconds."""
+    thermal = alert("GpuThermalViolation", category="gpu_thermal", host="node065", gpu="0",
+                    run="r2", start=T0 + timedelta(minutes=5), severity="warning",
+                    annotations={"summary": "Hot.", "for_seconds": "300"})
+    stall = alert("TrainingStraggler", category="workload", host="node066", run="r2",
+                  start=T0 + timedelta(minutes=4), severity="warning",
+                  annotations={"summary": "Slow.", "for_seconds": "180"})
+    issue = diagnose(facts([thermal, stall])).issues[0]
+    assert issue.root.alertname == "GpuThermalViolation"
+    assert issue.started_at == T0
+    assert issue.root.onset == T0 and issue.consequences[0].onset == T0 + timedelta(minutes=1)
+    for bad in ("", "soon", "-5", "1e12"):
+        odd = alert("GpuThermalViolation", category="gpu_thermal", host="h", run="r2",
+                    start=T0, annotations={"for_seconds": bad})
+        assert facts([odd])[0].onset == T0, bad

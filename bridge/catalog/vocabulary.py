@@ -12,6 +12,9 @@ CATEGORIES: tuple[str, ...] = (
 # Alert annotations that carry the Grafana deep-link target to the bridge.
 ANNOTATION_DASHBOARD_UID = "dashboard_uid"
 ANNOTATION_PANEL_ID = "panel_id"
+# The rule's ``for`` in seconds: Prometheus stamps ``startsAt`` when an alert fires, this long
+# after its condition began; the bridge subtracts it to place the issue at the fault's onset.
+ANNOTATION_FOR_SECONDS = "for_seconds"
 REQUIRED_ANNOTATIONS: tuple[str, ...] = (
     "summary", "description", "impact", "remediation", "runbook_url",
     ANNOTATION_DASHBOARD_UID, ANNOTATION_PANEL_ID,
