@@ -12,6 +12,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -72,17 +73,34 @@ class Service:
 
 def _spawn(cmd: list[str], workdir: Path, name: str) -> tuple[subprocess.Popen, Path]:
     log = workdir / f"{name}.log"
-    handle = log.open("wb")
+    handle = log.open("ab")
     proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, cwd=workdir,
-                            start_new_session=True)
+                            start_new_session=True, env=env_without_proxies())
     handle.close()
     return proc, log
 
 
 @contextlib.contextmanager
+def running(cmd: list[str], workdir: Path, name: str, port: int,
+            ready_path: str) -> Iterator[Service]:
+    """Start ``cmd`` (logging to workdir/<name>.log), wait until ``ready_path`` answers 200 on
+    ``port``, stop it when the block exits; its log tail is printed if it fails to start."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    proc, log = _spawn(cmd, workdir, name)
+    svc = Service(proc, f"http://127.0.0.1:{port}", workdir, log)
+    try:
+        wait_http(svc.url + ready_path, proc=proc)
+        yield svc
+    except BaseException:
+        print(log.read_text(errors="replace")[-4000:], file=sys.stderr)
+        raise
+    finally:
+        svc.stop()
+
+
 def prometheus(
     config: str, workdir: Path, extra_args: tuple[str, ...] = (), port: int | None = None,
-) -> Iterator[Service]:
+) -> contextlib.AbstractContextManager[Service]:
     """Run Prometheus with ``config`` (YAML text written to workdir/prometheus.yml)."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
@@ -92,20 +110,11 @@ def prometheus(
         f"--storage.tsdb.path={workdir / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
         "--web.enable-lifecycle", "--log.level=warn", *extra_args,
     ]
-    proc, log = _spawn(cmd, workdir, "prometheus")
-    svc = Service(proc, f"http://127.0.0.1:{port}", workdir, log)
-    try:
-        wait_http(svc.url + "/-/ready", proc=proc)
-        yield svc
-    except BaseException:
-        print(log.read_text(errors="replace")[-4000:])
-        raise
-    finally:
-        svc.stop()
+    return running(cmd, workdir, "prometheus", port, "/-/ready")
 
 
-@contextlib.contextmanager
-def alertmanager(config: str, workdir: Path, port: int | None = None) -> Iterator[Service]:
+def alertmanager(config: str, workdir: Path,
+                 port: int | None = None) -> contextlib.AbstractContextManager[Service]:
     """Run Alertmanager 0.25 (Debian's prometheus-alertmanager) with ``config``, no clustering."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
@@ -115,16 +124,7 @@ def alertmanager(config: str, workdir: Path, port: int | None = None) -> Iterato
         f"--storage.path={workdir / 'am-data'}", f"--web.listen-address=127.0.0.1:{port}",
         "--cluster.listen-address=", "--log.level=warn",
     ]
-    proc, log = _spawn(cmd, workdir, "alertmanager")
-    svc = Service(proc, f"http://127.0.0.1:{port}", workdir, log)
-    try:
-        wait_http(svc.url + "/-/ready", proc=proc)
-        yield svc
-    except BaseException:
-        print(log.read_text(errors="replace")[-4000:])
-        raise
-    finally:
-        svc.stop()
+    return running(cmd, workdir, "alertmanager", port, "/-/ready")
 
 
 def prom_query(base_url: str, expr: str, at: float | None = None) -> list[dict]:

@@ -9,10 +9,10 @@ durations differ from the shipped files (scaled down so a demo takes minutes, no
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import secrets
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -92,7 +92,7 @@ class Stack:
         self.bridge: processes.Service | None = None
         self.alertmanager: processes.Service | None = None
         self.prometheus: processes.Service | None = None
-        self._stack: list[Callable[[], None]] = []
+        self._exit = contextlib.ExitStack()
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
@@ -113,7 +113,7 @@ class Stack:
         self.token_file.write_text(self.token + "\n")
         self.token_file.chmod(0o600)
         self.simulator = SimulatorServer(self.cluster).start()
-        self._stack.append(self.simulator.stop)
+        self._exit.callback(self.simulator.stop)
         self.exporter = self._start_exporter()
         self.bridge = self._start_bridge()
         self.alertmanager = self._start_alertmanager()
@@ -121,12 +121,7 @@ class Stack:
 
     def stop(self) -> None:
         """Stop everything started so far, newest first."""
-        while self._stack:
-            stop = self._stack.pop()
-            try:
-                stop()
-            except Exception as exc:  # keep stopping the rest
-                print(f"warning: stop failed: {exc}", file=sys.stderr)
+        self._exit.close()
 
     @property
     def token_file(self) -> Path:
@@ -139,19 +134,8 @@ class Stack:
         return str(Path(sys.executable).parent / name)
 
     def _service(self, name: str, cmd: list[str], ready_path: str, port: int) -> processes.Service:
-        log = self.workdir / f"{name}.log"
-        handle = log.open("ab")
-        proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, cwd=self.workdir,
-                                start_new_session=True, env=processes.env_without_proxies())
-        handle.close()
-        service = processes.Service(proc, f"http://127.0.0.1:{port}", self.workdir, log)
-        self._stack.append(service.stop)
-        try:
-            processes.wait_http(service.url + ready_path, proc=proc)
-        except (RuntimeError, TimeoutError):
-            print(log.read_text(errors="replace")[-3000:], file=sys.stderr)
-            raise
-        return service
+        return self._exit.enter_context(
+            processes.running(cmd, self.workdir, name, port, ready_path))
 
     def _start_exporter(self) -> processes.Service:
         port = processes.free_port()
@@ -202,11 +186,8 @@ class Stack:
             for hook in receiver.get("webhook_configs", []):
                 hook["url"] = self.bridge.url + "/alertmanager"
                 hook["http_config"]["authorization"]["credentials_file"] = str(self.token_file)
-        context = processes.alertmanager(yaml.safe_dump(config, sort_keys=False),
-                                         self.workdir / "alertmanager")
-        service = context.__enter__()
-        self._stack.append(lambda: context.__exit__(None, None, None))
-        return service
+        return self._exit.enter_context(processes.alertmanager(
+            yaml.safe_dump(config, sort_keys=False), self.workdir / "alertmanager"))
 
     def _start_prometheus(self) -> processes.Service:
         assert self.simulator and self.exporter and self.alertmanager
@@ -227,27 +208,10 @@ class Stack:
         for job in config["scrape_configs"]:
             if job["job_name"] == "wandb-infra-exporter":
                 job["static_configs"][0]["targets"] = [self.exporter.url.removeprefix("http://")]
-        context = processes.prometheus(yaml.safe_dump(config, sort_keys=False), promdir)
-        service = context.__enter__()
-        self._stack.append(lambda: context.__exit__(None, None, None))
-        return service
+        return self._exit.enter_context(
+            processes.prometheus(yaml.safe_dump(config, sort_keys=False), promdir))
 
     # ---- using it ------------------------------------------------------------------------------
-
-    def register(self, entity: str, project: str, run_id: str, hosts: list[str], *,
-                 gpus: list[int] | None = None, run_name: str | None = None) -> None:
-        """Register a run on hosts with the exporter, as a training job's ranks would."""
-        assert self.exporter is not None
-        for host in hosts:
-            body: dict[str, Any] = {"entity": entity, "project": project, "run_id": run_id,
-                                    "hostname": host, "ttl_seconds": 3600}
-            if gpus is not None:
-                body["gpus"] = gpus
-            if run_name:
-                body["run_name"] = run_name
-            resp = requests.post(self.exporter.url + "/v1/runs", json=body, timeout=5,
-                                 headers={"Authorization": f"Bearer {self.token}"})
-            resp.raise_for_status()
 
     def bridge_json(self, path: str) -> Any:
         """GET a bridge page as JSON."""
