@@ -65,7 +65,7 @@ def test_outage_503_then_429_retry_after_then_recovery(tmp_path: Path):
             time.sleep(2)
             m = bridge.metrics()
             assert m["wandb_infra_bridge_queue_runs"] == len(RUNS) + 1
-            assert m["wandb_infra_bridge_oldest_undelivered_seconds"] >= 3
+            assert m["wandb_infra_bridge_oldest_undelivered_seconds"] >= 2
             assert m['wandb_infra_bridge_deliveries_total{outcome="transient"}'] >= 2
             down = wb.calls(since=t_down)
             assert len(down) / (time.monotonic() - t_down) <= 3, "no retry storm while down"
