@@ -25,7 +25,11 @@ from alert_rules import normalise  # noqa: E402
 from alert_rules.attribution import attributed  # noqa: E402
 from bridge.catalog import panels  # noqa: E402
 from bridge.catalog.alerts import ALERTS, AlertDef  # noqa: E402
-from bridge.catalog.vocabulary import ANNOTATION_DASHBOARD_UID, ANNOTATION_PANEL_ID  # noqa: E402
+from bridge.catalog.vocabulary import (  # noqa: E402
+    ANNOTATION_DASHBOARD_UID,
+    ANNOTATION_FOR_SECONDS,
+    ANNOTATION_PANEL_ID,
+)
 from bridge.catalog.xid import XIDS  # noqa: E402
 from exporter.configfile import ConfigError, load_config  # noqa: E402
 
@@ -194,6 +198,8 @@ def _alert(alert: AlertDef, cfg: dict[str, Any]) -> dict[str, Any]:
         ANNOTATION_DASHBOARD_UID: dashboard_for(alert).uid,
         ANNOTATION_PANEL_ID: str(panel.id),
     }
+    if alert.for_seconds:
+        out["annotations"][ANNOTATION_FOR_SECONDS] = str(alert.for_seconds)
     return out
 
 

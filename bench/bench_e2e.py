@@ -30,8 +30,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.common import Result, median_seconds  # noqa: E402
+from bridge.catalog.alerts import duration_seconds  # noqa: E402
 from demo import scenarios  # noqa: E402
-from demo.stack import Stack, StackConfig, duration_seconds, wait_for  # noqa: E402
+from demo.stack import Stack, StackConfig, wait_for  # noqa: E402
 from tests.wandb_standin import WandbStandin  # noqa: E402
 
 REPEATS = 5

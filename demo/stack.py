@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 import secrets
 import sys
 import time
@@ -23,6 +22,8 @@ from typing import Any, TypeVar
 import requests
 import yaml
 
+from bridge.catalog.alerts import duration_seconds
+from bridge.catalog.vocabulary import ANNOTATION_FOR_SECONDS
 from demo import processes
 from demo.simulator import Cluster, SimulatorServer, target_groups
 
@@ -33,19 +34,9 @@ ALERTMANAGER_EXAMPLE = ROOT / "deploy" / "alertmanager" / "alertmanager.yml"
 BRIDGE_RECEIVER = "wandb.bridge"
 
 T = TypeVar("T")
-_DURATION = re.compile(r"(\d+)(ms|s|m|h|d)")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def duration_seconds(text: str) -> float:
-    """Parse a Prometheus duration such as ``1m30s``."""
-    if not text or _DURATION.sub("", text):
-        raise ValueError(f"not a Prometheus duration: {text!r}")
-    return sum(int(n) * _UNIT_SECONDS[u] for n, u in _DURATION.findall(text))
-
-
 def scale_rules(text: str, scale: float, minimum_seconds: int = 0) -> str:
-    """The shipped rule file with every ``for``/``keep_firing_for`` multiplied by ``scale``."""
+    """The shipped rule file with every ``for``/``keep_firing_for`` multiplied by ``scale``
+    (and the ``for_seconds`` annotation that tells the bridge the delay kept in step)."""
     data = yaml.safe_load(text)
     for group in data["groups"]:
         for rule in group["rules"]:
@@ -53,6 +44,9 @@ def scale_rules(text: str, scale: float, minimum_seconds: int = 0) -> str:
                 if key in rule:
                     seconds = max(minimum_seconds, round(duration_seconds(rule[key]) * scale))
                     rule[key] = f"{seconds}s"
+            if ANNOTATION_FOR_SECONDS in rule.get("annotations", {}):
+                rule["annotations"][ANNOTATION_FOR_SECONDS] = str(
+                    round(duration_seconds(rule["for"])))
     return yaml.safe_dump(data, sort_keys=False, width=1000)
 
 

@@ -12,6 +12,7 @@ figure. The generator wraps it with run attribution according to ``scope`` (cont
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from bridge.catalog import series as s
@@ -66,8 +67,23 @@ class AlertDef:
     copy_labels: tuple[str, ...] = ()
     group: str = ""
 
+    @property
+    def for_seconds(self) -> int:
+        """The rule's ``for`` in seconds (how long after its onset an alert fires)."""
+        return round(duration_seconds(self.for_ or "0s"))
+
 
 ALERTS: dict[str, AlertDef] = {}
+_DURATION = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800,
+                 "y": 31536000}
+
+
+def duration_seconds(text: str) -> float:
+    """A Prometheus duration such as ``1m30s`` in seconds; ValueError when it is not one."""
+    if not text or _DURATION.sub("", text):
+        raise ValueError(f"not a Prometheus duration: {text!r}")
+    return sum(int(n) * _UNIT_SECONDS[u] for n, u in _DURATION.findall(text))
 
 
 def register(*defs: AlertDef) -> None:

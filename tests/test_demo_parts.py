@@ -1,0 +1,72 @@
+"""The demo's pure parts: rule scaling keeps for/for_seconds in step, MFU from dcgm text, the
+MFU drop window, and the terminal report."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from bridge.catalog.alerts import ALERTS, duration_seconds
+from bridge.report import render_run
+from demo.stack import RULES_FILE, scale_rules
+from demo.trainer import TrainingJob, host_mfu
+
+
+def test_duration_parsing():
+    assert duration_seconds("1m30s") == 90
+    assert duration_seconds("2h") == 7200
+    assert duration_seconds("250ms") == 0.25
+    for bad in ("", "5", "5x", "m5"):
+        with pytest.raises(ValueError, match="Prometheus duration"):
+            duration_seconds(bad)
+
+
+def test_scaled_rules_keep_for_and_the_for_seconds_annotation_in_step():
+    scaled = yaml.safe_load(scale_rules(RULES_FILE.read_text(), 0.1))
+    shipped = yaml.safe_load(RULES_FILE.read_text())
+    checked = 0
+    for group, original in zip(scaled["groups"], shipped["groups"], strict=True):
+        for rule, before in zip(group["rules"], original["rules"], strict=True):
+            assert rule["expr"] == before["expr"]
+            if "for" not in rule:
+                continue
+            assert duration_seconds(rule["for"]) == round(duration_seconds(before["for"]) * 0.1)
+            assert rule["annotations"]["for_seconds"] == str(round(duration_seconds(rule["for"])))
+            assert before["annotations"]["for_seconds"] == str(ALERTS[rule["alert"]].for_seconds)
+            checked += 1
+    assert checked >= 10
+
+
+def test_host_mfu_follows_tensor_activity_and_clock():
+    busy = ('DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{gpu="0"} 0.46\nDCGM_FI_DEV_SM_CLOCK{gpu="0"} 1980\n'
+            'DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{gpu="1"} 0.46\nDCGM_FI_DEV_SM_CLOCK{gpu="1"} 1980\n')
+    hot = busy.replace("1980", "990").replace("0.46", "0.21")
+    assert host_mfu(busy) == pytest.approx(0.52)
+    assert host_mfu(hot) == pytest.approx(0.52 * (0.21 / 0.46) * 0.5)
+    assert host_mfu("") == 0.0
+
+
+def test_drop_window_brackets_the_low_period():
+    job = TrainingJob("e", "p", "r", ["h"], [0], "http://x", "http://y", "t", workdir=None)
+    job.samples = [(float(t), 0.5) for t in range(10)] + [(10.0, 0.1), (11.0, 0.1),
+                                                          (12.0, 0.5)]
+    assert job.drop_window() == (10.0, 11.0)
+    job.samples = [(0.0, 0.5), (1.0, 0.5), (2.0, 0.5)]
+    assert job.drop_window() is None
+
+
+def test_report_puts_the_root_cause_first_and_groups_consequences():
+    fact = {"alertname": "GpuContainedEccError", "hostname": "n17", "gpu": "3",
+            "severity": "critical", "category": "gpu_hardware", "onset": "2026-01-01T00:00:00Z",
+            "starts_at": "2026-01-01T00:00:00Z", "ends_at": None, "description": "XID 94.",
+            "impact": "The job fails.", "remediation": "Restart.", "grafana": "https://g/d/x",
+            "runbook_url": ""}
+    stalls = [{**fact, "alertname": "TrainingStalled", "hostname": f"n{i:02d}", "gpu": ""}
+              for i in range(10)]
+    view = {"entity": "e", "project": "p", "run_id": "r", "issues": [
+        {"started_at": "2026-01-01T00:00:00Z", "open": True, "reasoning": "Because.",
+         "root_cause": fact, "consequences": stalls}]}
+    text = render_run(view)
+    assert text.index("ROOT CAUSE  GpuContainedEccError on n17 GPU 3") < text.index("Stalled")
+    assert "TrainingStalled on 10 host(s)" in text and "and 4 more" in text
+    assert "grafana     https://g/d/x" in text
