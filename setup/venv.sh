@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Creates the project's virtualenv (Python >= 3.11) and installs the project with its dev extras.
+# pip's output goes to $venv/install.log and is shown only when the install fails.
 set -euo pipefail
 python="${1:-python3}"
 venv="${2:-.venv}"
@@ -9,5 +10,9 @@ if sys.version_info < (3, 11):
     sys.exit(f"Python >= 3.11 is required, found {sys.version.split()[0]}")
 PY
 [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
-"$venv/bin/python" -m pip install -q --upgrade pip
-"$venv/bin/python" -m pip install -q -e '.[dev]'
+echo "installing the project and its test tools into $venv ..." >&2
+if ! { "$venv/bin/python" -m pip install -q --upgrade pip \
+       && "$venv/bin/python" -m pip install -q -e '.[dev]'; } >"$venv/install.log" 2>&1; then
+  cat "$venv/install.log" >&2
+  exit 1
+fi
