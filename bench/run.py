@@ -1,6 +1,7 @@
 """Runs every ``bench/bench_*.py`` (each exposes ``run() -> list[Result]``), writes results.json.
 
-Usage: ``python bench/run.py [NAME_SUBSTRING ...]`` to run only matching benchmark modules.
+Usage: ``python bench/run.py [NAME_SUBSTRING ...]`` to run only matching benchmark modules;
+``python bench/run.py --markdown`` prints the last results.json as a Markdown table (README).
 """
 
 from __future__ import annotations
@@ -23,8 +24,23 @@ def _fmt(value: float | None) -> str:
     return f"{value:.4g}"
 
 
+def markdown(path: Path) -> str:
+    """results.json as a Markdown table."""
+    rows = json.loads(path.read_text())
+    lines = ["| benchmark | value | unit | baseline (same run) | ratio | target | met |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        met = {True: "yes", False: "**no**", None: "-"}[r["met"]]
+        lines.append(f"| {r['name']} | {_fmt(r['value'])} | {r['unit']} | "
+                     f"{_fmt(r['baseline'])} | {_fmt(r['ratio'])} | {_fmt(r['target'])} | {met} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str]) -> int:
     """Run the selected benchmarks; exit 1 if one crashed (a missed target is only reported)."""
+    if argv == ["--markdown"]:
+        print(markdown(ROOT / "bench" / "results.json"))
+        return 0
     modules = sorted(p.stem for p in (ROOT / "bench").glob("bench_*.py"))
     if argv:
         modules = [m for m in modules if any(a in m for a in argv)]
