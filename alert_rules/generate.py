@@ -22,7 +22,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from alert_rules import normalise  # noqa: E402
-from alert_rules.attribution import attributed  # noqa: E402
+from alert_rules.attribution import attributed, family_joins, faulty_joins  # noqa: E402
 from bridge.catalog import panels  # noqa: E402
 from bridge.catalog.alerts import ALERTS, AlertDef  # noqa: E402
 from bridge.catalog.vocabulary import (  # noqa: E402
@@ -177,11 +177,17 @@ def fault_record(alert: AlertDef) -> str | None:
     return f"{level}:alert_{snake}:fault"
 
 
+def family(alert: AlertDef) -> str:
+    """The rule group (family) an alert is evaluated in."""
+    return alert.group or alert.category
+
+
 def _alert(alert: AlertDef, cfg: dict[str, Any]) -> dict[str, Any]:
     panel = panels.panel(alert.panel)
     out: dict[str, Any] = {
         "alert": alert.name,
-        "expr": attributed(alert.scope, fault_record(alert) or alert.expr, alert.copy_labels),
+        "expr": attributed(alert.scope, fault_record(alert) or alert.expr, alert.copy_labels,
+                           family_joins(family(alert))),
     }
     if alert.for_ not in ("", "0s"):
         out["for"] = alert.for_
@@ -224,15 +230,18 @@ def groups(cfg: dict[str, Any]) -> list[dict[str, Any]]:
     for name, rules in recording:
         for gname, chunk in _chunks([_recording(r) for r in rules], f"{prefix}-{name}"):
             out.append({"name": gname, "rules": chunk})
-    families: dict[str, list[dict[str, Any]]] = {}
+    members: dict[str, list[AlertDef]] = {}
     for alert in ALERTS.values():
-        family = families.setdefault(alert.group or alert.category, [])
-        record = fault_record(alert)
-        if record:
-            family.append({"record": record, "expr": alert.expr})
-        family.append(_alert(alert, cfg))
-    for family, rules in families.items():
-        for gname, chunk in _chunks(rules, f"{prefix}-{family}"):
+        members.setdefault(family(alert), []).append(alert)
+    for name, alerts in members.items():
+        faults = [a for a in alerts if fault_record(a)]
+        rules: list[dict[str, Any]] = [{"record": fault_record(a), "expr": a.expr} for a in faults]
+        joins = faulty_joins(family_joins(name),
+                             [str(fault_record(a)) for a in faults if a.scope == "gpu"],
+                             [str(fault_record(a)) for a in faults if a.scope != "gpu"])
+        rules += [{"record": record, "expr": expr} for record, expr in joins]
+        rules += [_alert(a, cfg) for a in alerts]
+        for gname, chunk in _chunks(rules, f"{prefix}-{name}"):
             out.append({"name": gname, "rules": chunk})
     return out
 

@@ -42,9 +42,13 @@ def _gpu(inner: str) -> str:
             f'"{L.HOSTNAME}", "$1", "Hostname", "(.+)"), "{L.GPU_UUID}", "$1", "UUID", "(.+)"))')
 
 
-def _sparse(inner: str) -> str:
-    """Error counters: only GPUs with a non-zero value are relabelled and recorded."""
-    return _gpu(f"({inner}) > 0")
+def _sparse(*variants: str) -> str:
+    """Error counters: only GPUs with a non-zero value are relabelled and recorded.
+
+    Each variant is filtered before the ``or`` and the relabelling, so those touch the handful of
+    faulty GPUs instead of every GPU of the cluster.
+    """
+    return _gpu(_either(*(f"({v}) > 0" for v in variants)))
 
 
 def _either(*variants: str) -> str:
@@ -56,17 +60,22 @@ def _rate(metric: str, window: str, fn: str = "rate") -> str:
     return f"{fn}({metric}[{window}])"
 
 
-def _tagged_sum(metrics: tuple[str, ...], fn: str, window: str, by: str) -> str:
-    """Sum a function of several counters without duplicate label sets (names are dropped)."""
+def _tagged_sum(metrics: tuple[str, ...], fn: str, window: str, by: str,
+                sparse: bool = False) -> str:
+    """Sum a function of several counters without duplicate label sets (names are dropped).
+
+    ``sparse``: only non-zero terms are kept (before the ``or``), for error counters.
+    """
+    cut = " > 0" if sparse else ""
     parts = " or ".join(
-        f'label_replace({fn}({m}[{window}]), "counter", "{i}", "", "")'
+        f'label_replace({fn}({m}[{window}]){cut}, "counter", "{i}", "", "")'
         for i, m in enumerate(metrics))
     return f"sum by ({by}) ({parts})"
 
 
 def _with_host(inner: str, by: str) -> str:
     """Give node_exporter series the hostname of their target."""
-    return (f"max by ({L.HOSTNAME}, {by}) ({inner} * on (instance, job) "
+    return (f"max by ({L.HOSTNAME}, {by}) (({inner}) * on (instance, job) "
             f"group_left ({L.HOSTNAME}) {s.NODE_EXPORTER_TARGET})")
 
 
@@ -92,36 +101,34 @@ def dcgm_rules(violation_unit: str) -> list[Recording]:
                                  (s.POWER_VIOLATION, "DCGM_FI_DEV_POWER_VIOLATION"))),
         Recording(s.CLOCK_EVENT_REASONS, _gpu(_either("DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
                                                       "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"))),
-        Recording(s.PCIE_REPLAY_RATE, _sparse(_either(
-            _rate("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "5m"),
-            _rate("DCGM_FI_DEV_PCIE_REPLAY_TOTAL", "5m")))),
-        Recording(s.NVLINK_CRC_RATE, _sparse(_either(
+        Recording(s.PCIE_REPLAY_RATE, _sparse(_rate("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "5m"),
+                                              _rate("DCGM_FI_DEV_PCIE_REPLAY_TOTAL", "5m"))),
+        Recording(s.NVLINK_CRC_RATE, _sparse(
             _tagged_sum(("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
                          "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL"), "rate", "5m",
-                        "instance, job, Hostname, hostname, gpu, UUID"),
+                        "instance, job, Hostname, hostname, gpu, UUID", sparse=True),
             _tagged_sum(("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_TOTAL",
                          "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_TOTAL"), "rate", "5m",
-                        "instance, job, Hostname, hostname, gpu, UUID")))),
-        Recording(s.NVLINK_REPLAY_RECOVERY, _sparse(_either(
+                        "instance, job, Hostname, hostname, gpu, UUID", sparse=True))),
+        Recording(s.NVLINK_REPLAY_RECOVERY, _sparse(
             _tagged_sum(("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
                          "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL"), "increase", "10m",
-                        "instance, job, Hostname, hostname, gpu, UUID"),
+                        "instance, job, Hostname, hostname, gpu, UUID", sparse=True),
             _tagged_sum(("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_TOTAL",
                          "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_TOTAL"), "increase", "10m",
-                        "instance, job, Hostname, hostname, gpu, UUID")))),
+                        "instance, job, Hostname, hostname, gpu, UUID", sparse=True))),
         Recording(s.ECC_DBE, _sparse(_rate("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "10m", "increase"))),
         Recording(s.ECC_SBE, _sparse(_rate("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "10m", "increase"))),
         Recording(s.RETIRED_PAGES, _sparse(
             "sum by (instance, job, Hostname, hostname, gpu, UUID) "
-            '(label_replace(DCGM_FI_DEV_RETIRED_SBE, "counter", "sbe", "", "") '
-            'or label_replace(DCGM_FI_DEV_RETIRED_DBE, "counter", "dbe", "", ""))')),
+            '(label_replace(DCGM_FI_DEV_RETIRED_SBE > 0, "counter", "sbe", "", "") '
+            'or label_replace(DCGM_FI_DEV_RETIRED_DBE > 0, "counter", "dbe", "", ""))')),
         Recording(s.RETIRED_PENDING, _sparse("DCGM_FI_DEV_RETIRED_PENDING")),
-        Recording(s.ROW_REMAP_FAILURE, _sparse(_either("DCGM_FI_DEV_ROW_REMAP_FAILURE",
-                                                    "DCGM_FI_DEV_ROW_REMAP_FAILED"))),
+        Recording(s.ROW_REMAP_FAILURE, _sparse("DCGM_FI_DEV_ROW_REMAP_FAILURE",
+                                               "DCGM_FI_DEV_ROW_REMAP_FAILED")),
         Recording(s.ROW_REMAP_PENDING, _sparse("DCGM_FI_DEV_ROW_REMAP_PENDING")),
-        Recording(s.UNCORRECTABLE_ROWS, _sparse(_either(
-            "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
-            "DCGM_FI_DEV_ROW_REMAP_UNCORRECTABLE_TOTAL"))),
+        Recording(s.UNCORRECTABLE_ROWS, _sparse("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+                                                "DCGM_FI_DEV_ROW_REMAP_UNCORRECTABLE_TOTAL")),
         Recording(s.XID_EVENTS, _either(
             f"max by ({GPU_KEYS}, xid) (label_replace(label_replace("
             "max_over_time(DCGM_EXP_XID_ERRORS_COUNT[10m]) > 0, "
@@ -156,47 +163,53 @@ def target_rules() -> list[Recording]:
 
 
 def node_rules() -> list[Recording]:
-    """InfiniBand and Ethernet/RoCE series with the host's name."""
+    """InfiniBand and Ethernet/RoCE series with the host's name (error and flap counts sparse:
+    only non-zero ports are joined and recorded)."""
     link = "device, port"
     iface = f'device!~"{VIRTUAL_INTERFACES}"'
     return [
         Recording(s.IB_STATE, _with_host("node_infiniband_state_id", link)),
         Recording(s.IB_FLAPS, _with_host(_tagged_sum(
             ("node_infiniband_link_downed_total", "node_infiniband_link_error_recovery_total"),
-            "increase", "15m", f"instance, job, {link}"), link)),
+            "increase", "15m", f"instance, job, {link}", sparse=True), link)),
         Recording(s.IB_PHYSICAL_ERRORS, _with_host(_tagged_sum(
             ("node_infiniband_symbol_error_total",
              "node_infiniband_local_link_integrity_errors_total",
              "node_infiniband_port_receive_remote_physical_errors_total"),
-            "rate", "5m", f"instance, job, {link}"), link)),
+            "rate", "5m", f"instance, job, {link}", sparse=True), link)),
         Recording(s.NET_UP, _with_host(f"node_network_up{{{iface}}}", "device")),
         Recording(s.NET_CARRIER_CHANGES, _with_host(
-            f"increase(node_network_carrier_changes_total{{{iface}}}[15m])", "device")),
+            f"increase(node_network_carrier_changes_total{{{iface}}}[15m]) > 0", "device")),
     ]
 
 
 def _per_run_gpu(metric: str) -> str:
-    """A per-GPU series relabelled with the run on that GPU (never another run's GPU)."""
-    gpuless = s.RUN_HOSTS_GPUS_UNKNOWN
-    sole_gpuless = f"({gpuless} and on ({L.HOSTNAME}) (count by ({L.HOSTNAME}) ({gpuless}) == 1))"
-    return (f"({s.RUN_GPUS} * on ({L.HOSTNAME}, {L.GPU}) group_left () "
-            f"max by ({L.HOSTNAME}, {L.GPU}) ({metric})) "
-            f"or (max by ({L.HOSTNAME}, {L.GPU}) ({metric} unless on ({L.HOSTNAME}, {L.GPU}) "
-            f"{s.RUN_GPUS}) * on ({L.HOSTNAME}) group_left ({RUN}) {sole_gpuless})")
+    """A per-GPU series relabelled with the run(s) on that GPU (never another run's GPU)."""
+    return (f"{s.RUN_GPU_ASSIGNMENT} * on ({L.HOSTNAME}, {L.GPU}) group_left () "
+            f"max by ({L.HOSTNAME}, {L.GPU}) ({metric})")
 
 
 def run_rules() -> list[Recording]:
-    """Deduplicated join records (read by every attributed alert) and what the workload alerts
-    (stall, straggler) need per run."""
+    """Deduplicated join records (read by every attributed alert), which run each GPU serves,
+    and what the workload alerts (stall, straggler) need per run.
+
+    The GPU-to-run assignment is recorded once (the runs holding the GPU, else the host's only
+    run whose GPUs are unknown), so each per-run series is one join of the metric with it.
+    """
+    gpuless = s.RUN_HOSTS_GPUS_UNKNOWN
+    sole_gpuless = f"({gpuless} and on ({L.HOSTNAME}) (count by ({L.HOSTNAME}) ({gpuless}) == 1))"
     return [
         Recording(s.RUN_GPUS, f"max by ({L.HOSTNAME}, {L.GPU}, {RUN}) ({L.GPU_INFO})"),
         Recording(s.RUN_HOSTS, f"max by ({L.HOSTNAME}, {RUN}) ({L.NODE_INFO})"),
         Recording(s.RUN_HOSTS_GPUS_UNKNOWN,
                   f"max by ({L.HOSTNAME}, {RUN}) ({L.NODE_INFO} unless on ({L.HOSTNAME}, {RUN}) "
                   f"{L.GPU_INFO})"),
-        Recording(s.RUN_GPU_TENSOR, _per_run_gpu(s.TENSOR_ACTIVE)),
+        Recording(s.RUN_GPU_ASSIGNMENT,
+                  f"{s.RUN_GPUS} or (max by ({L.HOSTNAME}, {L.GPU}) ({s.GPU_PRESENT} "
+                  f"unless on ({L.HOSTNAME}, {L.GPU}) {s.RUN_GPUS}) "
+                  f"* on ({L.HOSTNAME}) group_left ({RUN}) {sole_gpuless})"),
         Recording(s.RUN_GPU_UTIL, _per_run_gpu(f"avg_over_time({s.GPU_UTIL}[2m])")),
-        Recording(s.RUN_GPU_FB, _per_run_gpu(s.FB_USED)),
-        Recording(s.RUN_HOST_TENSOR, f"max by ({RUN}, {L.HOSTNAME}) ({s.RUN_GPU_TENSOR})"),
-        Recording(s.RUN_HOST_FB, f"max by ({RUN}, {L.HOSTNAME}) ({s.RUN_GPU_FB})"),
+        Recording(s.RUN_HOST_TENSOR,
+                  f"max by ({RUN}, {L.HOSTNAME}) ({_per_run_gpu(s.TENSOR_ACTIVE)})"),
+        Recording(s.RUN_HOST_FB, f"max by ({RUN}, {L.HOSTNAME}) ({_per_run_gpu(s.FB_USED)})"),
     ]

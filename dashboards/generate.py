@@ -226,7 +226,8 @@ def specs(alert_selector: str, scope: str) -> dict[str, PanelSpec]:
             "and link-down events in the last 15 minutes: flapping links stall NCCL.",
             (Query(over("max", series.IB_PHYSICAL_ERRORS, HOST_SELECTOR),
                    f"{LINK_LEGEND} errors/s"),
-             Query(over("max", series.IB_FLAPS, HOST_SELECTOR), f"{LINK_LEGEND} flaps 15m"))),
+             Query(over("max", series.IB_FLAPS, HOST_SELECTOR), f"{LINK_LEGEND} flaps 15m")),
+            sparse=True),
         "net_interfaces": PanelSpec(
             "timeseries", "short",
             "Ethernet/RoCE interfaces: up (1) or down (0), and carrier changes in the last 15 "

@@ -430,7 +430,6 @@ register(
         "loader and CPU of that rank.",
         "gpu_util_spread",
         f"{s.RUN_GPU_UTIL} < on ({_RUN}) group_left () "
-        f"(max by ({_RUN}) ({s.RUN_GPU_UTIL}) - {STRAGGLER_GAP}) "
-        f"and on ({_RUN}) (max by ({_RUN}) ({s.RUN_GPU_UTIL}) > {STRAGGLER_RUN_BUSY_MIN})",
+        f"((max by ({_RUN}) ({s.RUN_GPU_UTIL}) > {STRAGGLER_RUN_BUSY_MIN}) - {STRAGGLER_GAP})",
         for_="3m", group="workload"),
 )

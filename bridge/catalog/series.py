@@ -9,9 +9,10 @@ Levels: ``gpu`` = (hostname, gpu, gpu_uuid); ``gpu_xid`` adds ``xid``; ``hostnam
 scrape target's (instance, job); ``wandb_run_gpu`` = run labels + hostname + gpu;
 ``wandb_run_hostname`` = run labels + hostname.
 
-Error counters and violation rates (ECC, retired pages, row remaps, NVLink, PCIe, violations) are
-sparse: only GPUs with a non-zero value have a series, which keeps evaluation cheap on large
-clusters; read a missing series as zero. Dense: temperatures, utilisation, activity, memory,
+Error counters and violation rates (ECC, retired pages, row remaps, NVLink, PCIe, violations,
+InfiniBand errors and flaps, interface carrier changes) are sparse: only entities with a non-zero
+value have a series, which keeps evaluation cheap on large clusters; read a missing series as
+zero. Dense: temperatures, utilisation, activity, memory,
 power, clock-event bits, presence.
 """
 
@@ -54,8 +55,7 @@ NET_CARRIER_CHANGES = "interface:node_network_carrier_changes:increase15m"
 RUN_GPUS = "wandb_run_gpu:wandb_run_gpu_info:max"
 RUN_HOSTS = "wandb_run_hostname:wandb_run_node_info:max"
 RUN_HOSTS_GPUS_UNKNOWN = "wandb_run_hostname:wandb_run_gpus_unknown:max"
-RUN_GPU_TENSOR = "wandb_run_gpu:dcgm_tensor_active:ratio"
+RUN_GPU_ASSIGNMENT = "wandb_run_gpu:wandb_run_gpu_assignment:max"
 RUN_GPU_UTIL = "wandb_run_gpu:dcgm_gpu_util:avg2m"
-RUN_GPU_FB = "wandb_run_gpu:dcgm_fb_used:bytes"
 RUN_HOST_TENSOR = "wandb_run_hostname:dcgm_tensor_active:max"
 RUN_HOST_FB = "wandb_run_hostname:dcgm_fb_used:max"
