@@ -2,6 +2,7 @@
 
 Usage: ``python bench/run.py [NAME_SUBSTRING ...]`` to run only matching benchmark modules;
 ``python bench/run.py --markdown`` prints the last results.json as a Markdown table (README).
+A filtered run replaces only the rows of the benchmarks it ran.
 """
 
 from __future__ import annotations
@@ -44,23 +45,28 @@ def main(argv: list[str]) -> int:
     modules = sorted(p.stem for p in (ROOT / "bench").glob("bench_*.py"))
     if argv:
         modules = [m for m in modules if any(a in m for a in argv)]
-    results: list[Result] = []
+    results: list[tuple[str, Result]] = []
     failed = []
     for name in modules:
         print(f"== {name}", flush=True)
         try:
             module = importlib.import_module(f"bench.{name}")
-            results.extend(module.run())
+            results.extend((name, r) for r in module.run())
         except Exception:
             traceback.print_exc()
             failed.append(name)
     out = ROOT / "bench" / "results.json"
-    out.write_text(json.dumps([r.as_dict() for r in results], indent=2) + "\n")
+    rows = [{**r.as_dict(), "bench": module} for module, r in results]
+    if argv and out.exists():
+        # A filtered run replaces only the rows of the modules it ran; the others stay.
+        kept = [r for r in json.loads(out.read_text()) if r.get("bench") not in modules]
+        rows = sorted(kept + rows, key=lambda r: str(r.get("bench")))
+    out.write_text(json.dumps(rows, indent=2) + "\n")
     header = (f"{'benchmark':58} {'value':>11} {'unit':8} {'baseline':>10} {'ratio':>8} "
               f"{'target':>8} met")
     print(header)
     print("-" * len(header))
-    for r in results:
+    for _, r in results:
         d = r.as_dict()
         print(f"{r.name:58} {_fmt(r.value):>11} {r.unit:8} {_fmt(r.baseline):>10} "
               f"{_fmt(d['ratio']):>8} {_fmt(r.target):>8} {d['met']}")
