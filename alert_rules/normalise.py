@@ -13,11 +13,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bridge.catalog import series as s
+from bridge.catalog.alerts import TEMP_WARNING_C
 from exporter import labels as L
 
 GPU_KEYS = f"{L.HOSTNAME}, {L.GPU}, {L.GPU_UUID}"
 RUN = ", ".join(L.RUN_LABELS)
 VIOLATION_DIVISORS = {"ns": "1e9", "us": "1e6"}
+# Clock-event bits the alerts read: HW slowdown (8), HW thermal (64), HW power brake (128); any
+# bitmask holding one is >= 8, so smaller ones (idle, app clocks, SW power cap) are not recorded.
+CLOCK_BITS_OF_INTEREST = 8
 VIRTUAL_INTERFACES = ("lo|docker.*|veth.*|cali.*|flannel.*|cni.*|virbr.*|br-.*|tun.*|tap.*|"
                       "kube.*|vxlan.*|tunl.*|dummy.*|nodelocaldns.*|lxc.*|genev.*")
 
@@ -40,6 +44,12 @@ def _gpu(inner: str) -> str:
     return (f"max by ({GPU_KEYS}) (label_replace(label_replace("
             f"max by (Hostname, {L.HOSTNAME}, {L.GPU}, UUID) ({inner}), "
             f'"{L.HOSTNAME}", "$1", "Hostname", "(.+)"), "{L.GPU_UUID}", "$1", "UUID", "(.+)"))')
+
+
+def _host_label(inner: str) -> str:
+    """dcgm series reduced to (hostname, gpu), whichever host label spelling they carry."""
+    return (f'label_replace(max by (Hostname, {L.HOSTNAME}, {L.GPU}) ({inner}), '
+            f'"{L.HOSTNAME}", "$1", "Hostname", "(.+)")')
 
 
 def _sparse(*variants: str) -> str:
@@ -85,22 +95,16 @@ def dcgm_rules(violation_unit: str) -> list[Recording]:
     xid_last = _either(*(f"{m} > 0 unless {m} offset 10m"
                          for m in ("DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_XID_ERROR")))
     return [
-        Recording(s.GPU_TEMP, _gpu(_either("DCGM_FI_DEV_GPU_TEMP",
-                                           "DCGM_FI_DEV_GPU_TEMP_CELSIUS"))),
-        Recording(s.MEMORY_TEMP, _gpu("DCGM_FI_DEV_MEMORY_TEMP")),
-        Recording(s.GPU_UTIL, _gpu(_either("DCGM_FI_DEV_GPU_UTIL / 100",
-                                           "DCGM_FI_DEV_GPU_UTIL_RATIO"))),
-        Recording(s.TENSOR_ACTIVE, _gpu(_either("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
-                                                "DCGM_FI_PROF_TENSOR_UTIL_RATIO"))),
-        Recording(s.FB_USED, _gpu("DCGM_FI_DEV_FB_USED * 1048576")),
-        Recording(s.POWER_USAGE, _gpu(_either("DCGM_FI_DEV_POWER_USAGE",
-                                              "DCGM_FI_DEV_BOARD_POWER_WATTS"))),
-        Recording(s.GPU_PRESENT, f"clamp({s.GPU_TEMP}, 1, 1)"),
+        Recording(s.GPU_PRESENT, f"clamp({_gpu(s.dcgm_raw(s.DCGM_GPU_TEMP))}, 1, 1)"),
+        Recording(s.GPU_TEMP_HOT, _gpu(s.dcgm_raw(s.DCGM_GPU_TEMP, cut=f" >= {TEMP_WARNING_C}"))),
+        Recording(s.MEMORY_TEMP_HOT,
+                  _gpu(s.dcgm_raw(s.DCGM_MEMORY_TEMP, cut=f" >= {TEMP_WARNING_C}"))),
         *(Recording(record, f"clamp_max({_sparse(_rate(metric, '5m'))} / {div}, 1)")
           for record, metric in ((s.THERMAL_VIOLATION, "DCGM_FI_DEV_THERMAL_VIOLATION"),
                                  (s.POWER_VIOLATION, "DCGM_FI_DEV_POWER_VIOLATION"))),
-        Recording(s.CLOCK_EVENT_REASONS, _gpu(_either("DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
-                                                      "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"))),
+        Recording(s.CLOCK_EVENT_REASONS,
+                  _gpu(s.dcgm_raw(s.DCGM_CLOCK_EVENT_REASONS,
+                                  cut=f" >= {CLOCK_BITS_OF_INTEREST}"))),
         Recording(s.PCIE_REPLAY_RATE, _sparse(_rate("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "5m"),
                                               _rate("DCGM_FI_DEV_PCIE_REPLAY_TOTAL", "5m"))),
         Recording(s.NVLINK_CRC_RATE, _sparse(
@@ -142,8 +146,7 @@ def dcgm_rules(violation_unit: str) -> list[Recording]:
 
 def target_rules() -> list[Recording]:
     """Which host each telemetry target reports, and whether it is up (for NodeDown)."""
-    dcgm_any = _either("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_GPU_TEMP_CELSIUS",
-                       "DCGM_FI_DEV_POWER_USAGE")
+    dcgm_any = s.dcgm_raw(s.DCGM_GPU_TEMP)
     rules = [
         Recording(s.NODE_EXPORTER_TARGET,
                   f"topk by (instance, job) (1, max by (instance, job, {L.HOSTNAME}) "
@@ -208,8 +211,10 @@ def run_rules() -> list[Recording]:
                   f"{s.RUN_GPUS} or (max by ({L.HOSTNAME}, {L.GPU}) ({s.GPU_PRESENT} "
                   f"unless on ({L.HOSTNAME}, {L.GPU}) {s.RUN_GPUS}) "
                   f"* on ({L.HOSTNAME}) group_left ({RUN}) {sole_gpuless})"),
-        Recording(s.RUN_GPU_UTIL, _per_run_gpu(f"avg_over_time({s.GPU_UTIL}[2m])")),
-        Recording(s.RUN_HOST_TENSOR,
-                  f"max by ({RUN}, {L.HOSTNAME}) ({_per_run_gpu(s.TENSOR_ACTIVE)})"),
-        Recording(s.RUN_HOST_FB, f"max by ({RUN}, {L.HOSTNAME}) ({_per_run_gpu(s.FB_USED)})"),
+        Recording(s.RUN_GPU_UTIL, _per_run_gpu(_host_label(
+            s.dcgm_raw(s.DCGM_GPU_UTIL, fn="avg_over_time", window="2m")))),
+        Recording(s.RUN_HOST_TENSOR, f"max by ({RUN}, {L.HOSTNAME}) "
+                                     f"({_per_run_gpu(_host_label(s.dcgm_raw(s.DCGM_TENSOR_ACTIVE)))})"),
+        Recording(s.RUN_HOST_FB, f"max by ({RUN}, {L.HOSTNAME}) "
+                                 f"({_per_run_gpu(_host_label(s.dcgm_raw(s.DCGM_FB_USED)))})"),
     ]

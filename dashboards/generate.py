@@ -44,6 +44,8 @@ RUN_SELECTOR = ",".join(f'{name}="${name}"' for name in labels.RUN_LABELS)
 HOST_SELECTOR = f'{labels.HOSTNAME}=~"${labels.HOSTNAME}"'
 GPU_SELECTOR = f'{HOST_SELECTOR},{labels.GPU}=~"${labels.GPU}"'
 GPU_LEGEND = f"{{{{{labels.HOSTNAME}}}}} GPU {{{{{labels.GPU}}}}}"
+# Raw dcgm-exporter series carry the host as ``hostname`` or (up to 4.8.2) ``Hostname``.
+DCGM_LEGEND = f"{{{{{labels.HOSTNAME}}}}}{{{{Hostname}}}} GPU {{{{{labels.GPU}}}}}"
 HOST_LEGEND = f"{{{{{labels.HOSTNAME}}}}}"
 LINK_LEGEND = f"{HOST_LEGEND} {{{{device}}}}/{{{{port}}}}"
 ALERT_LABELS = ("alertname", "alertstate", "severity", "category", labels.HOSTNAME, labels.GPU,
@@ -102,6 +104,13 @@ def gpu_q(fn: str, name: str, legend_suffix: str = "") -> Query:
     return Query(over(fn, name, GPU_SELECTOR), GPU_LEGEND + legend_suffix)
 
 
+def dcgm_q(fn: str, field: series.Field, legend_suffix: str = "") -> Query:
+    """A per-GPU dcgm-exporter field read at query time (no dense recording rule holds it)."""
+    return Query(series.dcgm_gpu(field, f"${labels.HOSTNAME}", f"${labels.GPU}",
+                                 f"{fn}_over_time", "$__rate_interval"),
+                 DCGM_LEGEND + legend_suffix)
+
+
 def alerts_table(alert_selector: str) -> Query:
     """Alerts that fired in the dashboard's time range, one row per alert and entity."""
     by = ", ".join(ALERT_LABELS)
@@ -130,11 +139,11 @@ def specs(alert_selector: str, scope: str) -> dict[str, PanelSpec]:
             "timeseries", "celsius",
             "GPU die temperature (max over the interval). 85 C is a warning, 95 C critical; "
             "clocks are cut before that.",
-            (gpu_q("max", series.GPU_TEMP),)),
+            (dcgm_q("max", series.DCGM_GPU_TEMP),)),
         "hbm_temperature": PanelSpec(
             "timeseries", "celsius",
             "HBM (memory) temperature (max over the interval). 85 C is a warning, 95 C critical.",
-            (gpu_q("max", series.MEMORY_TEMP),)),
+            (dcgm_q("max", series.DCGM_MEMORY_TEMP),)),
         "thermal_violation": PanelSpec(
             "timeseries", "percentunit",
             "Share of time the GPU was throttled for temperature (5-minute rate of dcgm's "
@@ -150,14 +159,14 @@ def specs(alert_selector: str, scope: str) -> dict[str, PanelSpec]:
             "Clock-event reasons that slow a GPU, one line per active reason (1 = active): HW "
             "thermal, HW slowdown and power brake point at cooling or power delivery.",
             tuple(
-                Query(f"floor({over('max', series.CLOCK_EVENT_REASONS, GPU_SELECTOR)} / {bit})"
-                      f" % 2 == 1", f"{GPU_LEGEND} {name}")
+                Query(f"floor({dcgm_q('max', series.DCGM_CLOCK_EVENT_REASONS).expr} / {bit})"
+                      f" % 2 == 1", f"{DCGM_LEGEND} {name}")
                 for bit, name in CLOCK_BITS)),
         "power_usage": PanelSpec(
             "timeseries", "watt",
             "Board power draw (average over the interval). A drop with steady utilisation "
             "often means a stall or throttling.",
-            (gpu_q("avg", series.POWER_USAGE),)),
+            (dcgm_q("avg", series.DCGM_POWER_USAGE),)),
         "xid_errors": PanelSpec(
             "timeseries", "short",
             "XID errors reported by the driver, one line per GPU and XID code. 48, 94, 95 and "
@@ -201,13 +210,13 @@ def specs(alert_selector: str, scope: str) -> dict[str, PanelSpec]:
             "timeseries", "percentunit",
             "Tensor-pipe activity (tracks MFU within a few points) and GPU utilisation. Tensor "
             "activity near zero with utilisation high and memory held is a hung collective.",
-            (gpu_q("avg", series.TENSOR_ACTIVE, " tensor"),
-             gpu_q("avg", series.GPU_UTIL, " utilisation")), max_value=1),
+            (dcgm_q("avg", series.DCGM_TENSOR_ACTIVE, " tensor"),
+             dcgm_q("avg", series.DCGM_GPU_UTIL, " utilisation")), max_value=1),
         "gpu_memory": PanelSpec(
             "timeseries", "bytes",
             "Framebuffer memory in use. Held memory with no activity is a stall; memory freed "
             "at once is a crash.",
-            (gpu_q("max", series.FB_USED),)),
+            (dcgm_q("max", series.DCGM_FB_USED),)),
         "gpu_util_spread": PanelSpec(
             "timeseries", "percentunit",
             "Max minus min GPU utilisation across the run's GPUs. Above ~10% for minutes means "

@@ -268,7 +268,7 @@ register(
         f"{_WHERE_GPU} is at {{{{ $value }}}} C (warning at {TEMP_WARNING_C} C).",
         "Close to throttling: the job may slow down soon.",
         "Check cooling and inlet temperature; no action on the job yet.",
-        "gpu_temperature", f"{s.GPU_TEMP} >= {TEMP_WARNING_C} < {TEMP_CRITICAL_C}", for_="5m",
+        "gpu_temperature", f"{s.GPU_TEMP_HOT} >= {TEMP_WARNING_C} < {TEMP_CRITICAL_C}", for_="5m",
         group="gpu-thermal"),
     AlertDef(
         "GpuTemperatureCritical", "critical", _T, _DEG, "gpu",
@@ -276,7 +276,7 @@ register(
         f"{_WHERE_GPU} is at {{{{ $value }}}} C (critical at {TEMP_CRITICAL_C} C).",
         "The GPU is throttling hard and may shut down to protect itself, crashing the job.",
         "Checkpoint now; move the job off the node and fix cooling before reuse.",
-        "gpu_temperature", f"{s.GPU_TEMP} >= {TEMP_CRITICAL_C}", for_="1m",
+        "gpu_temperature", f"{s.GPU_TEMP_HOT} >= {TEMP_CRITICAL_C}", for_="1m",
         group="gpu-thermal"),
     AlertDef(
         "GpuMemoryTemperatureHigh", "warning", _T, _DEG, "gpu",
@@ -284,7 +284,7 @@ register(
         f"HBM of {_WHERE_GPU} is at {{{{ $value }}}} C (warning at {TEMP_WARNING_C} C).",
         "Hot HBM throttles memory bandwidth and raises the ECC error rate.",
         "Check cooling and inlet temperature.",
-        "hbm_temperature", f"{s.MEMORY_TEMP} >= {TEMP_WARNING_C} < {TEMP_CRITICAL_C}",
+        "hbm_temperature", f"{s.MEMORY_TEMP_HOT} >= {TEMP_WARNING_C} < {TEMP_CRITICAL_C}",
         for_="5m", group="gpu-thermal"),
     AlertDef(
         "GpuMemoryTemperatureCritical", "critical", _T, _DEG, "gpu",
@@ -292,7 +292,7 @@ register(
         f"HBM of {_WHERE_GPU} is at {{{{ $value }}}} C (critical at {TEMP_CRITICAL_C} C).",
         "Memory errors and a protective shutdown are likely; the job may crash.",
         "Checkpoint now; move the job off the node and fix cooling before reuse.",
-        "hbm_temperature", f"{s.MEMORY_TEMP} >= {TEMP_CRITICAL_C}", for_="1m",
+        "hbm_temperature", f"{s.MEMORY_TEMP_HOT} >= {TEMP_CRITICAL_C}", for_="1m",
         group="gpu-thermal"),
     # --- interconnect ----------------------------------------------------------------------
     AlertDef(

@@ -12,19 +12,31 @@ scrape target's (instance, job); ``wandb_run_gpu`` = run labels + hostname + gpu
 Error counters and violation rates (ECC, retired pages, row remaps, NVLink, PCIe, violations,
 InfiniBand errors and flaps, interface carrier changes) are sparse: only entities with a non-zero
 value have a series, which keeps evaluation cheap on large clusters; read a missing series as
-zero. Dense: temperatures, utilisation, activity, memory,
-power, clock-event bits, presence.
+zero. Temperatures are recorded only from the warning threshold up, clock-event bitmasks only
+with a hardware slowdown, SW thermal, HW thermal or power-brake bit set (value >= 8). Dense, per
+GPU: presence only. Temperatures, utilisation, activity, memory and power for dashboards are read
+straight from dcgm-exporter at query time through ``dcgm_gpu`` (a dense per-GPU record of each
+cost a 16,000-GPU cluster seconds of evaluation every cycle).
 """
 
 from __future__ import annotations
 
+# dcgm-exporter per-GPU fields: every name it has had (up to 4.8 / since 4.9) with the factor to
+# the normalised unit (utilisation 0..100 -> ratio, MiB -> bytes).
+Field = tuple[tuple[str, str], ...]
+DCGM_GPU_TEMP: Field = (("DCGM_FI_DEV_GPU_TEMP", ""), ("DCGM_FI_DEV_GPU_TEMP_CELSIUS", ""))
+DCGM_MEMORY_TEMP: Field = (("DCGM_FI_DEV_MEMORY_TEMP", ""),)
+DCGM_GPU_UTIL: Field = (("DCGM_FI_DEV_GPU_UTIL", " / 100"), ("DCGM_FI_DEV_GPU_UTIL_RATIO", ""))
+DCGM_TENSOR_ACTIVE: Field = (("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", ""),
+                             ("DCGM_FI_PROF_TENSOR_UTIL_RATIO", ""))
+DCGM_FB_USED: Field = (("DCGM_FI_DEV_FB_USED", " * 1048576"),)
+DCGM_POWER_USAGE: Field = (("DCGM_FI_DEV_POWER_USAGE", ""), ("DCGM_FI_DEV_BOARD_POWER_WATTS", ""))
+DCGM_CLOCK_EVENT_REASONS: Field = (("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", ""),
+                                   ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", ""))
+
 GPU_PRESENT = "gpu:dcgm_gpu:present"
-GPU_TEMP = "gpu:dcgm_gpu_temp:celsius"
-MEMORY_TEMP = "gpu:dcgm_memory_temp:celsius"
-GPU_UTIL = "gpu:dcgm_gpu_util:ratio"
-TENSOR_ACTIVE = "gpu:dcgm_tensor_active:ratio"
-FB_USED = "gpu:dcgm_fb_used:bytes"
-POWER_USAGE = "gpu:dcgm_power_usage:watts"
+GPU_TEMP_HOT = "gpu:dcgm_gpu_temp:celsius_hot"
+MEMORY_TEMP_HOT = "gpu:dcgm_memory_temp:celsius_hot"
 THERMAL_VIOLATION = "gpu:dcgm_thermal_violation:ratio_rate5m"
 POWER_VIOLATION = "gpu:dcgm_power_violation:ratio_rate5m"
 CLOCK_EVENT_REASONS = "gpu:dcgm_clock_event_reasons:bitmask"
@@ -59,3 +71,33 @@ RUN_GPU_ASSIGNMENT = "wandb_run_gpu:wandb_run_gpu_assignment:max"
 RUN_GPU_UTIL = "wandb_run_gpu:dcgm_gpu_util:avg2m"
 RUN_HOST_TENSOR = "wandb_run_hostname:dcgm_tensor_active:max"
 RUN_HOST_FB = "wandb_run_hostname:dcgm_fb_used:max"
+
+
+def dcgm_raw(field: Field, *, matchers: str = "", fn: str = "", window: str = "",
+             cut: str = "") -> str:
+    """A field read from dcgm-exporter in its normalised unit, labels as scraped.
+
+    Names sharing a factor are read with one selector (no ``or`` between them); ``fn`` and
+    ``window`` make it ``fn(name[window])``; ``cut`` (e.g. ``" >= 85"``) filters each part first.
+    """
+    by_factor: dict[str, list[str]] = {}
+    for name, factor in field:
+        by_factor.setdefault(factor, []).append(name)
+    parts = []
+    for factor, names in by_factor.items():
+        match = ",".join(m for m in (f'__name__=~"{"|".join(names)}"', matchers) if m)
+        expr = f"{{{match}}}"
+        if fn:
+            expr = f"{fn}({expr}[{window}])"
+        parts.append(f"{expr}{factor}{cut}")
+    return parts[0] if len(parts) == 1 else " or ".join(f"({p})" for p in parts)
+
+
+def dcgm_gpu(field: Field, host_re: str, gpu_re: str, fn: str = "", window: str = "") -> str:
+    """Per-GPU series of a field for a query (dashboards): both host label spellings
+    (``Hostname`` up to dcgm-exporter 4.8.2, ``hostname`` after; the result keeps the one the
+    exporter sent, no ``label_replace`` so dashboard variables stay the only ``$`` names) and the
+    4.9 names."""
+    new = dcgm_raw(field, matchers=f'hostname=~"{host_re}",gpu=~"{gpu_re}"', fn=fn, window=window)
+    old = dcgm_raw(field, matchers=f'Hostname=~"{host_re}",gpu=~"{gpu_re}"', fn=fn, window=window)
+    return f"max by (Hostname, hostname, gpu) (({new}) or ({old}))"
