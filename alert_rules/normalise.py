@@ -84,9 +84,10 @@ def _tagged_sum(metrics: tuple[str, ...], fn: str, window: str, by: str,
 
 
 def _with_host(inner: str, by: str) -> str:
-    """Give node_exporter series the hostname of their target."""
-    return (f"max by ({L.HOSTNAME}, {by}) (({inner}) * on (instance, job) "
-            f"group_left ({L.HOSTNAME}) {s.NODE_EXPORTER_TARGET})")
+    """Give node_exporter series the hostname of their target (other labels are dropped before
+    the join, so it builds small label sets)."""
+    return (f"max by ({L.HOSTNAME}, {by}) (max by (instance, job, {by}) ({inner}) "
+            f"* on (instance, job) group_left ({L.HOSTNAME}) {s.NODE_EXPORTER_TARGET})")
 
 
 def dcgm_rules(violation_unit: str) -> list[Recording]:
@@ -153,7 +154,8 @@ def target_rules() -> list[Recording]:
                   f'(label_replace(node_uname_info, "{L.HOSTNAME}", "$1", "nodename", "(.+)")))'),
         Recording(s.DCGM_EXPORTER_TARGET,
                   f"topk by (instance, job) (1, clamp_max(count by (instance, job, {L.HOSTNAME}) "
-                  f'(label_replace({dcgm_any}, "{L.HOSTNAME}", "$1", "Hostname", "(.+)")), 1))'),
+                  f'(label_replace(count by (instance, job, Hostname, {L.HOSTNAME}) ({dcgm_any}), '
+                  f'"{L.HOSTNAME}", "$1", "Hostname", "(.+)")), 1))'),
     ]
     for exporter, target in (("node_exporter", s.NODE_EXPORTER_TARGET),
                              ("dcgm_exporter", s.DCGM_EXPORTER_TARGET)):
