@@ -16,7 +16,6 @@ import time
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 import requests
 from aiohttp import web
@@ -73,41 +72,8 @@ def _null_receiver():
 
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.router.add_post("/alertmanager", handler)
-    with _serve_app(app) as url:
+    with bp.serve_app(app) as url:
         yield url
-
-
-@contextmanager
-def _serve_app(app: web.Application):
-    import asyncio  # noqa: PLC0415 - only the null receiver needs its own loop here
-
-    port = bp.free_port()
-    loop = asyncio.new_event_loop()
-    started = threading.Event()
-    holder: dict[str, Any] = {}
-
-    async def _start() -> None:
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        holder["runner"] = runner
-
-    def _main() -> None:
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(_start())
-        started.set()
-        loop.run_forever()
-        loop.run_until_complete(holder["runner"].cleanup())
-        loop.close()
-
-    thread = threading.Thread(target=_main, daemon=True)
-    thread.start()
-    started.wait(10)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
 
 
 def _post(session: requests.Session, url: str, body: bytes) -> None:

@@ -105,15 +105,15 @@ def make_context(tmp_path: Path, **kwargs: Any) -> BridgeContext:
 
 
 @contextmanager
-def serve(ctx: BridgeContext, port: int | None = None) -> Iterator[Running]:
-    """Run ``create_app(ctx)`` in a thread until the block exits."""
+def serve_app(app: web.Application, port: int | None = None) -> Iterator[str]:
+    """Run an aiohttp ``app`` on 127.0.0.1 in a thread until the block exits; yields its URL."""
     port = port or free_port()
     loop = asyncio.new_event_loop()
     started = threading.Event()
     holder: dict[str, Any] = {}
 
     async def _start() -> None:
-        runner = web.AppRunner(create_app(ctx), access_log=None)
+        runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", port).start()
         holder["runner"] = runner
@@ -129,9 +129,16 @@ def serve(ctx: BridgeContext, port: int | None = None) -> Iterator[Running]:
     thread = threading.Thread(target=_main, daemon=True)
     thread.start()
     if not started.wait(10):
-        raise RuntimeError("bridge app did not start")
+        raise RuntimeError("app did not start")
     try:
-        yield Running(f"http://127.0.0.1:{port}", ctx)
+        yield f"http://127.0.0.1:{port}"
     finally:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
+
+
+@contextmanager
+def serve(ctx: BridgeContext, port: int | None = None) -> Iterator[Running]:
+    """Run ``create_app(ctx)`` in a thread until the block exits."""
+    with serve_app(create_app(ctx), port) as url:
+        yield Running(url, ctx)
