@@ -32,7 +32,8 @@ if str(ROOT) not in sys.path:
 from bench.common import Result, median_seconds  # noqa: E402
 from bridge.catalog.alerts import duration_seconds  # noqa: E402
 from demo import scenarios  # noqa: E402
-from demo.stack import Stack, StackConfig, wait_for  # noqa: E402
+from demo.processes import wait_for  # noqa: E402
+from demo.stack import Stack, StackConfig  # noqa: E402
 from tests.wandb_standin import WandbStandin  # noqa: E402
 
 REPEATS = 5

@@ -14,9 +14,10 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import requests
 
@@ -31,6 +32,22 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+T = TypeVar("T")
+
+
+def wait_for(check: Callable[[], T], timeout: float = 30.0, what: str = "condition",
+             interval: float = 0.2) -> T:
+    """Poll ``check`` until it returns something truthy; raise naming ``what`` on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(interval)
 
 
 def wait_http(url: str, timeout: float = 30.0, proc: subprocess.Popen | None = None) -> None:

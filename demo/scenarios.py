@@ -20,7 +20,8 @@ from typing import Any
 
 import requests
 
-from demo.stack import Stack, wait_for
+from demo.processes import wait_for
+from demo.stack import Stack
 from demo.trainer import TrainingJob
 
 ENTITY = "demo"

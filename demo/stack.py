@@ -13,11 +13,9 @@ import contextlib
 import json
 import secrets
 import sys
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import requests
 import yaml
@@ -33,7 +31,6 @@ PROMETHEUS_EXAMPLE = ROOT / "deploy" / "prometheus" / "prometheus.yml"
 ALERTMANAGER_EXAMPLE = ROOT / "deploy" / "alertmanager" / "alertmanager.yml"
 BRIDGE_RECEIVER = "wandb.bridge"
 
-T = TypeVar("T")
 def scale_rules(text: str, scale: float, minimum_seconds: int = 0) -> str:
     """The shipped rule file with every ``for``/``keep_firing_for`` multiplied by ``scale``
     (and the ``for_seconds`` annotation that tells the bridge the delay kept in step)."""
@@ -220,16 +217,3 @@ class Stack:
         """Instant PromQL query against the stack's Prometheus."""
         assert self.prometheus is not None
         return processes.prom_query(self.prometheus.url, expr)
-
-
-def wait_for(check: Callable[[], T | None], timeout: float, what: str,
-             interval: float = 1.0) -> T:
-    """Poll ``check`` until it returns something truthy; raise naming ``what`` on timeout."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)

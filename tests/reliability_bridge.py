@@ -11,11 +11,9 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import requests
 
@@ -24,7 +22,6 @@ from tests.services import env_without_proxies, free_port, wait_http
 
 ROOT = Path(__file__).resolve().parent.parent
 AUTH = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
-T = TypeVar("T")
 
 
 @dataclass
@@ -113,19 +110,6 @@ def start_bridge(tmp: Path, env: dict[str, str], port: int | None = None) -> Bri
         bridge.stop()
         raise
     return bridge
-
-
-def wait_for(predicate: Callable[[], T], timeout: float = 30.0, every: float = 0.2,
-             what: str = "condition") -> T:
-    """Poll until ``predicate`` returns something truthy; fail with ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout}s")
-        time.sleep(every)
 
 
 def section_blocks(notes: str) -> list[str]:

@@ -20,7 +20,8 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 
 from demo import scenarios
-from demo.stack import Stack, StackConfig, wait_for
+from demo.processes import wait_for
+from demo.stack import Stack, StackConfig
 from tests.wandb_standin import WandbStandin
 
 pytestmark = pytest.mark.e2e

@@ -19,8 +19,9 @@ from pathlib import Path
 import requests
 
 from bridge.notes import BEGIN, END
+from demo.processes import wait_for
 from tests.bridge_payloads import T0, TOKEN, alert, notification
-from tests.reliability_bridge import bridge_env, section_blocks, start_bridge, wait_for
+from tests.reliability_bridge import bridge_env, section_blocks, start_bridge
 from tests.wandb_standin import WandbStandin
 
 RUNS = 200
@@ -111,8 +112,8 @@ def test_kill_9_mid_storm_then_restart_delivers_everything_exactly_once(tmp_path
         try:
             sender = RetryingSender(bridge.url, bodies + repeats)
             sender.start()
-            wait_for(lambda: len(sender.acked) >= len(bodies) // 3, 60, 0.005,
-                     "a third of the storm acknowledged")
+            wait_for(lambda: len(sender.acked) >= len(bodies) // 3, 60,
+                     "a third of the storm acknowledged", 0.005)
             bridge.kill()
             acked_before_kill = len(sender.acked)
             delivered_before_kill = len(wb.calls("BridgeUpsertBucket"))
@@ -130,7 +131,7 @@ def test_kill_9_mid_storm_then_restart_delivers_everything_exactly_once(tmp_path
                         and m.get("wandb_infra_bridge_parked_runs") == 0
                         and all(len(wb.run("team", "proj", run).tags) == 1 + len(set(h.values()))
                                 for run, h in expected.items()))
-            wait_for(all_delivered, 120, 0.5, "every run delivered")
+            wait_for(all_delivered, 120, "every run delivered", 0.5)
             stored = bridge.runs()
         finally:
             code = bridge.stop()

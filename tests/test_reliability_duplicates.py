@@ -11,8 +11,9 @@ from pathlib import Path
 import requests
 
 from bridge.notes import BEGIN
+from demo.processes import wait_for
 from tests.bridge_payloads import TOKEN
-from tests.reliability_bridge import bridge_env, section_blocks, start_bridge, wait_for
+from tests.reliability_bridge import bridge_env, section_blocks, start_bridge
 from tests.services import alertmanager
 from tests.wandb_standin import WandbStandin
 

@@ -16,10 +16,11 @@ from typing import Any
 
 import requests
 
+from demo.processes import wait_for
 from exporter import labels
 from tests.exporter_process import metric_samples, metric_value, running_exporter
 from tests.k8s_standin import K8sStandin, make_pod
-from tests.reliability_bridge import raw_status, wait_for
+from tests.reliability_bridge import raw_status
 from tests.test_exporter_wandb import env, wire_config
 from tests.wandb_standin import WandbStandin
 
@@ -97,7 +98,7 @@ def test_sources_hanging_then_garbage_keep_mapping_for_grace_then_recover(tmp_pa
             proxy.mode = "hang"
             failed_at = time.monotonic()
             wait_for(lambda: _up(url, "wandb") == 0 and _up(url, "kubernetes") == 0, GRACE - 1,
-                     0.1, "both sources reported down within the grace period")
+                     "both sources reported down within the grace period", 0.1)
             assert _hosts(url) == both, "last good mapping kept within the grace period"
             assert time.monotonic() - failed_at < GRACE
             wb.clear_faults()
