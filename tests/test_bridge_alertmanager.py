@@ -14,6 +14,7 @@ from pathlib import Path
 
 import requests
 
+from demo.processes import wait_for
 from tests.services import alertmanager, env_without_proxies, free_port, wait_http
 
 TOKEN = "am-bearer-token-for-tests-0123456789"
@@ -65,16 +66,6 @@ def _runs(url: str) -> dict[str, dict]:
     return {r["run_id"]: r for r in data["runs"]}
 
 
-def _wait(predicate, timeout: float = 40.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError("condition not reached in time")
-
-
 def test_alertmanager_delivers_to_bridge(tmp_path: Path):
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
@@ -97,7 +88,7 @@ grafana: {{base_url: "http://grafana.invalid"}}
             start = datetime.now(UTC) - timedelta(seconds=5)
             _post_alerts(am.url, [_am_alert("NodeDown", f"host-{r}", r, "node", start=start)
                                   for r in ("ra", "rb", "rc")])
-            _wait(lambda: sum(x["alerts"] for x in _runs(url).values()) >= 2)
+            wait_for(lambda: sum(x["alerts"] for x in _runs(url).values()) >= 2, 40)
             time.sleep(2)  # a further notification would have arrived by now
             runs = _runs(url)
             assert sum(r["alerts"] for r in runs.values()) == 2, "max_alerts kept 2 of 3"
@@ -106,10 +97,10 @@ grafana: {{base_url: "http://grafana.invalid"}}
                                              "where": f"host-{run_id}"}
             xid = _am_alert("GpuXidError", "host-x", "rx", "gpu_hardware", start=start)
             _post_alerts(am.url, [xid])
-            _wait(lambda: _runs(url).get("rx"))
+            wait_for(lambda: _runs(url).get("rx"), 40)
             _post_alerts(am.url, [{**xid, "endsAt": (datetime.now(UTC) - timedelta(seconds=1))
                                    .isoformat().replace("+00:00", "Z")}])
-            _wait(lambda: _runs(url)["rx"]["open_issues"] == 0)
+            wait_for(lambda: _runs(url)["rx"]["open_issues"] == 0, 40)
             done = _runs(url)["rx"]
             assert done["issues"] == 1 and done["firing"] == 0
         metrics = requests.get(url + "/metrics", timeout=10).text

@@ -5,25 +5,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import requests
 
+from demo.processes import wait_for
 from tests.bridge_payloads import TOKEN, alert, notification
 from tests.services import env_without_proxies, free_port, wait_http
 from tests.wandb_standin import WandbStandin
 
 AUTH = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
-
-
-def _wait(predicate, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError("condition not reached in time")
 
 
 def test_service_projects_onto_wandb_and_keeps_secrets_out_of_logs(tmp_path: Path):
@@ -56,11 +47,11 @@ def test_service_projects_onto_wandb_and_keeps_secrets_out_of_logs(tmp_path: Pat
             resp = requests.post(url + "/alertmanager", data=json.dumps(body), headers=AUTH,
                                  timeout=10)
             assert resp.status_code == 200
-            _wait(lambda: "infra:GpuXidError" in wb.run("team", "proj", "live1").tags)
+            wait_for(lambda: "infra:GpuXidError" in wb.run("team", "proj", "live1").tags)
             run = wb.run("team", "proj", "live1")
             assert run.tags == ["user", "infra:GpuXidError"]
             assert run.notes.startswith("keep me\n\n")
-            _wait(lambda: all(r["wandb"]["state"] in ("parked", "delivered") for r in
+            wait_for(lambda: all(r["wandb"]["state"] in ("parked", "delivered") for r in
                               requests.get(url + "/runs?format=json", headers=AUTH,
                                            timeout=10).json()["runs"]))
             by_id = {r["run_id"]: r for r in requests.get(

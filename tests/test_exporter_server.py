@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -12,22 +11,13 @@ import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from demo.processes import wait_for
 from exporter import labels
 from tests.exporter_process import EXPORTER, metric_samples, metric_value, running_exporter
 from tests.services import prom_query, prometheus
 
 REG = {"entity": "ent", "project": "proj", "run_id": "run1", "hostname": "gpu01.example.com",
        "gpus": [0, {"index": 1, "uuid": "GPU-1111"}], "slurm_job_id": "42"}
-
-
-def wait_until(check, timeout=20.0, interval=0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"condition not met after {timeout}s")
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +58,7 @@ def test_ttl_expires_without_heartbeat(exporter):
     body = {**REG, "run_id": "short", "ttl_seconds": 1}
     assert requests.post(url + "/v1/runs", json=body, headers=AUTH, timeout=5).status_code == 201
     assert [s for s in metric_samples(url, labels.NODE_INFO) if s["wandb_run_id"] == "short"]
-    wait_until(lambda: not [s for s in metric_samples(url, labels.NODE_INFO)
+    wait_for(lambda: not [s for s in metric_samples(url, labels.NODE_INFO)
                             if s["wandb_run_id"] == "short"], timeout=10)
 
 
@@ -159,14 +149,14 @@ def test_registration_files(exporter):
     (files / "job7.json").write_text(json.dumps([{**REG, "run_id": "filerun", "gpus": [3]}]))
     (files / "broken.json").write_text("{oops")
     (files / "ignored.tmp").write_text("{oops")
-    got = wait_until(lambda: [s for s in metric_samples(url, labels.GPU_INFO)
+    got = wait_for(lambda: [s for s in metric_samples(url, labels.GPU_INFO)
                               if s["wandb_run_id"] == "filerun"])
     assert [(s["gpu"], s["source"]) for s in got] == [("3", "files")]
-    errors = wait_until(lambda: [s for s in metric_samples(
+    errors = wait_for(lambda: [s for s in metric_samples(
         url, "wandb_infra_exporter_source_errors_total") if s["source"] == "files"])
     assert errors
     (files / "job7.json").unlink()
-    wait_until(lambda: not [s for s in metric_samples(url, labels.GPU_INFO)
+    wait_for(lambda: not [s for s in metric_samples(url, labels.GPU_INFO)
                             if s["wandb_run_id"] == "filerun"])
 
 
@@ -178,7 +168,7 @@ def test_prometheus_scrapes_the_join_metrics(exporter, tmp_path):
     config = (f"global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: exporter\n"
               f"    static_configs:\n      - targets: ['{target}']\n")
     with prometheus(config, tmp_path / "prom") as prom:
-        result = wait_until(lambda: prom_query(
+        result = wait_for(lambda: prom_query(
             prom.url, 'wandb_run_gpu_info{wandb_run_id="promrun"}'), timeout=30)
         assert {(r["metric"]["hostname"], r["metric"]["gpu"]) for r in result} == \
             {("gpu07", "0"), ("gpu07", "1")}

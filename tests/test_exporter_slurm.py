@@ -8,11 +8,11 @@ cluster's real Prolog/Epilog against a second exporter's registration API.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 
+from demo.processes import wait_for
 from exporter import labels
 from tests.exporter_process import metric_samples, metric_value, running_exporter
 from tests.services import free_port, prom_query, prometheus
@@ -23,16 +23,6 @@ pytestmark = [pytest.mark.slurm,
                                  reason=unavailable_reason() or "")]
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy" / "slurm"
-
-
-def wait_until(check, timeout=30.0, interval=0.3):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"condition not met after {timeout}s")
 
 
 def _wrapper(path: Path, script: str, port: int) -> str:
@@ -80,7 +70,7 @@ def test_jobs_appear_and_go(cluster, mode, tmp_path):
         plain = submit(slurm, tmp_path, "--comment", "no run")
         for job in (job_a, job_b, plain):
             slurm.wait_state(job, {"RUNNING"})
-        gpus = wait_until(lambda: (r := runs_in(url, labels.GPU_INFO)).get(f"a-{mode}")
+        gpus = wait_for(lambda: (r := runs_in(url, labels.GPU_INFO)).get(f"a-{mode}")
                           and r.get(f"b-{mode}") and r)
         nodes = runs_in(url, labels.NODE_INFO)
         assert set(nodes) == {f"a-{mode}", f"b-{mode}"}
@@ -95,7 +85,7 @@ def test_jobs_appear_and_go(cluster, mode, tmp_path):
         assert all(s["hostname"] == slurm.node for s in gpus[f"a-{mode}"])
 
         # The prolog saw the same job from inside slurmd: same host and GPU, by another path.
-        registered = wait_until(lambda: runs_in(reg_url, labels.GPU_INFO).get(f"a-{mode}"))
+        registered = wait_for(lambda: runs_in(reg_url, labels.GPU_INFO).get(f"a-{mode}"))
         assert [(s["hostname"], s["gpu"], s["source"]) for s in registered] == \
             [(slurm.node, index_a[0], "registrations")]
         reg_node = runs_in(reg_url, labels.NODE_INFO)[f"a-{mode}"][0]
@@ -106,17 +96,17 @@ def test_jobs_appear_and_go(cluster, mode, tmp_path):
                     f"    static_configs:\n      - targets: ['{target}']\n")
         with prometheus(prom_cfg, tmp_path / "prom") as prom:
             query = f'wandb_run_gpu_info{{wandb_run_id="a-{mode}"}}'
-            result = wait_until(lambda: prom_query(prom.url, query))
+            result = wait_for(lambda: prom_query(prom.url, query))
             assert [(r["metric"]["hostname"], r["metric"]["gpu"]) for r in result] == \
                 [(slurm.node, index_a[0])]
             slurm.run("scancel", job_a)
-            wait_until(lambda: f"a-{mode}" not in runs_in(url, labels.NODE_INFO))
-            wait_until(lambda: not prom_query(prom.url, query))
+            wait_for(lambda: f"a-{mode}" not in runs_in(url, labels.NODE_INFO))
+            wait_for(lambda: not prom_query(prom.url, query))
         assert f"b-{mode}" in runs_in(url, labels.NODE_INFO)
-        wait_until(lambda: f"a-{mode}" not in runs_in(reg_url, labels.NODE_INFO))
+        wait_for(lambda: f"a-{mode}" not in runs_in(reg_url, labels.NODE_INFO))
         slurm.run("scancel", job_b, plain)
-        wait_until(lambda: not runs_in(url, labels.NODE_INFO))
-        wait_until(lambda: not runs_in(reg_url, labels.NODE_INFO))
+        wait_for(lambda: not runs_in(url, labels.NODE_INFO))
+        wait_for(lambda: not runs_in(reg_url, labels.NODE_INFO))
 
 
 def test_slurm_outage_keeps_mapping_and_reports_down(cluster, tmp_path):
@@ -133,13 +123,13 @@ def test_slurm_outage_keeps_mapping_and_reports_down(cluster, tmp_path):
     with running_exporter(config, tmp_path / "exporter", env=slurm.env()) as url:
         job = submit(slurm, tmp_path, "--comment", "wandb:ent/proj/outage", "--gres=gpu:1")
         slurm.wait_state(job, {"RUNNING"})
-        wait_until(lambda: "outage" in runs_in(url, labels.NODE_INFO))
+        wait_for(lambda: "outage" in runs_in(url, labels.NODE_INFO))
         flag.touch()
-        wait_until(lambda: metric_value(url, "wandb_infra_exporter_source_up",
+        wait_for(lambda: metric_value(url, "wandb_infra_exporter_source_up",
                                         source="slurm") == 0.0)
         assert "outage" in runs_in(url, labels.NODE_INFO)
-        wait_until(lambda: "outage" not in runs_in(url, labels.NODE_INFO), timeout=15)
+        wait_for(lambda: "outage" not in runs_in(url, labels.NODE_INFO), timeout=15)
         flag.unlink()
-        wait_until(lambda: "outage" in runs_in(url, labels.NODE_INFO))
+        wait_for(lambda: "outage" in runs_in(url, labels.NODE_INFO))
         slurm.run("scancel", job)
 
