@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -88,22 +88,24 @@ class Service:
                 self.proc.wait(timeout=10)
 
 
-def _spawn(cmd: list[str], workdir: Path, name: str) -> tuple[subprocess.Popen, Path]:
+def _spawn(cmd: list[str], workdir: Path, name: str,
+           env: Mapping[str, str] | None = None) -> tuple[subprocess.Popen, Path]:
     log = workdir / f"{name}.log"
     handle = log.open("ab")
     proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, cwd=workdir,
-                            start_new_session=True, env=env_without_proxies())
+                            start_new_session=True, env={**env_without_proxies(), **(env or {})})
     handle.close()
     return proc, log
 
 
 @contextlib.contextmanager
-def running(cmd: list[str], workdir: Path, name: str, port: int,
-            ready_path: str) -> Iterator[Service]:
-    """Start ``cmd`` (logging to workdir/<name>.log), wait until ``ready_path`` answers 200 on
-    ``port``, stop it when the block exits; its log tail is printed if it fails to start."""
+def running(cmd: list[str], workdir: Path, name: str, port: int, ready_path: str, *,
+            env: Mapping[str, str] | None = None) -> Iterator[Service]:
+    """Start ``cmd`` (logging to workdir/<name>.log, ``env`` over a proxy-free environment),
+    wait until ``ready_path`` answers 200 on ``port``, stop it when the block exits; its log
+    tail is printed if it fails to start."""
     workdir.mkdir(parents=True, exist_ok=True)
-    proc, log = _spawn(cmd, workdir, name)
+    proc, log = _spawn(cmd, workdir, name, env)
     svc = Service(proc, f"http://127.0.0.1:{port}", workdir, log)
     try:
         wait_http(svc.url + ready_path, proc=proc)

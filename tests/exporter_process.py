@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import signal
-import subprocess
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -14,7 +12,7 @@ import requests
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.services import env_without_proxies, free_port, wait_http
+from demo.processes import free_port, running
 
 EXPORTER = str(Path(sys.executable).parent / "wandb-infra-exporter")
 
@@ -25,29 +23,11 @@ def running_exporter(config: Mapping[str, Any], workdir: Path, port: int | None 
     """Start the exporter with ``config`` (listen forced to 127.0.0.1); yield its base URL."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
-    cfg = {**config, "listen": f"127.0.0.1:{port}"}
     path = workdir / "exporter.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    log = workdir / "exporter.log"
-    with log.open("wb") as handle:
-        proc = subprocess.Popen([EXPORTER, "--config", str(path)], stdout=handle,
-                                stderr=subprocess.STDOUT, env={**env_without_proxies(),
-                                                               **(env or {})},
-                                start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(url + "/healthz", timeout=30, proc=proc)
-        yield url
-    except BaseException:
-        print(log.read_text(errors="replace")[-4000:])
-        raise
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+    path.write_text(yaml.safe_dump({**config, "listen": f"127.0.0.1:{port}"}))
+    with running([EXPORTER, "--config", str(path)], workdir, "exporter", port, "/healthz",
+                 env=env) as service:
+        yield service.url
 
 
 def metric_samples(url: str, name: str) -> list[dict[str, str]]:
