@@ -2,23 +2,23 @@
 
 PromQL refuses many-to-many joins, and a failed join drops the whole rule, so the run info metric
 is always on the many side and the fault side is made unique per join key with ``topk by``. The
-run side comes from the deduplicated join records of ``normalise.run_rules`` (``max by`` over the
-info metrics, so exporter replicas collapse). Three
-cases per GPU fault: the run that holds the GPU (several runs may share one), runs on the host
-whose GPUs are unknown (never a GPU another run holds), and no run at all (the fault still
+run side is the contract-1 info metrics deduplicated with ``max by`` (exporter replicas collapse).
+Three cases per GPU fault: the run that holds the GPU (several runs may share one), runs on the
+host whose GPUs are unknown (never a GPU another run holds), and no run at all (the fault still
 alerts, without run labels). Host and link faults attribute to every run on the host.
 
-Cost: every alert reading the full join records three times made the joins the largest share of
-evaluation on a large cluster. Each alert family therefore first records the join rows of the
-hosts that have any fault of the family (``faulty_joins``, usually none), and its alerts join
-against those few rows; the result is the same because only rows of faulty hosts can match.
+Cost: the join metrics have a series per GPU of every run, and selecting a series is the unit
+of cost. Each alert family therefore reads them once per evaluation, recording the rows of the
+hosts with a fault of the family (``faulty_joins``, usually none) just before its alerts, which
+join against those few rows; only rows of faulty hosts can match, so the result is the same.
+Host and link families read only the per-host join metric.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bridge.catalog import series as s
+from alert_rules.normalise import run_gpu_rows, run_host_rows
 from exporter import labels as L
 
 RUN = ", ".join(L.RUN_LABELS)
@@ -26,35 +26,39 @@ RUN = ", ".join(L.RUN_LABELS)
 
 @dataclass(frozen=True)
 class Joins:
-    """The join records an alert reads: the full ones, or a family's faulty-host subsets."""
+    """Names of a family's join records: its faulty hosts' GPU rows, their runs whose GPUs are
+    unknown, and the runs on its faulty hosts."""
 
-    run_gpus: str = s.RUN_GPUS
-    run_hosts: str = s.RUN_HOSTS
-    gpus_unknown: str = s.RUN_HOSTS_GPUS_UNKNOWN
-
-
-FULL = Joins()
+    run_gpus: str
+    gpus_unknown: str
+    run_hosts: str
 
 
 def family_joins(family: str) -> Joins:
     """Names of a family's faulty-host join records (``level:metric:faulty_<family>``)."""
     suffix = "faulty_" + family.replace("-", "_")
-    return Joins(*(name.rsplit(":", 1)[0] + ":" + suffix
-                   for name in (s.RUN_GPUS, s.RUN_HOSTS, s.RUN_HOSTS_GPUS_UNKNOWN)))
+    return Joins(f"wandb_run_gpu:wandb_run_gpu_info:{suffix}",
+                 f"wandb_run_hostname:wandb_run_gpus_unknown:{suffix}",
+                 f"wandb_run_hostname:wandb_run_node_info:{suffix}")
 
 
 def faulty_joins(joins: Joins, gpu_faults: list[str], host_faults: list[str]
                  ) -> list[tuple[str, str]]:
-    """(record, expr) of the join rows on hosts with a fault among the given fault records."""
+    """(record, expr) of the join rows on hosts with a fault among the given fault records.
+
+    The GPU rows come first: the runs with unknown GPUs are those of the faulty hosts' runs
+    that have no row there.
+    """
     out = []
     if gpu_faults:
         on_gpu = " or ".join(gpu_faults)
-        out += [(joins.run_gpus, f"{s.RUN_GPUS} and on ({L.HOSTNAME}) ({on_gpu})"),
+        out += [(joins.run_gpus, f"{run_gpu_rows()} and on ({L.HOSTNAME}) ({on_gpu})"),
                 (joins.gpus_unknown,
-                 f"{s.RUN_HOSTS_GPUS_UNKNOWN} and on ({L.HOSTNAME}) ({on_gpu})")]
+                 f"({run_host_rows()} and on ({L.HOSTNAME}) ({on_gpu})) "
+                 f"unless on ({L.HOSTNAME}, {RUN}) {joins.run_gpus}")]
     if host_faults:
         on_host = " or ".join(host_faults)
-        out.append((joins.run_hosts, f"{s.RUN_HOSTS} and on ({L.HOSTNAME}) ({on_host})"))
+        out.append((joins.run_hosts, f"{run_host_rows()} and on ({L.HOSTNAME}) ({on_host})"))
     return out
 
 
@@ -66,7 +70,7 @@ def _indent(expr: str) -> str:
     return "\n".join("  " + line for line in expr.splitlines())
 
 
-def gpu_scope(fault: str, copy: tuple[str, ...], j: Joins = FULL) -> str:
+def gpu_scope(fault: str, copy: tuple[str, ...], j: Joins) -> str:
     """A GPU fault attributed by (hostname, gpu), else by hostname, else to nobody."""
     copied = _join(L.GPU_UUID, *copy)
     return "\n".join([
@@ -96,7 +100,7 @@ def gpu_scope(fault: str, copy: tuple[str, ...], j: Joins = FULL) -> str:
     ])
 
 
-def host_scope(fault: str, copy: tuple[str, ...], j: Joins = FULL) -> str:
+def host_scope(fault: str, copy: tuple[str, ...], j: Joins) -> str:
     """A host or link fault attributed to every run on the host, else to nobody."""
     return "\n".join([
         "(",
@@ -116,7 +120,7 @@ def host_scope(fault: str, copy: tuple[str, ...], j: Joins = FULL) -> str:
     ])
 
 
-def attributed(scope: str, fault: str, copy: tuple[str, ...], joins: Joins = FULL) -> str:
+def attributed(scope: str, fault: str, copy: tuple[str, ...], joins: Joins) -> str:
     """The alert expression for an entity scope; run-scoped faults already carry run labels."""
     if scope == "gpu":
         return gpu_scope(fault, copy, joins)

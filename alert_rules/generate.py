@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from alert_rules import normalise  # noqa: E402
+from alert_rules import normalise, tiers  # noqa: E402
 from alert_rules.attribution import attributed, family_joins, faulty_joins  # noqa: E402
 from bridge.catalog import panels  # noqa: E402
 from bridge.catalog.alerts import ALERTS, AlertDef  # noqa: E402
@@ -215,21 +215,49 @@ def _chunks(rules: list[dict[str, Any]], name: str) -> Iterable[tuple[str, list]
         yield name + suffix, rules[i:i + MAX_GROUP_RULES]
 
 
+# Recording groups: (name, tier, rules). Order within a group matters (later rules read earlier
+# ones at the same timestamp); across groups, records are read at most one interval late.
+def recording_groups(violation_unit: str) -> list[tuple[str, str | None, list]]:
+    """The normalisation groups, each at the tier its alerts' latency allows (``tiers.py``)."""
+    return [
+        ("normalise-fast", tiers.FAST,
+         normalise.target_rules() + normalise.xid_rules() + normalise.link_down_rules()),
+        ("normalise-gpu", tiers.MEDIUM, normalise.dcgm_rate_rules(violation_unit)),
+        ("normalise-stall", tiers.MEDIUM, normalise.stall_rules()),
+        ("normalise-gpu-state", tiers.SLOW, normalise.dcgm_state_rules()),
+        ("normalise-links", tiers.SLOW, normalise.link_history_rules()),
+        ("normalise-workload", tiers.SLOW, normalise.workload_history_rules()),
+    ]
+
+
+# Alert families and their tier: a family joins its faults to the runs once per evaluation, so
+# families whose faults come from slower records are evaluated at that record's pace.
+FAMILY_TIERS: dict[str, str | None] = {
+    "gpu-xid": tiers.FAST,
+    "gpu-memory": tiers.SLOW,
+    "gpu-thermal": tiers.MEDIUM,
+    "gpu-interconnect": tiers.MEDIUM,
+    "network": tiers.FAST,
+    "node": tiers.FAST,
+    "workload": tiers.FAST,
+}
+
+
+def _group(name: str, tier: str | None, rules: list[dict[str, Any]]) -> dict[str, Any]:
+    group: dict[str, Any] = {"name": name}
+    if tier is not None:
+        group["interval"] = tier
+    group["rules"] = rules
+    return group
+
+
 def groups(cfg: dict[str, Any]) -> list[dict[str, Any]]:
     """All rule groups: normalisation first, then one group per alert family."""
     prefix = cfg["group_prefix"]
-    dcgm = normalise.dcgm_rules(cfg["violation_unit"])
-    split = next(i for i, r in enumerate(dcgm) if r.record.startswith("gpu:dcgm_pcie"))
-    recording = [
-        ("normalise-dcgm-telemetry", dcgm[:split]),
-        ("normalise-dcgm-errors", dcgm[split:]),
-        ("normalise-node", normalise.target_rules() + normalise.node_rules()),
-        ("normalise-runs", normalise.run_rules()),
-    ]
     out: list[dict[str, Any]] = []
-    for name, rules in recording:
+    for name, tier, rules in recording_groups(cfg["violation_unit"]):
         for gname, chunk in _chunks([_recording(r) for r in rules], f"{prefix}-{name}"):
-            out.append({"name": gname, "rules": chunk})
+            out.append(_group(gname, tier, chunk))
     members: dict[str, list[AlertDef]] = {}
     for alert in ALERTS.values():
         members.setdefault(family(alert), []).append(alert)
@@ -242,7 +270,7 @@ def groups(cfg: dict[str, Any]) -> list[dict[str, Any]]:
         rules += [{"record": record, "expr": expr} for record, expr in joins]
         rules += [_alert(a, cfg) for a in alerts]
         for gname, chunk in _chunks(rules, f"{prefix}-{name}"):
-            out.append({"name": gname, "rules": chunk})
+            out.append(_group(gname, FAMILY_TIERS[name], chunk))
     return out
 
 

@@ -4,8 +4,13 @@ dcgm-exporter: ``Hostname`` (<= 4.8.2) or ``hostname`` -> ``hostname``, ``UUID``
 the 4.9 renames and unit changes (utilisation 0..100 -> ratio), violation counters in ns or us ->
 fraction of time. node_exporter: ``hostname`` from ``node_uname_info{nodename}`` joined on
 (instance, job). Every output is aggregated with ``max by`` so exporter replicas and per-job copies
-(HPC mode, Kubernetes pod labels) collapse into one series per entity. Runs: the run's GPU series
-(by GPU when the run's GPUs are known, else the host's when exactly one run holds it).
+(HPC mode, Kubernetes pod labels) collapse into one series per entity.
+
+Cost model (Prometheus 2.42, measured on 16,000 GPUs): selecting a series costs ~7 us whatever
+its samples, so a rule's price is the number of series its selectors touch. Hence: every raw
+family is read once per evaluation of its tier (``tiers.py``), outputs are sparse (only faulty
+entities) wherever the alerts allow, and "was it healthy within the last hour" questions are
+answered by sparse records of the never-healthy entities, read by the fast alerts.
 """
 
 from __future__ import annotations
@@ -13,7 +18,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bridge.catalog import series as s
-from bridge.catalog.alerts import TEMP_WARNING_C
+from bridge.catalog.alerts import (
+    STALL_ACTIVITY_MAX,
+    STALL_FB_MIN_BYTES,
+    STALL_PRIOR_ACTIVITY_MIN,
+    STRAGGLER_GAP,
+    STRAGGLER_RUN_BUSY_MIN,
+    TEMP_WARNING_C,
+)
 from exporter import labels as L
 
 GPU_KEYS = f"{L.HOSTNAME}, {L.GPU}, {L.GPU_UUID}"
@@ -39,7 +51,7 @@ def _gpu(inner: str) -> str:
     """Rename the dcgm host/UUID labels and collapse duplicates into one series per GPU.
 
     The inner ``max by`` first strips every other label, so the relabelling works on small label
-    sets (the dominant cost on a large cluster).
+    sets.
     """
     return (f"max by ({GPU_KEYS}) (label_replace(label_replace("
             f"max by (Hostname, {L.HOSTNAME}, {L.GPU}, UUID) ({inner}), "
@@ -48,8 +60,9 @@ def _gpu(inner: str) -> str:
 
 def _host_label(inner: str) -> str:
     """dcgm series reduced to (hostname, gpu), whichever host label spelling they carry."""
-    return (f'label_replace(max by (Hostname, {L.HOSTNAME}, {L.GPU}) ({inner}), '
-            f'"{L.HOSTNAME}", "$1", "Hostname", "(.+)")')
+    return (f"max by ({L.HOSTNAME}, {L.GPU}) (label_replace("
+            f"max by (Hostname, {L.HOSTNAME}, {L.GPU}) ({inner}), "
+            f'"{L.HOSTNAME}", "$1", "Hostname", "(.+)"))')
 
 
 def _sparse(*variants: str) -> str:
@@ -90,42 +103,84 @@ def _with_host(inner: str, by: str) -> str:
             f"* on (instance, job) group_left ({L.HOSTNAME}) {s.NODE_EXPORTER_TARGET})")
 
 
-def dcgm_rules(violation_unit: str) -> list[Recording]:
-    """Per-GPU normalised series from dcgm-exporter."""
+DCGM_SERIES = "instance, job, Hostname, hostname, gpu, UUID"
+
+
+def xid_rules() -> list[Recording]:
+    """XID events of the last 10-15 minutes, per GPU and code (fast tier).
+
+    ``DCGM_EXP_XID_ERRORS_COUNT`` counts them when enabled. The last-XID gauge carries its code
+    as ``err_code`` (one series per code), so a code that is new within 10 minutes is an event;
+    the ``err_code!="0"`` matcher reads only GPUs that ever had an XID, not the whole cluster.
+    """
+    last = _either(*(f'{m}{{err_code!="0"}} > 0 unless {m}{{err_code!="0"}} offset 10m'
+                     for m in ("DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_XID_ERROR")))
+    return [Recording(s.XID_EVENTS, _either(
+        f"max by ({GPU_KEYS}, xid) (label_replace(label_replace("
+        "max_over_time(DCGM_EXP_XID_ERRORS_COUNT[10m]) > 0, "
+        f'"{L.HOSTNAME}", "$1", "Hostname", "(.+)"), "{L.GPU_UUID}", "$1", "UUID", "(.+)"))',
+        f"count by ({GPU_KEYS}, xid) (label_replace(label_replace(label_replace("
+        f'{last}, "xid", "$1", "err_code", "(.+)"), '
+        f'"{L.HOSTNAME}", "$1", "Hostname", "(.+)"), "{L.GPU_UUID}", "$1", "UUID", "(.+)"))'))]
+
+
+def dcgm_rate_rules(violation_unit: str) -> list[Recording]:
+    """Per-GPU telemetry and 5-minute rates, sparse: only GPUs past a threshold (medium tier).
+
+    Temperatures are recorded from the warning threshold up, clock-event bitmasks only with a
+    hardware slowdown bit, violation and error rates only when non-zero.
+    """
     div = VIOLATION_DIVISORS[violation_unit]
-    xid_last = _either(*(f"{m} > 0 unless {m} offset 10m"
-                         for m in ("DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_XID_ERROR")))
     return [
-        Recording(s.GPU_PRESENT, f"clamp({_gpu(s.dcgm_raw(s.DCGM_GPU_TEMP))}, 1, 1)"),
         Recording(s.GPU_TEMP_HOT, _gpu(s.dcgm_raw(s.DCGM_GPU_TEMP, cut=f" >= {TEMP_WARNING_C}"))),
         Recording(s.MEMORY_TEMP_HOT,
                   _gpu(s.dcgm_raw(s.DCGM_MEMORY_TEMP, cut=f" >= {TEMP_WARNING_C}"))),
-        *(Recording(record, f"clamp_max({_sparse(_rate(metric, '5m'))} / {div}, 1)")
-          for record, metric in ((s.THERMAL_VIOLATION, "DCGM_FI_DEV_THERMAL_VIOLATION"),
-                                 (s.POWER_VIOLATION, "DCGM_FI_DEV_POWER_VIOLATION"))),
         Recording(s.CLOCK_EVENT_REASONS,
                   _gpu(s.dcgm_raw(s.DCGM_CLOCK_EVENT_REASONS,
                                   cut=f" >= {CLOCK_BITS_OF_INTEREST}"))),
+        *(Recording(record, f"clamp_max({_sparse(_rate(metric, '5m'))} / {div}, 1)")
+          for record, metric in ((s.THERMAL_VIOLATION, "DCGM_FI_DEV_THERMAL_VIOLATION"),
+                                 (s.POWER_VIOLATION, "DCGM_FI_DEV_POWER_VIOLATION"))),
         Recording(s.PCIE_REPLAY_RATE, _sparse(_rate("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "5m"),
                                               _rate("DCGM_FI_DEV_PCIE_REPLAY_TOTAL", "5m"))),
         Recording(s.NVLINK_CRC_RATE, _sparse(
             _tagged_sum(("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
                          "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL"), "rate", "5m",
-                        "instance, job, Hostname, hostname, gpu, UUID", sparse=True),
+                        DCGM_SERIES, sparse=True),
             _tagged_sum(("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_TOTAL",
                          "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_TOTAL"), "rate", "5m",
-                        "instance, job, Hostname, hostname, gpu, UUID", sparse=True))),
+                        DCGM_SERIES, sparse=True))),
+    ]
+
+
+def dcgm_state_rules() -> list[Recording]:
+    """GPU presence, memory health gauges and 10-minute error counts (slow tier).
+
+    Presence is the one dense per-GPU record (dashboards list GPUs from it; the host's GPU count
+    and the GPUs that vanished within the hour derive from it, in this group's order).
+    """
+    dcgm_any = s.dcgm_raw(s.DCGM_GPU_TEMP)
+    return [
+        Recording(s.GPU_PRESENT, f"clamp({_gpu(dcgm_any)}, 1, 1)"),
+        Recording(s.HOST_GPU_COUNT, f"count by ({L.HOSTNAME}) ({s.GPU_PRESENT})"),
+        Recording(s.GPU_VANISHED,
+                  f"(max_over_time({s.GPU_PRESENT}[1h]) unless on ({L.HOSTNAME}, {L.GPU}) "
+                  f"{s.GPU_PRESENT}) and on ({L.HOSTNAME}) {s.HOST_GPU_COUNT}"),
+        Recording(s.DCGM_EXPORTER_TARGET,
+                  f"topk by (instance, job) (1, clamp_max(count by (instance, job, {L.HOSTNAME}) "
+                  f'(label_replace(count by (instance, job, Hostname, {L.HOSTNAME}) ({dcgm_any}), '
+                  f'"{L.HOSTNAME}", "$1", "Hostname", "(.+)")), 1))'),
         Recording(s.NVLINK_REPLAY_RECOVERY, _sparse(
             _tagged_sum(("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
                          "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL"), "increase", "10m",
-                        "instance, job, Hostname, hostname, gpu, UUID", sparse=True),
+                        DCGM_SERIES, sparse=True),
             _tagged_sum(("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_TOTAL",
                          "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_TOTAL"), "increase", "10m",
-                        "instance, job, Hostname, hostname, gpu, UUID", sparse=True))),
+                        DCGM_SERIES, sparse=True))),
         Recording(s.ECC_DBE, _sparse(_rate("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "10m", "increase"))),
         Recording(s.ECC_SBE, _sparse(_rate("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "10m", "increase"))),
         Recording(s.RETIRED_PAGES, _sparse(
-            "sum by (instance, job, Hostname, hostname, gpu, UUID) "
+            f"sum by ({DCGM_SERIES}) "
             '(label_replace(DCGM_FI_DEV_RETIRED_SBE > 0, "counter", "sbe", "", "") '
             'or label_replace(DCGM_FI_DEV_RETIRED_DBE > 0, "counter", "dbe", "", ""))')),
         Recording(s.RETIRED_PENDING, _sparse("DCGM_FI_DEV_RETIRED_PENDING")),
@@ -134,28 +189,19 @@ def dcgm_rules(violation_unit: str) -> list[Recording]:
         Recording(s.ROW_REMAP_PENDING, _sparse("DCGM_FI_DEV_ROW_REMAP_PENDING")),
         Recording(s.UNCORRECTABLE_ROWS, _sparse("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
                                                 "DCGM_FI_DEV_ROW_REMAP_UNCORRECTABLE_TOTAL")),
-        Recording(s.XID_EVENTS, _either(
-            f"max by ({GPU_KEYS}, xid) (label_replace(label_replace("
-            "max_over_time(DCGM_EXP_XID_ERRORS_COUNT[10m]) > 0, "
-            f'"{L.HOSTNAME}", "$1", "Hostname", "(.+)"), "{L.GPU_UUID}", "$1", "UUID", "(.+)"))',
-            f"count by ({GPU_KEYS}, xid) (label_replace(label_replace(label_replace("
-            f'{xid_last}, "xid", "$1", "err_code", "(.+)"), '
-            f'"{L.HOSTNAME}", "$1", "Hostname", "(.+)"), "{L.GPU_UUID}", "$1", "UUID", "(.+)"))')),
-        Recording(s.HOST_GPU_COUNT, f"count by ({L.HOSTNAME}) ({s.GPU_PRESENT})"),
     ]
 
 
 def target_rules() -> list[Recording]:
-    """Which host each telemetry target reports, and whether it is up (for NodeDown)."""
-    dcgm_any = s.dcgm_raw(s.DCGM_GPU_TEMP)
+    """Which host each node_exporter target reports, and whether each target is up (NodeDown).
+
+    The dcgm-exporter targets' hosts come from ``dcgm_state_rules``; a target's host is
+    remembered for an hour, so a target that vanished still names its host.
+    """
     rules = [
         Recording(s.NODE_EXPORTER_TARGET,
                   f"topk by (instance, job) (1, max by (instance, job, {L.HOSTNAME}) "
                   f'(label_replace(node_uname_info, "{L.HOSTNAME}", "$1", "nodename", "(.+)")))'),
-        Recording(s.DCGM_EXPORTER_TARGET,
-                  f"topk by (instance, job) (1, clamp_max(count by (instance, job, {L.HOSTNAME}) "
-                  f'(label_replace(count by (instance, job, Hostname, {L.HOSTNAME}) ({dcgm_any}), '
-                  f'"{L.HOSTNAME}", "$1", "Hostname", "(.+)")), 1))'),
     ]
     for exporter, target in (("node_exporter", s.NODE_EXPORTER_TARGET),
                              ("dcgm_exporter", s.DCGM_EXPORTER_TARGET)):
@@ -167,56 +213,113 @@ def target_rules() -> list[Recording]:
     return rules
 
 
-def node_rules() -> list[Recording]:
-    """InfiniBand and Ethernet/RoCE series with the host's name (error and flap counts sparse:
-    only non-zero ports are joined and recorded)."""
-    link = "device, port"
-    iface = f'device!~"{VIRTUAL_INTERFACES}"'
+IFACE = f'device!~"{VIRTUAL_INTERFACES}"'
+LINK = "device, port"
+
+
+def link_down_rules() -> list[Recording]:
+    """InfiniBand ports not active and interfaces down, now (fast tier, sparse)."""
     return [
-        Recording(s.IB_STATE, _with_host("node_infiniband_state_id", link)),
+        Recording(s.IB_PORT_DOWN, _with_host("node_infiniband_state_id != 4", LINK)),
+        Recording(s.NET_DOWN, _with_host(f"node_network_up{{{IFACE}}} == 0", "device")),
+    ]
+
+
+def link_history_rules() -> list[Recording]:
+    """Link error rates, flaps and the links idle for the whole last hour (slow tier, sparse).
+
+    A port or interface that was never up within the hour is unused (no cable, spare NIC), so
+    its being down now is not a fault; the fast link-down alerts subtract these.
+    """
+    return [
         Recording(s.IB_FLAPS, _with_host(_tagged_sum(
             ("node_infiniband_link_downed_total", "node_infiniband_link_error_recovery_total"),
-            "increase", "15m", f"instance, job, {link}", sparse=True), link)),
+            "increase", "15m", f"instance, job, {LINK}", sparse=True), LINK)),
         Recording(s.IB_PHYSICAL_ERRORS, _with_host(_tagged_sum(
             ("node_infiniband_symbol_error_total",
              "node_infiniband_local_link_integrity_errors_total",
              "node_infiniband_port_receive_remote_physical_errors_total"),
-            "rate", "5m", f"instance, job, {link}", sparse=True), link)),
-        Recording(s.NET_UP, _with_host(f"node_network_up{{{iface}}}", "device")),
+            "rate", "5m", f"instance, job, {LINK}", sparse=True), LINK)),
+        Recording(s.IB_PORT_IDLE_1H,
+                  _with_host("max_over_time(node_infiniband_state_id[1h]) != 4", LINK)),
         Recording(s.NET_CARRIER_CHANGES, _with_host(
-            f"increase(node_network_carrier_changes_total{{{iface}}}[15m]) > 0", "device")),
+            f"increase(node_network_carrier_changes_total{{{IFACE}}}[15m]) > 0", "device")),
+        Recording(s.NET_IDLE_1H,
+                  _with_host(f"max_over_time(node_network_up{{{IFACE}}}[1h]) == 0", "device")),
     ]
 
 
-def _per_run_gpu(metric: str) -> str:
-    """A per-GPU series relabelled with the run(s) on that GPU (never another run's GPU)."""
-    return (f"{s.RUN_GPU_ASSIGNMENT} * on ({L.HOSTNAME}, {L.GPU}) group_left () "
-            f"max by ({L.HOSTNAME}, {L.GPU}) ({metric})")
+def run_gpu_rows() -> str:
+    """The run on each GPU, one series per (host, GPU, run) whatever the exporter replicas."""
+    return f"max by ({L.HOSTNAME}, {L.GPU}, {RUN}) ({L.GPU_INFO})"
 
 
-def run_rules() -> list[Recording]:
-    """Deduplicated join records (read by every attributed alert), which run each GPU serves,
-    and what the workload alerts (stall, straggler) need per run.
+def run_host_rows() -> str:
+    """The runs on each host, one series per (host, run)."""
+    return f"max by ({L.HOSTNAME}, {RUN}) ({L.NODE_INFO})"
 
-    The GPU-to-run assignment is recorded once (the runs holding the GPU, else the host's only
-    run whose GPUs are unknown), so each per-run series is one join of the metric with it.
+
+def _sole_gpuless(hosts: str, gpu_rows: str) -> str:
+    """Runs whose GPUs are unknown that are alone on one of ``hosts``: they own its GPUs.
+
+    ``gpu_rows`` must hold every known (host, GPU, run) of those hosts.
     """
-    gpuless = s.RUN_HOSTS_GPUS_UNKNOWN
-    sole_gpuless = f"({gpuless} and on ({L.HOSTNAME}) (count by ({L.HOSTNAME}) ({gpuless}) == 1))"
+    gpuless = (f"({run_host_rows()} and on ({L.HOSTNAME}) {hosts}) "
+               f"unless on ({L.HOSTNAME}, {RUN}) {gpu_rows}")
+    return f"(({gpuless}) and on ({L.HOSTNAME}) (count by ({L.HOSTNAME}) ({gpuless}) == 1))"
+
+
+def _run_gpu(values: str) -> str:
+    """A per-(hostname, gpu) value labelled with the runs holding the GPU, else with the run
+    alone on the host whose GPUs are unknown (never another run's GPU)."""
+    return (f"(({run_gpu_rows()} * on ({L.HOSTNAME}, {L.GPU}) group_left () {values}) "
+            f"or ({values} * on ({L.HOSTNAME}) group_left ({RUN}) {s.RUN_HOSTS_SOLE_GPULESS}))")
+
+
+def stall_rules() -> list[Recording]:
+    """Runs that stopped computing on a host while holding its GPUs' memory (medium tier).
+
+    Sparse from the start: the GPUs idle with memory held, then the runs on their hosts. A run
+    is stalled on a host when every GPU it holds there is stalled and one of them was active
+    within the hour (GPUs idle all hour, from ``workload_history_rules``, are an idle
+    allocation, not a hang). A run whose GPUs are unknown, alone on the host, holds all of them.
+    """
+    tensor = _host_label(s.dcgm_raw(s.DCGM_TENSOR_ACTIVE))
+    fb = _host_label(s.dcgm_raw(s.DCGM_FB_USED))
+    rows, stalled = s.RUN_GPUS_STALLED, s.GPU_STALLED
+    on_gpu, on_run_host = f"on ({L.HOSTNAME}, {L.GPU})", f"on ({RUN}, {L.HOSTNAME})"
+    on_host = f"on ({L.HOSTNAME})"
     return [
-        Recording(s.RUN_GPUS, f"max by ({L.HOSTNAME}, {L.GPU}, {RUN}) ({L.GPU_INFO})"),
-        Recording(s.RUN_HOSTS, f"max by ({L.HOSTNAME}, {RUN}) ({L.NODE_INFO})"),
-        Recording(s.RUN_HOSTS_GPUS_UNKNOWN,
-                  f"max by ({L.HOSTNAME}, {RUN}) ({L.NODE_INFO} unless on ({L.HOSTNAME}, {RUN}) "
-                  f"{L.GPU_INFO})"),
-        Recording(s.RUN_GPU_ASSIGNMENT,
-                  f"{s.RUN_GPUS} or (max by ({L.HOSTNAME}, {L.GPU}) ({s.GPU_PRESENT} "
-                  f"unless on ({L.HOSTNAME}, {L.GPU}) {s.RUN_GPUS}) "
-                  f"* on ({L.HOSTNAME}) group_left ({RUN}) {sole_gpuless})"),
-        Recording(s.RUN_GPU_UTIL, _per_run_gpu(_host_label(
-            s.dcgm_raw(s.DCGM_GPU_UTIL, fn="avg_over_time", window="2m")))),
-        Recording(s.RUN_HOST_TENSOR, f"max by ({RUN}, {L.HOSTNAME}) "
-                                     f"({_per_run_gpu(_host_label(s.dcgm_raw(s.DCGM_TENSOR_ACTIVE)))})"),
-        Recording(s.RUN_HOST_FB, f"max by ({RUN}, {L.HOSTNAME}) "
-                                 f"({_per_run_gpu(_host_label(s.dcgm_raw(s.DCGM_FB_USED)))})"),
+        Recording(stalled, f"{tensor} < {STALL_ACTIVITY_MAX} and {on_gpu} "
+                           f"{fb} > {STALL_FB_MIN_BYTES}"),
+        Recording(rows, f"{run_gpu_rows()} and {on_host} {stalled}"),
+        Recording(s.RUN_HOST_STALLED, _either(
+            f"max by ({RUN}, {L.HOSTNAME}) ({rows} * {on_gpu} group_left () {stalled}) "
+            f"unless {on_run_host} ({rows} unless {on_gpu} {stalled}) "
+            f"and {on_run_host} ({rows} unless {on_gpu} {s.GPU_IDLE_1H})",
+            f"{_sole_gpuless(stalled, rows)} * {on_host} group_left () "
+            f"(max by ({L.HOSTNAME}) ({stalled}) "
+            f"and {on_host} (count by ({L.HOSTNAME}) ({stalled}) == {on_host} "
+            f"{s.HOST_GPU_COUNT}) "
+            f"and {on_host} ({stalled} unless {on_gpu} {s.GPU_IDLE_1H}))")),
+    ]
+
+
+def workload_history_rules() -> list[Recording]:
+    """What the workload alerts compare against, over minutes to an hour (slow tier).
+
+    GPUs whose tensor pipes stayed idle all hour (sparse); the runs owning a host's GPUs
+    without knowing which; each run's busiest GPU and the GPUs more than the gap below it.
+    """
+    tensor_1h = _host_label(s.dcgm_raw(s.DCGM_TENSOR_ACTIVE, fn="max_over_time", window="1h"))
+    util = _host_label(s.dcgm_raw(s.DCGM_GPU_UTIL, fn="avg_over_time", window="2m"))
+    per_run = _run_gpu(util)
+    return [
+        Recording(s.GPU_IDLE_1H, f"{tensor_1h} <= {STALL_PRIOR_ACTIVITY_MIN}"),
+        Recording(s.RUN_HOSTS_SOLE_GPULESS,
+                  _sole_gpuless(s.HOST_GPU_COUNT, L.GPU_INFO)),
+        Recording(s.RUN_GPU_UTIL_BUSIEST, f"max by ({RUN}) ({per_run})"),
+        Recording(s.RUN_GPU_STRAGGLING,
+                  f"{per_run} < on ({RUN}) group_left () "
+                  f"(({s.RUN_GPU_UTIL_BUSIEST} > {STRAGGLER_RUN_BUSY_MIN}) - {STRAGGLER_GAP})"),
     ]

@@ -40,7 +40,6 @@ STALL_FB_MIN_BYTES = 1024**3
 STRAGGLER_GAP = 0.10
 STRAGGLER_RUN_BUSY_MIN = 0.5
 
-_RUN = ", ".join(L.RUN_LABELS)
 _ON_GPU = f"{L.HOSTNAME}, {L.GPU}"
 _WHERE_GPU = "GPU {{ $labels.gpu }} on {{ $labels.hostname }}"
 _WHERE_LINK = "{{ $labels.device }} port {{ $labels.port }} on {{ $labels.hostname }}"
@@ -177,9 +176,7 @@ register(
         "hangs. Other GPUs of the node may follow.",
         _CHECKPOINT + " Reboot the node; if it recurs, open a hardware ticket.",
         "gpu_count",
-        f'max by ({_ON_GPU}, {L.GPU_UUID}) ({s.XID_EVENTS}{{xid="79"}}) '
-        f"or ((max_over_time({s.GPU_PRESENT}[1h]) unless on ({_ON_GPU}) {s.GPU_PRESENT}) "
-        f"and on ({L.HOSTNAME}) {s.HOST_GPU_COUNT})",
+        f'max by ({_ON_GPU}, {L.GPU_UUID}) ({s.XID_EVENTS}{{xid="79"}}) or {s.GPU_VANISHED}',
         for_="1m", group="gpu-xid"),
     # --- memory ---------------------------------------------------------------------------
     AlertDef(
@@ -337,8 +334,7 @@ register(
         "the NCCL timeout, then crash.",
         _CHECKPOINT + " Check the cable, transceiver and switch port.",
         "ib_link_state",
-        f"{s.IB_STATE} != 4 and on ({L.HOSTNAME}, device, port) "
-        f"max_over_time({s.IB_STATE}[1h]) == 4",
+        f"{s.IB_PORT_DOWN} unless on ({L.HOSTNAME}, device, port) {s.IB_PORT_IDLE_1H}",
         for_="1m", copy_labels=("device", "port"), group="network"),
     AlertDef(
         "InfinibandLinkFlapping", "warning", "network", _LINK, "link",
@@ -366,7 +362,7 @@ register(
         "may hang or crash.",
         _CHECKPOINT + " Check the cable, NIC and switch port.",
         "net_interfaces",
-        f"{s.NET_UP} == 0 and on ({L.HOSTNAME}, device) max_over_time({s.NET_UP}[1h]) == 1",
+        f"{s.NET_DOWN} unless on ({L.HOSTNAME}, device) {s.NET_IDLE_1H}",
         for_="1m", copy_labels=("device",), group="network"),
     AlertDef(
         "NetworkInterfaceFlapping", "warning", "network", _LINK, "link",
@@ -389,7 +385,7 @@ register(
         "last checkpoint without it; if only the exporter died, restart the exporter.",
         "targets_up",
         f"({s.TARGET_UP} == 0) or (((max_over_time({s.TARGET_UP}[1h]) unless {s.TARGET_UP}) "
-        f"* 0) and on ({L.HOSTNAME}) {s.RUN_HOSTS})",
+        f"* 0) and on ({L.HOSTNAME}) {L.NODE_INFO})",
         for_="2m", copy_labels=(s.TARGET_LABEL,), group="node"),
     AlertDef(
         "NodeGpuCountDropped", "critical", _H, _HW, "host",
@@ -413,10 +409,7 @@ register(
         "Look for a hardware or network alert on the run's other nodes (the likely cause); if "
         "none, dump stacks (py-spy) and restart from the last checkpoint.",
         "tensor_activity",
-        f"{s.RUN_HOST_TENSOR} < {STALL_ACTIVITY_MAX} "
-        f"and on ({_RUN}, {L.HOSTNAME}) {s.RUN_HOST_FB} > {STALL_FB_MIN_BYTES} "
-        f"and on ({_RUN}, {L.HOSTNAME}) "
-        f"max_over_time({s.RUN_HOST_TENSOR}[1h]) > {STALL_PRIOR_ACTIVITY_MIN}",
+        s.RUN_HOST_STALLED,
         for_="5m", group="workload"),
     AlertDef(
         "TrainingStraggler", "warning", "workload", CauseClass.SYMPTOM, "run",
@@ -429,7 +422,6 @@ register(
         "Look for thermal, power, PCIe or NVLink alerts on that GPU; if none, check the data "
         "loader and CPU of that rank.",
         "gpu_util_spread",
-        f"{s.RUN_GPU_UTIL} < on ({_RUN}) group_left () "
-        f"((max by ({_RUN}) ({s.RUN_GPU_UTIL}) > {STRAGGLER_RUN_BUSY_MIN}) - {STRAGGLER_GAP})",
+        s.RUN_GPU_STRAGGLING,
         for_="3m", group="workload"),
 )

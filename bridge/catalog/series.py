@@ -7,16 +7,16 @@ missing hostname on node_exporter series are handled once, in ``alert_rules/``.
 Levels: ``gpu`` = (hostname, gpu, gpu_uuid); ``gpu_xid`` adds ``xid``; ``hostname``; ``link`` =
 (hostname, device, port) for InfiniBand; ``interface`` = (hostname, device); ``instance`` keeps the
 scrape target's (instance, job); ``wandb_run_gpu`` = run labels + hostname + gpu;
-``wandb_run_hostname`` = run labels + hostname.
+``wandb_run_hostname`` = run labels + hostname; ``wandb_run`` = run labels.
 
-Error counters and violation rates (ECC, retired pages, row remaps, NVLink, PCIe, violations,
-InfiniBand errors and flaps, interface carrier changes) are sparse: only entities with a non-zero
-value have a series, which keeps evaluation cheap on large clusters; read a missing series as
-zero. Temperatures are recorded only from the warning threshold up, clock-event bitmasks only
-with a hardware slowdown, SW thermal, HW thermal or power-brake bit set (value >= 8). Dense, per
-GPU: presence only. Temperatures, utilisation, activity, memory and power for dashboards are read
-straight from dcgm-exporter at query time through ``dcgm_gpu`` (a dense per-GPU record of each
-cost a 16,000-GPU cluster seconds of evaluation every cycle).
+Almost every record is sparse: only entities with a fault or past a threshold have a series
+(error counters, violation rates, temperatures from the warning threshold, clock-event bitmasks
+with a hardware slowdown bit, links down now or idle all hour, GPUs stalled or idle all hour,
+straggling GPUs); read a missing series as "healthy". Dense: GPU presence and the host's GPU
+count. Telemetry for dashboards (temperatures, utilisation, activity, memory, power, link state)
+is read straight from the exporters at query time (``dcgm_gpu``; a dense per-GPU record of each
+costs a 16,000-GPU cluster seconds of evaluation every cycle), and run attribution reads the
+contract-1 join metrics directly (see ``alert_rules/attribution.py``).
 """
 
 from __future__ import annotations
@@ -58,19 +58,22 @@ DCGM_EXPORTER_TARGET = "instance:dcgm_exporter_hostname:info"
 TARGET_UP = "hostname:telemetry_target_up:min"
 TARGET_LABEL = "exporter"
 
-IB_STATE = "link:node_infiniband_state_id:max"
+IB_PORT_DOWN = "link:node_infiniband_state_id:not_active"
+IB_PORT_IDLE_1H = "link:node_infiniband_state_id:not_active_1h"
 IB_FLAPS = "link:node_infiniband_link_flaps:increase15m"
 IB_PHYSICAL_ERRORS = "link:node_infiniband_physical_errors:rate5m"
-NET_UP = "interface:node_network_up:max"
+NET_DOWN = "interface:node_network_up:down"
+NET_IDLE_1H = "interface:node_network_up:down_1h"
 NET_CARRIER_CHANGES = "interface:node_network_carrier_changes:increase15m"
 
-RUN_GPUS = "wandb_run_gpu:wandb_run_gpu_info:max"
-RUN_HOSTS = "wandb_run_hostname:wandb_run_node_info:max"
-RUN_HOSTS_GPUS_UNKNOWN = "wandb_run_hostname:wandb_run_gpus_unknown:max"
-RUN_GPU_ASSIGNMENT = "wandb_run_gpu:wandb_run_gpu_assignment:max"
-RUN_GPU_UTIL = "wandb_run_gpu:dcgm_gpu_util:avg2m"
-RUN_HOST_TENSOR = "wandb_run_hostname:dcgm_tensor_active:max"
-RUN_HOST_FB = "wandb_run_hostname:dcgm_fb_used:max"
+GPU_VANISHED = "gpu:dcgm_gpu:vanished_1h"
+GPU_STALLED = "gpu:dcgm_tensor_active:stalled"
+GPU_IDLE_1H = "gpu:dcgm_tensor_active:idle_1h"
+RUN_GPUS_STALLED = "wandb_run_gpu:wandb_run_gpu_info:on_stalled_hosts"
+RUN_HOST_STALLED = "wandb_run_hostname:dcgm_tensor_active:stalled"
+RUN_HOSTS_SOLE_GPULESS = "wandb_run_hostname:wandb_run_node_info:sole_gpus_unknown"
+RUN_GPU_UTIL_BUSIEST = "wandb_run:dcgm_gpu_util:max_avg2m"
+RUN_GPU_STRAGGLING = "wandb_run_gpu:dcgm_gpu_util:straggling_avg2m"
 
 
 def dcgm_raw(field: Field, *, matchers: str = "", fn: str = "", window: str = "",
