@@ -34,9 +34,6 @@ VIOLATION_DIVISORS = {"ns": "1e9", "us": "1e6"}
 # Clock-event bits the alerts read: HW slowdown (8), HW thermal (64), HW power brake (128); any
 # bitmask holding one is >= 8, so smaller ones (idle, app clocks, SW power cap) are not recorded.
 CLOCK_BITS_OF_INTEREST = 8
-VIRTUAL_INTERFACES = ("lo|docker.*|veth.*|cali.*|flannel.*|cni.*|virbr.*|br-.*|tun.*|tap.*|"
-                      "kube.*|vxlan.*|tunl.*|dummy.*|nodelocaldns.*|lxc.*|genev.*")
-
 
 @dataclass(frozen=True)
 class Recording:
@@ -94,13 +91,6 @@ def _tagged_sum(metrics: tuple[str, ...], fn: str, window: str, by: str,
         f'label_replace({fn}({m}[{window}]){cut}, "counter", "{i}", "", "")'
         for i, m in enumerate(metrics))
     return f"sum by ({by}) ({parts})"
-
-
-def _with_host(inner: str, by: str) -> str:
-    """Give node_exporter series the hostname of their target (other labels are dropped before
-    the join, so it builds small label sets)."""
-    return (f"max by ({L.HOSTNAME}, {by}) (max by (instance, job, {by}) ({inner}) "
-            f"* on (instance, job) group_left ({L.HOSTNAME}) {s.NODE_EXPORTER_TARGET})")
 
 
 DCGM_SERIES = "instance, job, Hostname, hostname, gpu, UUID"
@@ -213,15 +203,15 @@ def target_rules() -> list[Recording]:
     return rules
 
 
-IFACE = f'device!~"{VIRTUAL_INTERFACES}"'
+IFACE = s.PHYSICAL_INTERFACES
 LINK = "device, port"
 
 
 def link_down_rules() -> list[Recording]:
     """InfiniBand ports not active and interfaces down, now (fast tier, sparse)."""
     return [
-        Recording(s.IB_PORT_DOWN, _with_host("node_infiniband_state_id != 4", LINK)),
-        Recording(s.NET_DOWN, _with_host(f"node_network_up{{{IFACE}}} == 0", "device")),
+        Recording(s.IB_PORT_DOWN, s.node_with_host("node_infiniband_state_id != 4", LINK)),
+        Recording(s.NET_DOWN, s.node_with_host(f"node_network_up{{{IFACE}}} == 0", "device")),
     ]
 
 
@@ -232,20 +222,20 @@ def link_history_rules() -> list[Recording]:
     its being down now is not a fault; the fast link-down alerts subtract these.
     """
     return [
-        Recording(s.IB_FLAPS, _with_host(_tagged_sum(
+        Recording(s.IB_FLAPS, s.node_with_host(_tagged_sum(
             ("node_infiniband_link_downed_total", "node_infiniband_link_error_recovery_total"),
             "increase", "15m", f"instance, job, {LINK}", sparse=True), LINK)),
-        Recording(s.IB_PHYSICAL_ERRORS, _with_host(_tagged_sum(
+        Recording(s.IB_PHYSICAL_ERRORS, s.node_with_host(_tagged_sum(
             ("node_infiniband_symbol_error_total",
              "node_infiniband_local_link_integrity_errors_total",
              "node_infiniband_port_receive_remote_physical_errors_total"),
             "rate", "5m", f"instance, job, {LINK}", sparse=True), LINK)),
         Recording(s.IB_PORT_IDLE_1H,
-                  _with_host("max_over_time(node_infiniband_state_id[1h]) != 4", LINK)),
-        Recording(s.NET_CARRIER_CHANGES, _with_host(
+                  s.node_with_host("max_over_time(node_infiniband_state_id[1h]) != 4", LINK)),
+        Recording(s.NET_CARRIER_CHANGES, s.node_with_host(
             f"increase(node_network_carrier_changes_total{{{IFACE}}}[15m]) > 0", "device")),
-        Recording(s.NET_IDLE_1H,
-                  _with_host(f"max_over_time(node_network_up{{{IFACE}}}[1h]) == 0", "device")),
+        Recording(s.NET_IDLE_1H, s.node_with_host(
+            f"max_over_time(node_network_up{{{IFACE}}}[1h]) == 0", "device")),
     ]
 
 

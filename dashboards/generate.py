@@ -111,6 +111,18 @@ def dcgm_q(fn: str, field: series.Field, legend_suffix: str = "") -> Query:
                  DCGM_LEGEND + legend_suffix)
 
 
+def util(fn: str) -> str:
+    """The selected GPUs' utilisation, ``fn`` over the rate interval, read from dcgm-exporter."""
+    return series.dcgm_gpu(series.DCGM_GPU_UTIL, f"${labels.HOSTNAME}", f"${labels.GPU}",
+                           f"{fn}_over_time", "$__rate_interval")
+
+
+def node_q(fn: str, metric: str, by: str) -> str:
+    """A node_exporter series of the selected hosts, named by host (joined at query time)."""
+    return series.node_with_host(f"{fn}_over_time({metric}[$__rate_interval])", by,
+                                 f"${labels.HOSTNAME}")
+
+
 def alerts_table(alert_selector: str) -> Query:
     """Alerts that fired in the dashboard's time range, one row per alert and entity."""
     by = ", ".join(ALERT_LABELS)
@@ -120,7 +132,6 @@ def alerts_table(alert_selector: str) -> Query:
 def specs(alert_selector: str, scope: str) -> dict[str, PanelSpec]:
     """Panel specs by catalog key; ``alert_selector`` picks the run's or the hosts' alerts."""
     timeline_by = f"alertname, {labels.HOSTNAME}, {labels.GPU}, device"
-    run_util = f"{series.RUN_GPU_UTIL}{{{RUN_SELECTOR}}}"
     return {
         "alerts": PanelSpec(
             "table", "none",
@@ -221,13 +232,12 @@ def specs(alert_selector: str, scope: str) -> dict[str, PanelSpec]:
             "timeseries", "percentunit",
             "Max minus min GPU utilisation across the run's GPUs. Above ~10% for minutes means "
             "a straggler holds the others back.",
-            (Query(f"max(max_over_time({run_util}[$__rate_interval])) - "
-                   f"min(min_over_time({run_util}[$__rate_interval]))", "spread"),), max_value=1),
+            (Query(f"max({util('max')}) - min({util('min')})", "spread"),), max_value=1),
         "ib_link_state": PanelSpec(
             "state", "none",
             "InfiniBand port state per host and HCA (min over the interval, so a short drop "
             "shows): Active is healthy, Down or Init breaks the job's collectives.",
-            (Query(over("min", series.IB_STATE, HOST_SELECTOR), LINK_LEGEND),),
+            (Query(node_q("min", "node_infiniband_state_id", "device, port"), LINK_LEGEND),),
             mappings=IB_STATES),
         "ib_errors": PanelSpec(
             "timeseries", "short",
@@ -241,7 +251,8 @@ def specs(alert_selector: str, scope: str) -> dict[str, PanelSpec]:
             "timeseries", "short",
             "Ethernet/RoCE interfaces: up (1) or down (0), and carrier changes in the last 15 "
             "minutes.",
-            (Query(over("min", series.NET_UP, HOST_SELECTOR), f"{HOST_LEGEND} {{{{device}}}} up"),
+            (Query(node_q("min", f"node_network_up{{{series.PHYSICAL_INTERFACES}}}", "device"),
+                   f"{HOST_LEGEND} {{{{device}}}} up"),
              Query(over("max", series.NET_CARRIER_CHANGES, HOST_SELECTOR),
                    f"{HOST_LEGEND} {{{{device}}}} carrier changes 15m"))),
         "targets_up": PanelSpec(

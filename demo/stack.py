@@ -31,11 +31,17 @@ PROMETHEUS_EXAMPLE = ROOT / "deploy" / "prometheus" / "prometheus.yml"
 ALERTMANAGER_EXAMPLE = ROOT / "deploy" / "alertmanager" / "alertmanager.yml"
 BRIDGE_RECEIVER = "wandb.bridge"
 
-def scale_rules(text: str, scale: float, minimum_seconds: int = 0) -> str:
+def scale_rules(text: str, scale: float, minimum_seconds: int = 0,
+                interval_scale: float | None = None) -> str:
     """The shipped rule file with every ``for``/``keep_firing_for`` multiplied by ``scale``
-    (and the ``for_seconds`` annotation that tells the bridge the delay kept in step)."""
+    (and the ``for_seconds`` annotation that tells the bridge the delay kept in step), and the
+    slower tiers' group ``interval`` by ``interval_scale`` (default ``scale``), so a stack with a
+    short global interval keeps the tiers' proportions."""
     data = yaml.safe_load(text)
     for group in data["groups"]:
+        if "interval" in group:
+            seconds = duration_seconds(group["interval"]) * (interval_scale or scale)
+            group["interval"] = f"{max(1, minimum_seconds, round(seconds))}s"
         for rule in group["rules"]:
             for key in ("for", "keep_firing_for"):
                 if key in rule:

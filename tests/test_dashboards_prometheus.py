@@ -20,6 +20,7 @@ from bridge.catalog import panels as catalog
 from bridge.catalog.alerts import ALERTS
 from dashboards import generate
 from demo.simulator import Cluster, prometheus_config, serve
+from demo.stack import scale_rules
 from tests.services import prom_query, prometheus
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -150,8 +151,13 @@ def stack(tmp_path_factory) -> Iterator[tuple[Cluster, str]]:
     cluster.assign_run("team", "llm", "run-3", [SPARE], gpus=[])
     workdir = tmp_path_factory.mktemp("dash-prom")
     with serve(cluster) as sim:
+        rules = []
+        for path in RULE_FILES:
+            # the slower tiers (2 and 4 minutes) evaluate every 2 and 4 s, like the 1 s tier
+            rules.append(workdir / path.name)
+            rules[-1].write_text(scale_rules(path.read_text(), 1.0, interval_scale=1 / 60))
         config = prometheus_config(sim.address, cluster.hosts, interval="1s",
-                                   rule_files=[str(p) for p in RULE_FILES], runs_job="runs")
+                                   rule_files=[str(p) for p in rules], runs_job="runs")
         with prometheus(config, workdir) as prom:
             _wait(prom.url, "count(up == 1) == 13")
             _wait(prom.url, "count(gpu:dcgm_gpu:present) == 48")

@@ -26,6 +26,10 @@ def test_scaled_rules_keep_for_and_the_for_seconds_annotation_in_step():
     shipped = yaml.safe_load(RULES_FILE.read_text())
     checked = 0
     for group, original in zip(scaled["groups"], shipped["groups"], strict=True):
+        assert ("interval" in group) == ("interval" in original)
+        if "interval" in group:
+            assert duration_seconds(group["interval"]) == round(
+                duration_seconds(original["interval"]) * 0.1)
         for rule, before in zip(group["rules"], original["rules"], strict=True):
             assert rule["expr"] == before["expr"]
             if "for" not in rule:

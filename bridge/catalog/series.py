@@ -21,6 +21,8 @@ contract-1 join metrics directly (see ``alert_rules/attribution.py``).
 
 from __future__ import annotations
 
+from exporter import labels as L
+
 # dcgm-exporter per-GPU fields: every name it has had (up to 4.8 / since 4.9) with the factor to
 # the normalised unit (utilisation 0..100 -> ratio, MiB -> bytes).
 Field = tuple[tuple[str, str], ...]
@@ -104,3 +106,20 @@ def dcgm_gpu(field: Field, host_re: str, gpu_re: str, fn: str = "", window: str 
     new = dcgm_raw(field, matchers=f'hostname=~"{host_re}",gpu=~"{gpu_re}"', fn=fn, window=window)
     old = dcgm_raw(field, matchers=f'Hostname=~"{host_re}",gpu=~"{gpu_re}"', fn=fn, window=window)
     return f"max by (Hostname, hostname, gpu) (({new}) or ({old}))"
+
+
+# Interfaces that are not the node's own links (containers, bridges, tunnels): never alerted on.
+VIRTUAL_INTERFACES = ("lo|docker.*|veth.*|cali.*|flannel.*|cni.*|virbr.*|br-.*|tun.*|tap.*|"
+                      "kube.*|vxlan.*|tunl.*|dummy.*|nodelocaldns.*|lxc.*|genev.*")
+PHYSICAL_INTERFACES = f'device!~"{VIRTUAL_INTERFACES}"'
+
+
+def node_with_host(inner: str, by: str, host_re: str = "") -> str:
+    """node_exporter series (which carry no host name) with the ``hostname`` of their target,
+    one series per host and ``by`` labels; ``host_re`` keeps only matching hosts.
+
+    Other labels are dropped before the join, so it builds small label sets.
+    """
+    target = NODE_EXPORTER_TARGET + (f'{{{L.HOSTNAME}=~"{host_re}"}}' if host_re else "")
+    return (f"max by ({L.HOSTNAME}, {by}) (max by (instance, job, {by}) ({inner}) "
+            f"* on (instance, job) group_left ({L.HOSTNAME}) {target})")

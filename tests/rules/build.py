@@ -248,6 +248,19 @@ def workload_cases(sp: str) -> list[Case]:
                       "TrainingStalled",
                       [*run, *active, *(dcgm(sp, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "0x80",
                                              gpu=str(i)) for i in range(4))], "30m"))
+    cases.append(Case(f"TrainingStalled: silent while one of the run's GPUs still computes ({sp})",
+                      "TrainingStalled",
+                      [*run, *active, *hung[:3],
+                       dcgm(sp, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "0.6x80", gpu="3")], "30m"))
+    host_gpus = [dcgm(sp, "DCGM_FI_DEV_GPU_TEMP", "40x80", gpu=str(i)) for i in range(4)]
+    cases.append(Case(f"TrainingStalled: a run with unknown GPUs alone on the host ({sp})",
+                      "TrainingStalled", [node_info(RUN_A), *host_gpus, *active, *hung], "30m",
+                      [Expect({**RUN_A, "hostname": "n1"},
+                              "Tensor activity of the run's GPUs on n1 fell to 1% while their "
+                              "memory stays allocated, after being active in the last hour.")]))
+    cases.append(Case(f"TrainingStalled: two runs with unknown GPUs share the host ({sp})",
+                      "TrainingStalled",
+                      [node_info(RUN_A), node_info(RUN_B), *host_gpus, *active, *hung], "30m"))
     util = [dcgm(sp, "DCGM_FI_DEV_GPU_UTIL", "95x80", gpu=str(i)) for i in range(3)]
     cases += _pair(f"one GPU far behind ({sp})", "TrainingStraggler",
                    [*run, *util, dcgm(sp, "DCGM_FI_DEV_GPU_UTIL", "60x80", gpu="3")],
@@ -284,6 +297,9 @@ def node_cases() -> list[Case]:
                    [uname(), node("node_network_up", "1x80", device="eth0")], "9m",
                    [Expect({"hostname": "n1", "device": "eth0"},
                            "Interface eth0 on n1 is down (was up within the last hour; value 0).")])
+    cases.append(Case("NetworkInterfaceDown: silent for an interface never up",
+                      "NetworkInterfaceDown",
+                      [uname(), node("node_network_up", "0x80", device="eth1")], "9m"))
     cases.append(Case("NetworkInterfaceDown: virtual interfaces ignored", "NetworkInterfaceDown",
                       [uname(), node("node_network_up", "1x10 0x70", device="docker0")], "9m"))
     cases += _pair("carrier changes", "NetworkInterfaceFlapping",
