@@ -52,13 +52,11 @@ def faulty_joins(joins: Joins, gpu_faults: list[str], host_faults: list[str]
     out = []
     if gpu_faults:
         on_gpu = " or ".join(gpu_faults)
-        out += [(joins.run_gpus, f"{run_gpu_rows()} and on ({L.HOSTNAME}) ({on_gpu})"),
+        out += [(joins.run_gpus, run_gpu_rows(on_gpu)),
                 (joins.gpus_unknown,
-                 f"({run_host_rows()} and on ({L.HOSTNAME}) ({on_gpu})) "
-                 f"unless on ({L.HOSTNAME}, {RUN}) {joins.run_gpus}")]
+                 f"{run_host_rows(on_gpu)} unless on ({L.HOSTNAME}, {RUN}) {joins.run_gpus}")]
     if host_faults:
-        on_host = " or ".join(host_faults)
-        out.append((joins.run_hosts, f"{run_host_rows()} and on ({L.HOSTNAME}) ({on_host})"))
+        out.append((joins.run_hosts, run_host_rows(" or ".join(host_faults))))
     return out
 
 

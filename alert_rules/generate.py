@@ -220,11 +220,11 @@ def _chunks(rules: list[dict[str, Any]], name: str) -> Iterable[tuple[str, list]
 def recording_groups(violation_unit: str) -> list[tuple[str, str | None, list]]:
     """The normalisation groups, each at the tier its alerts' latency allows (``tiers.py``)."""
     return [
-        ("normalise-fast", tiers.FAST,
-         normalise.target_rules() + normalise.xid_rules() + normalise.link_down_rules()),
-        ("normalise-gpu", tiers.MEDIUM, normalise.dcgm_rate_rules(violation_unit)),
+        ("normalise-fast", tiers.FAST, normalise.target_rules() + normalise.xid_rules()),
+        ("normalise-gpu", tiers.MEDIUM,
+         normalise.dcgm_telemetry_rules() + normalise.link_down_rules()),
         ("normalise-stall", tiers.MEDIUM, normalise.stall_rules()),
-        ("normalise-gpu-state", tiers.SLOW, normalise.dcgm_state_rules()),
+        ("normalise-gpu-state", tiers.SLOW, normalise.dcgm_state_rules(violation_unit)),
         ("normalise-links", tiers.SLOW, normalise.link_history_rules()),
         ("normalise-workload", tiers.SLOW, normalise.workload_history_rules()),
     ]
@@ -236,7 +236,7 @@ FAMILY_TIERS: dict[str, str | None] = {
     "gpu-xid": tiers.FAST,
     "gpu-memory": tiers.SLOW,
     "gpu-thermal": tiers.MEDIUM,
-    "gpu-interconnect": tiers.MEDIUM,
+    "gpu-interconnect": tiers.SLOW,
     "network": tiers.FAST,
     "node": tiers.FAST,
     "workload": tiers.FAST,

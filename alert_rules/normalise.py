@@ -114,13 +114,12 @@ def xid_rules() -> list[Recording]:
         f'"{L.HOSTNAME}", "$1", "Hostname", "(.+)"), "{L.GPU_UUID}", "$1", "UUID", "(.+)"))'))]
 
 
-def dcgm_rate_rules(violation_unit: str) -> list[Recording]:
-    """Per-GPU telemetry and 5-minute rates, sparse: only GPUs past a threshold (medium tier).
+def dcgm_telemetry_rules() -> list[Recording]:
+    """GPUs past a temperature or clock-event threshold (medium tier, sparse).
 
     Temperatures are recorded from the warning threshold up, clock-event bitmasks only with a
-    hardware slowdown bit, violation and error rates only when non-zero.
+    hardware slowdown bit.
     """
-    div = VIOLATION_DIVISORS[violation_unit]
     return [
         Recording(s.GPU_TEMP_HOT, _gpu(s.dcgm_raw(s.DCGM_GPU_TEMP, cut=f" >= {TEMP_WARNING_C}"))),
         Recording(s.MEMORY_TEMP_HOT,
@@ -128,6 +127,29 @@ def dcgm_rate_rules(violation_unit: str) -> list[Recording]:
         Recording(s.CLOCK_EVENT_REASONS,
                   _gpu(s.dcgm_raw(s.DCGM_CLOCK_EVENT_REASONS,
                                   cut=f" >= {CLOCK_BITS_OF_INTEREST}"))),
+    ]
+
+
+def dcgm_state_rules(violation_unit: str) -> list[Recording]:
+    """GPU presence, memory health gauges, violation and error rates (slow tier, sparse but for
+    presence).
+
+    Presence is the one dense per-GPU record (dashboards list GPUs from it; the host's GPU count
+    and the GPUs that vanished within the hour derive from it, in this group's order). Every
+    rate's window is longer than the tier's interval, so no increase falls between evaluations.
+    """
+    dcgm_any = s.dcgm_raw(s.DCGM_GPU_TEMP)
+    div = VIOLATION_DIVISORS[violation_unit]
+    return [
+        Recording(s.GPU_PRESENT, f"clamp({_gpu(dcgm_any)}, 1, 1)"),
+        Recording(s.HOST_GPU_COUNT, f"count by ({L.HOSTNAME}) ({s.GPU_PRESENT})"),
+        Recording(s.GPU_VANISHED,
+                  f"(max_over_time({s.GPU_PRESENT}[1h]) unless on ({L.HOSTNAME}, {L.GPU}) "
+                  f"{s.GPU_PRESENT}) and on ({L.HOSTNAME}) {s.HOST_GPU_COUNT}"),
+        Recording(s.DCGM_EXPORTER_TARGET,
+                  f"topk by (instance, job) (1, clamp_max(count by (instance, job, {L.HOSTNAME}) "
+                  f'(label_replace(count by (instance, job, Hostname, {L.HOSTNAME}) ({dcgm_any}), '
+                  f'"{L.HOSTNAME}", "$1", "Hostname", "(.+)")), 1))'),
         *(Recording(record, f"clamp_max({_sparse(_rate(metric, '5m'))} / {div}, 1)")
           for record, metric in ((s.THERMAL_VIOLATION, "DCGM_FI_DEV_THERMAL_VIOLATION"),
                                  (s.POWER_VIOLATION, "DCGM_FI_DEV_POWER_VIOLATION"))),
@@ -140,26 +162,6 @@ def dcgm_rate_rules(violation_unit: str) -> list[Recording]:
             _tagged_sum(("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_TOTAL",
                          "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_TOTAL"), "rate", "5m",
                         DCGM_SERIES, sparse=True))),
-    ]
-
-
-def dcgm_state_rules() -> list[Recording]:
-    """GPU presence, memory health gauges and 10-minute error counts (slow tier).
-
-    Presence is the one dense per-GPU record (dashboards list GPUs from it; the host's GPU count
-    and the GPUs that vanished within the hour derive from it, in this group's order).
-    """
-    dcgm_any = s.dcgm_raw(s.DCGM_GPU_TEMP)
-    return [
-        Recording(s.GPU_PRESENT, f"clamp({_gpu(dcgm_any)}, 1, 1)"),
-        Recording(s.HOST_GPU_COUNT, f"count by ({L.HOSTNAME}) ({s.GPU_PRESENT})"),
-        Recording(s.GPU_VANISHED,
-                  f"(max_over_time({s.GPU_PRESENT}[1h]) unless on ({L.HOSTNAME}, {L.GPU}) "
-                  f"{s.GPU_PRESENT}) and on ({L.HOSTNAME}) {s.HOST_GPU_COUNT}"),
-        Recording(s.DCGM_EXPORTER_TARGET,
-                  f"topk by (instance, job) (1, clamp_max(count by (instance, job, {L.HOSTNAME}) "
-                  f'(label_replace(count by (instance, job, Hostname, {L.HOSTNAME}) ({dcgm_any}), '
-                  f'"{L.HOSTNAME}", "$1", "Hostname", "(.+)")), 1))'),
         Recording(s.NVLINK_REPLAY_RECOVERY, _sparse(
             _tagged_sum(("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
                          "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL"), "increase", "10m",
@@ -208,7 +210,7 @@ LINK = "device, port"
 
 
 def link_down_rules() -> list[Recording]:
-    """InfiniBand ports not active and interfaces down, now (fast tier, sparse)."""
+    """InfiniBand ports not active and interfaces down, now (medium tier, sparse)."""
     return [
         Recording(s.IB_PORT_DOWN, s.node_with_host("node_infiniband_state_id != 4", LINK)),
         Recording(s.NET_DOWN, s.node_with_host(f"node_network_up{{{IFACE}}} == 0", "device")),
@@ -239,55 +241,43 @@ def link_history_rules() -> list[Recording]:
     ]
 
 
-def run_gpu_rows() -> str:
-    """The run on each GPU, one series per (host, GPU, run) whatever the exporter replicas."""
-    return f"max by ({L.HOSTNAME}, {L.GPU}, {RUN}) ({L.GPU_INFO})"
+def run_gpu_rows(hosts: str = "", on: str = L.HOSTNAME) -> str:
+    """The run on each GPU, one series per (host, GPU, run) whatever the exporter replicas;
+    with ``hosts``, only rows matching it ``on`` the given labels (filtered before the ``max``,
+    so the aggregation touches those rows only)."""
+    info = f"{L.GPU_INFO} and on ({on}) ({hosts})" if hosts else L.GPU_INFO
+    return f"max by ({L.HOSTNAME}, {L.GPU}, {RUN}) ({info})"
 
 
-def run_host_rows() -> str:
-    """The runs on each host, one series per (host, run)."""
-    return f"max by ({L.HOSTNAME}, {RUN}) ({L.NODE_INFO})"
-
-
-def _sole_gpuless(hosts: str, gpu_rows: str) -> str:
-    """Runs whose GPUs are unknown that are alone on one of ``hosts``: they own its GPUs.
-
-    ``gpu_rows`` must hold every known (host, GPU, run) of those hosts.
-    """
-    gpuless = (f"({run_host_rows()} and on ({L.HOSTNAME}) {hosts}) "
-               f"unless on ({L.HOSTNAME}, {RUN}) {gpu_rows}")
-    return f"(({gpuless}) and on ({L.HOSTNAME}) (count by ({L.HOSTNAME}) ({gpuless}) == 1))"
-
-
-def _run_gpu(values: str) -> str:
-    """A per-(hostname, gpu) value labelled with the runs holding the GPU, else with the run
-    alone on the host whose GPUs are unknown (never another run's GPU)."""
-    return (f"(({run_gpu_rows()} * on ({L.HOSTNAME}, {L.GPU}) group_left () {values}) "
-            f"or ({values} * on ({L.HOSTNAME}) group_left ({RUN}) {s.RUN_HOSTS_SOLE_GPULESS}))")
+def run_host_rows(hosts: str = "") -> str:
+    """The runs on each host, one series per (host, run); with ``hosts``, only those hosts."""
+    info = f"{L.NODE_INFO} and on ({L.HOSTNAME}) ({hosts})" if hosts else L.NODE_INFO
+    return f"max by ({L.HOSTNAME}, {RUN}) ({info})"
 
 
 def stall_rules() -> list[Recording]:
     """Runs that stopped computing on a host while holding its GPUs' memory (medium tier).
 
-    Sparse from the start: the GPUs idle with memory held, then the runs on their hosts. A run
-    is stalled on a host when every GPU it holds there is stalled and one of them was active
-    within the hour (GPUs idle all hour, from ``workload_history_rules``, are an idle
-    allocation, not a hang). A run whose GPUs are unknown, alone on the host, holds all of them.
+    Sparse from the start: the GPUs idle with memory held (matched on the raw series, before any
+    relabelling), then the runs on their hosts. A run is stalled on a host when every GPU it
+    holds there is stalled and one of them was active within the hour (GPUs idle all hour, from
+    ``workload_history_rules``, are an idle allocation, not a hang). A run whose GPUs are
+    unknown, alone on the host, holds all of them.
     """
-    tensor = _host_label(s.dcgm_raw(s.DCGM_TENSOR_ACTIVE))
-    fb = _host_label(s.dcgm_raw(s.DCGM_FB_USED))
+    raw_gpu = "on (Hostname, hostname, gpu)"
+    idle = (f"({s.dcgm_raw(s.DCGM_TENSOR_ACTIVE, cut=f' < {STALL_ACTIVITY_MAX}')}) and "
+            f"{raw_gpu} ({s.dcgm_raw(s.DCGM_FB_USED, cut=f' > {STALL_FB_MIN_BYTES}')})")
     rows, stalled = s.RUN_GPUS_STALLED, s.GPU_STALLED
     on_gpu, on_run_host = f"on ({L.HOSTNAME}, {L.GPU})", f"on ({RUN}, {L.HOSTNAME})"
     on_host = f"on ({L.HOSTNAME})"
     return [
-        Recording(stalled, f"{tensor} < {STALL_ACTIVITY_MAX} and {on_gpu} "
-                           f"{fb} > {STALL_FB_MIN_BYTES}"),
-        Recording(rows, f"{run_gpu_rows()} and {on_host} {stalled}"),
+        Recording(stalled, _host_label(idle)),
+        Recording(rows, run_gpu_rows(stalled)),
         Recording(s.RUN_HOST_STALLED, _either(
             f"max by ({RUN}, {L.HOSTNAME}) ({rows} * {on_gpu} group_left () {stalled}) "
             f"unless {on_run_host} ({rows} unless {on_gpu} {stalled}) "
             f"and {on_run_host} ({rows} unless {on_gpu} {s.GPU_IDLE_1H})",
-            f"{_sole_gpuless(stalled, rows)} * {on_host} group_left () "
+            f"({s.RUN_HOSTS_SOLE_GPULESS} and {on_host} {stalled}) * {on_host} group_left () "
             f"(max by ({L.HOSTNAME}) ({stalled}) "
             f"and {on_host} (count by ({L.HOSTNAME}) ({stalled}) == {on_host} "
             f"{s.HOST_GPU_COUNT}) "
@@ -298,18 +288,36 @@ def stall_rules() -> list[Recording]:
 def workload_history_rules() -> list[Recording]:
     """What the workload alerts compare against, over minutes to an hour (slow tier).
 
-    GPUs whose tensor pipes stayed idle all hour (sparse); the runs owning a host's GPUs
-    without knowing which; each run's busiest GPU and the GPUs more than the gap below it.
+    GPUs whose tensor pipes stayed idle all hour; the runs whose GPUs are unknown, and those
+    alone on their host (they own its GPUs); straggling GPUs. A straggler is more than the gap
+    below its run's busiest GPU, so below ``1 - gap`` in any case: those lagging GPUs are found
+    first (sparse), and only their runs' busiest GPUs are looked up.
     """
-    tensor_1h = _host_label(s.dcgm_raw(s.DCGM_TENSOR_ACTIVE, fn="max_over_time", window="1h"))
-    util = _host_label(s.dcgm_raw(s.DCGM_GPU_UTIL, fn="avg_over_time", window="2m"))
-    per_run = _run_gpu(util)
+    tensor_idle = _host_label(s.dcgm_raw(s.DCGM_TENSOR_ACTIVE, fn="max_over_time", window="1h",
+                                         cut=f" <= {STALL_PRIOR_ACTIVITY_MIN}"))
+
+    def util(cut: str = "") -> str:
+        return _host_label(s.dcgm_raw(s.DCGM_GPU_UTIL, fn="avg_over_time", window="2m", cut=cut))
+
+    unknown, sole = s.RUN_HOSTS_GPUS_UNKNOWN, s.RUN_HOSTS_SOLE_GPULESS
+    lagging, lagging_runs = s.GPU_UTIL_LAGGING, s.RUN_GPUS_LAGGING
+    on_gpu, on_host, on_run = (f"on ({L.HOSTNAME}, {L.GPU})", f"on ({L.HOSTNAME})",
+                               f"on ({RUN})")
+    lagging_run_gpus = (f"{run_gpu_rows(lagging_runs, RUN)} or ({s.GPU_PRESENT} * {on_host} "
+                        f"group_left ({RUN}) ({sole} and {on_run} {lagging_runs}))")
     return [
-        Recording(s.GPU_IDLE_1H, f"{tensor_1h} <= {STALL_PRIOR_ACTIVITY_MIN}"),
-        Recording(s.RUN_HOSTS_SOLE_GPULESS,
-                  _sole_gpuless(s.HOST_GPU_COUNT, L.GPU_INFO)),
-        Recording(s.RUN_GPU_UTIL_BUSIEST, f"max by ({RUN}) ({per_run})"),
+        Recording(s.GPU_IDLE_1H, tensor_idle),
+        Recording(unknown, f"max by ({L.HOSTNAME}, {RUN}) ({L.NODE_INFO} "
+                           f"unless on ({L.HOSTNAME}, {RUN}) {L.GPU_INFO})"),
+        Recording(sole, f"{unknown} and {on_host} (count by ({L.HOSTNAME}) ({unknown}) == 1)"),
+        Recording(lagging, util(f" < {1 - STRAGGLER_GAP:g}")),
+        Recording(lagging_runs,
+                  f"({run_gpu_rows(lagging, f'{L.HOSTNAME}, {L.GPU}')} * {on_gpu} "
+                  f"group_left () {lagging}) "
+                  f"or ({lagging} * {on_host} group_left ({RUN}) {sole})"),
+        Recording(s.RUN_GPU_UTIL_BUSIEST,
+                  f"max by ({RUN}) (({lagging_run_gpus}) * {on_gpu} group_left () {util()})"),
         Recording(s.RUN_GPU_STRAGGLING,
-                  f"{per_run} < on ({RUN}) group_left () "
+                  f"{lagging_runs} < {on_run} group_left () "
                   f"(({s.RUN_GPU_UTIL_BUSIEST} > {STRAGGLER_RUN_BUSY_MIN}) - {STRAGGLER_GAP})"),
     ]
