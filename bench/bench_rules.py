@@ -98,7 +98,8 @@ def _groups(base_url: str) -> list[dict]:
              "last": g.get("lastEvaluation", "")} for g in data]
 
 
-def _measure(prom_url: str, seconds: float) -> tuple[list[float], dict[str, list[float]]]:
+def _measure(prom_url: str, seconds: float,
+             poll: float = INTERVAL_S) -> tuple[list[float], dict[str, list[float]]]:
     """Evaluation seconds per 30 s of wall time, once every group has evaluated since the start
     of the phase: each group's last duration times 30 s over its interval (a 4-minute group
     costs an eighth of its duration per cycle). Also each group's durations."""
@@ -108,7 +109,7 @@ def _measure(prom_url: str, seconds: float) -> tuple[list[float], dict[str, list
     seen: dict[str, str] = dict(start)
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        time.sleep(INTERVAL_S)
+        time.sleep(min(poll, max(0.0, end - time.monotonic())))
         groups = _groups(prom_url)
         for g in groups:
             if g["last"] != seen.get(g["name"]):
@@ -145,20 +146,23 @@ def run() -> list[Result]:
     own cost.
     """
     minutes = float(os.environ.get("WANDB_INFRA_BENCH_RULES_MINUTES", "8"))
-    # every group evaluates at least once per phase, then a few cycles are measured
-    phase = duration_seconds(tiers.SLOW) + 5 * INTERVAL_S
+    slowest_s = duration_seconds(tiers.SLOW)
+    # ingesting: every group evaluates at least once, then a few cycles are measured; paused:
+    # the last samples must stay within the 5-minute lookback to the end (stale series cost
+    # nothing and would flatter the figure), which leaves one evaluation of the slowest groups
+    busy_phase = slowest_s + 5 * INTERVAL_S
+    quiet_phase = slowest_s + 10
     cluster = _cluster()
     hosts = list(cluster.hosts)
     with (tempfile.TemporaryDirectory(prefix="bench-rules-") as tmp, serve(cluster) as sim,
           prometheus(_config(sim.address, hosts, f"{INTERVAL_S}s"), Path(tmp)) as prom):
         time.sleep(90)
         _faults(cluster)
-        busy, _ = _measure(prom.url, max(phase, minutes * 60 - 90))
+        busy, _ = _measure(prom.url, max(busy_phase, minutes * 60 - 90))
         (Path(tmp) / "prometheus.yml").write_text(_config(sim.address, hosts, "1h"))
         requests.post(prom.url + "/-/reload", timeout=60).raise_for_status()
-        time.sleep(INTERVAL_S)
         cpu_before, wall_before = _cpu_seconds(prom.url), time.monotonic()
-        quiet, per_group = _measure(prom.url, phase)
+        quiet, per_group = _measure(prom.url, quiet_phase, poll=5.0)
         cpu = ((_cpu_seconds(prom.url) - cpu_before)
                / ((time.monotonic() - wall_before) / INTERVAL_S))
         slowest = _slowest_rules(prom.url)
