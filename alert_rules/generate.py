@@ -154,10 +154,7 @@ def dashboard_for(alert: AlertDef) -> panels.Dashboard:
 
 
 def _recording(rule: normalise.Recording) -> dict[str, Any]:
-    out: dict[str, Any] = {"record": rule.record, "expr": rule.expr}
-    if rule.labels:
-        out["labels"] = dict(rule.labels)
-    return out
+    return {"record": rule.record, "expr": rule.expr}
 
 
 FAULT_LEVEL = {"gpu": "gpu", "host": "hostname", "link": "link"}
@@ -225,7 +222,7 @@ def recording_groups(violation_unit: str) -> list[tuple[str, str | None, list]]:
          normalise.dcgm_telemetry_rules() + normalise.link_down_rules()),
         ("normalise-stall", tiers.MEDIUM, normalise.stall_rules()),
         ("normalise-gpu-state", tiers.SLOW, normalise.dcgm_state_rules(violation_unit)),
-        ("normalise-links", tiers.SLOW, normalise.link_history_rules()),
+        ("normalise-node", tiers.SLOW, normalise.node_history_rules()),
         ("normalise-workload", tiers.SLOW, normalise.workload_history_rules()),
     ]
 

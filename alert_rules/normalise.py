@@ -37,11 +37,10 @@ CLOCK_BITS_OF_INTEREST = 8
 
 @dataclass(frozen=True)
 class Recording:
-    """One recording rule; ``labels`` are static labels added to its output."""
+    """One recording rule."""
 
     record: str
     expr: str
-    labels: tuple[tuple[str, str], ...] = ()
 
 
 def _gpu(inner: str) -> str:
@@ -143,6 +142,8 @@ def dcgm_state_rules(violation_unit: str) -> list[Recording]:
     return [
         Recording(s.GPU_PRESENT, f"clamp({_gpu(dcgm_any)}, 1, 1)"),
         Recording(s.HOST_GPU_COUNT, f"count by ({L.HOSTNAME}) ({s.GPU_PRESENT})"),
+        Recording(s.HOST_GPU_COUNT_DROP,
+                  f"max_over_time({s.HOST_GPU_COUNT}[1h]) - {s.HOST_GPU_COUNT} > 0"),
         Recording(s.GPU_VANISHED,
                   f"(max_over_time({s.GPU_PRESENT}[1h]) unless on ({L.HOSTNAME}, {L.GPU}) "
                   f"{s.GPU_PRESENT}) and on ({L.HOSTNAME}) {s.HOST_GPU_COUNT}"),
@@ -185,24 +186,26 @@ def dcgm_state_rules(violation_unit: str) -> list[Recording]:
 
 
 def target_rules() -> list[Recording]:
-    """Which host each node_exporter target reports, and whether each target is up (NodeDown).
+    """Which host each node_exporter target reports, and whether each telemetry target is up
+    (NodeDown), labelled with its ``exporter``.
 
     The dcgm-exporter targets' hosts come from ``dcgm_state_rules``; a target's host is
-    remembered for an hour, so a target that vanished still names its host.
+    remembered for an hour, so a target that vanished still names its host. ``up`` is read
+    once for both exporters (the target maps never share an (instance, job)).
     """
-    rules = [
+    targets = " or ".join(
+        f'label_replace(topk by (instance, job) (1, max_over_time({target}[1h])), '
+        f'"{s.TARGET_LABEL}", "{exporter}", "", "")'
+        for exporter, target in (("node_exporter", s.NODE_EXPORTER_TARGET),
+                                 ("dcgm_exporter", s.DCGM_EXPORTER_TARGET)))
+    return [
         Recording(s.NODE_EXPORTER_TARGET,
                   f"topk by (instance, job) (1, max by (instance, job, {L.HOSTNAME}) "
                   f'(label_replace(node_uname_info, "{L.HOSTNAME}", "$1", "nodename", "(.+)")))'),
+        Recording(s.TARGET_UP,
+                  f"min by ({L.HOSTNAME}, {s.TARGET_LABEL}) (up * on (instance, job) "
+                  f"group_left ({L.HOSTNAME}, {s.TARGET_LABEL}) ({targets}))"),
     ]
-    for exporter, target in (("node_exporter", s.NODE_EXPORTER_TARGET),
-                             ("dcgm_exporter", s.DCGM_EXPORTER_TARGET)):
-        rules.append(Recording(
-            s.TARGET_UP,
-            f"min by ({L.HOSTNAME}) (up * on (instance, job) group_left ({L.HOSTNAME}) "
-            f"topk by (instance, job) (1, max_over_time({target}[1h])))",
-            ((s.TARGET_LABEL, exporter),)))
-    return rules
 
 
 IFACE = s.PHYSICAL_INTERFACES
@@ -217,13 +220,18 @@ def link_down_rules() -> list[Recording]:
     ]
 
 
-def link_history_rules() -> list[Recording]:
-    """Link error rates, flaps and the links idle for the whole last hour (slow tier, sparse).
+def node_history_rules() -> list[Recording]:
+    """Telemetry targets gone, link error rates, flaps and the links idle for the whole last
+    hour (slow tier, sparse).
 
-    A port or interface that was never up within the hour is unused (no cable, spare NIC), so
-    its being down now is not a fault; the fast link-down alerts subtract these.
+    A target that reported within the hour and is gone (removed from discovery) matters only on
+    a host a run is on. A port or interface that was never up within the hour is unused (no
+    cable, spare NIC), so its being down now is not a fault; the link-down alerts subtract these.
     """
     return [
+        Recording(s.TARGET_VANISHED,
+                  f"(max_over_time({s.TARGET_UP}[1h]) unless {s.TARGET_UP}) "
+                  f"and on ({L.HOSTNAME}) {L.NODE_INFO}"),
         Recording(s.IB_FLAPS, s.node_with_host(_tagged_sum(
             ("node_infiniband_link_downed_total", "node_infiniband_link_error_recovery_total"),
             "increase", "15m", f"instance, job, {LINK}", sparse=True), LINK)),

@@ -15,6 +15,6 @@ increase falls between two evaluations.
 from __future__ import annotations
 
 FAST: str | None = None
-MEDIUM = "2m"
+MEDIUM = "3m"
 SLOW = "4m"
 LOOKBACK_SECONDS = 300

@@ -20,6 +20,8 @@ from typing import Any
 
 import requests
 
+from bridge.catalog import series
+from bridge.catalog.alerts import STALL_PRIOR_ACTIVITY_MIN
 from demo.processes import wait_for
 from demo.stack import Stack
 from demo.trainer import TrainingJob
@@ -56,9 +58,14 @@ def start_job(stack: Stack, run: RunRef, hosts: list[str], gpus: list[int]) -> T
     expected = len(hosts) * len(gpus)
     wait_for(lambda: len(stack.query(f"wandb_run_gpu_info{{{selector}}}")) == expected,
              120, f"join metrics of {run.path} in Prometheus")
-    active = f"max_over_time(wandb_run_hostname:dcgm_tensor_active:max{{{selector}}}[1h]) > 0.2"
+    # the stall alert needs the GPUs seen computing, and no longer listed as idle all hour
+    host_re, gpu_re = "|".join(hosts), "|".join(str(g) for g in gpus)
+    busy = series.dcgm_gpu(series.DCGM_TENSOR_ACTIVE, host_re, gpu_re, "max_over_time", "1h")
+    active = f"count by (Hostname, hostname) ({busy} > {STALL_PRIOR_ACTIVITY_MIN})"
     wait_for(lambda: len(stack.query(active)) == len(hosts), 120,
              f"{run.path} to be seen active on every host")
+    idle = f'{series.GPU_IDLE_1H}{{hostname=~"{host_re}",gpu=~"{gpu_re}"}}'
+    wait_for(lambda: not stack.query(idle), 120, f"{run.path}'s GPUs to leave the idle record")
     return job
 
 

@@ -384,8 +384,7 @@ register(
         "Check whether the node is alive (ping, BMC). If it is down, restart the job from its "
         "last checkpoint without it; if only the exporter died, restart the exporter.",
         "targets_up",
-        f"({s.TARGET_UP} == 0) or (((max_over_time({s.TARGET_UP}[1h]) unless {s.TARGET_UP}) "
-        f"* 0) and on ({L.HOSTNAME}) {L.NODE_INFO})",
+        f"({s.TARGET_UP} == 0) or ({s.TARGET_VANISHED} * 0)",
         for_="2m", copy_labels=(s.TARGET_LABEL,), group="node"),
     AlertDef(
         "NodeGpuCountDropped", "critical", _H, _HW, "host",
@@ -395,7 +394,7 @@ register(
         "get fewer GPUs.",
         _CHECKPOINT + " Reboot the node; open a hardware ticket if the GPU does not return.",
         "gpu_count",
-        f"max_over_time({s.HOST_GPU_COUNT}[1h]) - {s.HOST_GPU_COUNT} > 0", for_="2m",
+        s.HOST_GPU_COUNT_DROP, for_="2m",
         group="node"),
     # --- workload ---------------------------------------------------------------------------
     AlertDef(

@@ -58,6 +58,8 @@ HOST_GPU_COUNT = "hostname:dcgm_gpus:count"
 NODE_EXPORTER_TARGET = "instance:node_exporter_hostname:info"
 DCGM_EXPORTER_TARGET = "instance:dcgm_exporter_hostname:info"
 TARGET_UP = "hostname:telemetry_target_up:min"
+TARGET_VANISHED = "hostname:telemetry_target_up:vanished_1h"
+HOST_GPU_COUNT_DROP = "hostname:dcgm_gpus:dropped_1h"
 TARGET_LABEL = "exporter"
 
 IB_PORT_DOWN = "link:node_infiniband_state_id:not_active"
