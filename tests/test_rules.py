@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from alert_rules import generate
+from alert_rules import generate, tiers
 from bridge.catalog import panels
-from bridge.catalog.alerts import ALERTS, SCOPES
+from bridge.catalog.alerts import ALERTS, SCOPES, duration_seconds
 from bridge.catalog.vocabulary import CATEGORIES, REQUIRED_ANNOTATIONS, SEVERITIES
 from bridge.catalog.xid import XIDS, XidClass, codes
 from tests.rules import build
@@ -169,6 +169,23 @@ def test_groups_and_recording_names():
         for rule in group["rules"]:
             if "record" in rule:
                 assert RECORD.match(rule["record"]), rule["record"]
+
+
+def test_tiers_keep_records_visible_and_counter_windows_overlapping():
+    """A group slower than the lookback would make its records vanish between evaluations for
+    the groups reading them; a rate window shorter than the interval would skip increases."""
+    defaults = {"interval": "30s"}
+    intervals, windows = set(), 0
+    for group in _groups():
+        interval = duration_seconds({**defaults, **group}["interval"])
+        intervals.add(interval)
+        assert interval < tiers.LOOKBACK_SECONDS, group["name"]
+        for rule in group["rules"]:
+            for window in re.findall(r"\b(?:rate|increase)\([^\[]*\[(\w+)\]", rule["expr"]):
+                assert duration_seconds(window) > interval, (group["name"], rule["expr"])
+                windows += 1
+    assert len(intervals) == 3, intervals
+    assert windows >= 20, windows
 
 
 def test_no_join_puts_run_info_on_the_one_side():
