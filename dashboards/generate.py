@@ -9,30 +9,39 @@ the committed files differ from what this module produces.
 Queries read the normalised series of ``alert_rules/`` (``hostname``/``gpu`` labels on every dcgm
 flavour) and take each range over ``$__rate_interval``: the ``*_over_time`` keeps a short spike
 (a temperature peak, a link that was down for one scrape) visible when Grafana's step is wider
-than the scrape interval.
+than the scrape interval. A query over records evaluated every few minutes (the slower tiers of
+``alert_rules/tiers.py``) gets that interval as its minimum step, so its graph does not break
+between two evaluations.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grafana_foundation_sdk.builders import common as common_builder
-from grafana_foundation_sdk.builders import dashboard as dash
-from grafana_foundation_sdk.builders import prometheus, statetimeline, table, timeseries
-from grafana_foundation_sdk.cog.encoder import JSONEncoder
-from grafana_foundation_sdk.models import common as common_model
-from grafana_foundation_sdk.models import dashboard as model
-from grafana_foundation_sdk.models import prometheus as prom_model
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # the rule generator is a script directory, not an installed package
+    sys.path.insert(0, str(ROOT))
 
-from bridge.catalog import panels as catalog
-from bridge.catalog import series
-from exporter import labels
+from grafana_foundation_sdk.builders import common as common_builder  # noqa: E402
+from grafana_foundation_sdk.builders import dashboard as dash  # noqa: E402
+from grafana_foundation_sdk.builders import prometheus, statetimeline, table, timeseries  # noqa: E402
+from grafana_foundation_sdk.cog.encoder import JSONEncoder  # noqa: E402
+from grafana_foundation_sdk.models import common as common_model  # noqa: E402
+from grafana_foundation_sdk.models import dashboard as model  # noqa: E402
+from grafana_foundation_sdk.models import prometheus as prom_model  # noqa: E402
+
+from alert_rules.generate import recording_groups  # noqa: E402
+from bridge.catalog import panels as catalog  # noqa: E402
+from bridge.catalog import series  # noqa: E402
+from bridge.catalog.alerts import duration_seconds  # noqa: E402
+from exporter import labels  # noqa: E402
 
 OUT_DIR = Path(__file__).resolve().parent
 DATASOURCE_VAR = "datasource"
@@ -324,9 +333,24 @@ def node_variables() -> list[Any]:
 
 # ---- panels ----------------------------------------------------------------------------------
 
+RECORD_TIERS = {rule.record: tier for _, tier, rules in recording_groups("ns") for rule in rules
+                if tier is not None}
+
+
+def min_interval(expr: str) -> str | None:
+    """The slowest evaluation interval of the records ``expr`` reads: a shorter step or
+    ``$__rate_interval`` would break the graph between two evaluations."""
+    found = [tier for record, tier in RECORD_TIERS.items()
+             if re.search(rf"(?<![\w:]){re.escape(record)}(?![\w:])", expr)]
+    return max(found, key=duration_seconds, default=None)
+
+
 def _target(query: Query, ref: str, *, instant: bool = False) -> prometheus.Dataquery:
     target = (prometheus.Dataquery().expr(query.expr).ref_id(ref).datasource(DS)
               .legend_format(query.legend or "__auto"))
+    interval = min_interval(query.expr)
+    if interval and not instant:
+        target = target.interval(interval)
     if instant:
         return target.instant().format(prom_model.PromQueryFormat.TABLE)
     return target.range()
