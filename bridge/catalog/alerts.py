@@ -107,6 +107,10 @@ def _xid(cls: XidClass) -> str:
 
 _XID_DESC = (f"XID {{{{ $labels.xid }}}} on {_WHERE_GPU} "
              "({{ $value }} event(s) in the last 10-15 minutes).")
+_DOWN = f"(({s.TARGET_UP} == 0) or ({s.TARGET_VANISHED} * 0))"
+_NODE_EXPORTER = f'{{{s.TARGET_LABEL}="node_exporter"}}'
+_DOWN_NODE = (f"(({s.TARGET_UP}{_NODE_EXPORTER} == 0) "
+              f"or ({s.TARGET_VANISHED}{_NODE_EXPORTER} * 0))")
 _H, _T, _I = "gpu_hardware", "gpu_thermal", "gpu_interconnect"
 _HW, _DEG, _LINK = CauseClass.HARDWARE, CauseClass.DEGRADATION, CauseClass.LINK_LOSS
 _CHECKPOINT = ("Restart the job from its last checkpoint on healthy nodes; exclude this node "
@@ -384,7 +388,9 @@ register(
         "Check whether the node is alive (ping, BMC). If it is down, restart the job from its "
         "last checkpoint without it; if only the exporter died, restart the exporter.",
         "targets_up",
-        f"({s.TARGET_UP} == 0) or ({s.TARGET_VANISHED} * 0)",
+        # one series per host: node_exporter's when both are down (the host itself), so the
+        # alert's labels do not depend on which of two equal values topk keeps
+        f"{_DOWN_NODE} or ({_DOWN} unless on ({L.HOSTNAME}) {_DOWN_NODE})",
         for_="2m", copy_labels=(s.TARGET_LABEL,), group="node"),
     AlertDef(
         "NodeGpuCountDropped", "critical", _H, _HW, "host",
