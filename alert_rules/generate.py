@@ -24,7 +24,7 @@ if str(ROOT) not in sys.path:
 from alert_rules import normalise, tiers  # noqa: E402
 from alert_rules.attribution import attributed, family_joins, faulty_joins  # noqa: E402
 from bridge.catalog import panels  # noqa: E402
-from bridge.catalog.alerts import ALERTS, AlertDef  # noqa: E402
+from bridge.catalog.alerts import ALERTS, AlertDef, duration_seconds  # noqa: E402
 from bridge.catalog.vocabulary import (  # noqa: E402
     ANNOTATION_DASHBOARD_UID,
     ANNOTATION_FOR_SECONDS,
@@ -227,17 +227,28 @@ def recording_groups(violation_unit: str) -> list[tuple[str, str | None, list]]:
     ]
 
 
-# Alert families and their tier: a family joins its faults to the runs once per evaluation, so
-# families whose faults come from slower records are evaluated at that record's pace.
-FAMILY_TIERS: dict[str, str | None] = {
-    "gpu-xid": tiers.FAST,
-    "gpu-memory": tiers.SLOW,
-    "gpu-thermal": tiers.MEDIUM,
-    "gpu-interconnect": tiers.SLOW,
-    "network": tiers.FAST,
-    "node": tiers.FAST,
-    "workload": tiers.FAST,
-}
+def record_tiers(violation_unit: str = DEFAULTS["violation_unit"]) -> dict[str, str | None]:
+    """Each recorded series and the tier of the group recording it."""
+    return {r.record: tier for _, tier, rules in recording_groups(violation_unit) for r in rules}
+
+
+def records_read(expr: str, records: Iterable[str]) -> list[str]:
+    """The records ``expr`` reads (whole names, not prefixes of longer ones)."""
+    return [r for r in records if re.search(rf"(?<![\w:]){re.escape(r)}(?![\w:])", expr)]
+
+
+def _tier_seconds(tier: str | None) -> float:
+    return duration_seconds(tier) if tier else 0.0
+
+
+def family_tier(alerts: list[AlertDef], by_record: dict[str, str | None]) -> str | None:
+    """A family joining GPU faults to runs reads every GPU row of every run per evaluation, so it
+    runs at the pace of its fastest input; the others read sparse records and the per-host join
+    only, so they run every cycle."""
+    if not any(a.scope == "gpu" for a in alerts):
+        return tiers.FAST
+    inputs = [by_record[r] for a in alerts for r in records_read(a.expr, by_record)]
+    return min(inputs, key=_tier_seconds, default=tiers.FAST)
 
 
 def _group(name: str, tier: str | None, rules: list[dict[str, Any]]) -> dict[str, Any]:
@@ -255,6 +266,7 @@ def groups(cfg: dict[str, Any]) -> list[dict[str, Any]]:
     for name, tier, rules in recording_groups(cfg["violation_unit"]):
         for gname, chunk in _chunks([_recording(r) for r in rules], f"{prefix}-{name}"):
             out.append(_group(gname, tier, chunk))
+    by_record = record_tiers(cfg["violation_unit"])
     members: dict[str, list[AlertDef]] = {}
     for alert in ALERTS.values():
         members.setdefault(family(alert), []).append(alert)
@@ -267,7 +279,7 @@ def groups(cfg: dict[str, Any]) -> list[dict[str, Any]]:
         rules += [{"record": record, "expr": expr} for record, expr in joins]
         rules += [_alert(a, cfg) for a in alerts]
         for gname, chunk in _chunks(rules, f"{prefix}-{name}"):
-            out.append(_group(gname, FAMILY_TIERS[name], chunk))
+            out.append(_group(gname, family_tier(alerts, by_record), chunk))
     return out
 
 
@@ -383,8 +395,8 @@ def runbook_text(cfg: dict[str, Any]) -> str:
             a.expr,
             "```",
         ]
-        inputs = [r for r in records if re.search(rf"(?<![\w:]){re.escape(r.record)}(?![\w:])",
-                                                  a.expr)]
+        read = records_read(a.expr, [r.record for r in records])
+        inputs = [r for r in records if r.record in read]
         if inputs:
             out += ["", "Recorded inputs (`alert_rules/normalise.py`):", "", "```promql"]
             out += [f"{r.record} = {r.expr}" for r in inputs]

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -37,7 +36,7 @@ from grafana_foundation_sdk.models import common as common_model  # noqa: E402
 from grafana_foundation_sdk.models import dashboard as model  # noqa: E402
 from grafana_foundation_sdk.models import prometheus as prom_model  # noqa: E402
 
-from alert_rules.generate import recording_groups  # noqa: E402
+from alert_rules.generate import record_tiers, records_read  # noqa: E402
 from bridge.catalog import panels as catalog  # noqa: E402
 from bridge.catalog import series  # noqa: E402
 from bridge.catalog.alerts import duration_seconds  # noqa: E402
@@ -333,15 +332,13 @@ def node_variables() -> list[Any]:
 
 # ---- panels ----------------------------------------------------------------------------------
 
-RECORD_TIERS = {rule.record: tier for _, tier, rules in recording_groups("ns") for rule in rules
-                if tier is not None}
+RECORD_TIERS = {record: tier for record, tier in record_tiers().items() if tier is not None}
 
 
 def min_interval(expr: str) -> str | None:
     """The slowest evaluation interval of the records ``expr`` reads: a shorter step or
     ``$__rate_interval`` would break the graph between two evaluations."""
-    found = [tier for record, tier in RECORD_TIERS.items()
-             if re.search(rf"(?<![\w:]){re.escape(record)}(?![\w:])", expr)]
+    found = [RECORD_TIERS[r] for r in records_read(expr, RECORD_TIERS)]
     return max(found, key=duration_seconds, default=None)
 
 
