@@ -34,6 +34,11 @@ VIOLATION_DIVISORS = {"ns": "1e9", "us": "1e6"}
 # Clock-event bits the alerts read: HW slowdown (8), HW thermal (64), HW power brake (128); any
 # bitmask holding one is >= 8, so smaller ones (idle, app clocks, SW power cap) are not recorded.
 CLOCK_BITS_OF_INTEREST = 8
+# Labels of a raw dcgm-exporter series that identify one GPU of one target.
+DCGM_SERIES = "instance, job, Hostname, hostname, gpu, UUID"
+LINK = "device, port"
+IFACE = s.PHYSICAL_INTERFACES
+
 
 @dataclass(frozen=True)
 class Recording:
@@ -90,9 +95,6 @@ def _tagged_sum(metrics: tuple[str, ...], fn: str, window: str, by: str,
         f'label_replace({fn}({m}[{window}]){cut}, "counter", "{i}", "", "")'
         for i, m in enumerate(metrics))
     return f"sum by ({by}) ({parts})"
-
-
-DCGM_SERIES = "instance, job, Hostname, hostname, gpu, UUID"
 
 
 def xid_rules() -> list[Recording]:
@@ -206,10 +208,6 @@ def target_rules() -> list[Recording]:
                   f"min by ({L.HOSTNAME}, {s.TARGET_LABEL}) (up * on (instance, job) "
                   f"group_left ({L.HOSTNAME}, {s.TARGET_LABEL}) ({targets}))"),
     ]
-
-
-IFACE = s.PHYSICAL_INTERFACES
-LINK = "device, port"
 
 
 def link_down_rules() -> list[Recording]:

@@ -81,9 +81,9 @@ def _rule_metrics(base_url: str) -> dict[str, dict[str, float]]:
     return out
 
 
-def _config(address: str, hosts: list[str], scrape: str) -> str:
-    """prometheus.yml: scrape the simulator every ``scrape``, evaluate rules every 30 s."""
-    text = prometheus_config(address, hosts, interval=scrape, rule_files=[RULES],
+def _config(address: str, hosts: list[str]) -> str:
+    """prometheus.yml: scrape the simulator and evaluate the rules every 30 s."""
+    text = prometheus_config(address, hosts, interval=f"{INTERVAL_S}s", rule_files=[RULES],
                              runs_job="wandb-runs")
     config = yaml.safe_load(text)
     config["global"]["evaluation_interval"] = f"{INTERVAL_S}s"
@@ -151,7 +151,7 @@ def run() -> list[Result]:
     cluster = _cluster()
     hosts = list(cluster.hosts)
     with (tempfile.TemporaryDirectory(prefix="bench-rules-") as tmp, serve(cluster) as sim,
-          prometheus(_config(sim.address, hosts, f"{INTERVAL_S}s"), Path(tmp)) as prom):
+          prometheus(_config(sim.address, hosts), Path(tmp)) as prom):
         time.sleep(90)
         _faults(cluster)
         cpu_before, wall_before = _cpu_seconds(prom.url), time.monotonic()
