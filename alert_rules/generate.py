@@ -179,12 +179,14 @@ def family(alert: AlertDef) -> str:
     return alert.group or alert.category
 
 
-def _alert(alert: AlertDef, cfg: dict[str, Any]) -> dict[str, Any]:
+def _alert(alert: AlertDef, cfg: dict[str, Any],
+           by_record: dict[str, str | None] | None = None) -> dict[str, Any]:
     panel = panels.panel(alert.panel)
+    tiers_of = record_tiers(cfg["violation_unit"]) if by_record is None else by_record
+    source = fault_record(alert) or read_recorded(alert.expr, tiers_of)
     out: dict[str, Any] = {
         "alert": alert.name,
-        "expr": attributed(alert.scope, fault_record(alert) or alert.expr, alert.copy_labels,
-                           family_joins(family(alert))),
+        "expr": attributed(alert.scope, source, alert.copy_labels, family_joins(family(alert))),
     }
     if alert.for_ not in ("", "0s"):
         out["for"] = alert.for_
@@ -221,9 +223,12 @@ def recording_groups(violation_unit: str) -> list[tuple[str, str | None, list]]:
         ("normalise-gpu", tiers.MEDIUM,
          normalise.dcgm_telemetry_rules() + normalise.link_down_rules()),
         ("normalise-stall", tiers.MEDIUM, normalise.stall_rules()),
+        ("normalise-targets", tiers.SLOW, normalise.target_map_rules()),
         ("normalise-gpu-state", tiers.SLOW, normalise.dcgm_state_rules(violation_unit)),
         ("normalise-node", tiers.SLOW, normalise.node_history_rules()),
         ("normalise-workload", tiers.SLOW, normalise.workload_history_rules()),
+        ("normalise-gpu-wear", tiers.WEAR, normalise.dcgm_wear_rules()),
+        ("normalise-link-wear", tiers.WEAR, normalise.link_wear_rules()),
     ]
 
 
@@ -241,14 +246,38 @@ def _tier_seconds(tier: str | None) -> float:
     return duration_seconds(tier) if tier else 0.0
 
 
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:g}m" if seconds % 60 == 0 else f"{seconds:g}s"
+
+
+def outlives_lookback(tier: str | None) -> bool:
+    """Whether a record of ``tier`` can be older than the lookback when read (``tiers.py``)."""
+    return _tier_seconds(tier) + duration_seconds(tiers.READ_MARGIN) > tiers.LOOKBACK_SECONDS
+
+
+def read_recorded(expr: str, by_record: dict[str, str | None]) -> str:
+    """``expr`` reading each record of a tier slower than the lookback allows as
+    ``last_over_time(record[interval + margin])``: the last evaluation's value, until the next
+    one has written (``tiers.py``). Range reads (``record[1h]``) see every sample already."""
+    for record in records_read(expr, by_record):
+        if not outlives_lookback(by_record[record]):
+            continue
+        window = _duration(_tier_seconds(by_record[record]) + duration_seconds(tiers.READ_MARGIN))
+        expr = re.sub(rf"(?<![\w:]){re.escape(record)}(?:\{{[^}}]*\}})?(?![\w:{{\[])",
+                      lambda m: f"last_over_time({m.group(0)}[{window}])", expr)  # noqa: B023
+    return expr
+
+
 def family_tier(alerts: list[AlertDef], by_record: dict[str, str | None]) -> str | None:
     """A family joining GPU faults to runs reads every GPU row of every run per evaluation, so it
-    runs at the pace of its fastest input; the others read sparse records and the per-host join
-    only, so they run every cycle."""
+    runs at the pace of its fastest input, but no slower than ``SLOW``, which keeps its
+    ``ALERTS`` series continuous; the others read sparse records and the per-host join only, so
+    they run every cycle."""
     if not any(a.scope == "gpu" for a in alerts):
         return tiers.FAST
     inputs = [by_record[r] for a in alerts for r in records_read(a.expr, by_record)]
-    return min(inputs, key=_tier_seconds, default=tiers.FAST)
+    fastest = min(inputs, key=_tier_seconds, default=tiers.FAST)
+    return min(fastest, tiers.SLOW, key=_tier_seconds)
 
 
 def _group(name: str, tier: str | None, rules: list[dict[str, Any]]) -> dict[str, Any]:
@@ -272,12 +301,13 @@ def groups(cfg: dict[str, Any]) -> list[dict[str, Any]]:
         members.setdefault(family(alert), []).append(alert)
     for name, alerts in members.items():
         faults = [a for a in alerts if fault_record(a)]
-        rules: list[dict[str, Any]] = [{"record": fault_record(a), "expr": a.expr} for a in faults]
+        rules: list[dict[str, Any]] = [
+            {"record": fault_record(a), "expr": read_recorded(a.expr, by_record)} for a in faults]
         joins = faulty_joins(family_joins(name),
                              [str(fault_record(a)) for a in faults if a.scope == "gpu"],
                              [str(fault_record(a)) for a in faults if a.scope != "gpu"])
         rules += [{"record": record, "expr": expr} for record, expr in joins]
-        rules += [_alert(a, cfg) for a in alerts]
+        rules += [_alert(a, cfg, by_record) for a in alerts]
         for gname, chunk in _chunks(rules, f"{prefix}-{name}"):
             out.append(_group(gname, family_tier(alerts, by_record), chunk))
     return out

@@ -132,38 +132,42 @@ def dcgm_telemetry_rules() -> list[Recording]:
 
 
 def dcgm_state_rules(violation_unit: str) -> list[Recording]:
-    """GPU presence, memory health gauges, violation and error rates (slow tier, sparse but for
-    presence).
+    """GPU presence and violation rates (slow tier, sparse but for presence).
 
     Presence is the one dense per-GPU record (dashboards list GPUs from it; the host's GPU count
     and the GPUs that vanished within the hour derive from it, in this group's order). Every
     rate's window is longer than the tier's interval, so no increase falls between evaluations.
     """
-    dcgm_any = s.dcgm_raw(s.DCGM_GPU_TEMP)
     div = VIOLATION_DIVISORS[violation_unit]
     return [
-        Recording(s.GPU_PRESENT, f"clamp({_gpu(dcgm_any)}, 1, 1)"),
+        Recording(s.GPU_PRESENT, f"clamp({_gpu(s.dcgm_raw(s.DCGM_GPU_TEMP))}, 1, 1)"),
         Recording(s.HOST_GPU_COUNT, f"count by ({L.HOSTNAME}) ({s.GPU_PRESENT})"),
         Recording(s.HOST_GPU_COUNT_DROP,
                   f"max_over_time({s.HOST_GPU_COUNT}[1h]) - {s.HOST_GPU_COUNT} > 0"),
         Recording(s.GPU_VANISHED,
                   f"(max_over_time({s.GPU_PRESENT}[1h]) unless on ({L.HOSTNAME}, {L.GPU}) "
                   f"{s.GPU_PRESENT}) and on ({L.HOSTNAME}) {s.HOST_GPU_COUNT}"),
-        Recording(s.DCGM_EXPORTER_TARGET,
-                  f"topk by (instance, job) (1, clamp_max(count by (instance, job, {L.HOSTNAME}) "
-                  f'(label_replace(count by (instance, job, Hostname, {L.HOSTNAME}) ({dcgm_any}), '
-                  f'"{L.HOSTNAME}", "$1", "Hostname", "(.+)")), 1))'),
         *(Recording(record, f"clamp_max({_sparse(_rate(metric, '5m'))} / {div}, 1)")
           for record, metric in ((s.THERMAL_VIOLATION, "DCGM_FI_DEV_THERMAL_VIOLATION"),
                                  (s.POWER_VIOLATION, "DCGM_FI_DEV_POWER_VIOLATION"))),
-        Recording(s.PCIE_REPLAY_RATE, _sparse(_rate("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "5m"),
-                                              _rate("DCGM_FI_DEV_PCIE_REPLAY_TOTAL", "5m"))),
+    ]
+
+
+def dcgm_wear_rules() -> list[Recording]:
+    """Memory and interconnect error counters and health gauges (wear tier, sparse).
+
+    Their job-ending forms arrive as XIDs (48, 63/64, 74, 79, 94/95) on the fast path; these
+    records say how worn a part is, which 10-minute windows read every 8 minutes still tell.
+    """
+    return [
+        Recording(s.PCIE_REPLAY_RATE, _sparse(_rate("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "10m"),
+                                              _rate("DCGM_FI_DEV_PCIE_REPLAY_TOTAL", "10m"))),
         Recording(s.NVLINK_CRC_RATE, _sparse(
             _tagged_sum(("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
-                         "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL"), "rate", "5m",
+                         "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL"), "rate", "10m",
                         DCGM_SERIES, sparse=True),
             _tagged_sum(("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_TOTAL",
-                         "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_TOTAL"), "rate", "5m",
+                         "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_TOTAL"), "rate", "10m",
                         DCGM_SERIES, sparse=True))),
         Recording(s.NVLINK_REPLAY_RECOVERY, _sparse(
             _tagged_sum(("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
@@ -187,14 +191,15 @@ def dcgm_state_rules(violation_unit: str) -> list[Recording]:
     ]
 
 
-def target_rules() -> list[Recording]:
-    """Which host each node_exporter target reports, and whether each telemetry target is up
-    (NodeDown), labelled with its ``exporter``.
+def target_map_rules() -> list[Recording]:
+    """Which host each telemetry target reports, remembered for an hour (slow tier).
 
-    The dcgm-exporter targets' hosts come from ``dcgm_state_rules``; a target's host is
-    remembered for an hour, so a target that vanished still names its host. ``up`` is read
-    once for both exporters (the target maps never share an (instance, job)).
+    node_exporter names its host in ``node_uname_info``; a dcgm-exporter target in the host
+    label of its GPUs 0 and 1 (two GPUs, so one fallen off the bus does not hide the host, and
+    a 16th of the GPU series to read). The hour's memory lets a target that went down or
+    vanished still name its host; the result carries the ``exporter`` it maps.
     """
+    first_gpus = s.dcgm_raw(s.DCGM_GPU_TEMP, matchers='gpu=~"0|1"')
     targets = " or ".join(
         f'label_replace(topk by (instance, job) (1, max_over_time({target}[1h])), '
         f'"{s.TARGET_LABEL}", "{exporter}", "", "")'
@@ -204,9 +209,23 @@ def target_rules() -> list[Recording]:
         Recording(s.NODE_EXPORTER_TARGET,
                   f"topk by (instance, job) (1, max by (instance, job, {L.HOSTNAME}) "
                   f'(label_replace(node_uname_info, "{L.HOSTNAME}", "$1", "nodename", "(.+)")))'),
+        Recording(s.DCGM_EXPORTER_TARGET,
+                  f"topk by (instance, job) (1, clamp_max(count by (instance, job, {L.HOSTNAME}) "
+                  f'(label_replace(count by (instance, job, Hostname, {L.HOSTNAME}) '
+                  f'({first_gpus}), "{L.HOSTNAME}", "$1", "Hostname", "(.+)")), 1))'),
+        Recording(s.TARGET_HOSTS, targets),
+    ]
+
+
+def target_rules() -> list[Recording]:
+    """Whether each telemetry target is up (NodeDown), by host and ``exporter`` (fast tier).
+
+    ``up`` is read once for both exporters (the target maps never share an (instance, job)).
+    """
+    return [
         Recording(s.TARGET_UP,
                   f"min by ({L.HOSTNAME}, {s.TARGET_LABEL}) (up * on (instance, job) "
-                  f"group_left ({L.HOSTNAME}, {s.TARGET_LABEL}) ({targets}))"),
+                  f"group_left ({L.HOSTNAME}, {s.TARGET_LABEL}) {s.TARGET_HOSTS})"),
     ]
 
 
@@ -219,8 +238,7 @@ def link_down_rules() -> list[Recording]:
 
 
 def node_history_rules() -> list[Recording]:
-    """Telemetry targets gone, link error rates, flaps and the links idle for the whole last
-    hour (slow tier, sparse).
+    """Telemetry targets gone and the links idle for the whole last hour (slow tier, sparse).
 
     A target that reported within the hour and is gone (removed from discovery) matters only on
     a host a run is on. A port or interface that was never up within the hour is unused (no
@@ -230,6 +248,19 @@ def node_history_rules() -> list[Recording]:
         Recording(s.TARGET_VANISHED,
                   f"(max_over_time({s.TARGET_UP}[1h]) unless {s.TARGET_UP}) "
                   f"and on ({L.HOSTNAME}) {L.NODE_INFO}"),
+        Recording(s.IB_PORT_IDLE_1H,
+                  s.node_with_host("max_over_time(node_infiniband_state_id[1h]) != 4", LINK)),
+        Recording(s.NET_IDLE_1H, s.node_with_host(
+            f"max_over_time(node_network_up{{{IFACE}}}[1h]) == 0", "device")),
+    ]
+
+
+def link_wear_rules() -> list[Recording]:
+    """InfiniBand flaps and physical errors, Ethernet carrier changes (wear tier, sparse).
+
+    A link that went down shows on the fast path; these say a link is degrading.
+    """
+    return [
         Recording(s.IB_FLAPS, s.node_with_host(_tagged_sum(
             ("node_infiniband_link_downed_total", "node_infiniband_link_error_recovery_total"),
             "increase", "15m", f"instance, job, {LINK}", sparse=True), LINK)),
@@ -237,13 +268,9 @@ def node_history_rules() -> list[Recording]:
             ("node_infiniband_symbol_error_total",
              "node_infiniband_local_link_integrity_errors_total",
              "node_infiniband_port_receive_remote_physical_errors_total"),
-            "rate", "5m", f"instance, job, {LINK}", sparse=True), LINK)),
-        Recording(s.IB_PORT_IDLE_1H,
-                  s.node_with_host("max_over_time(node_infiniband_state_id[1h]) != 4", LINK)),
+            "rate", "10m", f"instance, job, {LINK}", sparse=True), LINK)),
         Recording(s.NET_CARRIER_CHANGES, s.node_with_host(
             f"increase(node_network_carrier_changes_total{{{IFACE}}}[15m]) > 0", "device")),
-        Recording(s.NET_IDLE_1H, s.node_with_host(
-            f"max_over_time(node_network_up{{{IFACE}}}[1h]) == 0", "device")),
     ]
 
 
@@ -291,38 +318,51 @@ def stall_rules() -> list[Recording]:
     ]
 
 
+def _on_hosts(raw: str, hosts: str) -> str:
+    """Raw dcgm series (either host label spelling) of the hosts in ``hosts`` (a vector with a
+    ``hostname`` label), matched before any relabelling so only those series are processed."""
+    spellings = (f'{hosts} or label_replace(label_replace({hosts}, "Hostname", "$1", '
+                 f'"{L.HOSTNAME}", "(.+)"), "{L.HOSTNAME}", "", "", "")')
+    return f"({raw}) and on (Hostname, {L.HOSTNAME}) ({spellings})"
+
+
 def workload_history_rules() -> list[Recording]:
     """What the workload alerts compare against, over minutes to an hour (slow tier).
 
     GPUs whose tensor pipes stayed idle all hour; the runs whose GPUs are unknown, and those
     alone on their host (they own its GPUs); straggling GPUs. A straggler is more than the gap
     below its run's busiest GPU, so below ``1 - gap`` in any case: those lagging GPUs are found
-    first (sparse), and only their runs' busiest GPUs are looked up.
+    first (sparse), then the GPU rows of their runs, and only the utilisation of those runs'
+    hosts is relabelled and joined.
     """
     tensor_idle = _host_label(s.dcgm_raw(s.DCGM_TENSOR_ACTIVE, fn="max_over_time", window="1h",
                                          cut=f" <= {STALL_PRIOR_ACTIVITY_MIN}"))
 
     def util(cut: str = "") -> str:
-        return _host_label(s.dcgm_raw(s.DCGM_GPU_UTIL, fn="avg_over_time", window="2m", cut=cut))
+        return s.dcgm_raw(s.DCGM_GPU_UTIL, fn="avg_over_time", window="2m", cut=cut)
 
     unknown, sole = s.RUN_HOSTS_GPUS_UNKNOWN, s.RUN_HOSTS_SOLE_GPULESS
     lagging, lagging_runs = s.GPU_UTIL_LAGGING, s.RUN_GPUS_LAGGING
+    rows, run_util = s.LAGGING_RUN_GPU_ROWS, s.GPU_UTIL_LAGGING_RUN_HOSTS
     on_gpu, on_host, on_run = (f"on ({L.HOSTNAME}, {L.GPU})", f"on ({L.HOSTNAME})",
                                f"on ({RUN})")
-    lagging_run_gpus = (f"{run_gpu_rows(lagging_runs, RUN)} or ({s.GPU_PRESENT} * {on_host} "
-                        f"group_left ({RUN}) ({sole} and {on_run} {lagging_runs}))")
+    sole_lagging = f"({sole} and {on_run} {lagging_runs})"
+    hosts = f"max by ({L.HOSTNAME}) ({rows}) or max by ({L.HOSTNAME}) {sole_lagging}"
     return [
         Recording(s.GPU_IDLE_1H, tensor_idle),
         Recording(unknown, f"max by ({L.HOSTNAME}, {RUN}) ({L.NODE_INFO} "
                            f"unless on ({L.HOSTNAME}, {RUN}) {L.GPU_INFO})"),
         Recording(sole, f"{unknown} and {on_host} (count by ({L.HOSTNAME}) ({unknown}) == 1)"),
-        Recording(lagging, util(f" < {1 - STRAGGLER_GAP:g}")),
+        Recording(lagging, _host_label(util(f" < {1 - STRAGGLER_GAP:g}"))),
         Recording(lagging_runs,
                   f"({run_gpu_rows(lagging, f'{L.HOSTNAME}, {L.GPU}')} * {on_gpu} "
                   f"group_left () {lagging}) "
                   f"or ({lagging} * {on_host} group_left ({RUN}) {sole})"),
+        Recording(rows, run_gpu_rows(lagging_runs, RUN)),
+        Recording(run_util, _host_label(_on_hosts(util(), f"({hosts})"))),
         Recording(s.RUN_GPU_UTIL_BUSIEST,
-                  f"max by ({RUN}) (({lagging_run_gpus}) * {on_gpu} group_left () {util()})"),
+                  f"max by ({RUN}) (({rows} * {on_gpu} group_left () {run_util}) "
+                  f"or ({run_util} * {on_host} group_left ({RUN}) {sole_lagging}))"),
         Recording(s.RUN_GPU_STRAGGLING,
                   f"{lagging_runs} < {on_run} group_left () "
                   f"(({s.RUN_GPU_UTIL_BUSIEST} > {STRAGGLER_RUN_BUSY_MIN}) - {STRAGGLER_GAP})"),

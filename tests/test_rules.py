@@ -172,20 +172,38 @@ def test_groups_and_recording_names():
 
 
 def test_tiers_keep_records_visible_and_counter_windows_overlapping():
-    """A group slower than the lookback would make its records vanish between evaluations for
-    the groups reading them; a rate window shorter than the interval would skip increases."""
+    """A record slower than the lookback must be read through ``last_over_time`` over its
+    interval plus the margin by every other group, or it vanishes between evaluations and
+    resets the readers' ``for``; alert groups stay at ``SLOW`` at most (continuous ``ALERTS``);
+    a rate window shorter than the interval would skip increases."""
     defaults = {"interval": "30s"}
-    intervals, windows = set(), 0
-    for group in _groups():
+    margin = duration_seconds(tiers.READ_MARGIN)
+    groups = _groups()
+    recorded = {r["record"]: (g["name"], duration_seconds({**defaults, **g}["interval"]))
+                for g in groups for r in g["rules"] if "record" in r}
+    intervals, windows, wrapped = set(), 0, 0
+    for group in groups:
         interval = duration_seconds({**defaults, **group}["interval"])
         intervals.add(interval)
-        assert interval < tiers.LOOKBACK_SECONDS, group["name"]
+        if any("alert" in r for r in group["rules"]):
+            assert interval <= duration_seconds(tiers.SLOW), group["name"]
         for rule in group["rules"]:
             for window in re.findall(r"\b(?:rate|increase)\([^\[]*\[(\w+)\]", rule["expr"]):
                 assert duration_seconds(window) > interval, (group["name"], rule["expr"])
                 windows += 1
-    assert len(intervals) == 3, intervals
+            for record, (home, every) in recorded.items():
+                if home == group["name"] or every + margin <= tiers.LOOKBACK_SECONDS:
+                    continue
+                name = re.escape(record)
+                reads = re.findall(rf"(?<![\w:])({name})(?![\w:])", rule["expr"])
+                covered = re.findall(rf"last_over_time\({name}(?:{{[^}}]*}})?\[(\w+)\]\)",
+                                     rule["expr"])
+                assert len(covered) == len(reads), (group["name"], record, rule["expr"])
+                assert all(duration_seconds(w) >= every + margin for w in covered), record
+                wrapped += len(covered)
+    assert len(intervals) == 4, intervals
     assert windows >= 20, windows
+    assert wrapped >= 10, wrapped
 
 
 def test_no_join_puts_run_info_on_the_one_side():
