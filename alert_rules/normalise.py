@@ -192,12 +192,16 @@ def dcgm_wear_rules() -> list[Recording]:
 
 
 def target_map_rules() -> list[Recording]:
-    """Which host each telemetry target reports, remembered for an hour (slow tier).
+    """Which host each telemetry target reports, remembered for an hour, and the hosts whose
+    target is gone (slow tier).
 
     node_exporter names its host in ``node_uname_info``; a dcgm-exporter target in the host
     label of its GPUs 0 and 1 (two GPUs, so one fallen off the bus does not hide the host, and
-    a 16th of the GPU series to read). The hour's memory lets a target that went down or
-    vanished still name its host; the result carries the ``exporter`` it maps.
+    an eighth of the GPU series to read). The hour's memory lets a target that went down or
+    vanished still name its host; the result carries the ``exporter`` it maps. A target is gone
+    when the hour knew one for the host and exporter and none is scraped now (removed from
+    discovery); that matters only on a host a run is on. Per host, so a target that moved to a
+    new address is not gone.
     """
     first_gpus = s.dcgm_raw(s.DCGM_GPU_TEMP, matchers='gpu=~"0|1"')
     targets = " or ".join(
@@ -205,6 +209,7 @@ def target_map_rules() -> list[Recording]:
         f'"{s.TARGET_LABEL}", "{exporter}", "", "")'
         for exporter, target in (("node_exporter", s.NODE_EXPORTER_TARGET),
                                  ("dcgm_exporter", s.DCGM_EXPORTER_TARGET)))
+    by_host = f"max by ({L.HOSTNAME}, {s.TARGET_LABEL})"
     return [
         Recording(s.NODE_EXPORTER_TARGET,
                   f"topk by (instance, job) (1, max by (instance, job, {L.HOSTNAME}) "
@@ -214,17 +219,23 @@ def target_map_rules() -> list[Recording]:
                   f'(label_replace(count by (instance, job, Hostname, {L.HOSTNAME}) '
                   f'({first_gpus}), "{L.HOSTNAME}", "$1", "Hostname", "(.+)")), 1))'),
         Recording(s.TARGET_HOSTS, targets),
+        Recording(s.TARGET_VANISHED,
+                  f"({by_host} ({s.TARGET_HOSTS} unless on (instance, job) up) "
+                  f"unless on ({L.HOSTNAME}, {s.TARGET_LABEL}) "
+                  f"{by_host} ({s.TARGET_HOSTS} and on (instance, job) up)) "
+                  f"and on ({L.HOSTNAME}) {L.NODE_INFO}"),
     ]
 
 
 def target_rules() -> list[Recording]:
-    """Whether each telemetry target is up (NodeDown), by host and ``exporter`` (fast tier).
+    """The hosts with a telemetry target down now (NodeDown), by ``exporter`` (fast tier, sparse:
+    value 0, the target's ``up``).
 
     ``up`` is read once for both exporters (the target maps never share an (instance, job)).
     """
     return [
-        Recording(s.TARGET_UP,
-                  f"min by ({L.HOSTNAME}, {s.TARGET_LABEL}) (up * on (instance, job) "
+        Recording(s.TARGET_DOWN,
+                  f"min by ({L.HOSTNAME}, {s.TARGET_LABEL}) ((up == 0) * on (instance, job) "
                   f"group_left ({L.HOSTNAME}, {s.TARGET_LABEL}) {s.TARGET_HOSTS})"),
     ]
 
@@ -238,16 +249,12 @@ def link_down_rules() -> list[Recording]:
 
 
 def node_history_rules() -> list[Recording]:
-    """Telemetry targets gone and the links idle for the whole last hour (slow tier, sparse).
+    """The links idle for the whole last hour (slow tier, sparse).
 
-    A target that reported within the hour and is gone (removed from discovery) matters only on
-    a host a run is on. A port or interface that was never up within the hour is unused (no
-    cable, spare NIC), so its being down now is not a fault; the link-down alerts subtract these.
+    A port or interface that was never up within the hour is unused (no cable, spare NIC), so
+    its being down now is not a fault; the link-down alerts subtract these.
     """
     return [
-        Recording(s.TARGET_VANISHED,
-                  f"(max_over_time({s.TARGET_UP}[1h]) unless {s.TARGET_UP}) "
-                  f"and on ({L.HOSTNAME}) {L.NODE_INFO}"),
         Recording(s.IB_PORT_IDLE_1H,
                   s.node_with_host("max_over_time(node_infiniband_state_id[1h]) != 4", LINK)),
         Recording(s.NET_IDLE_1H, s.node_with_host(

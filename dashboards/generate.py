@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -267,7 +268,9 @@ def specs(alert_selector: str, scope: str) -> dict[str, PanelSpec]:
             "timeseries", "short",
             "Whether Prometheus can scrape each host's node_exporter and dcgm-exporter (1 up, "
             "0 down). Both down at once means the host itself is gone.",
-            (Query(over("min", series.TARGET_UP, HOST_SELECTOR),
+            (Query(f"min by ({labels.HOSTNAME}, {series.TARGET_LABEL}) (up * on (instance, job) "
+                   f"group_left ({labels.HOSTNAME}, {series.TARGET_LABEL}) topk by (instance, job) "
+                   f"(1, max_over_time({series.TARGET_HOSTS}{{{HOST_SELECTOR}}}[$__range])))",
                    f"{HOST_LEGEND} {{{{{series.TARGET_LABEL}}}}}"),), max_value=1),
     }
 
@@ -335,10 +338,15 @@ def node_variables() -> list[Any]:
 RECORD_TIERS = {record: tier for record, tier in record_tiers().items() if tier is not None}
 
 
+# A record read over the dashboard's whole range: its last known value at every step.
+LAST_KNOWN = re.compile(r"[\w:]+(?:\{[^}]*\})?\[\$__range\]")
+
+
 def min_interval(expr: str) -> str | None:
-    """The slowest evaluation interval of the records ``expr`` reads: a shorter step or
-    ``$__rate_interval`` would break the graph between two evaluations."""
-    found = [RECORD_TIERS[r] for r in records_read(expr, RECORD_TIERS)]
+    """The slowest evaluation interval of the records ``expr`` reads at each step: a shorter
+    step or ``$__rate_interval`` would break the graph between two evaluations (records read
+    over ``$__range`` are always found)."""
+    found = [RECORD_TIERS[r] for r in records_read(LAST_KNOWN.sub("", expr), RECORD_TIERS)]
     return max(found, key=duration_seconds, default=None)
 
 

@@ -107,9 +107,9 @@ def _xid(cls: XidClass) -> str:
 
 _XID_DESC = (f"XID {{{{ $labels.xid }}}} on {_WHERE_GPU} "
              "({{ $value }} event(s) in the last 10-15 minutes).")
-_DOWN = f"(({s.TARGET_UP} == 0) or ({s.TARGET_VANISHED} * 0))"
+_DOWN = f"({s.TARGET_DOWN} or ({s.TARGET_VANISHED} * 0))"
 _NODE_EXPORTER = f'{{{s.TARGET_LABEL}="node_exporter"}}'
-_DOWN_NODE = (f"(({s.TARGET_UP}{_NODE_EXPORTER} == 0) "
+_DOWN_NODE = (f"({s.TARGET_DOWN}{_NODE_EXPORTER} "
               f"or ({s.TARGET_VANISHED}{_NODE_EXPORTER} * 0))")
 _H, _T, _I = "gpu_hardware", "gpu_thermal", "gpu_interconnect"
 _HW, _DEG, _LINK = CauseClass.HARDWARE, CauseClass.DEGRADATION, CauseClass.LINK_LOSS

@@ -333,6 +333,13 @@ def dcgm_node_cases(sp: str) -> list[Case]:
                       "NodeDown", gone, "15m",
                       [Expect({**RUN_A, "hostname": "n1", "exporter": "dcgm_exporter"},
                               "The dcgm_exporter target of n1 is down or gone (up = 0).")]))
+    moved = [dcgm(sp, "DCGM_FI_DEV_GPU_TEMP", "40x10"),
+             Series("up", {"instance": "n1:9400", "job": "dcgm"}, "1x10"),
+             dcgm(sp, "DCGM_FI_DEV_GPU_TEMP", "_x5 40x75", instance="10.0.0.1:9400"),
+             Series("up", {"instance": "10.0.0.1:9400", "job": "dcgm"}, "_x5 1x75"),
+             node_info(RUN_A)]
+    cases.append(Case(f"NodeDown: silent when a target moves to a new address ({sp})", "NodeDown",
+                      moved, "20m"))
     return cases
 
 
