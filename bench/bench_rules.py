@@ -72,6 +72,7 @@ def _faults(cluster: Cluster) -> None:
     cluster.inject("nvlink", names[29], gpu=0)
     cluster.inject("ecc_dbe", names[49], gpu=2)
     cluster.inject("stall", names[64])
+    cluster.inject("straggler", names[80], gpu=6)
 
 
 def _rule_metrics(base_url: str) -> dict[str, dict[str, float]]:
