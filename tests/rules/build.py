@@ -268,6 +268,24 @@ def workload_cases(sp: str) -> list[Case]:
                    [Expect({**RUN_A, "hostname": "n1", "gpu": "3"},
                            "GPU 3 on n1 averaged 60% utilisation over 2 minutes, more than 10 "
                            "points below the run's busiest GPU.")])
+    two_hosts = [node_info(RUN_A), gpu_info(RUN_A, "0"), node_info(RUN_A, "n2"),
+                 gpu_info(RUN_A, "0", "n2"), dcgm(sp, "DCGM_FI_DEV_GPU_UTIL", "60x80"),
+                 node_info(RUN_B, "n3"), gpu_info(RUN_B, "0", "n3")]
+    cases += _pair(f"busiest GPU on another host ({sp})", "TrainingStraggler",
+                   [*two_hosts, dcgm(sp, "DCGM_FI_DEV_GPU_UTIL", "95x80", "n2"),
+                    dcgm(sp, "DCGM_FI_DEV_GPU_UTIL", "100x80", "n3")],
+                   [*two_hosts, dcgm(sp, "DCGM_FI_DEV_GPU_UTIL", "65x80", "n2"),
+                    dcgm(sp, "DCGM_FI_DEV_GPU_UTIL", "100x80", "n3")], "8m",
+                   [Expect({**RUN_A, "hostname": "n1", "gpu": "0"},
+                           "GPU 0 on n1 averaged 60% utilisation over 2 minutes, more than 10 "
+                           "points below the run's busiest GPU.")])
+    cases += _pair(f"run with unknown GPUs alone on the host ({sp})", "TrainingStraggler",
+                   [node_info(RUN_A), *util, dcgm(sp, "DCGM_FI_DEV_GPU_UTIL", "60x80", gpu="3")],
+                   [node_info(RUN_A), *util, dcgm(sp, "DCGM_FI_DEV_GPU_UTIL", "92x80", gpu="3")],
+                   "8m",
+                   [Expect({**RUN_A, "hostname": "n1", "gpu": "3"},
+                           "GPU 3 on n1 averaged 60% utilisation over 2 minutes, more than 10 "
+                           "points below the run's busiest GPU.")])
     return cases
 
 
