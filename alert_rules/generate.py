@@ -179,11 +179,10 @@ def family(alert: AlertDef) -> str:
     return alert.group or alert.category
 
 
-def _alert(alert: AlertDef, cfg: dict[str, Any],
-           by_record: dict[str, str | None] | None = None) -> dict[str, Any]:
+def _alert(alert: AlertDef, cfg: dict[str, Any], by_record: dict[str, str | None]
+           ) -> dict[str, Any]:
     panel = panels.panel(alert.panel)
-    tiers_of = record_tiers(cfg["violation_unit"]) if by_record is None else by_record
-    source = fault_record(alert) or read_recorded(alert.expr, tiers_of)
+    source = fault_record(alert) or read_recorded(alert.expr, by_record)
     out: dict[str, Any] = {
         "alert": alert.name,
         "expr": attributed(alert.scope, source, alert.copy_labels, family_joins(family(alert))),
@@ -250,9 +249,14 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 60:g}m" if seconds % 60 == 0 else f"{seconds:g}s"
 
 
+def _read_window(tier: str | None) -> float:
+    """How old a record of ``tier`` can be when read: its interval plus the evaluation margin."""
+    return _tier_seconds(tier) + duration_seconds(tiers.READ_MARGIN)
+
+
 def outlives_lookback(tier: str | None) -> bool:
     """Whether a record of ``tier`` can be older than the lookback when read (``tiers.py``)."""
-    return _tier_seconds(tier) + duration_seconds(tiers.READ_MARGIN) > tiers.LOOKBACK_SECONDS
+    return _read_window(tier) > tiers.LOOKBACK_SECONDS
 
 
 def read_recorded(expr: str, by_record: dict[str, str | None]) -> str:
@@ -260,11 +264,10 @@ def read_recorded(expr: str, by_record: dict[str, str | None]) -> str:
     ``last_over_time(record[interval + margin])``: the last evaluation's value, until the next
     one has written (``tiers.py``). Range reads (``record[1h]``) see every sample already."""
     for record in records_read(expr, by_record):
-        if not outlives_lookback(by_record[record]):
-            continue
-        window = _duration(_tier_seconds(by_record[record]) + duration_seconds(tiers.READ_MARGIN))
-        expr = re.sub(rf"(?<![\w:]){re.escape(record)}(?:\{{[^}}]*\}})?(?![\w:{{\[])",
-                      lambda m: f"last_over_time({m.group(0)}[{window}])", expr)  # noqa: B023
+        tier = by_record[record]
+        if outlives_lookback(tier):
+            expr = re.sub(rf"(?<![\w:]){re.escape(record)}(?:\{{[^}}]*\}})?(?![\w:{{\[])",
+                          rf"last_over_time(\g<0>[{_duration(_read_window(tier))}])", expr)
     return expr
 
 

@@ -97,6 +97,12 @@ def _tagged_sum(metrics: tuple[str, ...], fn: str, window: str, by: str,
     return f"sum by ({by}) ({parts})"
 
 
+def _sparse_sums(fn: str, window: str, *names: tuple[str, ...]) -> str:
+    """Several error counters of a GPU summed (``_tagged_sum``), under their pre-4.9 or 4.9
+    names (one tuple each), non-zero only."""
+    return _sparse(*(_tagged_sum(n, fn, window, DCGM_SERIES, sparse=True) for n in names))
+
+
 def xid_rules() -> list[Recording]:
     """XID events of the last 10-15 minutes, per GPU and code (fast tier).
 
@@ -162,20 +168,18 @@ def dcgm_wear_rules() -> list[Recording]:
     return [
         Recording(s.PCIE_REPLAY_RATE, _sparse(_rate("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "10m"),
                                               _rate("DCGM_FI_DEV_PCIE_REPLAY_TOTAL", "10m"))),
-        Recording(s.NVLINK_CRC_RATE, _sparse(
-            _tagged_sum(("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
-                         "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL"), "rate", "10m",
-                        DCGM_SERIES, sparse=True),
-            _tagged_sum(("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_TOTAL",
-                         "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_TOTAL"), "rate", "10m",
-                        DCGM_SERIES, sparse=True))),
-        Recording(s.NVLINK_REPLAY_RECOVERY, _sparse(
-            _tagged_sum(("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
-                         "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL"), "increase", "10m",
-                        DCGM_SERIES, sparse=True),
-            _tagged_sum(("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_TOTAL",
-                         "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_TOTAL"), "increase", "10m",
-                        DCGM_SERIES, sparse=True))),
+        Recording(s.NVLINK_CRC_RATE, _sparse_sums(
+            "rate", "10m",
+            ("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+             "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL"),
+            ("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_TOTAL",
+             "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_TOTAL"))),
+        Recording(s.NVLINK_REPLAY_RECOVERY, _sparse_sums(
+            "increase", "10m",
+            ("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+             "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL"),
+            ("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_TOTAL",
+             "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_TOTAL"))),
         Recording(s.ECC_DBE, _sparse(_rate("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "10m", "increase"))),
         Recording(s.ECC_SBE, _sparse(_rate("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "10m", "increase"))),
         Recording(s.RETIRED_PAGES, _sparse(
@@ -197,7 +201,7 @@ def target_map_rules() -> list[Recording]:
 
     node_exporter names its host in ``node_uname_info``; a dcgm-exporter target in the host
     label of its GPUs 0 and 1 (two GPUs, so one fallen off the bus does not hide the host, and
-    an eighth of the GPU series to read). The hour's memory lets a target that went down or
+    a quarter of an 8-GPU host's series to read). The hour's memory lets a target that went down or
     vanished still name its host; the result carries the ``exporter`` it maps. A target is gone
     when the hour knew one for the host and exporter and none is scraped now (removed from
     discovery); that matters only on a host a run is on. Per host, so a target that moved to a

@@ -153,7 +153,8 @@ def stack(tmp_path_factory) -> Iterator[tuple[Cluster, str]]:
     with serve(cluster) as sim:
         rules = []
         for path in RULE_FILES:
-            # the slower tiers (3 and 4 minutes) evaluate every 3 and 4 s, next to the 1 s tier
+            # the slower tiers (3, 4 and 8 minutes) evaluate every 3, 4 and 8 s, next to the 1 s
+            # tier
             rules.append(workdir / path.name)
             rules[-1].write_text(scale_rules(path.read_text(), 1.0, interval_scale=1 / 60))
         config = prometheus_config(sim.address, cluster.hosts, interval="1s",

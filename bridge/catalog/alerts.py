@@ -107,10 +107,14 @@ def _xid(cls: XidClass) -> str:
 
 _XID_DESC = (f"XID {{{{ $labels.xid }}}} on {_WHERE_GPU} "
              "({{ $value }} event(s) in the last 10-15 minutes).")
-_DOWN = f"({s.TARGET_DOWN} or ({s.TARGET_VANISHED} * 0))"
-_NODE_EXPORTER = f'{{{s.TARGET_LABEL}="node_exporter"}}'
-_DOWN_NODE = (f"({s.TARGET_DOWN}{_NODE_EXPORTER} "
-              f"or ({s.TARGET_VANISHED}{_NODE_EXPORTER} * 0))")
+
+
+def _down(selector: str = "") -> str:
+    """Hosts whose telemetry target is down now or gone within the hour (value 0, as ``up``)."""
+    return f"({s.TARGET_DOWN}{selector} or ({s.TARGET_VANISHED}{selector} * 0))"
+
+
+_DOWN, _DOWN_NODE = _down(), _down(f'{{{s.TARGET_LABEL}="node_exporter"}}')
 _H, _T, _I = "gpu_hardware", "gpu_thermal", "gpu_interconnect"
 _HW, _DEG, _LINK = CauseClass.HARDWARE, CauseClass.DEGRADATION, CauseClass.LINK_LOSS
 _CHECKPOINT = ("Restart the job from its last checkpoint on healthy nodes; exclude this node "

@@ -97,7 +97,7 @@ class Case:
     def as_dict(self, cfg: dict[str, Any]) -> dict[str, Any]:
         """The promtool test entry."""
         d = ALERTS[self.alert]
-        static = generate._alert(d, cfg)
+        static = generate._alert(d, cfg, generate.record_tiers(cfg["violation_unit"]))
         exp = []
         for e in self.expect:
             ann = dict(static["annotations"])
