@@ -5,7 +5,8 @@ row per run, and a projection writes the run's whole current state (tags, notes 
 markers), so later changes are folded into the next flush and per-run order cannot be violated.
 Transient failures back off exponentially with jitter, at least as long as ``Retry-After`` asks,
 and pause the whole worker (W&B being down is not a per-run problem, so no retry storm); permanent
-failures park the run, counted and visible, without blocking other runs.
+failures, and anything else one run's rendering or delivery raises, park that run, counted and
+visible, without blocking other runs.
 """
 
 from __future__ import annotations
@@ -110,7 +111,12 @@ class DeliveryWorker:
         """Attribute, deliver what is due, refresh gauges, purge old data. Returns deliveries."""
         now = self.clock()
         if self.lookup is not None:
-            self._attribute(now)
+            try:
+                self._attribute(now)
+            except StoreError:
+                raise
+            except Exception:  # a bad lookup must not stop delivery of attributed runs
+                log.exception("attribution by Prometheus lookup failed")
         delivered = 0
         if self.client is not None and now >= self.paused_until:
             for row in self.store.due(now, self.policy.flush_interval):
@@ -154,10 +160,15 @@ class DeliveryWorker:
                         extra=log_fields(run=run.path(), error=str(exc), retry_in=round(delay, 1)))
             return False
         except (PermanentError, WandbError) as exc:
-            self.store.park(run, self.clock(), str(exc))
-            self.metrics.deliveries.labels("parked").inc()
+            self._park(run, exc, str(exc))
             log.error("W&B delivery failed permanently, parked",
                       extra=log_fields(run=run.path(), error=str(exc)))
+            return True
+        except StoreError:
+            raise
+        except Exception as exc:  # a bug or poison data in one run must not stop the others
+            self._park(run, exc, f"internal error: {type(exc).__name__}: {exc}")
+            log.exception("delivery of one run raised, parked", extra=log_fields(run=run.path()))
             return True
         finally:
             self.metrics.wandb_calls.inc(self.client.calls - calls_before)
@@ -170,6 +181,12 @@ class DeliveryWorker:
         self.metrics.deliveries.labels("ok").inc()
         self.metrics.last_success.set(now)
         return True
+
+    def _park(self, run: RunKey, exc: Exception, reason: str) -> None:
+        """Park a run with its reason (shown in /runs); new alerts for it unpark it."""
+        self.store.park(run, self.clock(), reason)
+        self.metrics.deliveries.labels("parked").inc()
+        self.metrics.delivery_errors.labels(type(exc).__name__).inc()
 
     def _link_for(self, run: RunKey) -> LinkFn:
         def link(fact: AlertFact, start: datetime, end: datetime | None) -> str:

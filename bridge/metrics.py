@@ -33,6 +33,10 @@ class BridgeMetrics:
         self.deliveries = Counter(PREFIX + "deliveries_total",
                                   "Run projections to W&B by outcome (ok, transient, parked).",
                                   ["outcome"], registry=r)
+        self.delivery_errors = Counter(PREFIX + "delivery_errors_total",
+                                       "Run projections that failed and parked the run, by "
+                                       "error class (the reason is in /runs).", ["error"],
+                                       registry=r)
         self.wandb_calls = Counter(PREFIX + "wandb_calls_total",
                                    "GraphQL requests sent to W&B.", registry=r)
         self.markers = Counter(PREFIX + "markers_written_total",

@@ -3,6 +3,11 @@
 Validation is strict on what the bridge relies on (types of ``alerts``, ``labels``, ``status``,
 ``startsAt``, ``fingerprint``) and lenient on the rest: unknown fields are ignored, so newer
 Alertmanager versions keep working. A ``PayloadError`` carries the reason a 400 reports.
+
+Bounds are checked here, at the door, so nothing downstream (date arithmetic, ``int()`` on panel
+ids, SQLite text ordering) can raise on stored data: timestamps lie in years 2000-2100, ``endsAt``
+is Go's zero value or not before ``startsAt``, panel ids are ASCII digits, and every pattern must
+match the whole value (``fullmatch``: ``$`` would accept a trailing newline).
 """
 
 from __future__ import annotations
@@ -13,12 +18,18 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from bridge.catalog.vocabulary import ANNOTATION_PANEL_ID
+
 MAX_ALERTS = 100_000
 MAX_LABEL_BYTES = 64 * 1024
-_FINGERPRINT = re.compile(r"^[0-9a-fA-F]{1,64}$")
+MIN_YEAR, MAX_YEAR = 2000, 2100
+ZERO_TIME = datetime(1, 1, 1, tzinfo=UTC)
+_FINGERPRINT = re.compile(r"[0-9a-fA-F]{1,64}")
+_PANEL_ID = re.compile(r"[0-9]{1,9}")
 _TIMESTAMP = re.compile(
-    r"^(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(\.\d+)?(Z|z|[+-]\d{2}:\d{2})$"
+    r"(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(\.\d+)?(Z|z|[+-]\d{2}:\d{2})"
 )
+_ZERO_TIME = re.compile(r"0001-01-01[Tt ]00:00:00(\.0+)?(Z|z|\+00:00)")
 
 
 class PayloadError(ValueError):
@@ -56,10 +67,11 @@ class Notification:
 
 
 def parse_time(value: object, where: str) -> datetime:
-    """RFC 3339 with any fractional precision (Go emits nanoseconds) -> aware UTC datetime."""
+    """RFC 3339 with any fractional precision (Go emits nanoseconds) -> aware UTC datetime
+    in years 2000-2100 (anything else is a clock or a client gone wrong)."""
     if not isinstance(value, str):
         raise PayloadError(f"{where} must be an RFC 3339 string")
-    m = _TIMESTAMP.match(value)
+    m = _TIMESTAMP.fullmatch(value)
     if not m:
         raise PayloadError(f"{where} is not an RFC 3339 timestamp: {value[:40]!r}")
     year, month, day, hour, minute, second, frac, zone = m.groups()
@@ -67,9 +79,26 @@ def parse_time(value: object, where: str) -> datetime:
     iso = f"{year}-{month}-{day}T{hour}:{minute}:{second}.{micro:06d}"
     iso += "+00:00" if zone in ("Z", "z") else zone
     try:
-        return datetime.fromisoformat(iso).astimezone(UTC)
+        parsed = datetime.fromisoformat(iso).astimezone(UTC)
     except (ValueError, OverflowError) as exc:
         raise PayloadError(f"{where} is out of range: {value[:40]!r}") from exc
+    if not MIN_YEAR <= parsed.year <= MAX_YEAR:
+        raise PayloadError(f"{where} is outside years {MIN_YEAR}-{MAX_YEAR}: {value[:40]!r}")
+    return parsed
+
+
+def _ends_at(value: object, starts_at: datetime, where: str, resolved: bool) -> datetime | None:
+    """``endsAt``: None for Go's zero value (absent or firing), else a time >= ``startsAt``."""
+    if value is None and not resolved:
+        return None
+    if isinstance(value, str) and _ZERO_TIME.fullmatch(value):
+        if resolved:
+            raise PayloadError(f"{where} of a resolved alert must be a real time")
+        return None
+    ends_at = parse_time(value, where)
+    if ends_at < starts_at:
+        raise PayloadError(f"{where} is before startsAt")
+    return ends_at
 
 
 def _string_map(value: object, where: str) -> dict[str, str]:
@@ -101,18 +130,19 @@ def _alert(item: object, index: int) -> Alert:
     if status not in ("firing", "resolved"):
         raise PayloadError(f"{where}.status must be 'firing' or 'resolved'")
     fingerprint = item.get("fingerprint")
-    if not isinstance(fingerprint, str) or not _FINGERPRINT.match(fingerprint):
+    if not isinstance(fingerprint, str) or not _FINGERPRINT.fullmatch(fingerprint):
         raise PayloadError(f"{where}.fingerprint must be a hex string")
     labels = _string_map(item.get("labels"), f"{where}.labels")
     if not labels:
         raise PayloadError(f"{where}.labels must not be empty")
     annotations = _string_map(item.get("annotations"), f"{where}.annotations")
+    panel_id = annotations.get(ANNOTATION_PANEL_ID, "")
+    if panel_id and not _PANEL_ID.fullmatch(panel_id):
+        raise PayloadError(f"{where}.annotations.{ANNOTATION_PANEL_ID} must be ASCII digits")
     starts_at = parse_time(item.get("startsAt"), f"{where}.startsAt")
-    ends_at = None
-    if status == "resolved":
-        ends_at = parse_time(item.get("endsAt"), f"{where}.endsAt")
-    elif item.get("endsAt") is not None:
-        parse_time(item.get("endsAt"), f"{where}.endsAt")
+    ends_at = _ends_at(item.get("endsAt"), starts_at, f"{where}.endsAt", status == "resolved")
+    if status == "firing":
+        ends_at = None
     generator = item.get("generatorURL", "")
     if not isinstance(generator, str):
         raise PayloadError(f"{where}.generatorURL must be a string")

@@ -128,8 +128,10 @@ class QueueStats:
 
 
 def iso(value: datetime) -> str:
-    """Fixed-width UTC text so SQLite orders timestamps correctly."""
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    """Fixed-width UTC text so SQLite orders timestamps correctly (the year zero-padded: glibc's
+    ``%Y`` writes years before 1000 with fewer digits, which ``from_iso`` cannot read back)."""
+    utc = value.astimezone(UTC)
+    return f"{utc.year:04d}" + utc.strftime("-%m-%dT%H:%M:%S.%fZ")
 
 
 def from_iso(value: str) -> datetime:
@@ -406,10 +408,12 @@ class Store:
                                                     "NULL ORDER BY entity, project, run_id")]
 
     def queue_stats(self, now: float) -> QueueStats:
-        """Pending runs, age of the oldest pending change, parked runs."""
+        """Pending runs, age of the oldest pending change, parked runs. Parked runs are not
+        pending (they wait for new alerts), so they never age the backlog."""
         row = self._read(
             "SELECT SUM(dirty_seq > delivered_seq AND parked IS NULL) AS pending, "
-            "MIN(CASE WHEN dirty_seq > delivered_seq THEN pending_since END) AS oldest, "
+            "MIN(CASE WHEN dirty_seq > delivered_seq AND parked IS NULL THEN pending_since "
+            "END) AS oldest, "
             "SUM(parked IS NOT NULL) AS parked FROM outbox")[0]
         oldest = row["oldest"]
         return QueueStats(row["pending"] or 0, 0.0 if oldest is None else max(0.0, now - oldest),

@@ -27,10 +27,11 @@ from bridge.diagnosis import DEFAULT_GAP, AlertFact, diagnose
 from bridge.grafana import GrafanaLinks
 from bridge.identity import UNATTRIBUTED, IdentityReader, RunKey
 from bridge.metrics import BridgeMetrics
-from bridge.pages import run_detail, run_html, run_summary, runs_html
-from bridge.payload import PayloadError, parse_notification
-from bridge.store import Store, StoreError
+from bridge.pages import delivery_status, run_detail, run_html, run_summary, runs_html
+from bridge.payload import Notification, PayloadError, parse_notification
+from bridge.store import OutboxRow, Store, StoreError
 from exporter.logsetup import log_fields
+from exporter.sources import NAME_CHARS, RUN_ID_CHARS
 
 log = logging.getLogger(__name__)
 
@@ -96,11 +97,30 @@ def _error(status: int, reason: str, headers: dict[str, str] | None = None) -> w
                              headers=headers)
 
 
+def check_runs(notification: Notification, reader: IdentityReader) -> None:
+    """Reject run addresses the exporter could never have published (``fullmatch``, so a
+    trailing newline or a slash cannot make a second run or an unreachable /runs page)."""
+    for index, alert in enumerate(notification.alerts):
+        run = reader.read(alert.raw).run
+        if run.attributed and not (NAME_CHARS.fullmatch(run.entity)
+                                   and NAME_CHARS.fullmatch(run.project)
+                                   and RUN_ID_CHARS.fullmatch(run.run_id)):
+            raise PayloadError(f"alerts[{index}]: W&B entity, project or run id has invalid "
+                               "characters or length")
+
+
 def _wants_json(request: web.Request) -> bool:
     if request.query.get("format") == "json":
         return True
     accept = request.headers.get("Accept", "")
     return "application/json" in accept and "text/html" not in accept
+
+
+def _broken(run: RunKey, exc: Exception, outbox: OutboxRow | None) -> dict[str, Any]:
+    """What /runs shows for a run whose stored alerts cannot be diagnosed."""
+    return {"entity": run.entity, "project": run.project, "run_id": run.run_id,
+            "error": f"{type(exc).__name__}: {str(exc)[:200]}",
+            "wandb": delivery_status(outbox)}
 
 
 class Handlers:
@@ -136,6 +156,7 @@ class Handlers:
             return _error(400, "could not read the request body")
         try:
             notification = parse_notification(body)
+            check_runs(notification, ctx.reader)
         except PayloadError as exc:
             m.notifications.labels("bad_request").inc()
             return _error(400, str(exc))
@@ -198,19 +219,32 @@ class Handlers:
             if not run.attributed:
                 unattributed = alerts
                 continue
-            diagnosis = diagnose(store.facts(run), self.ctx.incident_gap)
-            rows.append(run_summary(run, diagnosis, alerts, firing, store.outbox(run)))
+            try:
+                diagnosis = diagnose(store.facts(run), self.ctx.incident_gap)
+                rows.append(run_summary(run, diagnosis, alerts, firing, store.outbox(run)))
+            except StoreError:
+                raise
+            except Exception as exc:  # one unreadable run must not hide all the others
+                log.exception("cannot show run", extra=log_fields(run=run.path()))
+                rows.append(_broken(run, exc, store.outbox(run)) | {
+                    "alerts": alerts, "firing": firing, "issues": 0, "open_issues": 0,
+                    "root_cause": None})
         return rows, unattributed
 
     def _run_data(self, run: RunKey) -> dict[str, Any] | None:
-        facts = self.ctx.store.facts(run)
-        if not facts:
-            return None
-
         def link(fact: AlertFact, start: datetime, end: datetime | None) -> str:
             return self.ctx.links.link(fact, run, start, end)
-        diagnosis = diagnose(facts, self.ctx.incident_gap)
-        return run_detail(run, diagnosis, link, self.ctx.store.outbox(run))
+        try:
+            facts = self.ctx.store.facts(run)
+            if not facts:
+                return None
+            return run_detail(run, diagnose(facts, self.ctx.incident_gap), link,
+                              self.ctx.store.outbox(run))
+        except StoreError:
+            raise
+        except Exception as exc:  # shown as the run's error rather than a 500
+            log.exception("cannot show run", extra=log_fields(run=run.path()))
+            return _broken(run, exc, self.ctx.store.outbox(run)) | {"issues": []}
 
     async def runs(self, request: web.Request) -> web.Response:
         """The issues column for every run the bridge knows."""
