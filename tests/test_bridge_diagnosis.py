@@ -151,3 +151,109 @@ def test_issue_starts_at_the_fault_onset_not_when_the_rule_fired():
         odd = alert("GpuThermalViolation", category="gpu_thermal", host="h", run="r2",
                     start=T0, annotations={"for_seconds": bad})
         assert facts([odd])[0].onset == T0, bad
+
+
+def test_a_later_warning_of_a_stronger_class_does_not_become_the_cause():
+    """Issue 13 case 8: a critical InfiniBand link loss stalls every rank; minutes later an
+    unrelated correctable-ECC warning (category gpu_hardware) on another host. Severity counts
+    across classes and a cause cannot start after what it explains."""
+    link = alert("InfinibandLinkDown", category="network", host="h1", run="r", start=T0)
+    stalls = [alert("TrainingStalled", category="workload", host=f"h{i}", run="r",
+                    start=T0 + timedelta(seconds=40), severity="warning") for i in range(1, 9)]
+    ecc = alert("GpuCorrectableEccErrors", category="gpu_hardware", host="h9", gpu="2", run="r",
+                start=T0 + timedelta(minutes=4), severity="warning")
+    diagnosis = diagnose(facts([ecc, *stalls, link]))
+    first, second = diagnosis.issues
+    assert first.root.alertname == "InfinibandLinkDown"
+    assert {c.alertname for c in first.consequences} == {"TrainingStalled"}
+    assert second.root.alertname == "GpuCorrectableEccErrors" and not second.consequences
+    assert "separate issue" in second.reasoning and "cannot be its cause" in second.reasoning
+    assert diagnosis.root_cause is first
+    assert "severity decided" in diagnosis.headline_reason
+    assert diagnosis.ranked == (first, second)
+    # Within the tolerance the warning may lead by time, but severity decides.
+    near = alert("GpuCorrectableEccErrors", category="gpu_hardware", host="h9", gpu="2",
+                 run="r", start=T0 + timedelta(seconds=30), severity="warning")
+    diagnosis = diagnose(facts([near, *stalls, link]))
+    assert [i.root.alertname for i in diagnosis.issues] == ["InfinibandLinkDown",
+                                                            "GpuCorrectableEccErrors"]
+    assert "severity decided" in diagnosis.issues[0].reasoning
+
+
+def test_a_later_cause_never_explains_what_preceded_it():
+    """An earlier thermal warning still firing, then a job-killing XID: two issues; the XID is
+    the run's headline but not the cause of the heat, which started 3 minutes before it."""
+    heat = alert("GpuClocksThrottledThermal", category="gpu_thermal", host="h3", gpu="1",
+                 run="r", start=T0 - timedelta(minutes=3), severity="warning")
+    xid = alert("GpuXidError", category="gpu_hardware", host="h1", gpu="2", run="r", start=T0,
+                extra={"xid": "79"})
+    stall = alert("TrainingStalled", category="workload", host="h2", run="r",
+                  start=T0 + timedelta(seconds=40), severity="warning")
+    diagnosis = diagnose(facts([stall, xid, heat]))
+    assert [i.root.alertname for i in diagnosis.issues] == ["GpuClocksThrottledThermal",
+                                                            "GpuXidError"]
+    heat_issue, xid_issue = diagnosis.issues
+    assert heat_issue.consequences == ()
+    assert [c.alertname for c in xid_issue.consequences] == ["TrainingStalled"]
+    assert diagnosis.root_cause is xid_issue
+    assert diagnosis.ranked[0] is xid_issue
+    assert "GpuXidError on h1 GPU 2 is the most consequential of 2 issues: severity decided" \
+        in diagnosis.headline_reason
+
+
+def test_two_critical_faults_in_reverse_order():
+    """Class decides between two critical faults of the same moment, in any arrival order; a
+    stronger-class fault that began minutes later is a separate issue and the headline."""
+    node = alert("NodeDown", category="node", host="h2", run="r", start=T0)
+    xid = alert("GpuXidError", category="gpu_hardware", host="h1", gpu="0", run="r",
+                start=T0 + timedelta(seconds=20))
+    for order in ([node, xid], [xid, node]):
+        issue, = diagnose(facts(order)).issues
+        assert issue.root.alertname == "GpuXidError"
+        assert "cause class decided" in issue.reasoning
+    late = alert("GpuXidError", category="gpu_hardware", host="h1", gpu="0", run="r",
+                 start=T0 + timedelta(minutes=3))
+    diagnosis = diagnose(facts([late, node]))
+    assert [i.root.alertname for i in diagnosis.issues] == ["NodeDown", "GpuXidError"]
+    assert diagnosis.root_cause.root.alertname == "GpuXidError"
+    assert "cause class decided" in diagnosis.headline_reason
+
+
+def test_same_moment_same_alert_on_several_gpus_is_one_event():
+    """Thermal on GPUs 0-3 of one host at one instant: one root event, not GPU 0 + 3 others."""
+    hot = [alert("GpuTemperatureHigh", category="gpu_thermal", host="gpu-node-065", gpu=str(g),
+                 run="r", start=T0 + timedelta(seconds=g), severity="warning")
+           for g in range(4)]
+    slow = alert("TrainingStraggler", category="workload", host="gpu-node-065", run="r",
+                 start=T0 + timedelta(minutes=1), severity="warning")
+    issue, = diagnose(facts([*hot, slow])).issues
+    assert issue.title == "GpuTemperatureHigh on gpu-node-065 GPUs 0-3"
+    assert [c.alertname for c in issue.consequences] == ["TrainingStraggler"]
+    assert len(issue.peers) == 3
+
+
+def test_severity_ranks_within_a_class():
+    """A critical memory temperature is not a consequence of a same-class warning."""
+    warm = alert("GpuTemperatureHigh", category="gpu_thermal", host="h", gpu="0", run="r",
+                 start=T0, severity="warning")
+    hbm = alert("GpuMemoryTemperatureCritical", category="gpu_thermal", host="h", gpu="0",
+                run="r", start=T0 + timedelta(seconds=30))
+    issue, = diagnose(facts([warm, hbm])).issues
+    assert issue.root.alertname == "GpuMemoryTemperatureCritical"
+    assert "severity decided" in issue.reasoning
+    later = alert("GpuMemoryTemperatureCritical", category="gpu_thermal", host="h", gpu="0",
+                  run="r", start=T0 + timedelta(minutes=4))
+    diagnosis = diagnose(facts([warm, later]))
+    assert [i.root.alertname for i in diagnosis.issues] == ["GpuTemperatureHigh",
+                                                            "GpuMemoryTemperatureCritical"]
+    assert diagnosis.root_cause.root.alertname == "GpuMemoryTemperatureCritical"
+
+
+def test_root_resolved_while_consequences_fire():
+    xid = alert("GpuXidError", category="gpu_hardware", host="h1", gpu="0", run="r", start=T0,
+                end=T0 + timedelta(minutes=2))
+    stall = alert("TrainingStalled", category="workload", host="h2", run="r",
+                  start=T0 + timedelta(seconds=40), severity="warning")
+    issue, = diagnose(facts([xid, stall])).issues
+    assert issue.open and issue.root_ended_at == T0 + timedelta(minutes=2)
+    assert issue.consequences_firing == 1
