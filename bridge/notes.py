@@ -11,6 +11,7 @@ import re
 from collections.abc import Callable
 from datetime import datetime
 
+from bridge.catalog.vocabulary import CauseClass
 from bridge.diagnosis import AlertFact, Diagnosis, Issue
 
 BEGIN = "<!-- wandb-infra-bridge:begin -->"
@@ -63,21 +64,51 @@ def _group_line(facts: list[AlertFact], link: str) -> str:
     return line + (f" ([Grafana]({link}))" if link else "")
 
 
-def _issue_block(n: int, issue: Issue, link_for: LinkFn) -> list[str]:
+def state_text(issue: Issue) -> str:
+    """``open``, ``resolved``, or ``open: root cause resolved at ..., N consequences still
+    firing`` (the fault is gone but the run has not recovered)."""
+    if not issue.open:
+        return "resolved"
+    root_end = issue.root_ended_at
+    if root_end is None:
+        return "open"
+    firing = issue.consequences_firing
+    return (f"open: root cause resolved at {_time(root_end)}, "
+            f"{firing} {'consequence' if firing == 1 else 'consequences'} still firing")
+
+
+def _seen(issue: Issue) -> str:
+    """The run-level effect already visible (a stall or straggler among the consequences), so
+    an impact worded as a risk ("may slow down") is not read as something still to come."""
+    symptoms: dict[str, datetime] = {}
+    for fact in issue.consequences:
+        if fact.cause is CauseClass.SYMPTOM:
+            symptoms[fact.alertname] = min(fact.onset, symptoms.get(fact.alertname, fact.onset))
+    return "; ".join(f"{name} since {_time(when)}" for name, when in sorted(
+        symptoms.items(), key=lambda kv: kv[1]))
+
+
+def _issue_block(n: int, issue: Issue, headline: bool, link_for: LinkFn) -> list[str]:
     root = issue.root
-    state = "open" if issue.open else "resolved"
+    role = "headline" if headline else "separate issue, not the headline"
     link = _url(link_for(root, issue.started_at, issue.ended_at))
     lines = [
-        f"**{n}. {md_escape(root.alertname)} on {md_escape(root.where)}** ({state}, "
+        f"**{n}. {md_escape(issue.title)}** ({role}; {state_text(issue)}; "
         f"{_time(issue.started_at)} to {_time(issue.ended_at)})",
         "",
-        f"- Root cause: {md_escape(root.text('summary') or root.alertname)}",
+        f"- {'Root cause' if headline else 'Cause'}: "
+        f"{md_escape(root.text('summary') or root.alertname)} "
+        f"({md_escape(root.severity or 'unknown severity')})",
     ]
     for key, label in (("description", "What happened"), ("impact", "Impact on this run"),
                        ("remediation", "What to do")):
         if root.text(key):
             lines.append(f"- {label}: {md_escape(root.text(key))}")
-    lines.append(f"- Why this is the root cause: {md_escape(issue.reasoning, 1000)}")
+    seen = _seen(issue)
+    if seen:
+        lines.append(f"- Already seen on this run: {md_escape(seen)}")
+    label = "Why this is the root cause" if headline else "Why this alert leads this issue"
+    lines.append(f"- {label}: {md_escape(issue.reasoning, 1000)}")
     if link:
         lines.append(f"- [Open in Grafana]({link})")
     if issue.consequences:
@@ -93,12 +124,17 @@ def _issue_block(n: int, issue: Issue, link_for: LinkFn) -> list[str]:
 
 
 def render_section(diagnosis: Diagnosis, link_for: LinkFn) -> str:
-    """The delimited notes section (BEGIN..END) for a run's diagnosis."""
+    """The delimited notes section (BEGIN..END): the headline first, then the other issues."""
     lines = [BEGIN, TITLE, ""]
-    if not diagnosis.issues:
+    head = diagnosis.root_cause
+    if head is None:
         lines += ["No infrastructure issues recorded.", ""]
-    for n, issue in enumerate(diagnosis.issues, start=1):
-        lines += _issue_block(n, issue, link_for)
+    else:
+        lines += [f"**Headline: {md_escape(head.title)}** ({state_text(head)})", ""]
+        if diagnosis.headline_reason:
+            lines += [md_escape(diagnosis.headline_reason, 1000), ""]
+    for n, issue in enumerate(diagnosis.ranked, start=1):
+        lines += _issue_block(n, issue, issue is head, link_for)
     lines += ["_Written by wandb-infra-bridge; edit outside this section only._", END]
     return "\n".join(lines)
 

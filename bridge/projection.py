@@ -1,8 +1,9 @@
 """What a run should show in W&B for a diagnosis: tags, summary entries, marker rows. Pure.
 
-Tags: the user's tags first and untouched, then ``infra:<AlertName>`` for every issue, root causes
-first. Summary entries are only written while the run is not running (a live trainer rewrites its
-whole summary). Marker rows carry stable ids so each is written once.
+Tags: the user's tags first and untouched, then ``infra:<AlertName>`` for every issue, the run's
+headline first, then the other root causes, then consequences. Summary entries are only written
+while the run is not running (a live trainer rewrites its whole summary). Marker rows carry
+stable ids so each is written once.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ MAX_TAG = 64
 
 
 def infra_tags(diagnosis: Diagnosis) -> list[str]:
-    """``infra:<AlertName>`` tags, root causes (in issue order) before consequences."""
-    roots = [i.root.alertname for i in diagnosis.issues]
-    rest = [name for i in diagnosis.issues for name in i.alertnames[1:]]
+    """``infra:<AlertName>`` tags: the headline's root cause first, then the other issues' root
+    causes (oldest first), then consequences (the runs table shows the first tags)."""
+    ranked = diagnosis.ranked
+    roots = [i.root.alertname for i in ranked]
+    rest = [name for i in ranked for name in i.alertnames[1:]]
     out: list[str] = []
     for raw in [*roots, *rest]:
         name = " ".join(strip_controls(raw).split())
@@ -38,13 +41,14 @@ def merged_tags(current: tuple[str, ...] | list[str], diagnosis: Diagnosis) -> l
 
 
 def summary_entries(diagnosis: Diagnosis) -> dict[str, Any]:
-    """Summary keys for the runs table: issue counts and the headline root cause."""
-    root = diagnosis.root_cause
+    """Summary keys for the runs table: issue counts and the headline (its root cause)."""
+    head = diagnosis.root_cause
     return {
         "infra/issues": len(diagnosis.issues),
         "infra/open_issues": len(diagnosis.open_issues),
-        "infra/root_cause": "" if root is None else f"{root.root.alertname} on {root.root.where}",
-        "infra/root_cause_alert": "" if root is None else root.root.alertname,
+        "infra/root_cause": "" if head is None else head.title,
+        "infra/root_cause_alert": "" if head is None else head.root.alertname,
+        "infra/root_cause_severity": "" if head is None else head.root.severity,
     }
 
 

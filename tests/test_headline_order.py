@@ -1,0 +1,105 @@
+"""Issue 13: the run's headline first in tags, notes, /runs and summary, on real alert order.
+
+Alerts arrive as Alertmanager delivers them: an earlier unrelated thermal warning in its own
+notification, then a notification whose first alerts are the stalls and whose last is the
+job-killing XID. The W&B stand-in receives the projection.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+
+from bridge.delivery import DeliveryPolicy, DeliveryWorker
+from bridge.diagnosis import diagnose
+from bridge.grafana import GrafanaLinks
+from bridge.identity import IdentityReader, RunKey
+from bridge.metrics import BridgeMetrics
+from bridge.notes import BEGIN
+from bridge.pages import run_summary
+from bridge.payload import parse_notification
+from bridge.store import Store
+from bridge.wandb_client import WandbClient
+from tests.bridge_payloads import T0, alert, notification
+from tests.wandb_standin import WandbStandin
+
+RUN = RunKey("team", "proj", "r1")
+HEAT = alert("GpuClocksThrottledThermal", category="gpu_thermal", host="h3", gpu="1", run="r1",
+             start=T0 - timedelta(minutes=30), severity="warning",
+             annotations={"summary": "Clocks throttled by heat.",
+                          "impact": "The run may slow down soon."})
+STALLS = [alert("TrainingStalled", category="workload", host=f"h{i}", run="r1",
+                start=T0 + timedelta(seconds=40), severity="warning") for i in range(4)]
+XID = alert("GpuXidError", category="gpu_hardware", host="h1", gpu="2", run="r1", start=T0,
+            extra={"xid": "79"}, annotations={"summary": "GPU fell off the bus.",
+                                             "impact": "The whole synchronous job fails."})
+
+
+class Clock:
+    """A controllable clock for the worker's timing decisions."""
+
+    def __init__(self) -> None:
+        self.now = T0.timestamp()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def wb():
+    with WandbStandin() as server:
+        server.add_run("team", "proj", "r1", tags=["mine"], notes="My notes.")
+        yield server
+
+
+def _worker(tmp_path, wb, clock):
+    store = Store(tmp_path / "bridge.sqlite")
+    worker = DeliveryWorker(store, client=WandbClient(wb.url, wb.api_key, timeout=5),
+                            markers=None, links=GrafanaLinks("https://grafana.example"),
+                            metrics=BridgeMetrics(), policy=DeliveryPolicy(flush_interval=0),
+                            clock=clock, seed=1)
+    return store, worker
+
+
+def _ingest(store, alerts, now):
+    body = json.dumps(notification(alerts)).encode()
+    return store.ingest(parse_notification(body), IdentityReader(), now)
+
+
+def test_headline_first_in_tags_notes_runs_column_and_summary(tmp_path, wb):
+    clock = Clock()
+    store, worker = _worker(tmp_path, wb, clock)
+    clock.now = (T0 - timedelta(minutes=29)).timestamp()
+    _ingest(store, [HEAT], clock.now)
+    worker.run_once()
+    assert wb.run("team", "proj", "r1").tags == ["mine", "infra:GpuClocksThrottledThermal"]
+    clock.now = (T0 + timedelta(minutes=1)).timestamp()
+    _ingest(store, [*STALLS, XID, HEAT], clock.now)  # symptoms first, the old warning repeated
+    worker.run_once()
+    run = wb.run("team", "proj", "r1")
+    assert run.tags == ["mine", "infra:GpuXidError", "infra:GpuClocksThrottledThermal",
+                        "infra:TrainingStalled"]
+    section = run.notes[run.notes.index(BEGIN):]
+    assert run.notes.startswith("My notes.")
+    headline = section.index("**Headline: GpuXidError on h1 GPU 2**")
+    assert headline < section.index("**1. GpuXidError on h1 GPU 2** (headline;")
+    assert section.index("**1. GpuXidError") < section.index("**2. GpuClocksThrottledThermal")
+    assert "(separate issue, not the headline;" in section
+    assert section.count("Why this is the root cause") == 1
+    heat_block = section[section.index("**2. GpuClocksThrottledThermal"):]
+    assert "Why this is the root cause" not in heat_block
+    assert "severity decided" in section
+    # The /runs column and, once the run ended, the summary name the same headline.
+    diagnosis = diagnose(store.facts(RUN))
+    row = run_summary(RUN, diagnosis, 6, 6, store.outbox(RUN))
+    assert row["root_cause"] == {"alertname": "GpuXidError", "where": "h1 GPU 2"}
+    assert run.summary == {}, "live run: no summary keys"
+    wb.set_state("team", "proj", "r1", "crashed")
+    clock.now += 400
+    worker.run_once()
+    summary = wb.run("team", "proj", "r1").summary
+    assert summary["infra/root_cause"] == "GpuXidError on h1 GPU 2"
+    assert summary["infra/root_cause_severity"] == "critical"
+    assert summary["infra/issues"] == 2
