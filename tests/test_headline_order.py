@@ -103,3 +103,23 @@ def test_headline_first_in_tags_notes_runs_column_and_summary(tmp_path, wb):
     assert summary["infra/root_cause"] == "GpuXidError on h1 GPU 2"
     assert summary["infra/root_cause_severity"] == "critical"
     assert summary["infra/issues"] == 2
+
+
+def test_root_resolved_while_consequences_fire_is_written_when_it_happens(tmp_path, wb):
+    clock = Clock()
+    store, worker = _worker(tmp_path, wb, clock)
+    clock.now = (T0 + timedelta(minutes=1)).timestamp()
+    _ingest(store, [*STALLS, XID], clock.now)
+    worker.run_once()
+    assert "(headline; open;" in wb.run("team", "proj", "r1").notes
+    upserts = len(wb.calls(operation="BridgeUpsertBucket"))
+    clock.now += 120
+    resolved = {**XID, "status": "resolved",
+                "endsAt": XID["startsAt"].replace("12:00:00", "12:02:00")}
+    _ingest(store, [*STALLS, resolved], clock.now)
+    assert worker.run_once() == 1
+    notes = wb.run("team", "proj", "r1").notes
+    assert len(wb.calls(operation="BridgeUpsertBucket")) == upserts + 1
+    assert ("open: root cause resolved at 2026-11-29 12:02:00 UTC, 4 consequences still "
+            "firing") in notes
+    assert "**Headline: GpuXidError on h1 GPU 2** (open: root cause resolved" in notes
