@@ -22,10 +22,10 @@ from datetime import datetime, timedelta
 from bridge.diagnosis import AlertFact, Diagnosis, diagnose
 from bridge.grafana import GrafanaLinks
 from bridge.identity import PrometheusRunLookup, RunKey
-from bridge.markers import MarkerWriter
+from bridge.markers import MARKER_SETTLE, MISSING_SDK, MarkerWriter
 from bridge.metrics import BridgeMetrics
 from bridge.notes import LinkFn, render_section, replace_section
-from bridge.projection import marker_rows, merged_tags, summary_entries
+from bridge.projection import merged_tags, plan_markers, summary_entries
 from bridge.store import OutboxRow, Store, StoreError
 from bridge.wandb_client import PermanentError, TransientError, WandbClient, WandbError
 from exporter.logsetup import log_fields
@@ -44,6 +44,7 @@ class DeliveryPolicy:
     retention: float = 30 * 86400.0
     notify_critical: bool = False
     incident_gap: float = 600.0
+    marker_settle: float = MARKER_SETTLE
 
 
 def backoff(attempts: int, policy: DeliveryPolicy, retry_after: float | None,
@@ -76,6 +77,7 @@ class DeliveryWorker:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_purge = 0.0
+        self._settle_wake: dict[RunKey, float] = {}
 
     # thread ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -175,6 +177,9 @@ class DeliveryWorker:
         now = self.clock()
         self.consecutive_transient = 0
         next_check = now + self.policy.state_check_interval if state == "running" else None
+        wake = self._settle_wake.pop(run, None)  # a marker waits for its root cause to settle
+        if wake is not None:
+            next_check = wake if next_check is None else min(next_check, wake)
         self.store.delivered(run, row.dirty_seq, now, storage_id=storage_id,
                              run_state=state, summary_seq=summary_seq,
                              next_state_check=next_check)
@@ -217,18 +222,26 @@ class DeliveryWorker:
         return info.storage_id, info.state, summary_seq
 
     def _write_markers(self, run: RunKey, diagnosis: Diagnosis) -> None:
+        """Append settled marker rows (see ``plan_markers``); remember when an unsettled issue
+        will be ready so the run is looked at again then."""
         if self.markers is None:
             return
-        done = self.store.markers(run)
-        todo = [(mid, r) for mid, r in marker_rows(diagnosis) if mid not in done]
-        if not todo:
+        now = self.clock()
+        plan = plan_markers(diagnosis, self.store.markers(run), now, self.policy.marker_settle)
+        if plan.seen:
+            self.store.add_markers(run, plan.seen, now)
+        if plan.wake_at is not None:
+            self._settle_wake[run] = plan.wake_at
+        if not plan.rows:
             return
         try:
-            self.markers.write(run, [r for _, r in todo])
+            self.markers.write(run, [r for _, r in plan.rows])
+        except ImportError as exc:
+            raise PermanentError(f"marker writer: {MISSING_SDK}") from exc
         except Exception as exc:
             raise TransientError(f"marker writer: {type(exc).__name__}: {exc}") from exc
-        self.store.add_markers(run, [mid for mid, _ in todo], self.clock())
-        self.metrics.markers.inc(len(todo))
+        self.store.add_markers(run, [mid for mid, _ in plan.rows], now)
+        self.metrics.markers.inc(len(plan.rows))
 
     def _notify(self, run: RunKey, diagnosis: Diagnosis) -> None:
         if not self.policy.notify_critical or self.client is None:

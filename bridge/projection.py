@@ -3,18 +3,20 @@
 Tags: the user's tags first and untouched, then ``infra:<AlertName>`` for every issue, the run's
 headline first, then the other root causes, then consequences. Summary entries are only written
 while the run is not running (a live trainer rewrites its whole summary). Marker rows carry
-stable ids so each is written once.
+stable ids so each is written once, and wait until the issue's root cause has settled.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from bridge.diagnosis import Diagnosis
+from bridge.diagnosis import Diagnosis, Issue
 from bridge.notes import strip_controls
 
 TAG_PREFIX = "infra:"
 MAX_TAG = 64
+SEEN = "seen"
 
 
 def infra_tags(diagnosis: Diagnosis) -> list[str]:
@@ -52,15 +54,58 @@ def summary_entries(diagnosis: Diagnosis) -> dict[str, Any]:
     }
 
 
-def marker_rows(diagnosis: Diagnosis) -> list[tuple[str, dict[str, Any]]]:
-    """(marker id, history row) for every issue start and end: 1 when it starts, 0 when it ends."""
+@dataclass(frozen=True)
+class MarkerPlan:
+    """What the marker writer should do now for one run."""
+
+    rows: list[tuple[str, dict[str, Any]]]
+    seen: list[str]
+    wake_at: float | None
+
+
+def _seen_id(now: float, issue: Issue) -> str:
+    """Records when the bridge first saw an issue with this root (and the root's name, for an
+    end row if it is superseded): ``seen|<epoch>|<issue key>|<alertname>``."""
+    return f"{SEEN}|{now:.3f}|{issue.key}|{issue.root.alertname}"
+
+
+def _row(name: str, cause: str, value: int, at: float) -> dict[str, Any]:
+    return {"infra/root_cause": name, "infra/cause_class": cause, "infra/issue": value,
+            "_timestamp": at}
+
+
+def plan_markers(diagnosis: Diagnosis, done: set[str], now: float,
+                 settle: float) -> MarkerPlan:
+    """History rows are append-only, so an issue's start row is written only once its root
+    cause has been the same for ``settle`` seconds (a later notification may still bring the
+    real cause); its end row when it ends, and an end row at ``now`` for an issue whose start
+    row was written but which no longer exists (superseded by a better root cause)."""
+    first_seen: dict[str, tuple[float, str]] = {}
+    for marker in done:
+        if marker.startswith(SEEN + "|"):
+            _, at, key, name = marker.split("|", 3)
+            first_seen[key] = (float(at), name)
     rows: list[tuple[str, dict[str, Any]]] = []
+    seen: list[str] = []
+    waits: list[float] = []
     for issue in diagnosis.issues:
-        base = {"infra/root_cause": issue.root.alertname,
-                "infra/cause_class": issue.root.cause.name.lower()}
-        rows.append((f"start:{issue.key}",
-                     {**base, "infra/issue": 1, "_timestamp": issue.started_at.timestamp()}))
-        if issue.ended_at is not None:
-            rows.append((f"end:{issue.key}",
-                         {**base, "infra/issue": 0, "_timestamp": issue.ended_at.timestamp()}))
-    return rows
+        if issue.key not in first_seen:
+            seen.append(_seen_id(now, issue))
+            first_seen[issue.key] = (now, issue.root.alertname)
+        settled_at = first_seen[issue.key][0] + settle
+        if now < settled_at:
+            waits.append(settled_at)
+            continue
+        name, cause = issue.root.alertname, issue.root.cause.name.lower()
+        if f"start:{issue.key}" not in done:
+            start = issue.started_at.timestamp()
+            rows.append((f"start:{issue.key}", _row(name, cause, 1, start)))
+        if issue.ended_at is not None and f"end:{issue.key}" not in done:
+            rows.append((f"end:{issue.key}", _row(name, cause, 0, issue.ended_at.timestamp())))
+    current = {issue.key for issue in diagnosis.issues}
+    for marker in sorted(done):
+        key = marker.removeprefix("start:")
+        if marker.startswith("start:") and key not in current and f"end:{key}" not in done:
+            name = first_seen.get(key, (0.0, ""))[1]
+            rows.append((f"end:{key}", {**_row(name, "", 0, now), "infra/superseded": 1}))
+    return MarkerPlan(rows, seen, min(waits) if waits else None)

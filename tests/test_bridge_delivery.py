@@ -203,12 +203,18 @@ def test_notify_critical_once(tmp_path, wb):
 
 
 def test_markers_with_the_real_wandb_sdk(tmp_path, wb):
+    """Rows only once the root cause settled; the writer sends history and nothing it can
+    switch off (no program, code, git, metadata, summary), and never finishes the run."""
+    clock = Clock()
     writer = SdkMarkerWriter(wb.url, wb.api_key, tmp_path / "markers")
-    store, worker = make_worker(tmp_path, wb, markers=writer)
+    store, worker = make_worker(tmp_path, wb, markers=writer, clock=clock, marker_settle=60)
     try:
         ingest(store, [alert("GpuThermalViolation", category="gpu_thermal", host="h1", gpu="1",
                              run="r1", start=T0)])
         worker.run_once()
+        assert wb.run("team", "proj", "r1").history == [], "not settled yet"
+        clock.now += 61
+        assert worker.run_once() == 1, "the run is looked at again once the issue settled"
         run = wb.run("team", "proj", "r1")
         assert [(r["infra/issue"], r["_timestamp"]) for r in run.history] == [
             (1, T0.timestamp())]
@@ -223,5 +229,17 @@ def test_markers_with_the_real_wandb_sdk(tmp_path, wb):
             (1, T0.timestamp()), (0, (T0 + timedelta(minutes=9)).timestamp())]
         assert run.state == "running"
         assert run.notes.startswith("My experiment.")
+        assert run.summary == {"loss": 0.5}, "no wandb-summary.json from the marker writer"
+        sdk = wb.calls(operation="UpsertBucket")
+        assert len(sdk) == 4, "two shared-mode sessions, one per settled change"
+        for call in sdk:
+            sent = {k for k, v in (call.variables or {}).items() if v is not None}
+            assert not sent & {"program", "summaryMetrics", "tags", "notes", "commit", "repo",
+                               "description", "jobType", "host"}, sent
+            assert set(json.loads(call.variables.get("config") or "{}")) <= {"_wandb"}
+        streams = wb.calls(path_prefix="/files/team/proj/r1/file_stream")
+        files = {name for r in streams for name in ((r.body or {}).get("files") or {})}
+        assert files == {"wandb-history.jsonl"}, files
+        assert not [r for r in wb.requests if "metadata" in json.dumps(r.body or {})]
     finally:
         wandb.teardown()
