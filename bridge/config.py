@@ -13,6 +13,7 @@ from typing import Any
 
 from bridge.delivery import DeliveryPolicy
 from bridge.identity import DEFAULT_PATHS
+from bridge.markers import MARKER_SETTLE
 from exporter.configfile import ConfigError, load_config, read_secret
 
 ENV_PREFIX = "WANDB_INFRA_BRIDGE"
@@ -35,6 +36,7 @@ DEFAULTS: dict[str, Any] = {
         "timeout_seconds": 30.0, "markers": True, "notify_critical": False,
         "flush_interval_seconds": 10.0, "backoff_base_seconds": 2.0,
         "backoff_max_seconds": 300.0, "state_check_interval_seconds": 300.0,
+        "marker_settle_seconds": MARKER_SETTLE,
     },
     "grafana": {"base_url": "", "org_id": 1, "window_before_minutes": 30,
                 "window_after_minutes": 30},
@@ -59,6 +61,9 @@ HELP: dict[str, str] = {
     "wandb.base_url": "W&B API base URL (self-managed servers: their URL)",
     "wandb.api_key[_file]": "W&B API key; without it issues stay in the bridge (/runs)",
     "wandb.markers": "write infra/issue history markers with the wandb SDK (shared mode)",
+    "wandb.marker_settle_seconds": "a marker row is written once the issue's root cause has not "
+                                   "changed for this long (history is append-only; default: "
+                                   "Alertmanager group_interval 1 m + 15 s)",
     "wandb.notify_critical": "send NotifyScriptableRunAlert for critical root causes",
     "wandb.flush_interval_seconds": "at most one W&B projection per run per interval",
     "wandb.backoff_{base,max}_seconds": "retry backoff bounds (Retry-After always honoured)",
@@ -146,6 +151,7 @@ def build_config(raw: dict[str, Any], environ: Mapping[str, str] | None = None,
         retention=_number(raw, "store", "retention_days", 0) * 86400,
         notify_critical=bool(wb["notify_critical"]),
         incident_gap=_number(raw, "diagnosis", "incident_gap_minutes", 0) * 60,
+        marker_settle=_number(raw, "wandb", "marker_settle_seconds"),
     )
     cfg = BridgeConfig(
         raw=raw, secrets=secrets, host=str(raw["listen"]["host"]), port=port,
