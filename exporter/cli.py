@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import sys
 from collections.abc import Mapping, Sequence
@@ -51,7 +52,8 @@ Keys (see deploy/exporter.example.yaml for a commented example):
   log_level                   debug|info|warning|error (JSON lines on stderr)
   grace_seconds               how long a failing source keeps its last good mapping (default 300)
   auth.token / auth.token_file  bearer token required by POST/DELETE /v1/runs (file preferred;
-                              "env:NAME" reads an environment variable); unset = no auth
+                              "env:NAME" reads an environment variable); required unless listen
+                              is a loopback address or registrations are disabled
   registrations.enabled       accept POST /v1/runs (default true)
   registrations.default_ttl_seconds / max_ttl_seconds / max_entries
   hostnames.strip_domain      gpu01.example.com -> gpu01 (default true)
@@ -78,6 +80,26 @@ def parse_listen(value: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
         raise ConfigError(f"listen must be host:port, got {value!r}")
     return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def is_loopback(host: str) -> bool:
+    """True when only this machine can connect to ``host`` (127.0.0.0/8, ::1, localhost)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def require_token(listen: str, token: str | None, registrations: bool) -> None:
+    """Refuse an open registration API off loopback: anyone reaching it could register a fake
+    run on a faulty host (the bridge then writes issues into it) or delete real ones."""
+    host, _ = parse_listen(listen)
+    if registrations and not token and not is_loopback(host):
+        raise ConfigError(f"no auth.token[_file] while the registration API listens on {listen}; "
+                          "refusing to start. Set auth.token_file, listen on 127.0.0.1, or set "
+                          "registrations.enabled: false")
 
 
 def build_sources(cfg: Mapping[str, Any], secrets: list[str]) -> list[Source]:
@@ -145,6 +167,7 @@ def _build(cfg: Mapping[str, Any]) -> tuple[web.Application, list[str]]:
     for source in sources:
         if not source.interval > 0:
             raise ConfigError(f"source {source.name}: interval_seconds must be > 0")
+    require_token(str(cfg["listen"]), token, bool(reg_cfg.get("enabled", True)))
     app = build_app(registry, store, sources, token=token, default_ttl=default_ttl,
                     max_ttl=max_ttl, registrations=bool(reg_cfg.get("enabled", True)))
     return app, secrets

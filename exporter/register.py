@@ -44,7 +44,7 @@ def visible_gpus(environ: Mapping[str, str]) -> list[int | str]:
             continue
         out: list[int | str] = []
         for item in (part.strip() for part in raw.split(",")):
-            if item.isdigit():
+            if item.isascii() and item.isdigit():  # "²".isdigit() is true, int("²") raises
                 out.append(int(item))
             elif item.startswith(("GPU-", "MIG-")):
                 out.append(item)

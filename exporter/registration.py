@@ -24,9 +24,11 @@ from exporter import labels
 from exporter.model import Gpu, RunKey, RunPlacement
 from exporter.sources import NAME_CHARS, RUN_ID_CHARS
 
-HOST_CHARS = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
-UUID_CHARS = re.compile(r"^[A-Za-z0-9][A-Za-z0-9/_.-]{0,127}$")
-LABEL_TEXT = re.compile(r"^[^\x00-\x1f\x7f]{0,256}$")
+# Always applied with ``fullmatch``: ``$`` also matches before a trailing newline, so "run\n" would
+# pass ``match`` and be published as a label value of its own.
+HOST_CHARS = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
+UUID_CHARS = re.compile(r"[A-Za-z0-9][A-Za-z0-9/_.-]{0,127}")
+LABEL_TEXT = re.compile(r"[^\x00-\x1f\x7f]{0,256}")
 MAX_GPUS = 64
 FIELDS = {"entity", "project", "run_id", "hostname", "gpus", "run_name", "run_group",
           "slurm_job_id", "namespace", "pod", "ttl_seconds"}
@@ -49,7 +51,7 @@ def _text(data: Mapping[str, object], name: str, pattern: re.Pattern[str],
         value = str(value)
     if not isinstance(value, str):
         raise RegistrationError(f"'{name}' must be a string, got {type(value).__name__}")
-    if not pattern.match(value):
+    if not pattern.fullmatch(value):
         raise RegistrationError(f"'{name}' has invalid characters or length: {value[:80]!r}")
     return value
 
@@ -80,18 +82,26 @@ def _gpus(raw: object) -> tuple[Gpu, ...]:
                 raise RegistrationError(f"unknown GPU fields: {names}")
             index = _index(item["index"]) if item.get("index") is not None else ""
             uuid = item.get("uuid") or ""
-            if uuid and (not isinstance(uuid, str) or not UUID_CHARS.match(uuid)):
+            if uuid and (not isinstance(uuid, str) or not UUID_CHARS.fullmatch(uuid)):
                 raise RegistrationError(f"GPU uuid is invalid: {str(uuid)[:80]!r}")
             if not index and not uuid:
                 raise RegistrationError("a GPU object needs 'index' or 'uuid'")
             out.append(Gpu(index, uuid))
         elif isinstance(item, str) and item.startswith(("GPU-", "MIG-")):
-            if not UUID_CHARS.match(item):
+            if not UUID_CHARS.fullmatch(item):
                 raise RegistrationError(f"GPU uuid is invalid: {item[:80]!r}")
             out.append(Gpu(uuid=item))
         else:
             out.append(Gpu(index=_index(item)))
     return tuple(dict.fromkeys(out))
+
+
+def run_key(entity: str, project: str, run_id: str) -> RunKey | None:
+    """The run a URL names, when every part is what a registration could have used."""
+    if NAME_CHARS.fullmatch(entity) and NAME_CHARS.fullmatch(project) and RUN_ID_CHARS.fullmatch(
+            run_id):
+        return RunKey(entity, project, run_id)
+    return None
 
 
 def parse_registration(data: object, source: str, default_ttl: float,

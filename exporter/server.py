@@ -21,9 +21,10 @@ from exporter.registration import (
     RegistrationError,
     RegistrationStore,
     parse_registration,
+    run_key,
 )
 from exporter.registry import Registry
-from exporter.sources import Source, valid_run_key
+from exporter.sources import Source
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +105,9 @@ class Api:
         except (ValueError, UnicodeDecodeError) as exc:
             self.registry.count_error(REGISTRATION_SOURCE)
             return _error(400, f"body is not valid JSON: {exc}")
+        except RecursionError:
+            self.registry.count_error(REGISTRATION_SOURCE)
+            return _error(400, "body is nested too deeply")
         try:
             placement, ttl = parse_registration(data, REGISTRATION_SOURCE, self.default_ttl,
                                                 self.max_ttl)
@@ -125,11 +129,11 @@ class Api:
         if not self._authorized(request):
             return _error(401, "missing or wrong bearer token")
         info = request.match_info
-        run = valid_run_key(info["entity"], info["project"], info["run_id"])
+        run = run_key(info["entity"], info["project"], info["run_id"])
         if run is None:
             return _error(400, "entity, project or run_id has invalid characters or length")
         host = request.query.get("hostname")
-        if host is not None and not HOST_CHARS.match(host):
+        if host is not None and not HOST_CHARS.fullmatch(host):
             return _error(400, "'hostname' has invalid characters or length")
         deleted = self.store.delete(run, None if host is None else self.registry.mapper(host))
         log.info("run deregistered", extra=log_fields(run=str(run), host=host, deleted=deleted))

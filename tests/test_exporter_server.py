@@ -215,9 +215,12 @@ def test_cli_help_and_config_errors(tmp_path):
     assert proc.returncode == 2 and "sources.files.directory is required" in proc.stderr
 
 
-def test_example_config_is_valid():
+def test_example_config_is_valid(tmp_path):
     example = Path(__file__).resolve().parent.parent / "deploy" / "exporter.example.yaml"
-    env = {"PATH": "/usr/bin:/bin", "WANDB_INFRA_EXPORTER__SOURCES__SLURM__ENABLED": "true"}
+    token = tmp_path / "token"
+    token.write_text("example-token\n")
+    env = {"PATH": "/usr/bin:/bin", "WANDB_INFRA_EXPORTER__SOURCES__SLURM__ENABLED": "true",
+           "WANDB_INFRA_EXPORTER__AUTH__TOKEN_FILE": str(token)}
     proc = subprocess.run([EXPORTER, "--config", str(example), "--check-config"],
                           capture_output=True, text=True, timeout=30, check=False, env=env)
     assert proc.returncode == 0, proc.stderr

@@ -4,7 +4,9 @@
 # Settings (environment, or the file WANDB_INFRA_EXPORTER_ENV_FILE, default
 # /etc/default/wandb-infra-exporter, sourced when it exists):
 #   WANDB_INFRA_EXPORTER_URL         registration API base URL (default http://127.0.0.1:9842)
-#   WANDB_INFRA_EXPORTER_TOKEN_FILE  file holding the bearer token (optional)
+#   WANDB_INFRA_EXPORTER_TOKEN_FILE  file holding the bearer token (default
+#                                    /etc/wandb-infra-exporter/token; the exporter requires it
+#                                    unless it listens on loopback only)
 #   WANDB_INFRA_EXPORTER_TTL         seconds a registration lives without the epilog (default 7 days)
 #   WANDB_INFRA_EXPORTER_TIMEOUT     curl timeout in seconds (default 5)
 
@@ -25,9 +27,12 @@ else
   exit 0  # this job names no W&B run: nothing to do
 fi
 
-curl_auth=()
-if [ -n "${WANDB_INFRA_EXPORTER_TOKEN_FILE:-}" ] && [ -r "$WANDB_INFRA_EXPORTER_TOKEN_FILE" ]; then
-  curl_auth=(-H "Authorization: Bearer $(tr -d '\r\n' < "$WANDB_INFRA_EXPORTER_TOKEN_FILE")")
-fi
-
 log() { logger -t wandb-infra-exporter "$*" 2>/dev/null || echo "wandb-infra-exporter: $*" >&2; }
+
+token_file="${WANDB_INFRA_EXPORTER_TOKEN_FILE:-/etc/wandb-infra-exporter/token}"
+curl_auth=()
+if [ -r "$token_file" ]; then
+  curl_auth=(-H "Authorization: Bearer $(tr -d '\r\n' < "$token_file")")
+elif [[ ! "$url" =~ ^https?://(127\.[0-9.]+|localhost|\[::1\])(:|/|$) ]]; then
+  log "no readable token file $token_file: $url will refuse the request (401)"
+fi

@@ -1,0 +1,148 @@
+"""The exporter's registration API is closed by default and validates whole values (issue 14)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+from aiohttp import web
+
+from exporter.hostnames import HostnameMapper
+from exporter.registration import RegistrationStore
+from exporter.registry import Registry
+from exporter.server import build_app
+from tests.bridge_payloads import serve_app
+from tests.exporter_process import EXPORTER
+from tests.services import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+TOKEN = "hardening-token-0123456789"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+REG = {"entity": "ent", "project": "proj", "run_id": "run1", "hostname": "gpu01"}
+
+
+def _check(tmp_path: Path, config: dict, env: dict[str, str] | None = None,
+           check: bool = True) -> subprocess.CompletedProcess[str]:
+    path = tmp_path / "exporter.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return subprocess.run([EXPORTER, "--config", str(path), *(["--check-config"] * check)],
+                          capture_output=True, text=True, timeout=30, check=False,
+                          env={"PATH": "/usr/bin:/bin", **(env or {})})
+
+
+@pytest.mark.parametrize("listen", ["0.0.0.0:9842", "[::]:9842", "10.1.2.3:9842",
+                                    "gpu01.example.com:9842", ":9842"])
+def test_open_registration_api_off_loopback_refuses_to_start(tmp_path, listen):
+    for check in (True, False):  # the same one line whether checking or starting
+        proc = _check(tmp_path, {"listen": listen}, check=check)
+        assert proc.returncode == 2
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and "refusing to start" in lines[0], proc.stderr
+        assert "auth.token_file" in lines[0]
+
+
+@pytest.mark.parametrize("config", [
+    {"listen": "127.0.0.1:9842"}, {"listen": "localhost:9842"}, {"listen": "[::1]:9842"},
+    {"listen": "127.0.0.2:9842"},
+    {"listen": "0.0.0.0:9842", "registrations": {"enabled": False}},
+    {"listen": "0.0.0.0:9842", "auth": {"token": "env:EXPORTER_TOKEN"}},
+])
+def test_loopback_a_token_or_no_registration_api_may_start(tmp_path, config):
+    proc = _check(tmp_path, config, env={"EXPORTER_TOKEN": TOKEN})
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_shipped_configs_use_a_token(tmp_path):
+    token = tmp_path / "token"
+    token.write_text(TOKEN + "\n")
+    example = yaml.safe_load((ROOT / "deploy" / "exporter.example.yaml").read_text())
+    assert example["auth"]["token_file"]
+    assert _check(tmp_path, example).returncode == 2  # its token file is not on this machine
+    override = {"WANDB_INFRA_EXPORTER__AUTH__TOKEN_FILE": str(token)}
+    assert _check(tmp_path, example, env=override).returncode == 0
+    docs = list(yaml.safe_load_all((ROOT / "deploy" / "kubernetes" / "exporter.yaml").read_text()))
+    config_map = next(d for d in docs if d["kind"] == "ConfigMap")
+    config = yaml.safe_load(config_map["data"]["exporter.yaml"])
+    token_path = Path(config["auth"]["token_file"])
+    pod = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+    mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    [name] = [n for n, path in mounts.items() if path == str(token_path.parent)]
+    assert volumes[name]["secret"]["secretName"]
+    config.pop("sources")  # the Kubernetes source needs a cluster; the auth check does not
+    assert "cannot read auth token" in _check(tmp_path, config).stderr
+    config["auth"]["token_file"] = str(token)
+    assert _check(tmp_path, config).returncode == 0
+
+
+def test_slurm_scripts_send_the_default_token_file(tmp_path):
+    """prolog/epilog read /etc/wandb-infra-exporter/token unless told otherwise."""
+    common = (ROOT / "deploy" / "slurm" / "common.sh").read_text()
+    assert 'WANDB_INFRA_EXPORTER_TOKEN_FILE:-/etc/wandb-infra-exporter/token' in common
+    seen: list[str] = []
+
+    def app_factory() -> web.Application:
+        async def handler(request: web.Request) -> web.Response:
+            seen.append(request.headers.get("Authorization", ""))
+            return web.json_response({}, status=201)
+        app = web.Application()
+        app.router.add_post("/v1/runs", handler)
+        return app
+
+    token = tmp_path / "token"
+    token.write_text(TOKEN + "\n")
+    with serve_app(app_factory()) as url:
+        env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_COMMENT": "wandb:ent/proj/run1",
+               "SLURMD_NODENAME": "gpu01", "WANDB_INFRA_EXPORTER_URL": url,
+               "WANDB_INFRA_EXPORTER_TOKEN_FILE": str(token),
+               "WANDB_INFRA_EXPORTER_ENV_FILE": str(tmp_path / "none")}
+        subprocess.run(["bash", str(ROOT / "deploy" / "slurm" / "prolog.sh")], env=env,
+                       check=True, timeout=30)
+    assert seen == [f"Bearer {TOKEN}"]
+
+
+@pytest.fixture(scope="module")
+def api():
+    store = RegistrationStore()
+    registry = Registry(HostnameMapper(), grace_seconds=300,
+                        live_sources=[("registrations", store.active)],
+                        live_version=store.version)
+    with serve_app(build_app(registry, store, token=TOKEN), free_port()) as url:
+        yield url, store
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("run_id", "run1\n"), ("entity", "ent\n"), ("project", "proj\n"), ("hostname", "gpu01\n"),
+    ("run_name", "name\n"), ("slurm_job_id", "42\n"), ("gpus", ["GPU-1111\n"]),
+    ("gpus", [{"uuid": "GPU-1111\n"}]), ("gpus", ["\u00b2"]),
+])
+def test_trailing_newlines_and_unicode_digits_are_refused(api, field, value):
+    url, store = api
+    before = len(store)
+    resp = requests.post(url + "/v1/runs", json={**REG, field: value}, headers=AUTH, timeout=5)
+    assert resp.status_code == 400, resp.text
+    assert len(store) == before
+
+
+def test_delete_with_a_trailing_newline_does_not_touch_the_real_run(api):
+    url, store = api
+    assert requests.post(url + "/v1/runs", json={**REG, "run_id": "keep"}, headers=AUTH,
+                         timeout=5).status_code in (200, 201)
+    for path in ("/v1/runs/ent/proj/keep%0A", "/v1/runs/ent%0A/proj/keep",
+                 "/v1/runs/ent/proj/keep?hostname=gpu01%0A"):
+        resp = requests.delete(url + path, headers=AUTH, timeout=5)
+        assert resp.status_code == 400, resp.text
+    assert any(p.run.run_id == "keep" for p in store.active())
+
+
+@pytest.mark.parametrize("body", [b"[" * 30_000 + b"]" * 30_000,
+                                  b"{\"a\":" * 10_000 + b"1" + b"}" * 10_000])
+def test_deeply_nested_json_is_a_400_not_a_500(api, body):
+    url, _ = api
+    resp = requests.post(url + "/v1/runs", data=body, timeout=5,
+                         headers={**AUTH, "Content-Type": "application/json"})
+    assert resp.status_code == 400, resp.text
+    assert "nested" in resp.json()["error"]
