@@ -76,26 +76,23 @@ def _row(name: str, cause: str, value: int, at: float) -> dict[str, Any]:
 
 def plan_markers(diagnosis: Diagnosis, done: set[str], now: float,
                  settle: float) -> MarkerPlan:
-    """History rows are append-only, so an issue's start row is written only once its root
-    cause has been the same for ``settle`` seconds (a later notification may still bring the
-    real cause); its end row when it ends, and an end row at ``now`` for an issue whose start
-    row was written but which no longer exists (superseded by a better root cause)."""
+    """History rows are append-only, so nothing is written until the run's issues (their root
+    causes) have been the same for ``settle`` seconds (a later notification may still bring the
+    real cause); then, in one batch, the start rows, the end rows of issues that ended, and an
+    end row at ``now`` for an issue whose start row was written but which no longer exists
+    (superseded by a better root cause)."""
     first_seen: dict[str, tuple[float, str]] = {}
     for marker in done:
         if marker.startswith(SEEN + "|"):
             _, at, key, name = marker.split("|", 3)
             first_seen[key] = (float(at), name)
+    seen = [_seen_id(now, i) for i in diagnosis.issues if i.key not in first_seen]
+    latest = max([first_seen[i.key][0] for i in diagnosis.issues if i.key in first_seen]
+                 + ([now] if seen else []), default=now - settle)
+    if now < latest + settle:
+        return MarkerPlan([], seen, latest + settle)
     rows: list[tuple[str, dict[str, Any]]] = []
-    seen: list[str] = []
-    waits: list[float] = []
     for issue in diagnosis.issues:
-        if issue.key not in first_seen:
-            seen.append(_seen_id(now, issue))
-            first_seen[issue.key] = (now, issue.root.alertname)
-        settled_at = first_seen[issue.key][0] + settle
-        if now < settled_at:
-            waits.append(settled_at)
-            continue
         name, cause = issue.root.alertname, issue.root.cause.name.lower()
         if f"start:{issue.key}" not in done:
             start = issue.started_at.timestamp()
@@ -108,4 +105,4 @@ def plan_markers(diagnosis: Diagnosis, done: set[str], now: float,
         if marker.startswith("start:") and key not in current and f"end:{key}" not in done:
             name = first_seen.get(key, (0.0, ""))[1]
             rows.append((f"end:{key}", {**_row(name, "", 0, now), "infra/superseded": 1}))
-    return MarkerPlan(rows, seen, min(waits) if waits else None)
+    return MarkerPlan(rows, seen, None)
