@@ -76,33 +76,41 @@ def _row(name: str, cause: str, value: int, at: float) -> dict[str, Any]:
 
 def plan_markers(diagnosis: Diagnosis, done: set[str], now: float,
                  settle: float) -> MarkerPlan:
-    """History rows are append-only, so nothing is written until the run's issues (their root
-    causes) have been the same for ``settle`` seconds (a later notification may still bring the
-    real cause); then, in one batch, the start rows, the end rows of issues that ended, and an
-    end row at ``now`` for an issue whose start row was written but which no longer exists
-    (superseded by a better root cause)."""
+    """History rows are append-only, so an issue's rows wait until its root cause has been the
+    same for ``settle`` seconds (a later notification may still bring the real cause), and are
+    batched: written once the run's issues have all settled, or, so a run with ever-new issues
+    still gets markers, once one has waited ``2 * settle``. The batch holds start rows, end rows
+    of issues that ended, and an end row at ``now`` for an issue whose start row was written but
+    which no longer exists (superseded by a better root cause)."""
     first_seen: dict[str, tuple[float, str]] = {}
     for marker in done:
         if marker.startswith(SEEN + "|"):
             _, at, key, name = marker.split("|", 3)
             first_seen[key] = (float(at), name)
     seen = [_seen_id(now, i) for i in diagnosis.issues if i.key not in first_seen]
-    latest = max([first_seen[i.key][0] for i in diagnosis.issues if i.key in first_seen]
-                 + ([now] if seen else []), default=now - settle)
-    if now < latest + settle:
-        return MarkerPlan([], seen, latest + settle)
+    since = {i.key: first_seen[i.key][0] if i.key in first_seen else now
+             for i in diagnosis.issues}
+    pending = [i for i in diagnosis.issues if f"start:{i.key}" not in done
+               or (i.ended_at is not None and f"end:{i.key}" not in done)]
+    settled_at = max(since.values(), default=now - settle) + settle
+    overdue_at = min((since[i.key] + 2 * settle for i in pending), default=settled_at)
+    if now < min(settled_at, overdue_at):
+        return MarkerPlan([], seen, min(settled_at, overdue_at) if pending else None)
     rows: list[tuple[str, dict[str, Any]]] = []
-    for issue in diagnosis.issues:
+    waits: list[float] = []
+    for issue in pending:
+        if now < since[issue.key] + settle:
+            waits.append(since[issue.key] + settle)
+            continue
         name, cause = issue.root.alertname, issue.root.cause.name.lower()
         if f"start:{issue.key}" not in done:
             start = issue.started_at.timestamp()
             rows.append((f"start:{issue.key}", _row(name, cause, 1, start)))
         if issue.ended_at is not None and f"end:{issue.key}" not in done:
             rows.append((f"end:{issue.key}", _row(name, cause, 0, issue.ended_at.timestamp())))
-    current = {issue.key for issue in diagnosis.issues}
     for marker in sorted(done):
         key = marker.removeprefix("start:")
-        if marker.startswith("start:") and key not in current and f"end:{key}" not in done:
+        if marker.startswith("start:") and key not in since and f"end:{key}" not in done:
             name = first_seen.get(key, (0.0, ""))[1]
             rows.append((f"end:{key}", {**_row(name, "", 0, now), "infra/superseded": 1}))
-    return MarkerPlan(rows, seen, None)
+    return MarkerPlan(rows, seen, min(waits) if waits else None)
