@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from bridge.identity import RunKey
+from bridge.wandb_client import PermanentError, TransientError, WandbClient
+from exporter.logsetup import log_fields
 
 log = logging.getLogger(__name__)
 
@@ -29,11 +31,24 @@ MISSING_SDK = ("wandb.markers is on but the wandb package is not installed: "
                "pip install '.[markers]' or set wandb.markers: false")
 
 
-def require_sdk(markers: bool) -> None:
-    """Refuse to start (one line, no traceback) when markers are on without the SDK: every
-    marker write would fail and hold back the run's delivery."""
+def startup_checks(client: WandbClient | None, markers: bool) -> None:
+    """Refuse to start, with one line and no traceback, when W&B delivery could never work:
+    markers on without the SDK (every marker write would fail), or a W&B key that is malformed
+    or refused (every run would be parked with a bare 401). W&B unreachable is not a reason:
+    delivery retries."""
+    if client is None:
+        return
     if markers and importlib.util.find_spec("wandb") is None:
         raise SystemExit(f"wandb-infra-bridge: {MISSING_SDK}")
+    try:
+        entity = client.check_key()
+    except PermanentError as exc:
+        raise SystemExit(f"wandb-infra-bridge: W&B key check failed: {exc}") from None
+    except TransientError as exc:
+        log.warning("W&B not reachable at start; the key is checked by the first delivery",
+                    extra=log_fields(error=str(exc)))
+        return
+    log.info("W&B key accepted", extra=log_fields(entity=entity))
 
 
 class MarkerWriter(Protocol):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import time
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
@@ -20,6 +21,16 @@ import requests
 
 USER_AGENT = "wandb-infra-bridge/0.1"
 PERMANENT_STATUSES = frozenset({400, 401, 403, 404, 405, 409, 410, 413, 422, 501})
+# What a parked run shows in /runs when W&B refused the credentials.
+AUTH_HINTS = {401: "W&B rejected the API key (wrong, revoked or for another server): "
+                   "check wandb.api_key and wandb.base_url",
+              403: "the W&B API key may not write to this project"}
+# The SDK's offline key check (reference/wandb-api.md): a JWT, or an optional ``prefix-`` then
+# at least 40 of ``[\w-]``; W&B answers every other key with 401.
+_JWT = re.compile(r"[^.\s]+\.[^.\s]+\.[^.\s]+")
+_KEY = re.compile(r"(?:[A-Za-z0-9_]+-)?[\w-]{40,}")
+
+VIEWER = "query BridgeViewer { viewer { id entity } }"
 
 RUN_QUERY = """
 query BridgeRun($project: String!, $entity: String!, $name: String!) {
@@ -98,6 +109,7 @@ class WandbClient:
         self.timeout = timeout
         self.session = session or requests.Session()
         self.session.trust_env = False
+        self._key = api_key
         token = base64.b64encode(f"api:{api_key}".encode()).decode()
         self._headers = {"Authorization": f"Basic {token}", "User-Agent": USER_AGENT,
                          "Content-Type": "application/json"}
@@ -120,7 +132,9 @@ class WandbClient:
             raise TransientError(f"{operation}: HTTP {resp.status_code} ({kind})",
                                  parse_retry_after(resp.headers.get("Retry-After")))
         if resp.status_code != 200:
-            raise PermanentError(f"{operation}: HTTP {resp.status_code}")
+            hint = AUTH_HINTS.get(resp.status_code)
+            raise PermanentError(f"{operation}: HTTP {resp.status_code}"
+                                 + (f" ({hint})" if hint else ""))
         try:
             data = resp.json()
         except ValueError as exc:
@@ -135,6 +149,18 @@ class WandbClient:
         if not isinstance(payload, dict):
             raise TransientError(f"{operation}: response without data")
         return payload
+
+    def check_key(self) -> str:
+        """The key's entity, from a ``Viewer`` query; ``PermanentError`` with a one-line reason
+        when the key is malformed or refused (so the bridge says so at start, instead of
+        parking every run later with a bare 401)."""
+        if not (_JWT.fullmatch(self._key) or _KEY.fullmatch(self._key)):
+            raise PermanentError("the W&B API key is malformed (expected 40+ letters, digits, "
+                                 "'_' or '-', optionally after a 'prefix-'; or a JWT)")
+        viewer = self._post(VIEWER, {}, "BridgeViewer").get("viewer")
+        if not viewer:
+            raise PermanentError(f"{AUTH_HINTS[401]} (no viewer for this key)")
+        return str(viewer.get("entity") or "")
 
     def find_run(self, entity: str, project: str, run_id: str) -> RunInfo:
         """The run's storage id, state, tags, notes and summary; ``PermanentError`` if absent."""
