@@ -19,14 +19,15 @@ from exporter.configfile import ConfigError, load_config, read_secret
 ENV_PREFIX = "WANDB_INFRA_BRIDGE"
 
 DEFAULTS: dict[str, Any] = {
-    "listen": {"host": "127.0.0.1", "port": 9461},
+    "listen": {"host": "127.0.0.1", "port": 9461, "idle_timeout_seconds": 15.0},
     "log_level": "info",
     "auth": {
         "bearer_token": None, "bearer_token_file": None,
         "basic_username": None, "basic_password": None, "basic_password_file": None,
         "public_pages": False,
     },
-    "webhook": {"path": "/alertmanager", "max_body_bytes": 8 * 1024 * 1024},
+    "webhook": {"path": "/alertmanager", "max_body_bytes": 8 * 1024 * 1024,
+                "body_timeout_seconds": 30.0, "max_inflight_bytes": 32 * 1024 * 1024},
     "store": {"path": "bridge-state/bridge.sqlite", "retention_days": 30,
               "min_free_bytes": 16 * 1024 * 1024},
     "identity": dict(DEFAULT_PATHS),
@@ -46,12 +47,17 @@ DEFAULTS: dict[str, Any] = {
 HELP: dict[str, str] = {
     "listen.host": "address to bind (127.0.0.1; use 0.0.0.0 behind a network policy)",
     "listen.port": "TCP port of the webhook, /runs, /metrics, /healthz, /readyz",
+    "listen.idle_timeout_seconds": "a connection that sends no complete request (new or kept "
+                                   "alive) for this long is closed",
     "log_level": "debug, info, warning or error (JSON lines on stderr)",
     "auth.bearer_token[_file]": "token Alertmanager sends as 'Authorization: Bearer'",
     "auth.basic_username / basic_password[_file]": "credentials for Alertmanager basic_auth",
     "auth.public_pages": "serve /runs without credentials (read-only pages)",
     "webhook.path": "path Alertmanager's webhook_configs url points at",
     "webhook.max_body_bytes": "larger notifications get 413",
+    "webhook.body_timeout_seconds": "a body not received within this time gets 408",
+    "webhook.max_inflight_bytes": "bodies being received or stored at once (by Content-Length); "
+                                  "beyond it 503 with Retry-After (one always fits)",
     "store.path": "SQLite file (WAL) holding alerts and the W&B outbox",
     "store.retention_days": "resolved, delivered alerts older than this are deleted",
     "store.min_free_bytes": "/readyz fails when the store's filesystem has less free space",
@@ -100,6 +106,9 @@ class BridgeConfig:
     webhook_path: str
     max_body_bytes: int
     store_path: Path
+    idle_timeout: float
+    body_timeout: float
+    max_inflight_bytes: int
     policy: DeliveryPolicy
     insecure_no_auth: bool = False
 
@@ -157,6 +166,9 @@ def build_config(raw: dict[str, Any], environ: Mapping[str, str] | None = None,
         raw=raw, secrets=secrets, host=str(raw["listen"]["host"]), port=port,
         webhook_path=path, max_body_bytes=int(_number(raw, "webhook", "max_body_bytes", 1024)),
         store_path=Path(str(raw["store"]["path"])), policy=policy,
+        idle_timeout=_number(raw, "listen", "idle_timeout_seconds", 0.1),
+        body_timeout=_number(raw, "webhook", "body_timeout_seconds", 0.1),
+        max_inflight_bytes=int(_number(raw, "webhook", "max_inflight_bytes", 1024)),
         insecure_no_auth=insecure_no_auth,
     )
     if not cfg.auth_enabled and not insecure_no_auth:

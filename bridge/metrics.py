@@ -26,6 +26,9 @@ class BridgeMetrics:
         self.duplicates = Counter(PREFIX + "alerts_duplicate_total",
                                   "Alerts that changed nothing (repeats, HA duplicates).",
                                   registry=r)
+        self.inflight_bytes = Gauge(PREFIX + "inflight_body_bytes",
+                                    "Announced bytes of webhook bodies being received or stored.",
+                                    registry=r)
         self.ack_seconds = Histogram(PREFIX + "ack_seconds",
                                      "Time from request to durable acknowledgement.",
                                      buckets=(.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5,

@@ -27,7 +27,6 @@ log = logging.getLogger(__name__)
 def build(cfg: BridgeConfig) -> BridgeContext:
     """Store, identity reader, W&B client and worker (when a key is configured), app context."""
     raw = cfg.raw
-    cfg.store_path.parent.mkdir(parents=True, exist_ok=True)
     store = Store(cfg.store_path, int(raw["store"]["min_free_bytes"]))
     try:
         store.probe()
@@ -60,13 +59,16 @@ def build(cfg: BridgeConfig) -> BridgeContext:
         webhook_path=cfg.webhook_path, max_body_bytes=cfg.max_body_bytes, worker=worker,
         public_pages=bool(raw["auth"]["public_pages"]),
         incident_gap=timedelta(seconds=cfg.policy.incident_gap),
+        body_timeout=cfg.body_timeout, max_inflight_bytes=cfg.max_inflight_bytes,
     )
 
 
 async def serve(cfg: BridgeConfig, ready: asyncio.Event | None = None) -> None:
     """Serve until SIGTERM or SIGINT, then stop the worker and close cleanly."""
     ctx = build(cfg)
-    runner = web.AppRunner(create_app(ctx), access_log=None)
+    # keepalive_timeout also bounds a new connection that never completes a request (aiohttp
+    # arms it at connect), so idle sockets cannot pile up to the file-descriptor limit.
+    runner = web.AppRunner(create_app(ctx), access_log=None, keepalive_timeout=cfg.idle_timeout)
     await runner.setup()
     site = web.TCPSite(runner, cfg.host, cfg.port)
     await site.start()

@@ -159,8 +159,9 @@ class Store:
         self._local = threading.local()
         self._seq_lock = threading.Lock()
         self._schema_ready = False
-        # A read-only or full disk at start is not fatal: every use retries opening, so the
-        # webhook answers 503 and /readyz fails until the disk is back, then all works again.
+        # A read-only or full disk at start, or a state directory that cannot be created yet,
+        # is not fatal: every use retries opening (and creating the directory), so the webhook
+        # answers 503 and /readyz fails until the disk is back, then all works again.
         with suppress(StoreError):
             self._conn()
 
@@ -168,9 +169,10 @@ class Store:
         conn = getattr(self._local, "conn", None)
         if conn is None:
             try:
+                os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
                 conn = sqlite3.connect(self.path, timeout=10, isolation_level=None,
                                        check_same_thread=True)
-            except sqlite3.Error as exc:
+            except (OSError, sqlite3.Error) as exc:
                 raise StoreError(f"cannot open store {self.path}: {exc}") from exc
             try:
                 conn.row_factory = sqlite3.Row
@@ -218,6 +220,7 @@ class Store:
         Checks the filesystem keeps ``min_free_bytes`` free, then writes and deletes a padded
         row in one transaction, so a full disk (or a page limit) fails here the same way a
         notification would."""
+        self._conn()  # creates the state directory once it can be
         if self.min_free_bytes:
             try:
                 stat = os.statvfs(os.path.dirname(os.path.abspath(self.path)))

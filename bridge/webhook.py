@@ -86,6 +86,8 @@ class BridgeContext:
     worker: DeliveryWorker | None = None
     public_pages: bool = False
     incident_gap: timedelta = DEFAULT_GAP
+    body_timeout: float = 30.0
+    max_inflight_bytes: int = 32 * 1024 * 1024
     write_pool: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="bridge-store-write"))
     read_pool: ThreadPoolExecutor = field(
@@ -128,6 +130,7 @@ class Handlers:
 
     def __init__(self, ctx: BridgeContext) -> None:
         self.ctx = ctx
+        self.inflight_bytes = 0
 
     def _unauthorised(self) -> web.Response:
         return _error(401, "missing or wrong credentials",
@@ -146,8 +149,30 @@ class Handlers:
         if request.content_length is not None and request.content_length > ctx.max_body_bytes:
             m.notifications.labels("too_large").inc()
             return _error(413, f"body larger than {ctx.max_body_bytes} bytes")
+        # A body costs several times its size while parsed and stored, so the bytes in flight
+        # are bounded (by what each request announces); one request always fits.
+        reserved = request.content_length or ctx.max_body_bytes
+        if self.inflight_bytes and self.inflight_bytes + reserved > ctx.max_inflight_bytes:
+            m.notifications.labels("busy").inc()
+            return _error(503, "too many notifications in flight; retry", {"Retry-After": "5"})
+        self.inflight_bytes += reserved
+        m.inflight_bytes.set(self.inflight_bytes)
         try:
-            body = await request.read()
+            return await self._receive(request, start)
+        finally:
+            self.inflight_bytes -= reserved
+            m.inflight_bytes.set(self.inflight_bytes)
+
+    async def _receive(self, request: web.Request, start: float) -> web.Response:
+        """Read (within the body timeout), validate, store durably, acknowledge."""
+        ctx, m = self.ctx, self.ctx.metrics
+        try:
+            body = await asyncio.wait_for(request.read(), ctx.body_timeout)
+        except TimeoutError:
+            m.notifications.labels("body_timeout").inc()
+            resp = _error(408, f"body not received within {ctx.body_timeout:g} s")
+            resp.force_close()
+            return resp
         except web.HTTPRequestEntityTooLarge:
             m.notifications.labels("too_large").inc()
             return _error(413, f"body larger than {ctx.max_body_bytes} bytes")

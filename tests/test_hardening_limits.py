@@ -1,0 +1,106 @@
+"""Connection and memory limits of the real bridge process (issue 14): idle and slow clients are
+cut off, bodies in flight are bounded with 503 + Retry-After, and a state directory that cannot
+be created makes the bridge unready (503) instead of exiting, until it can."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from pathlib import Path
+
+import requests
+
+from demo.processes import wait_for
+from tests.bridge_payloads import TOKEN, alert, notification
+from tests.reliability_bridge import bridge_env, start_bridge
+
+HEADERS = (f"POST /alertmanager HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+           "Content-Type: application/json\r\n")
+
+
+def _closed_by_server(sock: socket.socket, within: float) -> bool:
+    """True when the server closes ``sock`` (EOF or reset) within ``within`` seconds."""
+    sock.settimeout(within)
+    try:
+        while sock.recv(4096):
+            pass
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        return True
+    return True
+
+
+def test_idle_and_half_sent_connections_are_closed(tmp_path: Path):
+    bridge = start_bridge(tmp_path, bridge_env(tmp_path, listen__idle_timeout_seconds="0.5"))
+    try:
+        idle = [socket.create_connection(("127.0.0.1", bridge.port)) for _ in range(200)]
+        partial = [socket.create_connection(("127.0.0.1", bridge.port)) for _ in range(20)]
+        for sock in partial:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # headers never finished
+        assert requests.get(bridge.url + "/healthz", timeout=5).status_code == 200
+        started = time.monotonic()
+        assert all(_closed_by_server(s, 5) for s in idle + partial)
+        assert time.monotonic() - started < 5
+        for sock in idle + partial:
+            sock.close()
+        assert requests.get(bridge.url + "/healthz", timeout=5).status_code == 200
+    finally:
+        bridge.stop()
+
+
+def test_a_body_that_never_arrives_gets_408(tmp_path: Path):
+    bridge = start_bridge(tmp_path, bridge_env(tmp_path, webhook__body_timeout_seconds="0.5"))
+    try:
+        with socket.create_connection(("127.0.0.1", bridge.port), timeout=10) as sock:
+            sock.sendall(HEADERS.encode() + b"Content-Length: 1000\r\n\r\n{\"alerts\":")
+            answer = sock.recv(4096)
+        assert answer.split(b" ", 2)[1] == b"408", answer
+        assert bridge.metrics()['wandb_infra_bridge_notifications_total{outcome="body_timeout"}'] \
+            == 1
+    finally:
+        bridge.stop()
+
+
+def test_bodies_in_flight_are_bounded_with_503_and_retry_after(tmp_path: Path):
+    env = bridge_env(tmp_path, webhook__max_inflight_bytes="300000",
+                     webhook__body_timeout_seconds="3")
+    bridge = start_bridge(tmp_path, env)
+    body = json.dumps(notification([alert("NodeDown", category="node", host="h1",
+                                          run="r1")])).encode()
+    try:
+        with socket.create_connection(("127.0.0.1", bridge.port), timeout=10) as slow:
+            slow.sendall(HEADERS.encode() + b"Content-Length: 200000\r\n\r\n{")
+            wait_for(lambda: bridge.metrics()["wandb_infra_bridge_inflight_body_bytes"]
+                     == 200000, 5, what="the slow body counted in flight")
+            big = body + b" " * (150_000 - len(body))
+            resp = bridge.post(big)
+            assert resp.status_code == 503 and resp.headers["Retry-After"] == "5", resp.text
+            assert bridge.post(body).status_code == 200  # small bodies still fit
+        wait_for(lambda: bridge.metrics()["wandb_infra_bridge_inflight_body_bytes"] == 0, 10,
+                 what="the slow body given up")
+        assert bridge.post(big).status_code == 200
+        m = bridge.metrics()
+        assert m['wandb_infra_bridge_notifications_total{outcome="busy"}'] == 1
+    finally:
+        bridge.stop()
+
+
+def test_state_dir_that_cannot_be_created_is_unready_until_it_can(tmp_path: Path):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file where the state directory's parent should be")
+    env = bridge_env(tmp_path, store__path=str(blocker / "state" / "bridge.sqlite"))
+    bridge = start_bridge(tmp_path, env)
+    body = notification([alert("NodeDown", category="node", host="h1", run="r1")])
+    try:
+        assert requests.get(bridge.url + "/readyz", timeout=10).status_code == 503
+        resp = bridge.post(body)
+        assert resp.status_code == 503 and resp.headers["Retry-After"]
+        blocker.unlink()  # the disk "heals"
+        wait_for(lambda: requests.get(bridge.url + "/readyz", timeout=10).status_code == 200,
+                 10, what="ready once the directory can be created")
+        assert bridge.post(body).json()["new"] == 1
+        assert bridge.proc.poll() is None
+    finally:
+        bridge.stop()
