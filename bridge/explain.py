@@ -23,7 +23,6 @@ import requests
 
 from bridge.catalog import panels as P
 from bridge.catalog.alerts import ALERTS
-from bridge.catalog.vocabulary import ANNOTATION_DASHBOARD_UID, ANNOTATION_PANEL_ID
 from bridge.diagnosis import AlertFact
 from bridge.identity import RunKey
 from bridge.payload import Alert, Notification
@@ -151,11 +150,9 @@ def catalog_annotations(labels: Mapping[str, str]) -> dict[str, str]:
     if "$value" in description:
         description = known.summary
     description = _TEMPLATE.sub(lambda m: labels.get(m.group(1), ""), description)
-    panel = P.PANELS[known.panel]
     return {"summary": known.summary, "description": description, "impact": known.impact,
             "remediation": known.remediation,
-            ANNOTATION_DASHBOARD_UID: (P.NODE if "node" in panel.dashboards else P.RUN).uid,
-            ANNOTATION_PANEL_ID: str(panel.id)}
+            **P.link_annotations(known.scope, known.panel, known.for_seconds)}
 
 
 def _belongs(labels: Mapping[str, str], run: RunKey, placement: Placement) -> bool:

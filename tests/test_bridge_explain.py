@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
+import yaml
 
+from bridge.catalog.alerts import ALERTS
+from bridge.catalog.panels import link_annotations
+from bridge.diagnosis import AlertFact
 from bridge.explain import (
     Placement,
     _belongs,
@@ -17,6 +23,7 @@ from bridge.explain import (
     parse_when,
     pick_step,
 )
+from bridge.grafana import GrafanaLinks
 from bridge.identity import RunKey
 
 RUN = RunKey("e", "p", "r1")
@@ -75,3 +82,27 @@ def test_regex_literal_survives_promql_string_and_re2_escaping():
         unescaped = literal.encode().decode("unicode_escape")
         assert re.fullmatch(unescaped, host)
         assert not re.fullmatch(unescaped, host + "x")
+
+
+def test_live_and_explain_agree_on_onset_and_links_for_every_catalog_alert():
+    """Issue 13: the rules' annotations (what the live bridge receives) and explain's rebuilt
+    ones place every alert identically: same onset, same dashboard, panel and link."""
+    rules_file = Path(__file__).resolve().parents[1] / "alert_rules" / "wandb-infra.rules.yml"
+    live = {r["alert"]: r["annotations"] for g in yaml.safe_load(rules_file.read_text())["groups"]
+            for r in g["rules"] if "alert" in r}
+    assert set(live) == set(ALERTS)
+    links = GrafanaLinks("https://grafana.example")
+    fired = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+    for name, known in ALERTS.items():
+        labels = {"alertname": name, "hostname": "h1", "gpu": "0"}
+        rebuilt = catalog_annotations(labels)
+        assert {k: rebuilt.get(k) for k in ("dashboard_uid", "panel_id", "for_seconds")} == {
+            k: live[name].get(k) for k in ("dashboard_uid", "panel_id", "for_seconds")}, name
+        assert link_annotations(known.scope, known.panel, known.for_seconds).items() <= \
+            live[name].items(), name
+        facts = [AlertFact("f", name, fired, None, known.severity, known.category, "h1", "0",
+                           labels, ann) for ann in (live[name], rebuilt)]
+        assert facts[0].onset == facts[1].onset, name
+        for run in (RUN, RunKey("", "", "")):
+            assert links.link(facts[0], run, fired, None) == links.link(facts[1], run, fired,
+                                                                         None), name

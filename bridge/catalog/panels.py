@@ -8,6 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from bridge.catalog.vocabulary import (
+    ANNOTATION_DASHBOARD_UID,
+    ANNOTATION_FOR_SECONDS,
+    ANNOTATION_PANEL_ID,
+)
 from exporter import labels
 
 
@@ -81,3 +86,15 @@ PANELS: dict[str, Panel] = {
 def panel(key: str) -> Panel:
     """Look up a panel by key; a KeyError here means a catalog entry names a missing panel."""
     return PANELS[key]
+
+
+def link_annotations(scope: str, panel_key: str, for_seconds: int) -> dict[str, str]:
+    """The annotations that place an alert, decided here once for the rules, the live bridge
+    and ``explain``: the dashboard (run-scoped alerts the run dashboard, all others the node
+    dashboard), the panel, and the rule's ``for`` so the issue starts at the fault's onset
+    rather than when the alert fired."""
+    dashboard = RUN if scope == "run" else NODE
+    out = {ANNOTATION_DASHBOARD_UID: dashboard.uid, ANNOTATION_PANEL_ID: str(panel(panel_key).id)}
+    if for_seconds:
+        out[ANNOTATION_FOR_SECONDS] = str(for_seconds)
+    return out
