@@ -14,7 +14,7 @@ from bridge.config import BridgeConfig
 from bridge.delivery import DeliveryWorker
 from bridge.grafana import GrafanaLinks
 from bridge.identity import IdentityReader, PrometheusRunLookup
-from bridge.markers import SdkMarkerWriter
+from bridge.markers import SdkMarkerWriter, startup_checks
 from bridge.metrics import BridgeMetrics
 from bridge.store import Store, StoreError
 from bridge.wandb_client import WandbClient
@@ -50,6 +50,7 @@ def build(cfg: BridgeConfig) -> BridgeContext:
         if wb["markers"]:
             markers = SdkMarkerWriter(str(wb["base_url"]), cfg.secrets.wandb_api_key,
                                       Path(cfg.store_path).parent / "wandb-markers")
+    startup_checks(client, markers is not None)
     worker = DeliveryWorker(store, client=client, markers=markers, links=links,
                             metrics=metrics, policy=cfg.policy, lookup=lookup)
     return BridgeContext(

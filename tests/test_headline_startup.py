@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -80,3 +84,16 @@ def test_a_missing_sdk_at_write_time_parks_with_the_install_hint(tmp_path, wb):
     store.ingest(parse_notification(body.encode()), IdentityReader())
     worker.run_once()
     assert "pip install '.[markers]'" in store.parked()[0].parked
+
+
+def test_serve_refuses_a_malformed_key_in_one_line(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB")}
+    env.update(WANDB_INFRA_BRIDGE__WANDB__API_KEY="short",
+               WANDB_INFRA_BRIDGE__STORE__PATH=str(tmp_path / "state" / "bridge.sqlite"))
+    proc = subprocess.run([str(Path(sys.executable).parent / "wandb-infra-bridge"), "serve",
+                           "--insecure-local-demo", "--port", "0"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines() == [
+        "wandb-infra-bridge: W&B key check failed: the W&B API key is malformed (expected 40+ "
+        "letters, digits, '_' or '-', optionally after a 'prefix-'; or a JWT)"]
