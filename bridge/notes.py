@@ -93,8 +93,8 @@ def _issue_block(n: int, issue: Issue, headline: bool, link_for: LinkFn) -> list
     role = "headline" if headline else "separate issue, not the headline"
     link = _url(link_for(root, issue.started_at, issue.ended_at))
     lines = [
-        f"**{n}. {md_escape(issue.title)}** ({role}; {state_text(issue)}; "
-        f"{_time(issue.started_at)} to {_time(issue.ended_at)})",
+        f"**{n}. {md_escape(issue.title)}** ({state_text(issue)}, "
+        f"{_time(issue.started_at)} to {_time(issue.ended_at)}; {role})",
         "",
         f"- {'Root cause' if headline else 'Cause'}: "
         f"{md_escape(root.text('summary') or root.alertname)} "

@@ -84,9 +84,10 @@ def test_headline_first_in_tags_notes_runs_column_and_summary(tmp_path, wb):
     section = run.notes[run.notes.index(BEGIN):]
     assert run.notes.startswith("My notes.")
     headline = section.index("**Headline: GpuXidError on h1 GPU 2**")
-    assert headline < section.index("**1. GpuXidError on h1 GPU 2** (headline;")
+    assert headline < section.index("**1. GpuXidError on h1 GPU 2** (open, ")
     assert section.index("**1. GpuXidError") < section.index("**2. GpuClocksThrottledThermal")
-    assert "(separate issue, not the headline;" in section
+    assert "to ongoing; headline)" in section
+    assert "to ongoing; separate issue, not the headline)" in section
     assert section.count("Why this is the root cause") == 1
     heat_block = section[section.index("**2. GpuClocksThrottledThermal"):]
     assert "Why this is the root cause" not in heat_block
@@ -111,7 +112,7 @@ def test_root_resolved_while_consequences_fire_is_written_when_it_happens(tmp_pa
     clock.now = (T0 + timedelta(minutes=1)).timestamp()
     _ingest(store, [*STALLS, XID], clock.now)
     worker.run_once()
-    assert "(headline; open;" in wb.run("team", "proj", "r1").notes
+    assert "**1. GpuXidError on h1 GPU 2** (open, " in wb.run("team", "proj", "r1").notes
     upserts = len(wb.calls(operation="BridgeUpsertBucket"))
     clock.now += 120
     resolved = {**XID, "status": "resolved",
