@@ -108,6 +108,10 @@ def run(args: argparse.Namespace) -> int:
     links = GrafanaLinks(args.grafana_url)
     view = run_detail(target, diagnosis,
                       lambda fact, s, e: links.link(fact, target, s, e), None)
+    head = diagnosis.root_cause
+    if head is not None:
+        view["headline"] = {"issue": diagnosis.issues.index(head), "title": head.title,
+                            "reason": diagnosis.headline_reason}
     view["placement"] = {"hosts": sorted(found.placement.hosts),
                          "gpus": {h: sorted(g) for h, g in sorted(found.placement.gpus.items())}}
     if args.post:

@@ -2,7 +2,8 @@
 
 Input is the JSON view the bridge serves at ``/runs/<entity>/<project>/<run_id>``, so the terminal,
 the HTML page and W&B all tell the same story: root cause first, then what it means for the run,
-what to do, the Grafana link, and the consequences grouped by alert.
+what to do, the Grafana link, and the consequences grouped by alert. When the view names the run's
+headline (``explain`` does), the other issues are labelled as separate issues, not root causes.
 """
 
 from __future__ import annotations
@@ -38,16 +39,22 @@ def render_run(view: dict[str, Any]) -> str:
     run = f"{view.get('entity')}/{view.get('project')}/{view.get('run_id')}"
     issues = view.get("issues") or []
     lines = [f"Run {run}: {len(issues)} infrastructure issue(s)"]
+    head = view.get("headline") or {}
+    if head:
+        lines.append(f"  Headline: {head.get('title')}. {head.get('reason') or ''}".rstrip())
     for number, issue in enumerate(issues, 1):
         root = issue["root_cause"]
+        leads = not head or head.get("issue") == number - 1
         where = root.get("hostname") or "unknown host"
         if root.get("gpu"):
             where += f" GPU {root['gpu']}"
         state = "open" if issue.get("open") else f"closed at {issue.get('ended_at')}"
         lines += [
             "",
-            f"  Issue {number} ({state}), started {issue.get('started_at')}",
-            f"    ROOT CAUSE  {root['alertname']} on {where} [{root.get('severity')}, "
+            f"  Issue {number} ({state}), started {issue.get('started_at')}"
+            + ("" if leads else ", a separate issue, not the headline"),
+            f"    {'ROOT CAUSE' if leads else 'CAUSE     '}  {root['alertname']} on {where} "
+            f"[{root.get('severity')}, "
             f"{root.get('category')}]",
             f"    when        {_when(root)}",
             f"    what        {root.get('description') or root.get('summary') or ''}",

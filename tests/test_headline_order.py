@@ -14,12 +14,14 @@ import pytest
 
 from bridge.delivery import DeliveryPolicy, DeliveryWorker
 from bridge.diagnosis import diagnose
+from bridge.explain import as_facts
 from bridge.grafana import GrafanaLinks
 from bridge.identity import IdentityReader, RunKey
 from bridge.metrics import BridgeMetrics
-from bridge.notes import BEGIN
-from bridge.pages import run_summary
+from bridge.notes import BEGIN, render_section
+from bridge.pages import run_detail, run_summary
 from bridge.payload import parse_notification
+from bridge.report import render_run
 from bridge.store import Store
 from bridge.wandb_client import WandbClient
 from tests.bridge_payloads import T0, alert, notification
@@ -124,3 +126,31 @@ def test_root_resolved_while_consequences_fire_is_written_when_it_happens(tmp_pa
     assert ("open: root cause resolved at 2026-11-29 12:02:00 UTC, 4 consequences still "
             "firing") in notes
     assert "**Headline: GpuXidError on h1 GPU 2** (open: root cause resolved" in notes
+
+
+def test_explain_report_names_the_headline_and_never_calls_the_old_warning_a_root_cause():
+    parsed = parse_notification(json.dumps(notification([HEAT, *STALLS, XID])).encode())
+    diagnosis = diagnose(as_facts(parsed.alerts))
+    view = run_detail(RUN, diagnosis, lambda *_: "", None)
+    head = diagnosis.root_cause
+    view["headline"] = {"issue": diagnosis.issues.index(head), "title": head.title,
+                        "reason": diagnosis.headline_reason}
+    text = render_run(view)
+    assert text.splitlines()[1].startswith("  Headline: GpuXidError on h1 GPU 2.")
+    assert "ROOT CAUSE  GpuXidError" in text
+    assert "CAUSE       GpuClocksThrottledThermal" in text
+    assert "ROOT CAUSE  GpuClocksThrottledThermal" not in text
+    assert "a separate issue, not the headline" in text
+
+
+def test_one_event_on_four_gpus_and_impact_already_seen_in_the_notes():
+    hot = [alert("GpuTemperatureHigh", category="gpu_thermal", host="gpu-node-065", gpu=str(g),
+                 run="r1", start=T0, severity="warning") for g in range(4)]
+    slow = alert("TrainingStraggler", category="workload", host="gpu-node-065", run="r1",
+                 start=T0 + timedelta(minutes=1), severity="warning")
+    parsed = parse_notification(json.dumps(notification([*hot, slow])).encode())
+    section = render_section(diagnose(as_facts(parsed.alerts)), lambda *_: "")
+    assert r"**Headline: GpuTemperatureHigh on gpu\-node\-065 GPUs 0\-3**" in section
+    assert "Likely consequences (1 alerts)" in section
+    assert r"Already seen on this run: TrainingStraggler since 2026\-11\-29 12\:01\:00 UTC" \
+        in section
