@@ -261,9 +261,9 @@ def _reasoning(root: AlertFact, peers: list[AlertFact], consequences: list[Alert
     text = ""
     if earlier is not None:
         text = (f"{root.alertname} on {where} began {_minutes(root.onset - earlier.onset)} "
-                f"after {earlier.alertname} on {earlier.where}, so it cannot be its cause (a later "
-                f"alert never causes what preceded it), and a stronger kind or severity than "
-                f"that cause explains, so it is a separate issue. ")
+                f"after {earlier.alertname} on {earlier.where}: it cannot have caused it (a later "
+                f"alert never causes what preceded it), and it is of a stronger kind or "
+                f"severity than that alert can cause, so it is a separate issue. ")
     if not consequences:
         return text + (f"{root.alertname} on {where} is the only alert of this issue, "
                        f"so it is the root cause.")
@@ -275,9 +275,13 @@ def _reasoning(root: AlertFact, peers: list[AlertFact], consequences: list[Alert
     timing = ("started after it" if len(later) == len(consequences)
               else "started with it (within the detection delay of its signal)")
     rival = min(consequences, key=AlertFact.rank_key)
-    decided = (_decider(root, rival) if rival.rank_key() >= root.rank_key()
-               else f"{rival.alertname} is {_severity(rival)} but a symptom, which explains "
-                    f"nothing")
+    if rival.rank_key() < root.rank_key() and rival.strength == root.strength:
+        decided = (f"the driver's diagnosis decided: {rival.alertname} is the same event, "
+                   f"seen by a counter")
+    elif rival.rank_key() < root.rank_key():
+        decided = f"{rival.alertname} is {_severity(rival)} but a symptom, which explains nothing"
+    else:
+        decided = _decider(root, rival)
     why = f"{root.alertname} on {where} is the root cause ({decided})"
     weaker = sorted({c.cause for c in consequences if c.cause > root.cause})
     if weaker:
@@ -289,8 +293,11 @@ def _reasoning(root: AlertFact, peers: list[AlertFact], consequences: list[Alert
     if twins and root.labels.get("xid"):
         why += (f", and it is the driver's own diagnosis (XID {root.labels['xid']}) of the event "
                 f"that {', '.join(twins)} also report")
+    one = len(consequences) == 1
+    kinds = "is of a kind it explains, so it is a likely consequence" if one else \
+        "are of kinds it explains, so they are likely consequences"
     return (f"{text}{why}; the {_plural(len(consequences), 'other alert')} ({shown}){scope} "
-            f"{timing} and are of kinds it explains, so they are likely consequences.")
+            f"{timing} and {kinds}.")
 
 
 def _incidents(facts: list[AlertFact], gap: timedelta) -> list[list[AlertFact]]:
