@@ -19,7 +19,8 @@ from exporter.configfile import ConfigError, load_config, read_secret
 ENV_PREFIX = "WANDB_INFRA_BRIDGE"
 
 DEFAULTS: dict[str, Any] = {
-    "listen": {"host": "127.0.0.1", "port": 9461, "idle_timeout_seconds": 15.0},
+    "listen": {"host": "127.0.0.1", "port": 9461, "idle_timeout_seconds": 15.0,
+               "max_connections": 512},
     "log_level": "info",
     "auth": {
         "bearer_token": None, "bearer_token_file": None,
@@ -49,6 +50,8 @@ HELP: dict[str, str] = {
     "listen.port": "TCP port of the webhook, /runs, /metrics, /healthz, /readyz",
     "listen.idle_timeout_seconds": "a connection that sends no complete request (new or kept "
                                    "alive) for this long is closed",
+    "listen.max_connections": "open connections beyond this (at most half the nofile limit) "
+                              "are closed at once",
     "log_level": "debug, info, warning or error (JSON lines on stderr)",
     "auth.bearer_token[_file]": "token Alertmanager sends as 'Authorization: Bearer'",
     "auth.basic_username / basic_password[_file]": "credentials for Alertmanager basic_auth",
@@ -107,6 +110,7 @@ class BridgeConfig:
     max_body_bytes: int
     store_path: Path
     idle_timeout: float
+    max_connections: int
     body_timeout: float
     max_inflight_bytes: int
     policy: DeliveryPolicy
@@ -167,6 +171,7 @@ def build_config(raw: dict[str, Any], environ: Mapping[str, str] | None = None,
         webhook_path=path, max_body_bytes=int(_number(raw, "webhook", "max_body_bytes", 1024)),
         store_path=Path(str(raw["store"]["path"])), policy=policy,
         idle_timeout=_number(raw, "listen", "idle_timeout_seconds", 0.1),
+        max_connections=int(_number(raw, "listen", "max_connections", 1)),
         body_timeout=_number(raw, "webhook", "body_timeout_seconds", 0.1),
         max_inflight_bytes=int(_number(raw, "webhook", "max_inflight_bytes", 1024)),
         insecure_no_auth=insecure_no_auth,

@@ -26,6 +26,9 @@ class BridgeMetrics:
         self.duplicates = Counter(PREFIX + "alerts_duplicate_total",
                                   "Alerts that changed nothing (repeats, HA duplicates).",
                                   registry=r)
+        self.connections_refused = Counter(PREFIX + "connections_refused_total",
+                                           "Connections closed at once because "
+                                           "listen.max_connections were open.", registry=r)
         self.inflight_bytes = Gauge(PREFIX + "inflight_body_bytes",
                                     "Announced bytes of webhook bodies being received or stored.",
                                     registry=r)

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 import signal
+import time
+from collections import deque
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 
 from bridge.config import BridgeConfig
 from bridge.delivery import DeliveryWorker
@@ -64,6 +69,68 @@ def build(cfg: BridgeConfig) -> BridgeContext:
     )
 
 
+class _Refused(asyncio.Protocol):
+    """A connection beyond the limit: closed at once, so it holds its descriptor for no time."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.abort()
+
+
+class LimitedSite(web.TCPSite):
+    """A TCP site that refuses connections beyond ``limit`` open ones, so a flood of idle
+    sockets can never use up the file descriptors the store and W&B delivery need.
+
+    aiohttp registers a connection only when its ``connection_made`` runs, a loop iteration
+    after the protocol was created, so a burst of accepts is counted as pending until then
+    (pending entries expire after a few seconds, so a lost one cannot lock the door)."""
+
+    def __init__(self, runner: web.AppRunner, host: str, port: int, limit: int,
+                 metrics: BridgeMetrics) -> None:
+        super().__init__(runner, host, port)
+        self.limit = limit
+        self.metrics = metrics
+        self._last_warning = 0.0
+        self._pending: deque[float] = deque()
+
+    def _factory(self) -> Callable[[], asyncio.BaseProtocol]:
+        server = self._runner.server
+        assert server is not None
+        registered = server.connection_made
+
+        def connection_made(handler: RequestHandler, transport: asyncio.Transport) -> None:
+            if self._pending:
+                self._pending.popleft()
+            registered(handler, transport)
+        server.connection_made = connection_made  # type: ignore[method-assign]
+
+        def protocol() -> asyncio.BaseProtocol:
+            now = time.monotonic()
+            while self._pending and now - self._pending[0] > 5:
+                self._pending.popleft()
+            if len(server.connections) + len(self._pending) < self.limit:
+                self._pending.append(now)
+                return server()
+            self.metrics.connections_refused.inc()
+            if time.monotonic() - self._last_warning > 60:  # one line a minute, not per socket
+                self._last_warning = time.monotonic()
+                log.warning("connection limit reached, refusing new connections",
+                            extra=log_fields(limit=self.limit))
+            return _Refused()
+        return protocol
+
+    async def start(self) -> None:
+        """Like ``TCPSite.start`` with the limiting protocol factory."""
+        await web.BaseSite.start(self)
+        self._server = await asyncio.get_running_loop().create_server(
+            self._factory(), self._host, self._port, backlog=self._backlog)
+
+
+def connection_limit(configured: int) -> int:
+    """The configured limit, but at most half the descriptors this process may open."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return configured if soft == resource.RLIM_INFINITY else min(configured, soft // 2)
+
+
 async def serve(cfg: BridgeConfig, ready: asyncio.Event | None = None) -> None:
     """Serve until SIGTERM or SIGINT, then stop the worker and close cleanly."""
     ctx = build(cfg)
@@ -71,7 +138,8 @@ async def serve(cfg: BridgeConfig, ready: asyncio.Event | None = None) -> None:
     # arms it at connect), so idle sockets cannot pile up to the file-descriptor limit.
     runner = web.AppRunner(create_app(ctx), access_log=None, keepalive_timeout=cfg.idle_timeout)
     await runner.setup()
-    site = web.TCPSite(runner, cfg.host, cfg.port)
+    site = LimitedSite(runner, cfg.host, cfg.port, connection_limit(cfg.max_connections),
+                       ctx.metrics)
     await site.start()
     if ctx.worker is not None:
         ctx.worker.start()

@@ -104,3 +104,26 @@ def test_state_dir_that_cannot_be_created_is_unready_until_it_can(tmp_path: Path
         assert bridge.proc.poll() is None
     finally:
         bridge.stop()
+
+
+def test_connections_beyond_the_limit_are_closed_at_once_and_logged_once(tmp_path: Path):
+    env = bridge_env(tmp_path, listen__max_connections="50", listen__idle_timeout_seconds="60")
+    bridge = start_bridge(tmp_path, env)
+    held: list[socket.socket] = []
+    try:
+        for _ in range(300):
+            held.append(socket.create_connection(("127.0.0.1", bridge.port)))
+        kept = 300 - len([s for s in held if _closed_by_server(s, 0.05)])
+        assert 40 <= kept <= 50, kept  # the start-up health check may still hold one
+        descriptors = len(list(Path(f"/proc/{bridge.proc.pid}/fd").iterdir()))
+        assert descriptors < 50 + 30, descriptors
+    finally:
+        for sock in held:
+            sock.close()
+    try:
+        wait_for(lambda: requests.get(bridge.url + "/healthz", timeout=5).status_code == 200, 10,
+                 what="served again once the idle sockets are gone")
+        assert bridge.metrics()["wandb_infra_bridge_connections_refused_total"] >= 250
+        assert bridge.log.read_text().count("connection limit reached") == 1
+    finally:
+        bridge.stop()
