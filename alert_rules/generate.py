@@ -36,6 +36,9 @@ from exporter.configfile import ConfigError, load_config  # noqa: E402
 ENV_PREFIX = "WANDB_INFRA_RULES"
 DEFAULTS: dict[str, Any] = {
     "violation_unit": "ns",
+    # Reduce exporters' FQDN host names to the first label, as the exporter does by default
+    # (its hostnames.strip_domain); turn off only if the exporter keeps domains too.
+    "strip_domain": True,
     "runbook_base": "https://github.com/wandb-infra-issues/wandb-infra-issues/blob/main",
     "group_prefix": "wandb-infra",
     "manifest_name": "wandb-infra-rules",
@@ -59,9 +62,9 @@ DCGM_COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gauge", "Ratio of cycles the tensor (HMMA) pipe is "
      "active."),
     ("DCGM_FI_DEV_THERMAL_VIOLATION", "counter", "Throttling duration due to thermal "
-     "constraints (ns since DCGM 4.1, us before)."),
+     "constraints (ns since DCGM 4.1; us before)."),
     ("DCGM_FI_DEV_POWER_VIOLATION", "counter", "Throttling duration due to power constraints "
-     "(ns since DCGM 4.1, us before)."),
+     "(ns since DCGM 4.1; us before)."),
     ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "gauge", "Current clock event reasons (bitmask)."),
     ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "Total number of PCIe retries."),
     ("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "counter", "NVLink flow-control CRC "
@@ -109,11 +112,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         description="Generate alert_rules/ files and docs/runbook.md from bridge/catalog.",
         epilog=(f"Environment overrides: {ENV_PREFIX}__VIOLATION_UNIT, "
                 f"{ENV_PREFIX}__RUNBOOK_BASE, {ENV_PREFIX}__GROUP_PREFIX, "
-                f"{ENV_PREFIX}__MANIFEST_NAME, {ENV_PREFIX}__MANIFEST_NAMESPACE."))
+                f"{ENV_PREFIX}__MANIFEST_NAME, {ENV_PREFIX}__MANIFEST_NAMESPACE, "
+                f"{ENV_PREFIX}__STRIP_DOMAIN."))
     parser.add_argument("--config", help="YAML file with any of the keys below (lower case)")
     parser.add_argument("--violation-unit", choices=sorted(normalise.VIOLATION_DIVISORS),
                         help="unit of DCGM's *_VIOLATION counters: ns (DCGM >= 4.1, default) "
                              "or us (older DCGM)")
+    parser.add_argument("--strip-domain", action=argparse.BooleanOptionalAction, default=None,
+                        help="reduce exporters' FQDN host names to their first label, as the "
+                             "exporter's hostnames.strip_domain does (default: on)")
     parser.add_argument("--runbook-base", help="URL prefix of this repository; runbook_url is "
                                                "<base>/docs/runbook.md#<alert>")
     parser.add_argument("--group-prefix", help="prefix of the rule group names")
@@ -136,6 +143,8 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
     if cfg["violation_unit"] not in normalise.VIOLATION_DIVISORS:
         raise ConfigError(f"violation_unit must be one of "
                           f"{sorted(normalise.VIOLATION_DIVISORS)}, not {cfg['violation_unit']!r}")
+    if not isinstance(cfg["strip_domain"], bool):
+        raise ConfigError(f"strip_domain must be true or false, not {cfg['strip_domain']!r}")
     for key in ("runbook_base", "group_prefix", "manifest_name", "manifest_namespace"):
         if not isinstance(cfg[key], str) or not cfg[key]:
             raise ConfigError(f"{key} must be a non-empty string")
@@ -215,18 +224,20 @@ def _chunks(rules: list[dict[str, Any]], name: str) -> Iterable[tuple[str, list]
 
 # Recording groups: (name, tier, rules). Order within a group matters (later rules read earlier
 # ones at the same timestamp); across groups, records are read at most one interval late.
-def recording_groups(violation_unit: str) -> list[tuple[str, str | None, list]]:
+def recording_groups(violation_unit: str, strip_domain: bool = True
+                     ) -> list[tuple[str, str | None, list]]:
     """The normalisation groups, each at the tier its alerts' latency allows (``tiers.py``)."""
+    host = normalise.HostKey(strip_domain)
     return [
-        ("normalise-fast", tiers.FAST, normalise.target_rules() + normalise.xid_rules()),
+        ("normalise-fast", tiers.FAST, normalise.target_rules() + normalise.xid_rules(host)),
         ("normalise-gpu", tiers.MEDIUM,
-         normalise.dcgm_telemetry_rules() + normalise.link_down_rules()),
-        ("normalise-stall", tiers.MEDIUM, normalise.stall_rules()),
-        ("normalise-targets", tiers.SLOW, normalise.target_map_rules()),
-        ("normalise-gpu-state", tiers.SLOW, normalise.dcgm_state_rules(violation_unit)),
+         normalise.dcgm_telemetry_rules(host) + normalise.link_down_rules()),
+        ("normalise-stall", tiers.MEDIUM, normalise.stall_rules(host)),
+        ("normalise-targets", tiers.SLOW, normalise.target_map_rules(host)),
+        ("normalise-gpu-state", tiers.SLOW, normalise.dcgm_state_rules(violation_unit, host)),
         ("normalise-node", tiers.SLOW, normalise.node_history_rules()),
-        ("normalise-workload", tiers.SLOW, normalise.workload_history_rules()),
-        ("normalise-gpu-wear", tiers.WEAR, normalise.dcgm_wear_rules()),
+        ("normalise-workload", tiers.SLOW, normalise.workload_history_rules(host)),
+        ("normalise-gpu-wear", tiers.WEAR, normalise.dcgm_wear_rules(host)),
         ("normalise-link-wear", tiers.WEAR, normalise.link_wear_rules()),
     ]
 
@@ -295,7 +306,7 @@ def groups(cfg: dict[str, Any]) -> list[dict[str, Any]]:
     """All rule groups: normalisation first, then one group per alert family."""
     prefix = cfg["group_prefix"]
     out: list[dict[str, Any]] = []
-    for name, tier, rules in recording_groups(cfg["violation_unit"]):
+    for name, tier, rules in recording_groups(cfg["violation_unit"], cfg["strip_domain"]):
         for gname, chunk in _chunks([_recording(r) for r in rules], f"{prefix}-{name}"):
             out.append(_group(gname, tier, chunk))
     by_record = record_tiers(cfg["violation_unit"])
@@ -365,7 +376,12 @@ def counters_text() -> str:
         "# Set NODE_NAME to the node name the run registry uses, so hostnames join.",
         "# Format: DCGM field, Prometheus metric type, help message",
     ]
-    lines += [f"{field}, {kind}, {text}" for field, kind, text in DCGM_COUNTERS]
+    for field, kind, text in DCGM_COUNTERS:
+        # dcgm-exporter reads the file with Go's encoding/csv and exits on any error: a comma adds
+        # a field, a quote in an unquoted field is an error ("bare \" in non-quoted-field").
+        if {",", '"', "\n"} & set(field + kind + text):
+            raise ValueError(f"dcgm counter {field}: no commas, quotes or newlines allowed")
+        lines.append(f"{field}, {kind}, {text}")
     return "\n".join(lines) + "\n"
 
 
@@ -376,7 +392,8 @@ def _md(text: str) -> str:
 def runbook_text(cfg: dict[str, Any]) -> str:
     """docs/runbook.md: one anchored section per alert (with the recording rules its expression
     reads), then the XID table."""
-    records = [r for _, _, rules in recording_groups(cfg["violation_unit"]) for r in rules]
+    records = [r for _, _, rules in recording_groups(cfg["violation_unit"], cfg["strip_domain"])
+               for r in rules]
     out = [
         "<!-- Generated by alert_rules/generate.py from bridge/catalog; do not edit. -->",
         "# Runbook: infrastructure alerts on W&B runs",

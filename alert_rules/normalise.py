@@ -48,31 +48,63 @@ class Recording:
     expr: str
 
 
-def _gpu(inner: str) -> str:
+# A host name whose first label is not all digits (so not an IPv4 address), with a domain: the
+# first label is the host. dcgm-exporter reports Kubernetes node names (``spec.nodeName``, e.g.
+# ``ip-10-0-1-23.us-west-2.compute.internal`` on EKS) and node_exporter the kernel's nodename,
+# both often FQDNs; the exporter strips domains by default, so the rules do the same.
+FQDN = "([^.]*[^0-9.][^.]*)[.].+"
+
+
+@dataclass(frozen=True)
+class HostKey:
+    """How the rules turn an exporter's host label into the canonical ``hostname``.
+
+    ``strip_domain`` must match the exporter's ``hostnames.strip_domain`` (default on), so that
+    telemetry and the join metrics name a host the same way.
+    """
+
+    strip_domain: bool = True
+
+    def canonical(self, expr: str) -> str:
+        """``expr`` with its ``hostname`` label reduced to the canonical key."""
+        if not self.strip_domain:
+            return expr
+        return f'label_replace({expr}, "{L.HOSTNAME}", "$1", "{L.HOSTNAME}", "{FQDN}")'
+
+
+DEFAULT_HOST_KEY = HostKey()
+
+
+def _from_dcgm_host(expr: str, host: HostKey) -> str:
+    """dcgm-exporter's host label, ``Hostname`` (<= 4.8.2) or ``hostname``, as the canonical
+    ``hostname``."""
+    return host.canonical(f'label_replace({expr}, "{L.HOSTNAME}", "$1", "Hostname", "(.+)")')
+
+
+def _gpu(inner: str, host: HostKey) -> str:
     """Rename the dcgm host/UUID labels and collapse duplicates into one series per GPU.
 
     The inner ``max by`` first strips every other label, so the relabelling works on small label
     sets.
     """
-    return (f"max by ({GPU_KEYS}) (label_replace(label_replace("
-            f"max by (Hostname, {L.HOSTNAME}, {L.GPU}, UUID) ({inner}), "
-            f'"{L.HOSTNAME}", "$1", "Hostname", "(.+)"), "{L.GPU_UUID}", "$1", "UUID", "(.+)"))')
+    renamed = _from_dcgm_host(f"max by (Hostname, {L.HOSTNAME}, {L.GPU}, UUID) ({inner})", host)
+    return (f"max by ({GPU_KEYS}) (label_replace("
+            f'{renamed}, "{L.GPU_UUID}", "$1", "UUID", "(.+)"))')
 
 
-def _host_label(inner: str) -> str:
+def _host_label(inner: str, host: HostKey) -> str:
     """dcgm series reduced to (hostname, gpu), whichever host label spelling they carry."""
-    return (f"max by ({L.HOSTNAME}, {L.GPU}) (label_replace("
-            f"max by (Hostname, {L.HOSTNAME}, {L.GPU}) ({inner}), "
-            f'"{L.HOSTNAME}", "$1", "Hostname", "(.+)"))')
+    renamed = _from_dcgm_host(f"max by (Hostname, {L.HOSTNAME}, {L.GPU}) ({inner})", host)
+    return f"max by ({L.HOSTNAME}, {L.GPU}) ({renamed})"
 
 
-def _sparse(*variants: str) -> str:
+def _sparse(host: HostKey, *variants: str) -> str:
     """Error counters: only GPUs with a non-zero value are relabelled and recorded.
 
     Each variant is filtered before the ``or`` and the relabelling, so those touch the handful of
     faulty GPUs instead of every GPU of the cluster.
     """
-    return _gpu(_either(*(f"({v}) > 0" for v in variants)))
+    return _gpu(_either(*(f"({v}) > 0" for v in variants)), host)
 
 
 def _either(*variants: str) -> str:
@@ -97,47 +129,71 @@ def _tagged_sum(metrics: tuple[str, ...], fn: str, window: str, by: str,
     return f"sum by ({by}) ({parts})"
 
 
-def _sparse_sums(fn: str, window: str, *names: tuple[str, ...]) -> str:
+def _sparse_sums(host: HostKey, fn: str, window: str, *names: tuple[str, ...]) -> str:
     """Several error counters of a GPU summed (``_tagged_sum``), under their pre-4.9 or 4.9
     names (one tuple each), non-zero only."""
-    return _sparse(*(_tagged_sum(n, fn, window, DCGM_SERIES, sparse=True) for n in names))
+    return _sparse(host, *(_tagged_sum(n, fn, window, DCGM_SERIES, sparse=True) for n in names))
 
 
-def xid_rules() -> list[Recording]:
+XID_GAUGE = '{__name__=~"DCGM_FI_DEV_XID_ERRORS|DCGM_FI_DEV_XID_ERROR",err_code!="0"}'
+# How long a new XID code stays an event (the record says "recent", the alerts fire on it).
+XID_RECENT = "10m"
+
+
+def _xid_codes(gauge: str, host: HostKey) -> str:
+    """The code each GPU's last-XID gauge holds, as an ``xid`` label, one series per
+    (hostname, gpu, xid) whatever else the series carries.
+
+    ``count_values`` keys on the gauge's value (the code), not on ``err_code``, which versions
+    before 3.3 do not have. Everything volatile is dropped here: Kubernetes pod labels, HPC
+    ``hpc_job``, ``instance``/``job`` of a restarted exporter, the driver version, the
+    ``Hostname``/``hostname`` spelling.
+    """
+    codes = f'count_values by (Hostname, {L.HOSTNAME}, {L.GPU}, UUID) ("xid", {gauge} > 0)'
+    return f"max by ({GPU_KEYS}, xid) (clamp({_gpu_labels(codes, host)}, 1, 1))"
+
+
+def _gpu_labels(expr: str, host: HostKey) -> str:
+    """``expr`` with dcgm's host and UUID labels renamed (no aggregation)."""
+    return f'label_replace({_from_dcgm_host(expr, host)}, "{L.GPU_UUID}", "$1", "UUID", "(.+)")'
+
+
+def xid_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
     """XID events of the last 10-15 minutes, per GPU and code (fast tier).
 
-    ``DCGM_EXP_XID_ERRORS_COUNT`` counts them when enabled. The last-XID gauge carries its code
-    as ``err_code`` (one series per code), so a code that is new within 10 minutes is an event;
-    the ``err_code!="0"`` matcher reads only GPUs that ever had an XID, not the whole cluster.
+    ``DCGM_EXP_XID_ERRORS_COUNT`` counts them when enabled. Otherwise the last-XID gauge is all
+    there is, and it keeps its code until DCGM restarts: an event is a code a GPU holds now and
+    did not hold 10 minutes earlier, compared on (hostname, gpu, xid) only, so a new pod, Slurm
+    job or exporter replica on a GPU with an old XID is not a new event (upstream
+    dcgm-exporter#500). The gauge cannot show the same code again; the counter can. The
+    ``err_code!="0"`` matcher reads only GPUs that ever had an XID, not the whole cluster.
     """
-    last = _either(*(f'{m}{{err_code!="0"}} > 0 unless {m}{{err_code!="0"}} offset 10m'
-                     for m in ("DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_XID_ERROR")))
-    return [Recording(s.XID_EVENTS, _either(
-        f"max by ({GPU_KEYS}, xid) (label_replace(label_replace("
-        "max_over_time(DCGM_EXP_XID_ERRORS_COUNT[10m]) > 0, "
-        f'"{L.HOSTNAME}", "$1", "Hostname", "(.+)"), "{L.GPU_UUID}", "$1", "UUID", "(.+)"))',
-        f"count by ({GPU_KEYS}, xid) (label_replace(label_replace(label_replace("
-        f'{last}, "xid", "$1", "err_code", "(.+)"), '
-        f'"{L.HOSTNAME}", "$1", "Hostname", "(.+)"), "{L.GPU_UUID}", "$1", "UUID", "(.+)"))'))]
+    counts = f"max_over_time(DCGM_EXP_XID_ERRORS_COUNT[{XID_RECENT}]) > 0"
+    counted = f"max by ({GPU_KEYS}, xid) ({_gpu_labels(counts, host)})"
+    gauge_events = (f"{_xid_codes(XID_GAUGE, host)} unless on ({L.HOSTNAME}, {L.GPU}, xid) "
+                    f"{_xid_codes(XID_GAUGE + ' offset ' + XID_RECENT, host)}")
+    return [Recording(s.XID_EVENTS, _either(counted, gauge_events))]
 
 
-def dcgm_telemetry_rules() -> list[Recording]:
+def dcgm_telemetry_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
     """GPUs past a temperature or clock-event threshold (medium tier, sparse).
 
     Temperatures are recorded from the warning threshold up, clock-event bitmasks only with a
     hardware slowdown bit.
     """
     return [
-        Recording(s.GPU_TEMP_HOT, _gpu(s.dcgm_raw(s.DCGM_GPU_TEMP, cut=f" >= {TEMP_WARNING_C}"))),
+        Recording(s.GPU_TEMP_HOT,
+                  _gpu(s.dcgm_raw(s.DCGM_GPU_TEMP, cut=f" >= {TEMP_WARNING_C}"), host)),
         Recording(s.MEMORY_TEMP_HOT,
-                  _gpu(s.dcgm_raw(s.DCGM_MEMORY_TEMP, cut=f" >= {TEMP_WARNING_C}"))),
+                  _gpu(s.dcgm_raw(s.DCGM_MEMORY_TEMP, cut=f" >= {TEMP_WARNING_C}"), host)),
         Recording(s.CLOCK_EVENT_REASONS,
                   _gpu(s.dcgm_raw(s.DCGM_CLOCK_EVENT_REASONS,
-                                  cut=f" >= {CLOCK_BITS_OF_INTEREST}"))),
+                                  cut=f" >= {CLOCK_BITS_OF_INTEREST}"), host)),
     ]
 
 
-def dcgm_state_rules(violation_unit: str) -> list[Recording]:
+def dcgm_state_rules(violation_unit: str, host: HostKey = DEFAULT_HOST_KEY
+                     ) -> list[Recording]:
     """GPU presence and violation rates (slow tier, sparse but for presence).
 
     Presence is the one dense per-GPU record (dashboards list GPUs from it; the host's GPU count
@@ -146,56 +202,58 @@ def dcgm_state_rules(violation_unit: str) -> list[Recording]:
     """
     div = VIOLATION_DIVISORS[violation_unit]
     return [
-        Recording(s.GPU_PRESENT, f"clamp({_gpu(s.dcgm_raw(s.DCGM_GPU_TEMP))}, 1, 1)"),
+        Recording(s.GPU_PRESENT, f"clamp({_gpu(s.dcgm_raw(s.DCGM_GPU_TEMP), host)}, 1, 1)"),
         Recording(s.HOST_GPU_COUNT, f"count by ({L.HOSTNAME}) ({s.GPU_PRESENT})"),
         Recording(s.HOST_GPU_COUNT_DROP,
                   f"max_over_time({s.HOST_GPU_COUNT}[1h]) - {s.HOST_GPU_COUNT} > 0"),
         Recording(s.GPU_VANISHED,
                   f"(max_over_time({s.GPU_PRESENT}[1h]) unless on ({L.HOSTNAME}, {L.GPU}) "
                   f"{s.GPU_PRESENT}) and on ({L.HOSTNAME}) {s.HOST_GPU_COUNT}"),
-        *(Recording(record, f"clamp_max({_sparse(_rate(metric, '5m'))} / {div}, 1)")
+        *(Recording(record, f"clamp_max({_sparse(host, _rate(metric, '5m'))} / {div}, 1)")
           for record, metric in ((s.THERMAL_VIOLATION, "DCGM_FI_DEV_THERMAL_VIOLATION"),
                                  (s.POWER_VIOLATION, "DCGM_FI_DEV_POWER_VIOLATION"))),
     ]
 
 
-def dcgm_wear_rules() -> list[Recording]:
+def dcgm_wear_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
     """Memory and interconnect error counters and health gauges (wear tier, sparse).
 
     Their job-ending forms arrive as XIDs (48, 63/64, 74, 79, 94/95) on the fast path; these
     records say how worn a part is, which 10-minute windows read every 8 minutes still tell.
     """
     return [
-        Recording(s.PCIE_REPLAY_RATE, _sparse(_rate("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "10m"),
+        Recording(s.PCIE_REPLAY_RATE, _sparse(host, _rate("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "10m"),
                                               _rate("DCGM_FI_DEV_PCIE_REPLAY_TOTAL", "10m"))),
         Recording(s.NVLINK_CRC_RATE, _sparse_sums(
-            "rate", "10m",
+            host, "rate", "10m",
             ("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
              "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL"),
             ("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_TOTAL",
              "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_TOTAL"))),
         Recording(s.NVLINK_REPLAY_RECOVERY, _sparse_sums(
-            "increase", "10m",
+            host, "increase", "10m",
             ("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
              "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL"),
             ("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_TOTAL",
              "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_TOTAL"))),
-        Recording(s.ECC_DBE, _sparse(_rate("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "10m", "increase"))),
-        Recording(s.ECC_SBE, _sparse(_rate("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "10m", "increase"))),
+        *(Recording(record, _sparse(host, _rate(metric, "10m", "increase")))
+          for record, metric in ((s.ECC_DBE, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"),
+                                 (s.ECC_SBE, "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"))),
         Recording(s.RETIRED_PAGES, _sparse(
+            host,
             f"sum by ({DCGM_SERIES}) "
-            '(label_replace(DCGM_FI_DEV_RETIRED_SBE > 0, "counter", "sbe", "", "") '
-            'or label_replace(DCGM_FI_DEV_RETIRED_DBE > 0, "counter", "dbe", "", ""))')),
-        Recording(s.RETIRED_PENDING, _sparse("DCGM_FI_DEV_RETIRED_PENDING")),
-        Recording(s.ROW_REMAP_FAILURE, _sparse("DCGM_FI_DEV_ROW_REMAP_FAILURE",
+            f'(label_replace({s.dcgm_raw(s.DCGM_RETIRED_SBE)} > 0, "counter", "sbe", "", "") '
+            f'or label_replace({s.dcgm_raw(s.DCGM_RETIRED_DBE)} > 0, "counter", "dbe", "", ""))')),
+        Recording(s.RETIRED_PENDING, _sparse(host, s.dcgm_raw(s.DCGM_RETIRED_PENDING))),
+        Recording(s.ROW_REMAP_FAILURE, _sparse(host, "DCGM_FI_DEV_ROW_REMAP_FAILURE",
                                                "DCGM_FI_DEV_ROW_REMAP_FAILED")),
-        Recording(s.ROW_REMAP_PENDING, _sparse("DCGM_FI_DEV_ROW_REMAP_PENDING")),
-        Recording(s.UNCORRECTABLE_ROWS, _sparse("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+        Recording(s.ROW_REMAP_PENDING, _sparse(host, "DCGM_FI_DEV_ROW_REMAP_PENDING")),
+        Recording(s.UNCORRECTABLE_ROWS, _sparse(host, "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
                                                 "DCGM_FI_DEV_ROW_REMAP_UNCORRECTABLE_TOTAL")),
     ]
 
 
-def target_map_rules() -> list[Recording]:
+def target_map_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
     """Which host each telemetry target reports, remembered for an hour, and the hosts whose
     target is gone (slow tier).
 
@@ -214,14 +272,17 @@ def target_map_rules() -> list[Recording]:
         for exporter, target in (("node_exporter", s.NODE_EXPORTER_TARGET),
                                  ("dcgm_exporter", s.DCGM_EXPORTER_TARGET)))
     by_host = f"max by ({L.HOSTNAME}, {s.TARGET_LABEL})"
+    uname_host = host.canonical(
+        f'label_replace(node_uname_info, "{L.HOSTNAME}", "$1", "nodename", "(.+)")')
+    dcgm_host = _from_dcgm_host(
+        f"count by (instance, job, Hostname, {L.HOSTNAME}) ({first_gpus})", host)
     return [
         Recording(s.NODE_EXPORTER_TARGET,
                   f"topk by (instance, job) (1, max by (instance, job, {L.HOSTNAME}) "
-                  f'(label_replace(node_uname_info, "{L.HOSTNAME}", "$1", "nodename", "(.+)")))'),
+                  f"({uname_host}))"),
         Recording(s.DCGM_EXPORTER_TARGET,
                   f"topk by (instance, job) (1, clamp_max(count by (instance, job, {L.HOSTNAME}) "
-                  f'(label_replace(count by (instance, job, Hostname, {L.HOSTNAME}) '
-                  f'({first_gpus}), "{L.HOSTNAME}", "$1", "Hostname", "(.+)")), 1))'),
+                  f"({dcgm_host}), 1))"),
         Recording(s.TARGET_HOSTS, targets),
         Recording(s.TARGET_VANISHED,
                   f"({by_host} ({s.TARGET_HOSTS} unless on (instance, job) up) "
@@ -299,7 +360,7 @@ def run_host_rows(hosts: str = "") -> str:
     return f"max by ({L.HOSTNAME}, {RUN}) ({info})"
 
 
-def stall_rules() -> list[Recording]:
+def stall_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
     """Runs that stopped computing on a host while holding its GPUs' memory (medium tier).
 
     Sparse from the start: the GPUs idle with memory held (matched on the raw series, before any
@@ -309,13 +370,20 @@ def stall_rules() -> list[Recording]:
     unknown, alone on the host, holds all of them.
     """
     raw_gpu = "on (Hostname, hostname, gpu)"
+    # MIG: a GPU's instances (GPU_I_ID) are separate series; the GPU counts as stalled only when
+    # none of them computes, since the join metrics do not say which run holds which instance.
+    # The second selector matches MIG series only, so it costs nothing on other clusters.
+    busy_instance = s.dcgm_raw(s.DCGM_TENSOR_ACTIVE, matchers='GPU_I_ID!=""',
+                               cut=f" >= {STALL_ACTIVITY_MAX}")
     idle = (f"({s.dcgm_raw(s.DCGM_TENSOR_ACTIVE, cut=f' < {STALL_ACTIVITY_MAX}')}) and "
-            f"{raw_gpu} ({s.dcgm_raw(s.DCGM_FB_USED, cut=f' > {STALL_FB_MIN_BYTES}')})")
+            "on (Hostname, hostname, gpu, GPU_I_ID) "
+            f"({s.dcgm_raw(s.DCGM_FB_USED, cut=f' > {STALL_FB_MIN_BYTES}')}) "
+            f"unless {raw_gpu} ({busy_instance})")
     rows, stalled = s.RUN_GPUS_STALLED, s.GPU_STALLED
     on_gpu, on_run_host = f"on ({L.HOSTNAME}, {L.GPU})", f"on ({RUN}, {L.HOSTNAME})"
     on_host = f"on ({L.HOSTNAME})"
     return [
-        Recording(stalled, _host_label(idle)),
+        Recording(stalled, _host_label(idle, host)),
         Recording(rows, run_gpu_rows(stalled)),
         Recording(s.RUN_HOST_STALLED, _either(
             f"max by ({RUN}, {L.HOSTNAME}) ({rows} * {on_gpu} group_left () {stalled}) "
@@ -329,25 +397,17 @@ def stall_rules() -> list[Recording]:
     ]
 
 
-def _on_hosts(raw: str, hosts: str) -> str:
-    """Raw dcgm series (either host label spelling) of the hosts in ``hosts`` (a vector with a
-    ``hostname`` label), matched before any relabelling so only those series are processed."""
-    spellings = (f'{hosts} or label_replace(label_replace({hosts}, "Hostname", "$1", '
-                 f'"{L.HOSTNAME}", "(.+)"), "{L.HOSTNAME}", "", "", "")')
-    return f"({raw}) and on (Hostname, {L.HOSTNAME}) ({spellings})"
-
-
-def workload_history_rules() -> list[Recording]:
+def workload_history_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
     """What the workload alerts compare against, over minutes to an hour (slow tier).
 
     GPUs whose tensor pipes stayed idle all hour; the runs whose GPUs are unknown, and those
     alone on their host (they own its GPUs); straggling GPUs. A straggler is more than the gap
     below its run's busiest GPU, so below ``1 - gap`` in any case: those lagging GPUs are found
-    first (sparse), then the GPU rows of their runs, and only the utilisation of those runs'
-    hosts is relabelled and joined.
+    first (sparse), then the GPU rows of their runs; utilisation is relabelled to the canonical
+    host (the exporters' host names may be FQDNs) and kept for those runs' hosts only.
     """
     tensor_idle = _host_label(s.dcgm_raw(s.DCGM_TENSOR_ACTIVE, fn="max_over_time", window="1h",
-                                         cut=f" <= {STALL_PRIOR_ACTIVITY_MIN}"))
+                                         cut=f" <= {STALL_PRIOR_ACTIVITY_MIN}"), host)
 
     def util(cut: str = "") -> str:
         return s.dcgm_raw(s.DCGM_GPU_UTIL, fn="avg_over_time", window="2m", cut=cut)
@@ -364,13 +424,13 @@ def workload_history_rules() -> list[Recording]:
         Recording(unknown, f"max by ({L.HOSTNAME}, {RUN}) ({L.NODE_INFO} "
                            f"unless on ({L.HOSTNAME}, {RUN}) {L.GPU_INFO})"),
         Recording(sole, f"{unknown} and {on_host} (count by ({L.HOSTNAME}) ({unknown}) == 1)"),
-        Recording(lagging, _host_label(util(f" < {1 - STRAGGLER_GAP:g}"))),
+        Recording(lagging, _host_label(util(f" < {1 - STRAGGLER_GAP:g}"), host)),
         Recording(lagging_runs,
                   f"({run_gpu_rows(lagging, f'{L.HOSTNAME}, {L.GPU}')} * {on_gpu} "
                   f"group_left () {lagging}) "
                   f"or ({lagging} * {on_host} group_left ({RUN}) {sole})"),
         Recording(rows, run_gpu_rows(lagging_runs, RUN)),
-        Recording(run_util, _host_label(_on_hosts(util(), f"({hosts})"))),
+        Recording(run_util, f"{_host_label(util(), host)} and {on_host} ({hosts})"),
         Recording(s.RUN_GPU_UTIL_BUSIEST,
                   f"max by ({RUN}) (({rows} * {on_gpu} group_left () {run_util}) "
                   f"or ({run_util} * {on_host} group_left ({RUN}) {sole_lagging}))"),

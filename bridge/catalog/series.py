@@ -27,12 +27,21 @@ from exporter import labels as L
 # the normalised unit (utilisation 0..100 -> ratio, MiB -> bytes).
 Field = tuple[tuple[str, str], ...]
 DCGM_GPU_TEMP: Field = (("DCGM_FI_DEV_GPU_TEMP", ""), ("DCGM_FI_DEV_GPU_TEMP_CELSIUS", ""))
-DCGM_MEMORY_TEMP: Field = (("DCGM_FI_DEV_MEMORY_TEMP", ""),)
+DCGM_MEMORY_TEMP: Field = (("DCGM_FI_DEV_MEMORY_TEMP", ""),
+                           ("DCGM_FI_DEV_MEMORY_TEMP_CELSIUS", ""))
 DCGM_GPU_UTIL: Field = (("DCGM_FI_DEV_GPU_UTIL", " / 100"), ("DCGM_FI_DEV_GPU_UTIL_RATIO", ""))
 DCGM_TENSOR_ACTIVE: Field = (("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", ""),
                              ("DCGM_FI_PROF_TENSOR_UTIL_RATIO", ""))
 DCGM_FB_USED: Field = (("DCGM_FI_DEV_FB_USED", " * 1048576"),)
 DCGM_POWER_USAGE: Field = (("DCGM_FI_DEV_POWER_USAGE", ""), ("DCGM_FI_DEV_BOARD_POWER_WATTS", ""))
+# Pages retired: go-dcgm's current names (PAGE_RETIRED_*) and the legacy ones dcgm-exporter
+# <= 4.8 exports.
+DCGM_RETIRED_SBE: Field = (("DCGM_FI_DEV_RETIRED_SBE", ""),
+                           ("DCGM_FI_DEV_PAGE_RETIRED_SBE_TOTAL", ""))
+DCGM_RETIRED_DBE: Field = (("DCGM_FI_DEV_RETIRED_DBE", ""),
+                           ("DCGM_FI_DEV_PAGE_RETIRED_DBE_TOTAL", ""))
+DCGM_RETIRED_PENDING: Field = (("DCGM_FI_DEV_RETIRED_PENDING", ""),
+                               ("DCGM_FI_DEV_PAGE_RETIRED_PENDING", ""))
 DCGM_CLOCK_EVENT_REASONS: Field = (("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", ""),
                                    ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", ""))
 
@@ -108,11 +117,12 @@ def dcgm_raw(field: Field, *, matchers: str = "", fn: str = "", window: str = ""
 
 def dcgm_gpu(field: Field, host_re: str, gpu_re: str, fn: str = "", window: str = "") -> str:
     """Per-GPU series of a field for a query (dashboards): both host label spellings
-    (``Hostname`` up to dcgm-exporter 4.8.2, ``hostname`` after; the result keeps the one the
-    exporter sent, no ``label_replace`` so dashboard variables stay the only ``$`` names) and the
-    4.9 names."""
-    new = dcgm_raw(field, matchers=f'hostname=~"{host_re}",gpu=~"{gpu_re}"', fn=fn, window=window)
-    old = dcgm_raw(field, matchers=f'Hostname=~"{host_re}",gpu=~"{gpu_re}"', fn=fn, window=window)
+    (``Hostname`` up to dcgm-exporter 4.8.2, ``hostname`` after), the host name short or with its
+    domain, and the 4.9 names. The result keeps the labels the exporter sent (no
+    ``label_replace``, so dashboard variables stay the only ``$`` names)."""
+    host = f"({host_re})(\\\\..+)?"  # the exporters' FQDN of a canonical (short) host name
+    new = dcgm_raw(field, matchers=f'hostname=~"{host}",gpu=~"{gpu_re}"', fn=fn, window=window)
+    old = dcgm_raw(field, matchers=f'Hostname=~"{host}",gpu=~"{gpu_re}"', fn=fn, window=window)
     return f"max by (Hostname, hostname, gpu) (({new}) or ({old}))"
 
 

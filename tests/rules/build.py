@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -127,9 +129,9 @@ def _pair(name: str, alert: str, fault: list[Series], healthy: list[Series], eva
             Case(f"{alert}: healthy twin of {name}", alert, healthy, eval_time)]
 
 
-def _xid(sp: str, code: str, values: str | None = None, gpu: str = "0") -> Series:
+def _xid(sp: str, code: str, values: str | None = None, gpu: str = "0", **extra: str) -> Series:
     return dcgm(sp, "DCGM_FI_DEV_XID_ERRORS", values or f"{code}x80", gpu=gpu, err_code=code,
-                err_msg="msg")
+                err_msg="msg", **extra)
 
 
 W = "GPU 0 on n1"
@@ -480,12 +482,118 @@ def dcgm49_cases() -> list[Case]:
     ]
 
 
+# dcgm-exporter's label sets, vendored from upstream (tests/data/README.md).
+EXPOSITION = yaml.safe_load((HERE.parent / "data" / "dcgm" / "exposition-labels.yaml")
+                            .read_text(encoding="utf-8"))
+
+
+def _volatile(kind: str, generation: int) -> dict[str, str]:
+    """Labels dcgm-exporter adds or changes without the XID event changing: a new pod or job on
+    the GPU, a restarted exporter pod, a driver upgrade (``generation`` 0 is the first)."""
+    return {
+        "kubernetes": {k: f"{k}-{generation}" for k in EXPOSITION["kubernetes"]},
+        "hpc": {k: str(4000 + generation) for k in EXPOSITION["hpc"]},
+        "instance": {"instance": f"10.1.0.{generation + 1}:9400"},
+        "driver": {EXPOSITION["driver_label"]: f"55{generation}.54.15"},
+    }[kind]
+
+
+def real_telemetry_cases() -> list[Case]:
+    """What real dcgm-exporter and node_exporter deployments emit: volatile labels on an old XID,
+    the host-label rename across an upgrade, FQDN and EKS node names, MIG instances."""
+    ecc, d94 = "GpuContainedEccError", "Contained uncorrectable ECC error (XID 94) on GPU 0 on n1"
+    bg = healthy_gpus("hostname")
+    runs_after = [node_info(RUN_B), gpu_info(RUN_B, "0")]
+    cases = []
+    for kind in ("kubernetes", "hpc", "instance", "driver"):
+        # XID 94 happened long ago under generation 0; at 20m the labels change (new pod, job,
+        # exporter pod, driver) and run B takes the GPU. The gauge still holds 94.
+        old = _xid("hostname", "94", "94x39", **_volatile(kind, 0))
+        new = _xid("hostname", "94", "_x40 94x40", **_volatile(kind, 1))
+        cases.append(Case(f"{ecc}: an old XID under a new {kind} label set is no new event",
+                          ecc, [*bg, *runs_after, old, new], "22m"))
+        fresh = _xid("hostname", "79", "_x40 79x40", **_volatile(kind, 1))
+        cases.append(Case(f"GpuFallenOffBus: a new code after a {kind} label change alerts",
+                          "GpuFallenOffBus", [*bg, *runs_after, old, fresh], "22m",
+                          [Expect({**RUN_B, **g()}, f"{W} stopped responding: XID 79, or its "
+                                  "metrics vanished while the host still reports other GPUs.")]))
+    cases.append(Case(f"{ecc}: dcgm-exporter upgrade across the Hostname -> hostname rename",
+                      ecc, [*bg, *runs_after, _xid("Hostname", "94", "94x39"),
+                            _xid("hostname", "94", "_x40 94x40")], "22m"))
+    cases.append(Case(f"{ecc}: a new XID reaches only the run on that GPU", ecc,
+                      [*bg, node_info(RUN_A), node_info(RUN_B), gpu_info(RUN_A, "0"),
+                       gpu_info(RUN_B, "1"), _xid("hostname", "94", "_x20 94x40",
+                                                  **_volatile("kubernetes", 0))], "12m",
+                      [Expect({**RUN_A, **g(xid="94")}, f"{d94} (1 event(s)).")]))
+    for name, raw, key in (("FQDN", "n1.cluster.example.com", "n1"),
+                           ("EKS node name", "ip-10-0-1-23.us-west-2.compute.internal",
+                            "ip-10-0-1-23"),
+                           ("IPv4 address kept whole", "10.0.1.23", "10.0.1.23")):
+        for sp in SPELLINGS:
+            desc = d94.replace("n1", key)
+            cases.append(Case(f"{ecc}: dcgm host label {sp}={raw} ({name})", ecc,
+                              [dcgm(sp, "DCGM_FI_DEV_GPU_TEMP", "40x80", raw, "1"),
+                               node_info(RUN_A, key), gpu_info(RUN_A, "0", key),
+                               dcgm(sp, "DCGM_FI_DEV_XID_ERRORS", "94x80", raw, err_code="94")],
+                              "3m", [Expect({**RUN_A, **g(key, xid="94"),
+                                             "gpu_uuid": f"GPU-{raw}-0"},
+                                            f"{desc} (1 event(s)).")]))
+        cases.append(Case(f"InfinibandLinkDown: node_uname_info nodename={raw} ({name})",
+                          "InfinibandLinkDown",
+                          [node("node_uname_info", "1x80", key, nodename=raw, sysname="Linux"),
+                           node_info(RUN_A, key),
+                           node("node_infiniband_state_id", "4x10 1x70", key, device="mlx5_0",
+                                port="1")], "9m",
+                          [Expect({**RUN_A, "hostname": key, "device": "mlx5_0", "port": "1"},
+                                  f"InfiniBand mlx5_0 port 1 on {key} is in state 1 (4 = active) "
+                                  "after being active within the last hour.")]))
+    fqdn = "n1.cluster.example.com"
+    util = [dcgm("hostname", "DCGM_FI_DEV_GPU_UTIL", "95x80", fqdn, str(i)) for i in range(3)]
+    run = [node_info(RUN_A), *(gpu_info(RUN_A, str(i)) for i in range(4))]
+    cases.append(Case("TrainingStraggler: FQDN dcgm host label", "TrainingStraggler",
+                      [*run, *util, dcgm("hostname", "DCGM_FI_DEV_GPU_UTIL", "60x80", fqdn, "3")],
+                      "8m", [Expect({**RUN_A, "hostname": "n1", "gpu": "3"},
+                                    "GPU 3 on n1 averaged 60% utilisation over 2 minutes, more "
+                                    "than 10 points below the run's busiest GPU.")]))
+    cases += mig_cases()
+    return cases
+
+
+def mig_cases() -> list[Case]:
+    """Two runs on two MIG instances of the same GPUs: one hangs, the other computes."""
+    mig = EXPOSITION["mig"]
+
+    def inst(metric: str, values: str, gpu: str, i: int) -> Series:
+        return dcgm("hostname", metric, values, gpu=gpu,
+                    **{mig[0]: "3g.40gb", mig[1]: str(i)})
+
+    runs = [node_info(RUN_A), node_info(RUN_B), *(gpu_info(r, str(gpu)) for r in (RUN_A, RUN_B)
+                                                   for gpu in range(2))]
+    memory = [inst("DCGM_FI_DEV_FB_USED", f"{GIB_MIB // 2}x80", str(gpu), i)
+              for gpu in range(2) for i in (1, 2)]
+    hung = [inst("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "0.6x30 0.01x50", str(gpu), 1)
+            for gpu in range(2)]
+    busy = [inst("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "0.6x80", str(gpu), 2) for gpu in range(2)]
+    both_hung = [inst("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "0.6x30 0.01x50", str(gpu), 2)
+                 for gpu in range(2)]
+    stalled = ("Tensor activity of the run's GPUs on n1 fell to 1% while their memory stays "
+               "allocated, after being active in the last hour.")
+    return [
+        Case("TrainingStalled: MIG, one instance hangs while the other computes",
+             "TrainingStalled", [*runs, *memory, *hung, *busy], "30m"),
+        Case("TrainingStalled: MIG, every instance of the GPUs hangs", "TrainingStalled",
+             [*runs, *memory, *hung, *both_hung], "30m",
+             [Expect({**run, "hostname": "n1"}, stalled) for run in (RUN_A, RUN_B)]),
+    ]
+
+
 def files(cfg: dict[str, Any]) -> dict[str, str]:
     """Test file name -> YAML text."""
     rules = f"../../alert_rules/{generate.RULES_FILE}"
     groups: dict[str, list[Case]] = {"node_alerts.test.yml": node_cases(),
                                      "link_attribution.test.yml": link_attribution_cases(),
-                                     "dcgm_4_9.test.yml": dcgm49_cases()}
+                                     "dcgm_4_9.test.yml": dcgm49_cases(),
+                                     "real_telemetry.test.yml": real_telemetry_cases()}
     for sp in SPELLINGS:
         groups[f"gpu_alerts_{sp}.test.yml"] = gpu_cases(sp) + dcgm_node_cases(sp)
         groups[f"workload_{sp}.test.yml"] = workload_cases(sp)
