@@ -1,5 +1,7 @@
 """Load held: sustained alerts/s with durable commits and acknowledgement latency (p50, p99)
-under concurrent senders, each next to the null receiver of bench_bridge measured in the same run.
+under concurrent senders, each next to the null receiver of bench_bridge measured in the same run;
+and limits held by the real bridge process with its default configuration: peak memory under 30
+concurrent 7.4 MB notifications, and descriptors held under 2,000 idle sockets.
 
 Eight senders (Alertmanager sends one notification per group concurrently) each POST 64-alert
 notifications with fresh fingerprints as fast as they are acknowledged. The bridge commits every
@@ -11,6 +13,7 @@ rounds.
 from __future__ import annotations
 
 import json
+import socket
 import statistics
 import sys
 import tempfile
@@ -26,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 from bench.bench_bridge import HEADERS, _Counter, _crash_body, _null_receiver  # noqa: E402
 from bench.common import Result  # noqa: E402
 from tests import bridge_payloads as bp  # noqa: E402
+from tests.reliability_bridge import AUTH, bridge_env, start_bridge  # noqa: E402
 
 SENDERS = 8
 PER_SENDER = 40
@@ -84,8 +88,99 @@ def _rounds(url: str, counter: _Counter) -> tuple[float, float, float]:
     return tuple(statistics.median(r[i] for r in runs) for i in range(3))  # type: ignore[return-value]
 
 
+LARGE = 30
+IDLE = 2000
+
+
+def _large_body(counter: _Counter) -> bytes:
+    """About 7.3 MB of small alerts (the costly shape: memory goes with the number of objects):
+    the 1,536-alert crash repeated with fresh fingerprints."""
+    body = json.loads(_crash_body(counter))
+    crash = body["alerts"]
+    body["alerts"] = []
+    while len(json.dumps(body)) < 7_300_000:
+        rep = counter.next()
+        body["alerts"] += [{**a, "fingerprint": f"{rep:06x}{i:010x}"} for i, a in enumerate(crash)]
+    return json.dumps(body).encode()
+
+
+def _status(pid: int, field: str) -> float:
+    """A kB field of /proc/<pid>/status (VmHWM is the peak resident set) in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"{field} not in /proc/{pid}/status")
+
+
+def _large_notifications(tmp: Path) -> tuple[float, int, float]:
+    """(peak RSS MB, 503 answers, size MB) for LARGE concurrent large notifications, each re-sent
+    after a 503 as Alertmanager would, until all are stored."""
+    counter = _Counter()
+    bodies = [_large_body(counter) for _ in range(LARGE)]
+    bridge = start_bridge(tmp, bridge_env(tmp))
+    busy: list[int] = []
+    gate = threading.Barrier(LARGE)
+
+    def sender(body: bytes) -> None:
+        gate.wait()
+        while True:
+            resp = requests.post(bridge.url + "/alertmanager", data=body, headers=AUTH,
+                                 timeout=300)
+            if resp.status_code == 200:
+                return
+            if resp.status_code != 503:
+                raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:200]}")
+            busy.append(1)
+            time.sleep(0.2)
+
+    try:
+        threads = [threading.Thread(target=sender, args=(b,)) for b in bodies]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        peak = _status(bridge.proc.pid, "VmHWM")
+    finally:
+        bridge.stop()
+    return peak, len(busy), len(bodies[0]) / 1e6
+
+
+def _idle_sockets(tmp: Path) -> tuple[int, int, float]:
+    """(descriptors the bridge holds, sockets it kept, seconds from the first idle socket until
+    it served again) with IDLE idle connections open against the default limits."""
+    bridge = start_bridge(tmp, bridge_env(tmp))
+    held = []
+    try:
+        start = time.perf_counter()
+        for _ in range(IDLE):
+            held.append(socket.create_connection(("127.0.0.1", bridge.port)))
+        time.sleep(1)
+        fds = len(list(Path(f"/proc/{bridge.proc.pid}/fd").iterdir()))
+        kept = 0
+        for sock in held:
+            sock.setblocking(False)
+            try:
+                kept += sock.recv(1) != b""
+            except BlockingIOError:
+                kept += 1
+            except ConnectionResetError:
+                pass
+        while True:
+            try:
+                if requests.get(bridge.url + "/healthz", timeout=2).status_code == 200:
+                    break
+            except requests.RequestException:
+                time.sleep(0.2)
+        recovered = time.perf_counter() - start
+    finally:
+        for sock in held:
+            sock.close()
+        bridge.stop()
+    return fds, kept, recovered
+
+
 def run() -> list[Result]:
-    """Sustained ingest and ack latency, bridge vs null receiver."""
+    """Sustained ingest and ack latency, bridge vs null receiver; memory and socket limits."""
     counter = _Counter()
     with _null_receiver() as null_url:
         null_rate, null_p50, null_p99 = _rounds(null_url, counter)
@@ -107,6 +202,27 @@ def run() -> list[Result]:
                note=note),
         Result("reliability: ack latency p99, 8 concurrent senders", p99, "s", null_p99, 1.0,
                note=note),
+        *_limits(),
+    ]
+
+
+def _limits() -> list[Result]:
+    with tempfile.TemporaryDirectory(prefix="bench-limits-") as tmp:
+        for part in ("memory", "idle"):
+            (Path(tmp) / part).mkdir()
+        peak, busy, size = _large_notifications(Path(tmp) / "memory")
+        fds, kept, recovered = _idle_sockets(Path(tmp) / "idle")
+    return [
+        Result(f"reliability: bridge peak RSS, {LARGE} concurrent {size:.1f} MB notifications",
+               peak, "MB", None, 1024.0,
+               note=f"real process, default limits (32 MiB of bodies in flight); {busy} "
+                    "answers were 503 + Retry-After and re-sent until all were stored; "
+                    "target: the shipped Kubernetes limit (1 Gi)"),
+        Result(f"reliability: sockets kept open under {IDLE} idle connections", kept,
+               "sockets", None, 512.0,
+               note=f"real process, default limits; the rest closed at once; {fds} descriptors "
+                    f"in all; served again {recovered:.1f} s after the first idle socket (idle "
+                    "timeout 15 s); target: half the common nofile limit of 1024"),
     ]
 
 
