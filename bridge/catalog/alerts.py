@@ -43,6 +43,9 @@ STRAGGLER_RUN_BUSY_MIN = 0.5
 _ON_GPU = f"{L.HOSTNAME}, {L.GPU}"
 _WHERE_GPU = "GPU {{ $labels.gpu }} on {{ $labels.hostname }}"
 _WHERE_LINK = "{{ $labels.device }} port {{ $labels.port }} on {{ $labels.hostname }}"
+# A whole-number reading (a count from increase(), a temperature, a state or bitmask), printed
+# rounded: increase() extrapolates, and "1.069182704323919 error(s)" helps nobody.
+_WHOLE = '{{ $value | printf "%.0f" }}'
 
 
 @dataclass(frozen=True)
@@ -106,7 +109,7 @@ def _xid(cls: XidClass) -> str:
 
 
 _XID_DESC = (f"XID {{{{ $labels.xid }}}} on {_WHERE_GPU} "
-             "({{ $value }} event(s) in the last 10-15 minutes).")
+             f"({_WHOLE} event(s) in the last 10-15 minutes).")
 
 
 def _down(selector: str = "") -> str:
@@ -134,7 +137,7 @@ register(
         "GpuContainedEccError", "critical", _H, _HW, "gpu",
         "A GPU had a contained ECC error (XID 94).",
         f"Contained uncorrectable ECC error (XID 94) on {_WHERE_GPU} "
-        "({{ $value }} event(s)).",
+        f"({_WHOLE} event(s)).",
         "The process using the affected memory was killed, so the whole synchronous job fails "
         "(other ranks then report NCCL errors). The GPU itself stays usable.",
         "Restart the job from its last checkpoint; the node can stay in service. Reset the GPU "
@@ -144,7 +147,7 @@ register(
         "GpuUncontainedEccError", "critical", _H, _HW, "gpu",
         "A GPU had an uncontained ECC error (XID 95).",
         f"Uncontained uncorrectable ECC error (XID 95) on {_WHERE_GPU} "
-        "({{ $value }} event(s)).",
+        f"({_WHOLE} event(s)).",
         "Memory corruption could not be contained: every process on the GPU is killed and the "
         "job crashes; the GPU is unusable until reset.",
         _CHECKPOINT + " Reset the GPU before reuse.",
@@ -190,7 +193,7 @@ register(
     AlertDef(
         "GpuDoubleBitEccErrors", "critical", _H, _HW, "gpu",
         "A GPU reported double-bit (uncorrectable) ECC errors.",
-        f"{{{{ $value }}}} double-bit ECC error(s) on {_WHERE_GPU} in the last 10 minutes.",
+        f"{_WHOLE} double-bit ECC error(s) on {_WHERE_GPU} in the last 10 minutes.",
         "Uncorrectable memory errors kill the processes that touched the memory; the job "
         "crashes.",
         _CHECKPOINT,
@@ -198,7 +201,7 @@ register(
     AlertDef(
         "GpuSingleBitEccStorm", "warning", _H, _DEG, "gpu",
         "A GPU reports a storm of single-bit ECC errors.",
-        f"{{{{ $value }}}} corrected single-bit ECC errors on {_WHERE_GPU} in 10 minutes.",
+        f"{_WHOLE} corrected single-bit ECC errors on {_WHERE_GPU} in 10 minutes.",
         "Corrected errors do not stop the job, but a storm often precedes an uncorrectable "
         "error.",
         "Keep the job running, checkpoint more often; schedule a GPU reset and field diagnosis.",
@@ -206,7 +209,7 @@ register(
     AlertDef(
         "GpuMemoryRetirementLimit", "warning", _H, _HW, "gpu",
         "A GPU has retired or remapped more memory than DCGM allows.",
-        f"{_WHERE_GPU} is over DCGM's memory retirement limit (value {{{{ $value }}}}: "
+        f"{_WHERE_GPU} is over DCGM's memory retirement limit (value {_WHOLE}: "
         f"retired pages >= {RETIRED_PAGES_LIMIT} or uncorrectable remapped rows >= "
         f"{UNCORRECTABLE_ROWS_LIMIT}).",
         "No immediate effect, but the GPU is likely to fail with uncorrectable errors.",
@@ -218,7 +221,7 @@ register(
     AlertDef(
         "GpuRowRemapFailure", "critical", _H, _HW, "gpu",
         "A GPU failed to remap a faulty memory row.",
-        f"Row remapping failed on {_WHERE_GPU} (value {{{{ $value }}}}).",
+        f"Row remapping failed on {_WHERE_GPU} (value {_WHOLE}).",
         "Faulty memory stays in use: uncorrectable errors and crashes are likely for any job on "
         "this GPU.",
         _CHECKPOINT + " Drain the node and request a GPU replacement.",
@@ -226,7 +229,7 @@ register(
     AlertDef(
         "GpuRowRemapPending", "warning", _H, _DEG, "gpu",
         "A GPU needs a reset to apply pending row remaps or page retirements.",
-        f"{{{{ $value }}}} pending row remap(s) or page retirement(s) on {_WHERE_GPU}.",
+        f"{_WHOLE} pending row remap(s) or page retirement(s) on {_WHERE_GPU}.",
         "None right now; the faulty memory is only fenced off after a GPU reset.",
         "Let the job finish, then reset the GPU (nvidia-smi -r) or reboot the node.",
         "row_remap", f"{s.ROW_REMAP_PENDING} > 0 or {s.RETIRED_PENDING} > 0", for_="5m",
@@ -251,7 +254,7 @@ register(
         "GpuPowerBrake", "warning", _T, _DEG, "gpu",
         "A GPU is slowed by the hardware power brake.",
         f"The HW power brake clock-event bit is set on {_WHERE_GPU} (bitmask "
-        "{{ $value }}).",
+        f"{_WHOLE}).",
         "An external power-brake signal (PSU or rack power problem) cuts the GPU's clocks: the "
         "whole job slows down.",
         "Check the node's power supplies and rack power; move the job if it persists.",
@@ -270,7 +273,7 @@ register(
     AlertDef(
         "GpuTemperatureHigh", "warning", _T, _DEG, "gpu",
         "A GPU is running hot.",
-        f"{_WHERE_GPU} is at {{{{ $value }}}} C (warning at {TEMP_WARNING_C} C).",
+        f"{_WHERE_GPU} is at {_WHOLE} C (warning at {TEMP_WARNING_C} C).",
         "Close to throttling: the job may slow down soon.",
         "Check cooling and inlet temperature; no action on the job yet.",
         "gpu_temperature", f"{s.GPU_TEMP_HOT} >= {TEMP_WARNING_C} < {TEMP_CRITICAL_C}", for_="5m",
@@ -278,7 +281,7 @@ register(
     AlertDef(
         "GpuTemperatureCritical", "critical", _T, _DEG, "gpu",
         "A GPU is critically hot.",
-        f"{_WHERE_GPU} is at {{{{ $value }}}} C (critical at {TEMP_CRITICAL_C} C).",
+        f"{_WHERE_GPU} is at {_WHOLE} C (critical at {TEMP_CRITICAL_C} C).",
         "The GPU is throttling hard and may shut down to protect itself, crashing the job.",
         "Checkpoint now; move the job off the node and fix cooling before reuse.",
         "gpu_temperature", f"{s.GPU_TEMP_HOT} >= {TEMP_CRITICAL_C}", for_="1m",
@@ -286,7 +289,7 @@ register(
     AlertDef(
         "GpuMemoryTemperatureHigh", "warning", _T, _DEG, "gpu",
         "A GPU's HBM memory is running hot.",
-        f"HBM of {_WHERE_GPU} is at {{{{ $value }}}} C (warning at {TEMP_WARNING_C} C).",
+        f"HBM of {_WHERE_GPU} is at {_WHOLE} C (warning at {TEMP_WARNING_C} C).",
         "Hot HBM throttles memory bandwidth and raises the ECC error rate.",
         "Check cooling and inlet temperature.",
         "hbm_temperature", f"{s.MEMORY_TEMP_HOT} >= {TEMP_WARNING_C} < {TEMP_CRITICAL_C}",
@@ -294,7 +297,7 @@ register(
     AlertDef(
         "GpuMemoryTemperatureCritical", "critical", _T, _DEG, "gpu",
         "A GPU's HBM memory is critically hot.",
-        f"HBM of {_WHERE_GPU} is at {{{{ $value }}}} C (critical at {TEMP_CRITICAL_C} C).",
+        f"HBM of {_WHERE_GPU} is at {_WHOLE} C (critical at {TEMP_CRITICAL_C} C).",
         "Memory errors and a protective shutdown are likely; the job may crash.",
         "Checkpoint now; move the job off the node and fix cooling before reuse.",
         "hbm_temperature", f"{s.MEMORY_TEMP_HOT} >= {TEMP_CRITICAL_C}", for_="1m",
@@ -336,7 +339,7 @@ register(
     AlertDef(
         "InfinibandLinkDown", "critical", "network", _LINK, "link",
         "An InfiniBand port that was active went down.",
-        f"InfiniBand {_WHERE_LINK} is in state {{{{ $value }}}} (4 = active) after being "
+        f"InfiniBand {_WHERE_LINK} is in state {_WHOLE} (4 = active) after being "
         "active within the last hour.",
         "Inter-node collectives over this port fail: multi-node jobs on the node hang until "
         "the NCCL timeout, then crash.",
@@ -365,7 +368,7 @@ register(
         "NetworkInterfaceDown", "critical", "network", _LINK, "link",
         "A network interface that was up went down.",
         "Interface {{ $labels.device }} on {{ $labels.hostname }} is down (was up within the "
-        "last hour; value {{ $value }}).",
+        f"last hour; value {_WHOLE}).",
         "Traffic over this interface (RoCE collectives, storage, data loading) stops; the job "
         "may hang or crash.",
         _CHECKPOINT + " Check the cable, NIC and switch port.",
@@ -386,7 +389,7 @@ register(
         "NodeDown", "critical", "node", CauseClass.NODE_LOSS, "host",
         "A node's telemetry target is down.",
         "The {{ $labels.exporter }} target of {{ $labels.hostname }} is down or gone "
-        "(up = {{ $value }}).",
+        f"(up = {_WHOLE}).",
         "The node is unreachable or its telemetry died: if the node is down, the job's ranks "
         "on it are gone and the job crashes or hangs; silence here is not health.",
         "Check whether the node is alive (ping, BMC). If it is down, restart the job from its "
@@ -399,7 +402,7 @@ register(
     AlertDef(
         "NodeGpuCountDropped", "critical", _H, _HW, "host",
         "A node reports fewer GPUs than it had.",
-        "{{ $labels.hostname }} reports {{ $value }} GPU(s) fewer than in the last hour.",
+        f"{{{{ $labels.hostname }}}} reports {_WHOLE} GPU(s) fewer than in the last hour.",
         "A GPU disappeared (fallen off the bus or failed): jobs using it crashed; new jobs "
         "get fewer GPUs.",
         _CHECKPOINT + " Reboot the node; open a hardware ticket if the GPU does not return.",

@@ -555,6 +555,11 @@ def real_telemetry_cases() -> list[Case]:
                       "8m", [Expect({**RUN_A, "hostname": "n1", "gpu": "3"},
                                     "GPU 3 on n1 averaged 60% utilisation over 2 minutes, more "
                                     "than 10 points below the run's busiest GPU.")]))
+    cases.append(Case("GpuDoubleBitEccErrors: an extrapolated increase prints as a whole number",
+                      "GpuDoubleBitEccErrors",
+                      [*bg, dcgm("hostname", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "0+0.05x40 2x40")],
+                      "22m", [Expect(g(), f"3 double-bit ECC error(s) on {W} in the last 10 "
+                                          "minutes.")]))
     cases += mig_cases()
     return cases
 
