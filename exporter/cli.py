@@ -16,7 +16,7 @@ from exporter.hostnames import HostnameMapper
 from exporter.logsetup import log_fields, setup_logging
 from exporter.registration import RegistrationStore
 from exporter.registry import Registry
-from exporter.server import REGISTRATION_SOURCE, build_app
+from exporter.server import REGISTRATION_SOURCE, HostToken, build_app
 from exporter.sources import Source
 from exporter.sources.kubernetes import KubernetesSource
 from exporter.sources.registrations import RegistrationFilesSource
@@ -29,7 +29,7 @@ DEFAULTS: dict[str, Any] = {
     "listen": "0.0.0.0:9842",
     "log_level": "info",
     "grace_seconds": 300,
-    "auth": {"token": None, "token_file": None},
+    "auth": {"token": None, "token_file": None, "host_tokens": []},
     "registrations": {"enabled": True, "default_ttl_seconds": 600,
                       "max_ttl_seconds": 30 * 86400, "max_entries": 100000},
     "hostnames": {"strip_domain": True, "lowercase": True, "rewrites": []},
@@ -54,6 +54,9 @@ Keys (see deploy/exporter.example.yaml for a commented example):
   auth.token / auth.token_file  bearer token required by POST/DELETE /v1/runs (file preferred;
                               "env:NAME" reads an environment variable); required unless listen
                               is a loopback address or registrations are disabled
+  auth.host_tokens            list of {{token | token_file, hosts: [PATTERN, ...]}}: a token that
+                              may register and delete runs only on matching hosts (e.g. one
+                              per node for its Slurm prolog/epilog)
   registrations.enabled       accept POST /v1/runs (default true)
   registrations.default_ttl_seconds / max_ttl_seconds / max_entries
   hostnames.strip_domain      gpu01.example.com -> gpu01 (default true)
@@ -92,11 +95,32 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def require_token(listen: str, token: str | None, registrations: bool) -> None:
+def host_tokens(raw: object, secrets: list[str]) -> list[HostToken]:
+    """``auth.host_tokens``: each a token (file preferred) bound to host patterns."""
+    if not isinstance(raw, list):
+        raise ConfigError("auth.host_tokens must be a list")
+    out = []
+    for i, item in enumerate(raw):
+        where = f"auth.host_tokens[{i}]"
+        if not isinstance(item, Mapping) or set(item) - {"token", "token_file", "hosts"}:
+            raise ConfigError(f"{where} must be a mapping of token/token_file and hosts")
+        hosts = item.get("hosts")
+        if not isinstance(hosts, list) or not hosts or not all(
+                isinstance(h, str) and h for h in hosts):
+            raise ConfigError(f"{where}.hosts must be a non-empty list of host patterns")
+        token = read_secret(item.get("token"), item.get("token_file"), where)
+        if not token:
+            raise ConfigError(f"{where} needs token or token_file")
+        secrets.append(token)
+        out.append(HostToken(token, tuple(hosts)))
+    return out
+
+
+def require_token(listen: str, authenticated: bool, registrations: bool) -> None:
     """Refuse an open registration API off loopback: anyone reaching it could register a fake
     run on a faulty host (the bridge then writes issues into it) or delete real ones."""
     host, _ = parse_listen(listen)
-    if registrations and not token and not is_loopback(host):
+    if registrations and not authenticated and not is_loopback(host):
         raise ConfigError(f"no auth.token[_file] while the registration API listens on {listen}; "
                           "refusing to start. Set auth.token_file, listen on 127.0.0.1, or set "
                           "registrations.enabled: false")
@@ -151,6 +175,7 @@ def _build(cfg: Mapping[str, Any]) -> tuple[web.Application, list[str]]:
     token = read_secret(auth.get("token"), auth.get("token_file"), "auth token")
     if token:
         secrets.append(token)
+    bound = host_tokens(auth.get("host_tokens") or [], secrets)
     reg_cfg = cfg["registrations"]
     default_ttl = float(reg_cfg.get("default_ttl_seconds", 600))
     max_ttl = float(reg_cfg.get("max_ttl_seconds", 30 * 86400))
@@ -167,9 +192,10 @@ def _build(cfg: Mapping[str, Any]) -> tuple[web.Application, list[str]]:
     for source in sources:
         if not source.interval > 0:
             raise ConfigError(f"source {source.name}: interval_seconds must be > 0")
-    require_token(str(cfg["listen"]), token, bool(reg_cfg.get("enabled", True)))
+    require_token(str(cfg["listen"]), bool(token or bound), bool(reg_cfg.get("enabled", True)))
     app = build_app(registry, store, sources, token=token, default_ttl=default_ttl,
-                    max_ttl=max_ttl, registrations=bool(reg_cfg.get("enabled", True)))
+                    max_ttl=max_ttl, registrations=bool(reg_cfg.get("enabled", True)),
+                    host_tokens=bound)
     return app, secrets
 
 

@@ -10,6 +10,8 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 
 from aiohttp import web
 
@@ -53,25 +55,52 @@ async def poll_forever(source: Source, registry: Registry) -> None:
         await asyncio.sleep(max(0.05, source.interval - (time.monotonic() - started)))
 
 
+@dataclass(frozen=True)
+class HostToken:
+    """A bearer token that may register and delete runs only on hosts matching ``hosts``
+    (shell patterns on the hostname as sent or as canonicalised), so a node holding its own
+    token cannot register a fake run on, or delete the runs of, another node."""
+
+    token: str = field(repr=False)
+    hosts: tuple[str, ...]
+
+    def allows(self, *names: str) -> bool:
+        """True when one of ``names`` (the same host, raw and canonical) matches a pattern."""
+        return any(fnmatchcase(name, pattern) for name in names for pattern in self.hosts)
+
+
+def _digest(value: str) -> bytes:
+    # Digests: equal length whatever was sent (no length leak), and header bytes that are not
+    # UTF-8 (kept as surrogates by aiohttp) cannot raise.
+    return hashlib.sha256(value.encode("utf-8", "surrogateescape")).digest()
+
+
 class Api:
-    """Handlers sharing the registry, the registration store and the auth token."""
+    """Handlers sharing the registry, the registration store and the auth tokens."""
 
     def __init__(self, registry: Registry, store: RegistrationStore, token: str | None,
-                 default_ttl: float, max_ttl: float) -> None:
-        self.registry, self.store, self.token = registry, store, token
+                 default_ttl: float, max_ttl: float, *,
+                 host_tokens: Sequence[HostToken] = ()) -> None:
+        self.registry, self.store = registry, store
         self.default_ttl, self.max_ttl = default_ttl, max_ttl
         self.exposition = Exposition()
+        # (digest, None) grants every host; (digest, HostToken) only its hosts.
+        self._grants: list[tuple[bytes, HostToken | None]] = [
+            (_digest(t.token), t) for t in host_tokens]
+        if token:
+            self._grants.append((_digest(token), None))
 
-    def _authorized(self, request: web.Request) -> bool:
-        if not self.token:
-            return True
-        header = request.headers.get("Authorization", "")
-        scheme, _, value = header.partition(" ")
-        # Digests: equal length whatever was sent (no length leak), and header bytes that are
-        # not UTF-8 (kept as surrogates by aiohttp) cannot raise.
-        got = hashlib.sha256(value.strip().encode("utf-8", "surrogateescape")).digest()
-        want = hashlib.sha256(self.token.encode()).digest()
-        return hmac.compare_digest(got, want) and scheme.lower() == "bearer"
+    def _grant(self, request: web.Request) -> tuple[bool, HostToken | None]:
+        """(authorised, the host-bound token used or None for every host)."""
+        if not self._grants:
+            return True, None
+        scheme, _, value = request.headers.get("Authorization", "").partition(" ")
+        got = _digest(value.strip())
+        found: tuple[bool, HostToken | None] = (False, None)
+        for want, grant in self._grants:  # all compared, no early out
+            if hmac.compare_digest(got, want):
+                found = (True, grant)
+        return (found[0] and scheme.lower() == "bearer"), found[1]
 
     async def metrics(self, request: web.Request) -> web.Response:
         """The exposition, built now."""
@@ -90,7 +119,8 @@ class Api:
 
     async def register(self, request: web.Request) -> web.Response:
         """POST /v1/runs: add or refresh (heartbeat) one run on one host."""
-        if not self._authorized(request):
+        authorised, bound = self._grant(request)
+        if not authorised:
             return _error(401, "missing or wrong bearer token")
         if request.content_length is not None and request.content_length > MAX_BODY:
             return _error(413, f"body larger than {MAX_BODY} bytes")
@@ -114,7 +144,10 @@ class Api:
         except RegistrationError as exc:
             self.registry.count_error(REGISTRATION_SOURCE)
             return _error(400, str(exc))
-        placement = self.registry.canonical(placement)
+        canonical = self.registry.canonical(placement)
+        if bound is not None and not bound.allows(placement.host, canonical.host):
+            return _error(403, f"this token may not register runs on {placement.host!r}")
+        placement = canonical
         try:
             new = self.store.put(placement, ttl)
         except OverflowError as exc:
@@ -126,7 +159,8 @@ class Api:
 
     async def deregister(self, request: web.Request) -> web.Response:
         """DELETE /v1/runs/{entity}/{project}/{run_id}[?hostname=h]."""
-        if not self._authorized(request):
+        authorised, bound = self._grant(request)
+        if not authorised:
             return _error(401, "missing or wrong bearer token")
         info = request.match_info
         run = run_key(info["entity"], info["project"], info["run_id"])
@@ -135,16 +169,20 @@ class Api:
         host = request.query.get("hostname")
         if host is not None and not HOST_CHARS.fullmatch(host):
             return _error(400, "'hostname' has invalid characters or length")
-        deleted = self.store.delete(run, None if host is None else self.registry.mapper(host))
+        canonical = None if host is None else self.registry.mapper(host)
+        if bound is not None and (host is None or not bound.allows(host, canonical or "")):
+            return _error(403, "this token may delete runs only with ?hostname= of its hosts")
+        deleted = self.store.delete(run, canonical)
         log.info("run deregistered", extra=log_fields(run=str(run), host=host, deleted=deleted))
         return web.json_response({"deleted": deleted})
 
 
 def build_app(registry: Registry, store: RegistrationStore, sources: Sequence[Source] = (), *,
               token: str | None = None, default_ttl: float = 600.0,
-              max_ttl: float = 30 * 86400.0, registrations: bool = True) -> web.Application:
+              max_ttl: float = 30 * 86400.0, registrations: bool = True,
+              host_tokens: Sequence[HostToken] = ()) -> web.Application:
     """The aiohttp application; pollers start and stop with it."""
-    api = Api(registry, store, token, default_ttl, max_ttl)
+    api = Api(registry, store, token, default_ttl, max_ttl, host_tokens=host_tokens)
     app = web.Application(client_max_size=MAX_BODY)
     app.router.add_get("/metrics", api.metrics)
     app.router.add_get("/healthz", api.healthz)

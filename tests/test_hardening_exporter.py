@@ -13,7 +13,7 @@ from aiohttp import web
 from exporter.hostnames import HostnameMapper
 from exporter.registration import RegistrationStore
 from exporter.registry import Registry
-from exporter.server import build_app
+from exporter.server import HostToken, build_app
 from tests.bridge_payloads import serve_app
 from tests.exporter_process import EXPORTER
 from tests.services import free_port
@@ -146,3 +146,53 @@ def test_deeply_nested_json_is_a_400_not_a_500(api, body):
                          headers={**AUTH, "Content-Type": "application/json"})
     assert resp.status_code == 400, resp.text
     assert "nested" in resp.json()["error"]
+
+
+NODE = "node-token-gpu01-0123456789"
+
+
+@pytest.fixture(scope="module")
+def bound_api():
+    store = RegistrationStore()
+    registry = Registry(HostnameMapper(), grace_seconds=300,
+                        live_sources=[("registrations", store.active)],
+                        live_version=store.version)
+    app = build_app(registry, store, token=TOKEN,
+                    host_tokens=[HostToken(NODE, ("gpu01",)), HostToken("rack-b-token",
+                                                                        ("gpu1*",))])
+    with serve_app(app, free_port()) as url:
+        yield url, store
+
+
+def test_a_host_bound_token_registers_and_deletes_only_its_hosts(bound_api):
+    url, store = bound_api
+    node = {"Authorization": f"Bearer {NODE}"}
+    post = lambda body, headers: requests.post(url + "/v1/runs", json=body,  # noqa: E731
+                                               headers=headers, timeout=5)
+    assert post({**REG, "hostname": "GPU01.example.com"}, node).status_code == 201
+    assert post({**REG, "hostname": "gpu02"}, AUTH).status_code == 201  # the admin token
+    refused = post({**REG, "hostname": "gpu02", "run_id": "fake"}, node)
+    assert refused.status_code == 403 and "gpu02" in refused.json()["error"]
+    assert post({**REG, "hostname": "gpu17"}, {"Authorization": "Bearer rack-b-token"}
+                ).status_code == 201
+    delete = lambda path, headers: requests.delete(url + path, headers=headers,  # noqa: E731
+                                                   timeout=5)
+    assert delete("/v1/runs/ent/proj/run1?hostname=gpu02", node).status_code == 403
+    assert delete("/v1/runs/ent/proj/run1", node).status_code == 403  # all hosts: not its own
+    assert sorted(p.host for p in store.active()) == ["gpu01", "gpu02", "gpu17"]
+    assert delete("/v1/runs/ent/proj/run1?hostname=gpu01", node).json() == {"deleted": 1}
+    assert delete("/v1/runs/ent/proj/run1", AUTH).json() == {"deleted": 2}
+    assert post(REG, {"Authorization": "Bearer wrong"}).status_code == 401
+
+
+def test_host_tokens_in_the_config(tmp_path):
+    node_token = tmp_path / "gpu01.token"
+    node_token.write_text(NODE + "\n")
+    config = {"listen": "0.0.0.0:9842",
+              "auth": {"host_tokens": [{"token_file": str(node_token), "hosts": ["gpu01"]}]}}
+    assert _check(tmp_path, config).returncode == 0  # host tokens alone satisfy the rule
+    for bad, reason in (([{"token_file": str(node_token)}], "hosts"),
+                        ([{"hosts": ["gpu01"]}], "token"),
+                        ({"gpu01": NODE}, "must be a list")):
+        proc = _check(tmp_path, {**config, "auth": {"host_tokens": bad}})
+        assert proc.returncode == 2 and reason in proc.stderr, proc.stderr
