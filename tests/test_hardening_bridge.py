@@ -17,6 +17,7 @@ from prometheus_client import generate_latest
 
 from bridge.identity import IdentityReader, RunKey
 from bridge.payload import Alert, Notification
+from demo.processes import wait_for
 from tests.bridge_payloads import TOKEN, alert, make_context, notification, serve
 from tests.test_bridge_delivery import Clock, ingest, make_worker
 from tests.wandb_standin import WandbStandin
@@ -87,6 +88,30 @@ def test_poison_run_is_parked_with_its_reason_and_others_are_delivered(tmp_path,
     assert wb.run("team", "proj", "late").tags == ["infra:NodeDown"]
     assert _metric(worker, "wandb_infra_bridge_oldest_undelivered_seconds") == 0
     assert _metric(worker, "wandb_infra_bridge_queue_runs") == 0
+
+
+def test_the_delivery_thread_keeps_delivering_behind_a_poison_run(tmp_path, wb):
+    clock = Clock()
+    store, worker = make_worker(tmp_path, wb, clock=clock)
+    raw = alert("NodeDown", category="node", host="h9", run="poison",
+                annotations={"summary": "s", "panel_id": "\u00b2"})
+    _stored_as_is(store, raw, datetime(2026, 1, 1, tzinfo=UTC), None)  # oldest: due first
+    worker.start()
+    try:
+        for n, run_id in enumerate(("good", "late"), start=1):
+            clock.now += 1
+            ingest(store, [alert("NodeDown", category="node", host=f"h{n}", run=run_id)],
+                   clock.now)
+            worker.wake()
+            wait_for(lambda r=run_id: wb.run("team", "proj", r).tags == ["infra:NodeDown"], 10,
+                     what=f"{run_id} delivered")
+    finally:
+        worker.stop()
+    with serve(make_context(tmp_path / "pages", store=store)) as running:
+        rows = requests.get(running.url + "/runs?format=json", headers=AUTH, timeout=10).json()
+    poison = next(r for r in rows["runs"] if r["run_id"] == "poison")
+    assert poison["wandb"]["state"] == "parked"
+    assert poison["wandb"]["reason"].startswith("internal error: ValueError")
 
 
 def test_oldest_undelivered_ignores_parked_runs(tmp_path, wb):
