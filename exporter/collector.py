@@ -26,6 +26,7 @@ P = labels.SELF_METRIC_PREFIX
 _HELP = {
     labels.NODE_INFO: "A W&B run executes on this host (value always 1).",
     labels.GPU_INFO: "A W&B run holds this GPU (index and/or UUID) on this host (value always 1).",
+    labels.POD_INFO: "A W&B run executes in this Kubernetes pod on this host (value always 1).",
 }
 
 
@@ -79,12 +80,15 @@ class Exposition:
     def __init__(self) -> None:
         self._nodes = _Lines(labels.NODE_INFO, labels.NODE_INFO_LABELS)
         self._gpus = _Lines(labels.GPU_INFO, labels.GPU_INFO_LABELS)
+        self._pods = _Lines(labels.POD_INFO, labels.POD_INFO_LABELS)
         self._lock = threading.Lock()
 
     def render_info(self, snapshot: Snapshot) -> str:
-        """``wandb_run_node_info`` and ``wandb_run_gpu_info`` in text format."""
+        """``wandb_run_node_info``, ``wandb_run_gpu_info`` and, where a source names pods,
+        ``wandb_run_pod_info`` in text format."""
         with self._lock:
-            return self._nodes.render(snapshot.nodes) + self._gpus.render(snapshot.gpus)
+            text = self._nodes.render(snapshot.nodes) + self._gpus.render(snapshot.gpus)
+            return text + (self._pods.render(snapshot.pods) if snapshot.pods else "")
 
     def render(self, registry: Registry) -> bytes:
         """The whole /metrics body, built now from the registry's current snapshot."""
@@ -132,6 +136,8 @@ class SelfMetrics(Collector):
                                 value=len(snap.nodes))
         yield GaugeMetricFamily(P + "gpu_series", "wandb_run_gpu_info series published.",
                                 value=len(snap.gpus))
+        yield GaugeMetricFamily(P + "pod_series", "wandb_run_pod_info series published.",
+                                value=len(snap.pods))
 
 
 

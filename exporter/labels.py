@@ -2,6 +2,9 @@
 
 NODE_INFO = "wandb_run_node_info"
 GPU_INFO = "wandb_run_gpu_info"
+# One series per Kubernetes pod of a run, so the rules can join dcgm-exporter's pod labels (which
+# pod holds which GPU) to runs; node info names one pod per (run, host) at most.
+POD_INFO = "wandb_run_pod_info"
 
 ENTITY = "wandb_entity"
 PROJECT = "wandb_project"
@@ -21,5 +24,6 @@ NODE_INFO_LABELS: tuple[str, ...] = (
     ENTITY, PROJECT, RUN_ID, RUN_NAME, RUN_GROUP, HOSTNAME, SOURCE, SLURM_JOB_ID, NAMESPACE, POD,
 )
 GPU_INFO_LABELS: tuple[str, ...] = (ENTITY, PROJECT, RUN_ID, HOSTNAME, GPU, GPU_UUID, SOURCE)
+POD_INFO_LABELS: tuple[str, ...] = (ENTITY, PROJECT, RUN_ID, HOSTNAME, NAMESPACE, POD, SOURCE)
 
 SELF_METRIC_PREFIX = "wandb_infra_exporter_"

@@ -59,6 +59,7 @@ class Snapshot:
     hosts: int
     sources: tuple[SourceStatus, ...]
     runs_by_source: dict[str, tuple[int, int]]
+    pods: tuple[tuple[str, ...], ...] = ()
 
 
 def merge_gpus(gpus: Iterable[Gpu]) -> tuple[Gpu, ...]:
@@ -160,7 +161,7 @@ class Registry:
 
     def _refresh_status(self, snap: Snapshot) -> Snapshot:
         return Snapshot(snap.nodes, snap.gpus, snap.runs, snap.hosts,
-                        self._status_copy(), snap.runs_by_source)
+                        self._status_copy(), snap.runs_by_source, snap.pods)
 
     def _status_copy(self) -> tuple[SourceStatus, ...]:
         return tuple(SourceStatus(s.name, s.up, s.last_success, s.last_duration, s.errors_total)
@@ -200,7 +201,22 @@ class Registry:
             gpus.extend(rows)
         self._stable = stable
         return Snapshot(tuple(nodes), tuple(gpus), len({k[0] for k in grouped}),
-                        len({k[1] for k in grouped}), self._status_copy(), per_source)
+                        len({k[1] for k in grouped}), self._status_copy(), per_source,
+                        _pod_rows(grouped))
+
+
+def _pod_rows(grouped: dict[NodeKey, list[RunPlacement]]) -> tuple[tuple[str, ...], ...]:
+    """One row per (run, host, namespace, pod) of the placements that name a pod (Kubernetes),
+    in labels.POD_INFO_LABELS order; the first source to report a pod names it."""
+    rows: dict[tuple[str, ...], str] = {}
+    for (run, host), group in sorted(grouped.items()):
+        for p in group:
+            extra = dict(p.extra)
+            namespace, pod = extra.get(labels.NAMESPACE, ""), extra.get(labels.POD, "")
+            if namespace and pod:
+                rows.setdefault((run.entity, run.project, run.run_id, host, namespace, pod),
+                                p.source)
+    return tuple((*key, source) for key, source in rows.items())
 
 
 def _keep_gpu_labels(previous: tuple[Gpu, ...], merged: tuple[Gpu, ...]) -> tuple[Gpu, ...]:

@@ -124,7 +124,30 @@ def test_exporter_process_with_kubernetes(k8s, tmp_path):
         assert nodes == {("abc123", "node-a", "kubernetes"), ("lab1", "node-b", "kubernetes"),
                          ("lab1", "node-c", "kubernetes"), ("ann1", "node-d", "kubernetes")}
         assert metric_samples(url, labels.GPU_INFO) == []
+        pods = {(s["wandb_run_id"], s["hostname"], s["namespace"], s["pod"])
+                for s in metric_samples(url, labels.POD_INFO)}
+        assert pods == {("abc123", "node-a", "ml", "launch-0"),
+                        ("lab1", "node-b", "ml", "labelled-0"),
+                        ("lab1", "node-c", "ml", "labelled-1"),
+                        ("ann1", "node-d", "research", "annotated")}
     assert k8s.token not in (tmp_path / "exporter" / "exporter.log").read_text()
+
+
+def test_every_pod_of_a_run_on_a_node_is_published(k8s, tmp_path):
+    """Node info names one pod per (run, host); the pod info metric has each of them, so the
+    rules can tell which of a run's pods holds a GPU (and a replaced pod is not lost)."""
+    k8s.set_pods([make_pod(f"rank-{i}", "node-a", "ml", labels={"wandb.ai/run-id": "r8"})
+                  for i in range(3)])
+    config = {"sources": {"kubernetes": {
+        "enabled": True, "api_server": k8s.url, "token": "env:K8S_TOKEN",
+        "default_entity": "team", "default_project": "misc", "interval_seconds": 0.3}}}
+    with running_exporter(config, tmp_path / "exporter", env={"K8S_TOKEN": k8s.token}) as url:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and len(metric_samples(url, labels.POD_INFO)) < 3:
+            time.sleep(0.2)
+        assert sorted(s["pod"] for s in metric_samples(url, labels.POD_INFO)) == [
+            "rank-0", "rank-1", "rank-2"]
+        assert len(metric_samples(url, labels.NODE_INFO)) == 1
 
 
 def test_in_cluster_service_account(k8s, tmp_path, monkeypatch):
