@@ -346,11 +346,41 @@ def link_wear_rules() -> list[Recording]:
     ]
 
 
+# Which GPUs each run holds: the exporter's per-GPU join metric, or, on Kubernetes, the pod that
+# dcgm-exporter says holds the GPU joined to that pod's run.
+RUN_GPUS = f"({L.GPU_INFO} or {s.POD_GPU_ROWS})"
+
+
+def pod_gpu_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
+    """The run on each GPU that a Kubernetes pod holds (slow tier).
+
+    dcgm-exporter in Kubernetes mode labels each GPU's series with the pod holding it
+    (``pod``/``namespace``, or ``exported_pod``/``exported_namespace`` when a ServiceMonitor
+    without ``honorLabels`` keeps its own target labels); the exporter's pod info metric says
+    which run each pod belongs to. A GPU fault then goes to the run whose pod holds the GPU
+    instead of every run on the node. Pods change slowly, so the slow tier suffices; until a
+    new pod's row exists its run is attributed by host.
+    """
+    scraped = s.dcgm_raw(s.DCGM_GPU_TEMP, matchers='exported_pod!=""')
+    exported = (f'label_replace(label_replace({scraped}, "{L.POD}", "$1", "exported_pod", "(.+)"),'
+                f' "{L.NAMESPACE}", "$1", "exported_namespace", "(.+)")')
+    honoured = s.dcgm_raw(s.DCGM_GPU_TEMP, matchers='pod!="",exported_pod=""')
+    by = f"Hostname, {L.HOSTNAME}, {L.GPU}, {L.NAMESPACE}, {L.POD}"
+    held = f"max by ({by}) ({exported} or {honoured})"
+    # One run per pod even if two registrations claim it, so the join can never fail.
+    pods = f"topk by ({L.NAMESPACE}, {L.POD}) (1, max by ({L.NAMESPACE}, {L.POD}, {RUN}) " \
+           f"({L.POD_INFO}))"
+    return [Recording(s.POD_GPU_ROWS,
+                      f"max by ({L.HOSTNAME}, {L.GPU}, {RUN}) "
+                      f"(clamp({_from_dcgm_host(held, host)}, 1, 1) "
+                      f"* on ({L.NAMESPACE}, {L.POD}) group_left ({RUN}) {pods})")]
+
+
 def run_gpu_rows(hosts: str = "", on: str = L.HOSTNAME) -> str:
     """The run on each GPU, one series per (host, GPU, run) whatever the exporter replicas;
     with ``hosts``, only rows matching it ``on`` the given labels (filtered before the ``max``,
     so the aggregation touches those rows only)."""
-    info = f"{L.GPU_INFO} and on ({on}) ({hosts})" if hosts else L.GPU_INFO
+    info = f"{RUN_GPUS} and on ({on}) ({hosts})" if hosts else RUN_GPUS
     return f"max by ({L.HOSTNAME}, {L.GPU}, {RUN}) ({info})"
 
 
@@ -422,7 +452,7 @@ def workload_history_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
     return [
         Recording(s.GPU_IDLE_1H, tensor_idle),
         Recording(unknown, f"max by ({L.HOSTNAME}, {RUN}) ({L.NODE_INFO} "
-                           f"unless on ({L.HOSTNAME}, {RUN}) {L.GPU_INFO})"),
+                           f"unless on ({L.HOSTNAME}, {RUN}) {RUN_GPUS})"),
         Recording(sole, f"{unknown} and {on_host} (count by ({L.HOSTNAME}) ({unknown}) == 1)"),
         Recording(lagging, _host_label(util(f" < {1 - STRAGGLER_GAP:g}"), host)),
         Recording(lagging_runs,

@@ -302,7 +302,9 @@ def run_variables() -> list[Any]:
     node_info, gpu_info = labels.NODE_INFO, labels.GPU_INFO
     ent, proj, run = labels.ENTITY, labels.PROJECT, labels.RUN_ID
     host, gpu = labels.HOSTNAME, labels.GPU
-    run_gpus = f"{gpu_info}{{{RUN_SELECTOR},{HOST_SELECTOR}}}"
+    selector = f"{{{RUN_SELECTOR},{HOST_SELECTOR}}}"
+    # Kubernetes: the GPUs the run's pods hold, from dcgm-exporter's pod labels (rules).
+    run_gpus = f"({gpu_info}{selector} or {series.POD_GPU_ROWS}{selector})"
     gpu_query = (
         f"query_result(max by ({host}, {gpu}) ({run_gpus}) or (max by ({host}, {gpu}) "
         f"({series.GPU_PRESENT}{{{HOST_SELECTOR}}}) unless on () count({run_gpus})))")

@@ -560,7 +560,51 @@ def real_telemetry_cases() -> list[Case]:
                       [*bg, dcgm("hostname", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "0+0.05x40 2x40")],
                       "22m", [Expect(g(), f"3 double-bit ECC error(s) on {W} in the last 10 "
                                           "minutes.")]))
-    cases += mig_cases()
+    cases += mig_cases() + kubernetes_cases()
+    return cases
+
+
+def pod_info(run: dict[str, str], pod: str, host: str = "n1") -> Series:
+    """The exporter's per-pod join metric (Kubernetes source)."""
+    return Series("wandb_run_pod_info", {**run, "hostname": host, "namespace": "ml", "pod": pod,
+                                         "source": "kubernetes"}, "1x80")
+
+
+def kubernetes_cases() -> list[Case]:
+    """Two runs' pods on one node, each holding two GPUs: a GPU fault goes to the pod's run."""
+    ecc = "GpuContainedEccError"
+    desc = "Contained uncorrectable ECC error (XID 94) on GPU 2 on n1 (1 event(s))."
+    runs = [node_info(RUN_A, source="kubernetes"), node_info(RUN_B, source="kubernetes"),
+            pod_info(RUN_A, "train-a-0"), pod_info(RUN_B, "train-b-0")]
+    cases = []
+    for spelling in ("pod", "exported_pod"):
+        ns = spelling.replace("pod", "namespace")
+
+        def held(gpu: int, values: str, metric: str = "DCGM_FI_DEV_GPU_TEMP",
+                 spelling: str = spelling, ns: str = ns, **extra: str) -> Series:
+            pod = "train-a-0" if gpu < 2 else "train-b-0"
+            return dcgm("hostname", metric, values, gpu=str(gpu),
+                        **{spelling: pod, ns: "ml", "container": "trainer", **extra})
+
+        temps = [held(gpu, "40x80") for gpu in range(4)]
+        xid = held(2, "_x20 94x60", "DCGM_FI_DEV_XID_ERRORS", err_code="94")
+        cases.append(Case(f"{ecc}: Kubernetes, the run whose pod holds the GPU ({spelling})", ecc,
+                          [*runs, *temps, xid], "12m",
+                          [Expect({**RUN_B, **g(gpu="2", xid="94")}, desc)]))
+    unlabelled = [dcgm("hostname", "DCGM_FI_DEV_GPU_TEMP", "40x80", gpu=str(i))
+                  for i in range(4)]
+    cases.append(Case(f"{ecc}: Kubernetes without pod labels falls back to the node", ecc,
+                      [*runs, *unlabelled, _xid("hostname", "94", "_x20 94x60", gpu="2")], "12m",
+                      [Expect({**run, **g(gpu="2", xid="94")}, desc) for run in (RUN_A, RUN_B)]))
+    claimed_twice = [*runs, pod_info(RUN_A, "train-b-0"),
+                     *(dcgm("hostname", "DCGM_FI_DEV_GPU_TEMP", "40x80", gpu=str(i),
+                            pod="train-a-0" if i < 2 else "train-b-0", namespace="ml")
+                       for i in range(4)),
+                     dcgm("hostname", "DCGM_FI_DEV_XID_ERRORS", "_x20 94x60", gpu="0",
+                          pod="train-a-0", namespace="ml", err_code="94")]
+    cases.append(Case(f"{ecc}: a pod claimed by two runs does not break the pod join", ecc,
+                      claimed_twice, "12m",
+                      [Expect({**RUN_A, **g(gpu="0", xid="94")}, desc.replace("GPU 2", "GPU 0"))]))
     return cases
 
 
