@@ -53,8 +53,10 @@ def _cluster() -> Cluster:
     names = [f"gpu-node-{i:0{width}d}" for i in range(1, HOSTS + 1)]
     flavours = {n: ("Hostname" if i % 3 == 0 else "4.9" if i % 10 == 1 else "hostname")
                 for i, n in enumerate(names)}
+    # Kubernetes mode (pod labels on every run's GPUs, a pod info series per run and host): the
+    # pod join reads every held GPU, the costliest case for the rules.
     cluster = Cluster(hosts=HOSTS, gpus_per_host=GPUS, host_flavours=flavours, xid_count=True,
-                      render_ttl=5.0)
+                      kubernetes_pods=True, render_ttl=5.0)
     per_run = HOSTS // RUNS
     for r in range(RUNS):
         hosts = names[r * per_run:(r + 1) * per_run]

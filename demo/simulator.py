@@ -47,6 +47,7 @@ from exporter.logsetup import log_fields, setup_logging
 log = logging.getLogger("demo.simulator")
 
 FLAVOURS: tuple[str, ...] = ("Hostname", "hostname", "4.9")
+POD_NAMESPACE = "ml"
 FAULT_KINDS: tuple[str, ...] = (
     "xid", "thermal", "stall", "ib_flap", "ib_down", "host_lost", "nvlink", "pcie", "ecc_dbe",
     "row_remap_pending", "power_brake", "eth_flap", "eth_down", "straggler", "row_remap_failure",
@@ -320,6 +321,7 @@ class Cluster:
         host_flavours: dict[str, str] | None = None,
         xid_count: bool = False,
         xid_absent_until_first: bool = False,
+        kubernetes_pods: bool = False,
         render_ttl: float = 1.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -334,6 +336,10 @@ class Cluster:
         self.render_ttl = render_ttl
         self.xid_count = xid_count
         self.xid_absent_until_first = xid_absent_until_first
+        # dcgm-exporter in Kubernetes mode: the GPUs a run holds carry its pod's labels, and the
+        # join metrics include wandb_run_pod_info (as the exporter's Kubernetes source).
+        self.kubernetes_pods = kubernetes_pods
+        self._pod_of: dict[tuple[str, int], tuple[str, str]] = {}
         self.gpus_per_host = gpus_per_host
         self._lock = threading.RLock()
         self.runs: dict[tuple[str, str, str], RunAssignment] = {}
@@ -638,14 +644,29 @@ class Cluster:
             run = RunAssignment(entity, project, run_id, host_list, gpu_list, run_name or run_id)
             self.runs[(entity, project, run_id)] = run
             self._runs_version += 1
+            if self.kubernetes_pods:
+                self._set_pods(run, held=True)
         return run
+
+    def _set_pods(self, run: RunAssignment, held: bool) -> None:
+        """Label (or unlabel) the GPUs of a run's pods, one pod per host."""
+        for i, name in enumerate(run.hosts):
+            for index in run.gpus if run.gpus is not None else range(self.gpus_per_host):
+                if held:
+                    self._pod_of[(name, index)] = (POD_NAMESPACE, f"{run.run_id}-{i}")
+                else:
+                    self._pod_of.pop((name, index), None)
+            self.hosts[name].version += 1
 
     def end_run(self, entity: str, project: str, run_id: str) -> None:
         """Remove a run's join series (they go stale in Prometheus)."""
         with self._lock:
-            if self.runs.pop((entity, project, run_id), None) is None:
+            run = self.runs.pop((entity, project, run_id), None)
+            if run is None:
                 raise SimulatorError(f"unknown run {entity}/{project}/{run_id}")
             self._runs_version += 1
+            if self.kubernetes_pods:
+                self._set_pods(run, held=False)
 
     # ---- rendering -----------------------------------------------------------------------------
 
@@ -675,7 +696,8 @@ class Cluster:
         base = {
             g.index: (f'gpu="{g.index}",UUID="{g.uuid}",pci_bus_id="{g.pci_bus_id}",'
                       f'device="nvidia{g.index}",modelName="{MODEL_NAME}",'
-                      f'{host_label}="{host.name}",DCGM_FI_DRIVER_VERSION="{DRIVER_VERSION}"')
+                      f'{host_label}="{host.name}",DCGM_FI_DRIVER_VERSION="{DRIVER_VERSION}"'
+                      + self._pod_labels(host.name, g.index))
             for g in gpus
         }
         gauges = {g.index: self._gauges(g, now) for g in gpus}
@@ -781,6 +803,14 @@ class Cluster:
             return 1, 2
         return 4, 5
 
+    def _pod_labels(self, host: str, index: int) -> str:
+        """dcgm-exporter's Kubernetes-mode labels of a GPU a pod holds ('' otherwise)."""
+        held = self._pod_of.get((host, index))
+        if held is None:
+            return ""
+        namespace, pod = held
+        return f',pod="{pod}",namespace="{namespace}",container="trainer"'
+
     def render_runs(self) -> bytes:
         """The join metrics (contract 1) for assigned runs."""
         with self._lock:
@@ -806,6 +836,18 @@ class Cluster:
             out.append(f"# HELP {labels.GPU_INFO} Run to GPU (simulator stand-in).\n"
                        f"# TYPE {labels.GPU_INFO} gauge\n")
             out.extend(gpu_lines)
+            if self.kubernetes_pods:
+                out.append(f"# HELP {labels.POD_INFO} Run to pod (simulator stand-in).\n"
+                           f"# TYPE {labels.POD_INFO} gauge\n")
+                for run in self.runs.values():
+                    for i, name in enumerate(run.hosts):
+                        out.append(
+                            f'{labels.POD_INFO}{{{labels.ENTITY}="{_escape(run.entity)}",'
+                            f'{labels.PROJECT}="{_escape(run.project)}",'
+                            f'{labels.RUN_ID}="{_escape(run.run_id)}",'
+                            f'{labels.HOSTNAME}="{name}",{labels.NAMESPACE}="{POD_NAMESPACE}",'
+                            f'{labels.POD}="{_escape(run.run_id)}-{i}",'
+                            f'{labels.SOURCE}="simulator"}} 1\n')
             data = "".join(out).encode()
             self._runs_cache = (self._runs_version, data)
             return data

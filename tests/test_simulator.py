@@ -125,6 +125,22 @@ def test_gpu_labels_per_flavour(clock):
     assert one(cluster, "dcgm", "gpu-node-001", "DCGM_FI_DEV_GPU_UTIL", gpu="0") == 100.0
 
 
+def test_kubernetes_pod_labels_on_held_gpus_only(clock):
+    cluster = make(clock, kubernetes_pods=True)
+    cluster.assign_run("acme", "llm", "r1", ["gpu-node-001", "gpu-node-002"], gpus=[0, 1])
+    rows = parse(cluster.render("dcgm", "gpu-node-002").decode())
+    held = {lab["gpu"]: (lab.get("namespace"), lab.get("pod")) for n, lab, _ in rows
+            if n == "DCGM_FI_DEV_GPU_TEMP"}
+    assert held == {"0": ("ml", "r1-1"), "1": ("ml", "r1-1"),
+                    **{str(i): (None, None) for i in range(2, 8)}}
+    pods = [lab for n, lab, _ in parse(cluster.render_runs().decode()) if n == "wandb_run_pod_info"]
+    assert [(p["hostname"], p["pod"]) for p in pods] == [("gpu-node-001", "r1-0"),
+                                                         ("gpu-node-002", "r1-1")]
+    cluster.end_run("acme", "llm", "r1")
+    assert all("pod" not in lab for _, lab, _ in parse(cluster.render("dcgm", "gpu-node-002")
+                                                        .decode()))
+
+
 def test_xid_is_last_value_and_new_series_per_code(clock):
     cluster = make(clock, xid_count=True)
     host = "gpu-node-002"
