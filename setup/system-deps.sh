@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the demo, tests and benchmarks run for real: Prometheus + promtool,
-# Alertmanager + amtool, Slurm 22.05 with munge. Idempotent: does nothing when all are present.
+# Alertmanager + amtool, Slurm 22.05 with munge, VictoriaMetrics + vmalert, jsonnet, Chromium
+# (headless page tests). Idempotent: does nothing when all are present.
 set -euo pipefail
 
 need=()
@@ -9,6 +10,10 @@ command -v promtool >/dev/null || need+=(prometheus)
 command -v prometheus-alertmanager >/dev/null || need+=(prometheus-alertmanager)
 command -v slurmctld >/dev/null || [ -x /usr/sbin/slurmctld ] || need+=(slurm-wlm)
 command -v munged >/dev/null || [ -x /usr/sbin/munged ] || need+=(munge)
+command -v victoria-metrics >/dev/null || need+=(victoria-metrics)
+command -v vmalert >/dev/null || need+=(victoria-metrics)
+command -v jsonnet >/dev/null || need+=(jsonnet)
+command -v chromium >/dev/null || need+=(chromium)
 if [ ${#need[@]} -eq 0 ]; then
   exit 0
 fi
