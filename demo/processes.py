@@ -25,6 +25,8 @@ PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or "/usr/bin/prometheus-alertmanager"
 AMTOOL = shutil.which("amtool") or "/usr/bin/amtool"
+VICTORIA_METRICS = shutil.which("victoria-metrics") or "/usr/bin/victoria-metrics"
+VMALERT = shutil.which("vmalert") or "/usr/bin/vmalert"
 
 
 def free_port() -> int:
@@ -144,6 +146,39 @@ def alertmanager(config: str, workdir: Path,
         "--cluster.listen-address=", "--log.level=warn",
     ]
     return running(cmd, workdir, "alertmanager", port, "/-/ready")
+
+
+def victoria_metrics(scrape_config: str, workdir: Path,
+                     port: int | None = None) -> contextlib.AbstractContextManager[Service]:
+    """Run single-node VictoriaMetrics (Debian's package) scraping with a Prometheus-style
+    ``scrape_config`` (YAML text with ``global`` and ``scrape_configs`` only)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = port or free_port()
+    (workdir / "scrape.yml").write_text(scrape_config)
+    cmd = [
+        VICTORIA_METRICS, f"-promscrape.config={workdir / 'scrape.yml'}",
+        f"-storageDataPath={workdir / 'vm-data'}", f"-httpListenAddr=127.0.0.1:{port}",
+        "-loggerLevel=WARN", "-search.disableCache",
+        # Queries at "now" see the newest samples instead of stopping 30 s earlier.
+        "-search.latencyOffset=0s",
+    ]
+    return running(cmd, workdir, "victoria-metrics", port, "/health")
+
+
+def vmalert(rules: Path, datasource: str, notifier: str, workdir: Path, *, interval: str,
+            port: int | None = None) -> contextlib.AbstractContextManager[Service]:
+    """Run vmalert on ``rules`` against ``datasource`` (VictoriaMetrics), writing recorded series
+    and ``ALERTS`` back to it and sending alerts to the Alertmanager at ``notifier``."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = port or free_port()
+    cmd = [
+        VMALERT, f"-rule={rules}", f"-datasource.url={datasource}",
+        f"-remoteWrite.url={datasource}", f"-remoteRead.url={datasource}",
+        f"-notifier.url={notifier}", f"-evaluationInterval={interval}",
+        f"-httpListenAddr=127.0.0.1:{port}", "-loggerLevel=WARN",
+        "-remoteWrite.flushInterval=1s",
+    ]
+    return running(cmd, workdir, "vmalert", port, "/health")
 
 
 def prom_query(base_url: str, expr: str, at: float | None = None) -> list[dict]:

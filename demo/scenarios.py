@@ -85,11 +85,12 @@ def _alertnames(view: dict[str, Any]) -> list[str]:
             for a in [issue["root_cause"], *issue["consequences"]]]
 
 
-def xid94_cascade(stack: Stack, hosts: list[str], timeout: float = 240) -> tuple[RunRef, dict]:
-    """Scenario 1: XID 94 on one GPU, then the whole run hangs."""
+def xid94_cascade(stack: Stack, hosts: list[str], timeout: float = 240,
+                  faulty: int = 16) -> tuple[RunRef, dict]:
+    """Scenario 1: XID 94 on one GPU (GPU 3 of ``hosts[faulty]``), then the whole run hangs."""
     run = RunRef(ENTITY, "llm-pretrain", "cascade64")
     job = start_job(stack, run, hosts, GPUS)
-    faulty_host, faulty_gpu = hosts[16], 3
+    faulty_host, faulty_gpu = hosts[faulty], 3
     stack.cluster.inject("xid", faulty_host, gpu=faulty_gpu, code=94)
     time.sleep(3 * stack.config.interval_seconds)
     for host in hosts:

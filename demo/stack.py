@@ -28,6 +28,7 @@ from demo.simulator import Cluster, SimulatorServer, target_groups
 ROOT = Path(__file__).resolve().parent.parent
 RULES_FILE = ROOT / "alert_rules" / "wandb-infra.rules.yml"
 PROMETHEUS_EXAMPLE = ROOT / "deploy" / "prometheus" / "prometheus.yml"
+ENGINES = ("prometheus", "victoriametrics")
 ALERTMANAGER_EXAMPLE = ROOT / "deploy" / "alertmanager" / "alertmanager.yml"
 BRIDGE_RECEIVER = "wandb.bridge"
 
@@ -58,7 +59,9 @@ class StackConfig:
     """What differs between the demo, the end-to-end tests and production intervals.
 
     ``wandb_*`` configure the bridge's W&B; ``jobs_online`` makes the training-job stand-ins
-    create their runs there too (real W&B), instead of offline runs."""
+    create their runs there too (real W&B), instead of offline runs. ``engine`` is where the
+    rules run: ``prometheus``, or ``victoriametrics`` (VictoriaMetrics scraping, vmalert
+    evaluating the same rule file)."""
 
     workdir: Path
     hosts: int = 66
@@ -74,6 +77,7 @@ class StackConfig:
     flush_interval_seconds: float = 1.0
     log_level: str = "info"
     jobs_online: bool = False
+    engine: str = "prometheus"
 
 
 class Stack:
@@ -89,7 +93,10 @@ class Stack:
         self.bridge: processes.Service | None = None
         self.alertmanager: processes.Service | None = None
         self.prometheus: processes.Service | None = None
+        self.vmalert: processes.Service | None = None
         self._exit = contextlib.ExitStack()
+        if config.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, not {config.engine!r}")
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
@@ -114,7 +121,10 @@ class Stack:
         self.exporter = self._start_exporter()
         self.bridge = self._start_bridge()
         self.alertmanager = self._start_alertmanager()
-        self.prometheus = self._start_prometheus()
+        if self.config.engine == "victoriametrics":
+            self.prometheus, self.vmalert = self._start_victoria_metrics()
+        else:
+            self.prometheus = self._start_prometheus()
 
     def stop(self) -> None:
         """Stop everything started so far, newest first."""
@@ -187,8 +197,15 @@ class Stack:
             yaml.safe_dump(config, sort_keys=False), self.workdir / "alertmanager"))
 
     def _start_prometheus(self) -> processes.Service:
-        assert self.simulator and self.exporter and self.alertmanager
         promdir = self.workdir / "prometheus"
+        config = self._prometheus_config(promdir)
+        return self._exit.enter_context(
+            processes.prometheus(yaml.safe_dump(config, sort_keys=False), promdir))
+
+    def _prometheus_config(self, promdir: Path) -> dict[str, Any]:
+        """The example prometheus.yml pointed at this stack, with the scaled rules and the
+        simulator's target files written under ``promdir``."""
+        assert self.simulator and self.exporter and self.alertmanager
         (promdir / "rules").mkdir(parents=True, exist_ok=True)
         (promdir / "targets").mkdir(parents=True, exist_ok=True)
         (promdir / "rules" / RULES_FILE.name).write_text(
@@ -205,8 +222,23 @@ class Stack:
         for job in config["scrape_configs"]:
             if job["job_name"] == "wandb-infra-exporter":
                 job["static_configs"][0]["targets"] = [self.exporter.url.removeprefix("http://")]
-        return self._exit.enter_context(
-            processes.prometheus(yaml.safe_dump(config, sort_keys=False), promdir))
+        return config
+
+    def _start_victoria_metrics(self) -> tuple[processes.Service, processes.Service]:
+        """VictoriaMetrics with the Prometheus example's scrape jobs, and vmalert running the
+        same (scaled) rule file, writing records and ``ALERTS`` back and notifying
+        Alertmanager. ``self.prometheus`` then points at VictoriaMetrics' query API."""
+        assert self.simulator and self.exporter and self.alertmanager
+        config = self._prometheus_config(self.workdir / "victoria-metrics")
+        scrape = {"global": {"scrape_interval": config["global"]["scrape_interval"]},
+                  "scrape_configs": config["scrape_configs"]}
+        vm = self._exit.enter_context(processes.victoria_metrics(
+            yaml.safe_dump(scrape, sort_keys=False), self.workdir / "victoria-metrics"))
+        rules = self.workdir / "victoria-metrics" / "rules" / RULES_FILE.name
+        vmalert = self._exit.enter_context(processes.vmalert(
+            rules, vm.url, self.alertmanager.url, self.workdir / "vmalert",
+            interval=f"{self.config.interval_seconds}s"))
+        return vm, vmalert
 
     # ---- using it ------------------------------------------------------------------------------
 
