@@ -119,6 +119,16 @@ class OutboxRow:
 
 
 @dataclass(frozen=True)
+class RunIndexEntry:
+    """One attributed run as /runs lists it; ``version`` changes whenever its alerts do."""
+
+    run: RunKey
+    alerts: int
+    firing: int
+    version: tuple[int, int, float]
+
+
+@dataclass(frozen=True)
 class QueueStats:
     """Backlog figures for /metrics."""
 
@@ -344,6 +354,21 @@ class Store:
             "GROUP BY entity, project, run_id ORDER BY last DESC LIMIT ?", (limit,))
         return [(RunKey(r["entity"], r["project"], r["run_id"]), r["n"], r["firing"] or 0,
                  r["last"]) for r in rows]
+
+    def run_index(self, limit: int, offset: int = 0) -> list[RunIndexEntry]:
+        """A page of attributed runs, most recently started first (ties in key order)."""
+        rows = self._read(
+            "SELECT entity, project, run_id, COUNT(*) AS n, SUM(status='firing') AS firing, "
+            "MAX(starts_at) AS last, MAX(updated_at) AS changed FROM alerts WHERE entity != '' "
+            "GROUP BY entity, project, run_id ORDER BY last DESC, entity, project, run_id "
+            "LIMIT ? OFFSET ?", (limit, offset))
+        return [RunIndexEntry(RunKey(r["entity"], r["project"], r["run_id"]), r["n"],
+                              r["firing"] or 0, (r["n"], r["firing"] or 0, r["changed"]))
+                for r in rows]
+
+    def unattributed_count(self) -> int:
+        """Number of stored alerts no run could be found for."""
+        return self._read("SELECT COUNT(*) FROM alerts WHERE entity=''")[0][0]
 
     def alert_count(self) -> int:
         """Number of stored alert rows (tests and metrics)."""

@@ -29,11 +29,14 @@ from bridge.identity import UNATTRIBUTED, IdentityReader, RunKey
 from bridge.metrics import BridgeMetrics
 from bridge.pages import delivery_status, run_detail, run_html, run_summary, runs_html
 from bridge.payload import Notification, PayloadError, parse_notification
-from bridge.store import OutboxRow, Store, StoreError
+from bridge.store import OutboxRow, RunIndexEntry, Store, StoreError
 from exporter.logsetup import log_fields
 from exporter.sources import NAME_CHARS, RUN_ID_CHARS
 
 log = logging.getLogger(__name__)
+
+MAX_PAGE = 500
+MAX_CACHED_SUMMARIES = 20_000
 
 
 def _digest(value: str) -> bytes:
@@ -131,6 +134,9 @@ class Handlers:
     def __init__(self, ctx: BridgeContext) -> None:
         self.ctx = ctx
         self.inflight_bytes = 0
+        # /runs rows by run, with the version of the alerts they were diagnosed from: a request
+        # re-diagnoses only runs that changed (touched by the read pool's one thread only).
+        self.summaries: dict[RunKey, tuple[tuple[int, int, float], dict[str, Any]]] = {}
 
     def _unauthorised(self) -> web.Response:
         return _error(401, "missing or wrong credentials",
@@ -237,24 +243,31 @@ class Handlers:
         return self.ctx.public_pages or self.ctx.credentials.check(
             request.headers.get("Authorization"))
 
-    def _runs_data(self) -> tuple[list[dict[str, Any]], int]:
+    def _runs_data(self, limit: int, offset: int) -> tuple[list[dict[str, Any]], int]:
         store = self.ctx.store
-        rows, unattributed = [], 0
-        for run, alerts, firing, _last in store.runs():
-            if not run.attributed:
-                unattributed = alerts
-                continue
-            try:
-                diagnosis = diagnose(store.facts(run), self.ctx.incident_gap)
-                rows.append(run_summary(run, diagnosis, alerts, firing, store.outbox(run)))
-            except StoreError:
-                raise
-            except Exception as exc:  # one unreadable run must not hide all the others
-                log.exception("cannot show run", extra=log_fields(run=run.path()))
-                rows.append(_broken(run, exc, store.outbox(run)) | {
-                    "alerts": alerts, "firing": firing, "issues": 0, "open_issues": 0,
-                    "root_cause": None})
-        return rows, unattributed
+        rows = []
+        for entry in store.run_index(limit, offset):
+            cached = self.summaries.get(entry.run)
+            if cached is None or cached[0] != entry.version:
+                cached = (entry.version, self._summary(entry))
+                if len(self.summaries) >= MAX_CACHED_SUMMARIES:
+                    self.summaries.clear()
+                self.summaries[entry.run] = cached
+            rows.append({**cached[1], "wandb": delivery_status(store.outbox(entry.run))})
+        return rows, store.unattributed_count()
+
+    def _summary(self, entry: RunIndexEntry) -> dict[str, Any]:
+        """A run's row without its delivery state; diagnosed only when its alerts changed."""
+        run = entry.run
+        try:
+            diagnosis = diagnose(self.ctx.store.facts(run), self.ctx.incident_gap)
+            return run_summary(run, diagnosis, entry.alerts, entry.firing, None)
+        except StoreError:
+            raise
+        except Exception as exc:  # one unreadable run must not hide all the others
+            log.exception("cannot show run", extra=log_fields(run=run.path()))
+            return _broken(run, exc, None) | {"alerts": entry.alerts, "firing": entry.firing,
+                                              "issues": 0, "open_issues": 0, "root_cause": None}
 
     def _run_data(self, run: RunKey) -> dict[str, Any] | None:
         def link(fact: AlertFact, start: datetime, end: datetime | None) -> str:
@@ -272,16 +285,28 @@ class Handlers:
             return _broken(run, exc, self.ctx.store.outbox(run)) | {"issues": []}
 
     async def runs(self, request: web.Request) -> web.Response:
-        """The issues column for every run the bridge knows."""
+        """The issues column, a page (``?limit=&offset=``) of the runs the bridge knows."""
         if not self._pages_allowed(request):
             return self._unauthorised()
+        try:
+            limit = int(request.query.get("limit", MAX_PAGE))
+            offset = int(request.query.get("offset", 0))
+        except ValueError:
+            return _error(400, "limit and offset must be integers")
+        if not (0 < limit <= MAX_PAGE and offset >= 0):
+            return _error(400, f"limit must be 1-{MAX_PAGE} and offset >= 0")
         loop = asyncio.get_running_loop()
         try:
-            rows, unattributed = await loop.run_in_executor(self.ctx.read_pool, self._runs_data)
+            rows, unattributed = await loop.run_in_executor(self.ctx.read_pool, self._runs_data,
+                                                            limit, offset)
         except StoreError as exc:
             return _error(503, str(exc))
         if _wants_json(request):
-            return web.json_response({"runs": rows, "unattributed_alerts": unattributed})
+            page = {"runs": rows, "unattributed_alerts": unattributed, "offset": offset,
+                    "limit": limit}
+            if len(rows) == limit:
+                page["next_offset"] = offset + limit
+            return web.json_response(page)
         return web.Response(text=runs_html(rows, unattributed), content_type="text/html")
 
     async def run(self, request: web.Request) -> web.Response:

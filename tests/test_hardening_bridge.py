@@ -15,6 +15,7 @@ import pytest
 import requests
 from prometheus_client import generate_latest
 
+from bridge import webhook
 from bridge.identity import IdentityReader, RunKey
 from bridge.payload import Alert, Notification
 from demo.processes import wait_for
@@ -205,3 +206,41 @@ def test_door_accepts_real_alertmanager_end_times(door, ends_at):
         del body["alerts"][0]["endsAt"]
     resp = requests.post(door.url + "/alertmanager", json=body, headers=AUTH, timeout=10)
     assert resp.status_code == 200, resp.text
+
+
+def test_runs_are_paginated_and_diagnosed_only_when_they_changed(tmp_path, monkeypatch):
+    calls: list[int] = []
+    real = webhook.diagnose
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(webhook, "diagnose", counted)
+    ctx = make_context(tmp_path)
+    with serve(ctx) as running:
+        def post(alerts: list[dict]) -> None:
+            assert requests.post(running.url + "/alertmanager", json=notification(alerts),
+                                 headers=AUTH, timeout=10).status_code == 200
+
+        def page(query: str) -> dict:
+            resp = requests.get(running.url + "/runs?format=json&" + query, headers=AUTH,
+                                timeout=10)
+            assert resp.status_code == 200, resp.text
+            return resp.json()
+        post([alert("NodeDown", category="node", host=f"h{i}", run=f"r{i}") for i in range(7)]
+             + [alert("NodeDown", category="node", host="idle")])
+        seen, offset = [], 0
+        while offset is not None:
+            body = page(f"limit=3&offset={offset}")
+            assert body["unattributed_alerts"] == 1
+            seen += [r["run_id"] for r in body["runs"]]
+            offset = body.get("next_offset")
+        assert sorted(seen) == [f"r{i}" for i in range(7)]
+        assert len(calls) == 7
+        assert len(page("")["runs"]) == 7 and len(calls) == 7  # nothing changed: no diagnosis
+        post([alert("GpuXidError", category="gpu_hardware", host="h3", run="r3")])
+        rows = {r["run_id"]: r for r in page("")["runs"]}
+        assert len(calls) == 8 and rows["r3"]["alerts"] == 2 and rows["r0"]["alerts"] == 1
+        for query in ("limit=0", "limit=501", "offset=-1", "limit=x"):
+            resp = requests.get(running.url + "/runs?" + query, headers=AUTH, timeout=10)
+            assert resp.status_code == 400, query
