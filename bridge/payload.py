@@ -16,6 +16,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any
 
 from bridge.catalog.vocabulary import ANNOTATION_PANEL_ID
@@ -71,19 +72,28 @@ def parse_time(value: object, where: str) -> datetime:
     in years 2000-2100 (anything else is a clock or a client gone wrong)."""
     if not isinstance(value, str):
         raise PayloadError(f"{where} must be an RFC 3339 string")
+    try:
+        return _instant(value)
+    except ValueError as exc:
+        raise PayloadError(f"{where} {exc}") from None
+
+
+@lru_cache(maxsize=1024)
+def _instant(value: str) -> datetime:
+    """``parse_time`` of a string, cached: the alerts of one storm share a few timestamps."""
     m = _TIMESTAMP.fullmatch(value)
     if not m:
-        raise PayloadError(f"{where} is not an RFC 3339 timestamp: {value[:40]!r}")
+        raise ValueError(f"is not an RFC 3339 timestamp: {value[:40]!r}")
     year, month, day, hour, minute, second, frac, zone = m.groups()
     micro = int((frac or ".0")[1:7].ljust(6, "0"))
     iso = f"{year}-{month}-{day}T{hour}:{minute}:{second}.{micro:06d}"
     iso += "+00:00" if zone in ("Z", "z") else zone
     try:
         parsed = datetime.fromisoformat(iso).astimezone(UTC)
-    except (ValueError, OverflowError) as exc:
-        raise PayloadError(f"{where} is out of range: {value[:40]!r}") from exc
+    except (ValueError, OverflowError):
+        raise ValueError(f"is out of range: {value[:40]!r}") from None
     if not MIN_YEAR <= parsed.year <= MAX_YEAR:
-        raise PayloadError(f"{where} is outside years {MIN_YEAR}-{MAX_YEAR}: {value[:40]!r}")
+        raise ValueError(f"is outside years {MIN_YEAR}-{MAX_YEAR}: {value[:40]!r}")
     return parsed
 
 

@@ -17,6 +17,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from aiohttp import web
@@ -25,7 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from bridge.delivery import DeliveryWorker
 from bridge.diagnosis import DEFAULT_GAP, AlertFact, diagnose
 from bridge.grafana import GrafanaLinks
-from bridge.identity import UNATTRIBUTED, IdentityReader, RunKey
+from bridge.identity import UNATTRIBUTED, Identity, IdentityReader, RunKey
 from bridge.metrics import BridgeMetrics
 from bridge.pages import delivery_status, run_detail, run_html, run_summary, runs_html
 from bridge.payload import Notification, PayloadError, parse_notification
@@ -102,16 +103,19 @@ def _error(status: int, reason: str, headers: dict[str, str] | None = None) -> w
                              headers=headers)
 
 
-def check_runs(notification: Notification, reader: IdentityReader) -> None:
-    """Reject run addresses the exporter could never have published (``fullmatch``, so a
-    trailing newline or a slash cannot make a second run or an unreachable /runs page)."""
-    for index, alert in enumerate(notification.alerts):
-        run = reader.read(alert.raw).run
+def check_runs(notification: Notification, reader: IdentityReader) -> list[Identity]:
+    """Each alert's identity (read once, for ``Store.ingest`` too), rejecting run addresses the
+    exporter could never have published (``fullmatch``, so a trailing newline or a slash cannot
+    make a second run or an unreachable /runs page)."""
+    identities = [reader.read(alert.raw) for alert in notification.alerts]
+    for index, ident in enumerate(identities):
+        run = ident.run
         if run.attributed and not (NAME_CHARS.fullmatch(run.entity)
                                    and NAME_CHARS.fullmatch(run.project)
                                    and RUN_ID_CHARS.fullmatch(run.run_id)):
             raise PayloadError(f"alerts[{index}]: W&B entity, project or run id has invalid "
                                "characters or length")
+    return identities
 
 
 def _wants_json(request: web.Request) -> bool:
@@ -187,14 +191,15 @@ class Handlers:
             return _error(400, "could not read the request body")
         try:
             notification = parse_notification(body)
-            check_runs(notification, ctx.reader)
+            identities = check_runs(notification, ctx.reader)
         except PayloadError as exc:
             m.notifications.labels("bad_request").inc()
             return _error(400, str(exc))
         loop = asyncio.get_running_loop()
         try:
-            result = await loop.run_in_executor(ctx.write_pool, ctx.store.ingest, notification,
-                                                ctx.reader)
+            result = await loop.run_in_executor(
+                ctx.write_pool, partial(ctx.store.ingest, notification, ctx.reader,
+                                        identities=identities))
         except StoreError as exc:
             m.notifications.labels("store_error").inc()
             m.store_ok.set(0)
