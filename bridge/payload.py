@@ -129,7 +129,7 @@ def _string_map(value: object, where: str) -> dict[str, str]:
         size += len(key) + len(item)
     if size > MAX_LABEL_BYTES:
         raise PayloadError(f"{where} is larger than {MAX_LABEL_BYTES} bytes")
-    return dict(value)
+    return value  # shared with the alert's raw object, not copied: nothing mutates either
 
 
 def _alert(item: object, index: int) -> Alert:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from bridge.diagnosis import AlertFact
 from bridge.identity import Identity, IdentityReader, RunKey
-from bridge.payload import Notification
+from bridge.payload import Alert, Notification
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS alerts (
@@ -261,36 +261,47 @@ class Store:
         changed: set[RunKey] = set()
         if identities is None:
             identities = [reader.read(alert.raw) for alert in notification.alerts]
-        # Rows grouped by run and written with executemany (one C loop per run rather than one
-        # Python call per alert); a run changed when its inserts or resolutions changed a row.
-        # Inserts go first, so a resolution in the same body closes an alert inserted firing.
-        rows: dict[RunKey, tuple[list[tuple], list[tuple]]] = {}
+        # Alerts grouped by run and written with executemany (one C loop per run rather than one
+        # Python call per alert) from generators, so rows are built one at a time; a run changed
+        # when its inserts or resolutions changed a row. Inserts go first, so a resolution in
+        # the same body closes an alert inserted firing.
+        by_run: dict[RunKey, list[int]] = {}
+        for index, ident in enumerate(identities):
+            by_run.setdefault(ident.run, []).append(index)
         texts: dict[datetime, str] = {}  # a storm's alerts share a few timestamps
-        for alert, ident in zip(notification.alerts, identities, strict=True):
-            run = ident.run
+
+        def key(alert: Alert, run: RunKey) -> tuple[str, str, str, str, str]:
             starts = texts.get(alert.starts_at) or texts.setdefault(alert.starts_at,
                                                                     iso(alert.starts_at))
-            key = (alert.fingerprint, starts, run.entity, run.project, run.run_id)
-            ends = iso(alert.ends_at) if alert.ends_at else None
-            inserts, resolutions = rows.setdefault(run, ([], []))
-            inserts.append((*key, alert.alertname, alert.status, ends,
-                            alert.labels.get("severity", ""), alert.labels.get("category", ""),
-                            ident.hostname, ident.gpu, _sorted_json(alert.labels),
-                            _sorted_json(alert.annotations), now, now))
-            if alert.status == "resolved":
-                resolutions.append((ends, now, *key))
+            return alert.fingerprint, starts, run.entity, run.project, run.run_id
+
+        def inserts(indices: list[int]) -> Iterator[tuple]:
+            for i in indices:
+                alert, ident = notification.alerts[i], identities[i]
+                yield (*key(alert, ident.run), alert.alertname, alert.status,
+                       iso(alert.ends_at) if alert.ends_at else None,
+                       alert.labels.get("severity", ""), alert.labels.get("category", ""),
+                       ident.hostname, ident.gpu, _sorted_json(alert.labels),
+                       _sorted_json(alert.annotations), now, now)
+
+        def resolutions(indices: list[int]) -> Iterator[tuple]:
+            for i in indices:
+                alert = notification.alerts[i]
+                if alert.status == "resolved" and alert.ends_at is not None:
+                    yield (iso(alert.ends_at), now, *key(alert, identities[i].run))
+
         with self._tx() as conn:
-            for run, (inserts, resolutions) in rows.items():
+            for run, indices in by_run.items():
                 added = conn.executemany(
                     f"INSERT OR IGNORE INTO alerts ({_ALERT_COLUMNS}, received_at, updated_at) "  # noqa: S608 - constant column list
-                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", inserts).rowcount
+                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", inserts(indices)).rowcount
                 closed = conn.executemany(
                     "UPDATE alerts SET status='resolved', ends_at=?, updated_at=? "
                     "WHERE fingerprint=? AND starts_at=? AND entity=? AND project=? "
-                    "AND run_id=? AND status='firing'", resolutions).rowcount if resolutions else 0
+                    "AND run_id=? AND status='firing'", resolutions(indices)).rowcount
                 new += added
-                resolved += closed
-                if added or closed:
+                resolved += max(closed, 0)
+                if added or closed > 0:
                     changed.add(run)
             for run in changed:
                 self._bump(conn, run, now)
