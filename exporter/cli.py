@@ -31,7 +31,8 @@ DEFAULTS: dict[str, Any] = {
     "grace_seconds": 300,
     "auth": {"token": None, "token_file": None, "host_tokens": []},
     "registrations": {"enabled": True, "default_ttl_seconds": 600,
-                      "max_ttl_seconds": 30 * 86400, "max_entries": 100000},
+                      "max_ttl_seconds": 30 * 86400, "max_entries": 100000,
+                      "max_series": 180000},
     "hostnames": {"strip_domain": True, "lowercase": True, "rewrites": []},
     "sources": {
         "slurm": {"enabled": False},
@@ -59,6 +60,8 @@ Keys (see deploy/exporter.example.yaml for a commented example):
                               per node for its Slurm prolog/epilog)
   registrations.enabled       accept POST /v1/runs (default true)
   registrations.default_ttl_seconds / max_ttl_seconds / max_entries
+  registrations.max_series    bound on the series registrations publish (1 per host + 1 per
+                              GPU; default 180000, about 290 MB of RSS); beyond it POST gets 503
   hostnames.strip_domain      gpu01.example.com -> gpu01 (default true)
   hostnames.lowercase         (default true)
   hostnames.rewrites          list of {{match: REGEX, replace: TEMPLATE}}, first full match wins
@@ -184,7 +187,8 @@ def _build(cfg: Mapping[str, Any]) -> tuple[web.Application, list[str]]:
     grace = float(cfg["grace_seconds"])
     if grace < 0:
         raise ConfigError("grace_seconds must be >= 0")
-    store = RegistrationStore(max_entries=int(reg_cfg.get("max_entries", 100000)))
+    store = RegistrationStore(max_entries=int(reg_cfg.get("max_entries", 100000)),
+                              max_series=int(reg_cfg.get("max_series", 180000)))
     live = [(REGISTRATION_SOURCE, store.active)] if reg_cfg.get("enabled", True) else []
     registry = Registry(HostnameMapper.from_config(cfg.get("hostnames") or {}),
                         grace_seconds=grace, live_sources=live, live_version=store.version)

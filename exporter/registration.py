@@ -131,14 +131,25 @@ class _Entry:
     expires: float
 
 
-class RegistrationStore:
-    """Live registrations keyed by (run, host), each expiring unless refreshed."""
+def series(placement: RunPlacement) -> int:
+    """Join-metric series a placement publishes: one node series plus one per GPU."""
+    return 1 + len(placement.gpus)
 
-    def __init__(self, max_entries: int = 100_000, clock: Callable[[], float] = time.time) -> None:
+
+class RegistrationStore:
+    """Live registrations keyed by (run, host), each expiring unless refreshed.
+
+    Bounded in entries and in the series they publish, since the exporter's memory and scrape
+    size grow with series (about 1.4 kB of RSS each), not with entries."""
+
+    def __init__(self, max_entries: int = 100_000, clock: Callable[[], float] = time.time,
+                 max_series: int = 180_000) -> None:
         self.max_entries = max_entries
+        self.max_series = max_series
         self.clock = clock
         self._lock = threading.Lock()
         self._entries: dict[tuple[RunKey, str], _Entry] = {}
+        self._series = 0
         self._version = 0
         self._next_expiry = float("inf")
 
@@ -149,6 +160,12 @@ class RegistrationStore:
             old = self._entries.get(key)
             if old is None and len(self._entries) >= self.max_entries:
                 raise OverflowError(f"registration store is full ({self.max_entries})")
+            grown = self._series + series(placement) - (0 if old is None else series(
+                old.placement))
+            if grown > self.max_series and grown > self._series:  # heartbeats always fit
+                raise OverflowError(f"registrations would publish more than {self.max_series} "
+                                    "series")
+            self._series = grown
             expires = self.clock() + ttl
             self._entries[key] = _Entry(placement, expires)
             self._next_expiry = min(self._next_expiry, expires)
@@ -161,7 +178,7 @@ class RegistrationStore:
         with self._lock:
             keys = [k for k in self._entries if k[0] == run and (host is None or k[1] == host)]
             for key in keys:
-                del self._entries[key]
+                self._series -= series(self._entries.pop(key).placement)
             if keys:
                 self._version += 1
             return len(keys)
@@ -172,7 +189,7 @@ class RegistrationStore:
             return
         dead = [k for k, e in self._entries.items() if e.expires <= now]
         for key in dead:
-            del self._entries[key]
+            self._series -= series(self._entries.pop(key).placement)
         if dead:
             self._version += 1
         self._next_expiry = min((e.expires for e in self._entries.values()), default=float("inf"))

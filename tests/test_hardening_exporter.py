@@ -196,3 +196,23 @@ def test_host_tokens_in_the_config(tmp_path):
                         ({"gpu01": NODE}, "must be a list")):
         proc = _check(tmp_path, {**config, "auth": {"host_tokens": bad}})
         assert proc.returncode == 2 and reason in proc.stderr, proc.stderr
+
+
+def test_registrations_are_bounded_in_the_series_they_publish():
+    store = RegistrationStore(max_series=10)
+    registry = Registry(HostnameMapper(), grace_seconds=300,
+                        live_sources=[("registrations", store.active)],
+                        live_version=store.version)
+    with serve_app(build_app(registry, store, token=TOKEN), free_port()) as url:
+        def post(host: str, gpus: int) -> int:
+            return requests.post(url + "/v1/runs", json={**REG, "hostname": host,
+                                                         "gpus": list(range(gpus))},
+                                 headers=AUTH, timeout=5).status_code
+        assert post("a", 4) == 201 and post("b", 3) == 201  # 5 + 4 series
+        assert post("c", 0) == 201  # 10
+        assert post("d", 0) == 503
+        assert post("a", 4) == 200  # a heartbeat of the same size always fits
+        assert post("a", 5) == 503  # growing does not
+        assert requests.delete(url + "/v1/runs/ent/proj/run1?hostname=b", headers=AUTH,
+                               timeout=5).json() == {"deleted": 1}
+        assert post("d", 3) == 201
