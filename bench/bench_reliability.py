@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 from bench.bench_bridge import HEADERS, _Counter, _crash_body, _null_receiver  # noqa: E402
 from bench.common import Result  # noqa: E402
 from tests import bridge_payloads as bp  # noqa: E402
+from tests.exporter_process import running_exporter  # noqa: E402
 from tests.reliability_bridge import AUTH, bridge_env, start_bridge  # noqa: E402
 
 SENDERS = 8
@@ -179,6 +180,49 @@ def _idle_sockets(tmp: Path) -> tuple[int, int, float]:
     return fds, kept, recovered
 
 
+CAP_ENTRIES, CAP_SERIES = 100_000, 180_000
+
+
+def _pid_with(argument: str) -> int:
+    """The process whose command line contains ``argument``."""
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if argument.encode() in (proc / "cmdline").read_bytes().split(b"\0"):
+                    return int(proc.name)
+            except OSError:
+                continue
+    raise RuntimeError(f"no process with {argument}")
+
+
+def _exporter_at_cap(tmp: Path) -> tuple[float, float, float]:
+    """(peak RSS MB, first scrape s, /metrics MB) of the real exporter filled to its default
+    caps: 100,000 registrations publishing 180,000 series (80,000 with one GPU)."""
+    (tmp / "token").write_text(bp.TOKEN)
+    headers = {"Authorization": f"Bearer {bp.TOKEN}"}
+    with running_exporter({"auth": {"token_file": str(tmp / "token")}}, tmp / "run") as url:
+        def register(part: int) -> None:
+            session = requests.Session()
+            for i in range(part, CAP_ENTRIES, 8):
+                gpus = [0] if i < CAP_SERIES - CAP_ENTRIES else []
+                body = {"entity": "team", "project": "proj", "run_id": f"run{i // 8:06d}",
+                        "hostname": f"gpu-node-{i:06d}", "gpus": gpus,
+                        "slurm_job_id": str(100000 + i), "ttl_seconds": 86400}
+                resp = session.post(url + "/v1/runs", json=body, headers=headers, timeout=30)
+                if resp.status_code != 201:
+                    raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:200]}")
+        threads = [threading.Thread(target=register, args=(k,)) for k in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        start = time.perf_counter()
+        size = len(requests.get(url + "/metrics", timeout=300).content)
+        scrape = time.perf_counter() - start
+        peak = _status(_pid_with(str(tmp / "run" / "exporter.yaml")), "VmHWM")
+    return peak, scrape, size / 1e6
+
+
 def run() -> list[Result]:
     """Sustained ingest and ack latency, bridge vs null receiver; memory and socket limits."""
     counter = _Counter()
@@ -208,10 +252,11 @@ def run() -> list[Result]:
 
 def _limits() -> list[Result]:
     with tempfile.TemporaryDirectory(prefix="bench-limits-") as tmp:
-        for part in ("memory", "idle"):
+        for part in ("memory", "idle", "exporter"):
             (Path(tmp) / part).mkdir()
         peak, busy, size = _large_notifications(Path(tmp) / "memory")
         fds, kept, recovered = _idle_sockets(Path(tmp) / "idle")
+        exporter_peak, scrape, exposition = _exporter_at_cap(Path(tmp) / "exporter")
     return [
         Result(f"reliability: bridge peak RSS, {LARGE} concurrent {size:.1f} MB notifications",
                peak, "MB", None, 1024.0,
@@ -223,6 +268,10 @@ def _limits() -> list[Result]:
                note=f"real process, default limits; the rest closed at once; {fds} descriptors "
                     f"in all; served again {recovered:.1f} s after the first idle socket (idle "
                     "timeout 15 s); target: half the common nofile limit of 1024"),
+        Result("reliability: exporter peak RSS at its default caps", exporter_peak, "MB", None,
+               512.0, note=f"real process, {CAP_ENTRIES} registrations publishing {CAP_SERIES} "
+                           f"series; first scrape {scrape:.2f} s, {exposition:.1f} MB; target: "
+                           "the shipped Kubernetes limit (512 Mi)"),
     ]
 
 
