@@ -6,7 +6,9 @@
 #   WANDB_INFRA_EXPORTER_URL         registration API base URL (default http://127.0.0.1:9842)
 #   WANDB_INFRA_EXPORTER_TOKEN_FILE  file holding the bearer token (default
 #                                    /etc/wandb-infra-exporter/token; the exporter requires it
-#                                    unless it listens on loopback only)
+#                                    unless it listens on loopback only; with the exporter's
+#                                    auth.host_tokens each node can hold its own token, good
+#                                    only for its own host)
 #   WANDB_INFRA_EXPORTER_TTL         seconds a registration lives without the epilog (default 7 days)
 #   WANDB_INFRA_EXPORTER_TIMEOUT     curl timeout in seconds (default 5)
 
