@@ -29,6 +29,7 @@ DEFAULTS: dict[str, Any] = {
     "listen": "0.0.0.0:9842",
     "log_level": "info",
     "grace_seconds": 300,
+    "idle_timeout_seconds": 30,
     "auth": {"token": None, "token_file": None, "host_tokens": []},
     "registrations": {"enabled": True, "default_ttl_seconds": 600,
                       "max_ttl_seconds": 30 * 86400, "max_entries": 100000,
@@ -52,6 +53,8 @@ Keys (see deploy/exporter.example.yaml for a commented example):
   listen                      host:port to serve /metrics, /healthz, /v1/runs (default 0.0.0.0:9842)
   log_level                   debug|info|warning|error (JSON lines on stderr)
   grace_seconds               how long a failing source keeps its last good mapping (default 300)
+  idle_timeout_seconds        a connection that completes no request (new or kept alive) for this
+                              long is closed (default 30)
   auth.token / auth.token_file  bearer token required by POST/DELETE /v1/runs (file preferred;
                               "env:NAME" reads an environment variable); required unless listen
                               is a loopback address or registrations are disabled
@@ -216,6 +219,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = load_config(args.config, DEFAULTS, ENV_PREFIX)
         host, port = parse_listen(cfg["listen"])
         app, secrets = build(cfg)
+        idle = cfg["idle_timeout_seconds"]
+        if isinstance(idle, bool) or not isinstance(idle, int | float) or idle <= 0:
+            raise ConfigError("idle_timeout_seconds must be a number > 0")
     except ConfigError as exc:
         print(f"wandb-infra-exporter: configuration error: {exc}", file=sys.stderr)
         return 2
@@ -226,7 +232,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     setup_logging(str(cfg.get("log_level", "info")), secrets)
     logging.getLogger(__name__).info("starting", extra=log_fields(listen=f"{host}:{port}"))
-    web.run_app(app, host=host, port=port, print=None, access_log=None)
+    # aiohttp arms this timeout at connect too, so idle sockets cannot pile up to the
+    # file-descriptor limit (its default keeps them for an hour).
+    web.run_app(app, host=host, port=port, print=None, access_log=None,
+                keepalive_timeout=float(idle))
     return 0
 
 

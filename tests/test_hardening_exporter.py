@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from exporter.registration import RegistrationStore
 from exporter.registry import Registry
 from exporter.server import HostToken, build_app
 from tests.bridge_payloads import serve_app
-from tests.exporter_process import EXPORTER
+from tests.exporter_process import EXPORTER, running_exporter
 from tests.services import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -216,3 +217,19 @@ def test_registrations_are_bounded_in_the_series_they_publish():
         assert requests.delete(url + "/v1/runs/ent/proj/run1?hostname=b", headers=AUTH,
                                timeout=5).json() == {"deleted": 1}
         assert post("d", 3) == 201
+
+
+def test_idle_connections_to_the_exporter_are_closed(tmp_path):
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    config = {"auth": {"token_file": str(token)}, "idle_timeout_seconds": 0.5}
+    with running_exporter(config, tmp_path / "exporter") as url:
+        port = int(url.rsplit(":", 1)[1])
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(50)]
+        for sock in idle:
+            sock.settimeout(5)
+            assert sock.recv(1) == b""  # closed by the exporter, well before 5 s
+            sock.close()
+        assert requests.get(url + "/healthz", timeout=5).status_code == 200
+    assert _check(tmp_path, {"listen": "127.0.0.1:9842", "idle_timeout_seconds": 0}
+                  ).returncode == 2
