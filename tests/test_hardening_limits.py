@@ -9,9 +9,12 @@ import socket
 import time
 from pathlib import Path
 
+import pytest
 import requests
 
+from bridge.config import load
 from demo.processes import wait_for
+from exporter.configfile import ConfigError
 from tests.bridge_payloads import TOKEN, alert, notification
 from tests.reliability_bridge import bridge_env, start_bridge
 
@@ -127,3 +130,16 @@ def test_connections_beyond_the_limit_are_closed_at_once_and_logged_once(tmp_pat
         assert bridge.log.read_text().count("connection limit reached") == 1
     finally:
         bridge.stop()
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("LISTEN__IDLE_TIMEOUT_SECONDS", "0"), ("LISTEN__MAX_CONNECTIONS", "0"),
+    ("WEBHOOK__BODY_TIMEOUT_SECONDS", "-1"), ("WEBHOOK__MAX_INFLIGHT_BYTES", "10"),
+    ("LISTEN__MAX_CONNECTIONS", "many"),
+])
+def test_limit_settings_are_validated(tmp_path: Path, key: str, value: str):
+    env = {"WANDB_INFRA_BRIDGE__AUTH__BEARER_TOKEN": TOKEN, f"WANDB_INFRA_BRIDGE__{key}": value}
+    with pytest.raises(ConfigError, match=key.split("__")[1].lower()):
+        load(None, environ=env)
+    assert load(None, environ={"WANDB_INFRA_BRIDGE__AUTH__BEARER_TOKEN": TOKEN}).max_connections \
+        == 512
