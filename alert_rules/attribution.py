@@ -119,11 +119,12 @@ def host_scope(fault: str, copy: tuple[str, ...], j: Joins) -> str:
 
 
 def attributed(scope: str, fault: str, copy: tuple[str, ...], joins: Joins) -> str:
-    """The alert expression for an entity scope; run-scoped faults already carry run labels."""
+    """The alert expression for an entity scope; run-scoped faults already carry run labels and
+    pipeline alerts concern no run."""
     if scope == "gpu":
         return gpu_scope(fault, copy, joins)
     if scope in ("host", "link"):
         return host_scope(fault, copy, joins)
-    if scope == "run":
+    if scope in ("run", "pipeline"):
         return fault
     raise ValueError(f"unknown scope {scope!r}")

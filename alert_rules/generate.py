@@ -25,11 +25,6 @@ from alert_rules import normalise, tiers  # noqa: E402
 from alert_rules.attribution import attributed, family_joins, faulty_joins  # noqa: E402
 from bridge.catalog import panels  # noqa: E402
 from bridge.catalog.alerts import ALERTS, AlertDef, duration_seconds  # noqa: E402
-from bridge.catalog.vocabulary import (  # noqa: E402
-    ANNOTATION_DASHBOARD_UID,
-    ANNOTATION_FOR_SECONDS,
-    ANNOTATION_PANEL_ID,
-)
 from bridge.catalog.xid import XIDS  # noqa: E402
 from exporter.configfile import ConfigError, load_config  # noqa: E402
 
@@ -103,6 +98,8 @@ CONFIRM = {
             "Prometheus' Targets page.",
     "workload": "the run's W&B system metrics and logs; `py-spy dump --pid <rank>`; "
                 "`NCCL_DEBUG=INFO` output of the ranks.",
+    "pipeline": "the exporter's or bridge's `/metrics`, `/healthz`, `/readyz` and its log (one "
+                "structured line per event); the bridge's `/runs` page for parked runs.",
 }
 
 
@@ -157,11 +154,6 @@ def anchor(name: str) -> str:
     return name.lower()
 
 
-def dashboard_for(alert: AlertDef) -> panels.Dashboard:
-    """Run-scoped alerts link to the run dashboard, all others to the node dashboard."""
-    return panels.RUN if alert.scope == "run" else panels.NODE
-
-
 def _recording(rule: normalise.Recording) -> dict[str, Any]:
     return {"record": rule.record, "expr": rule.expr}
 
@@ -190,7 +182,6 @@ def family(alert: AlertDef) -> str:
 
 def _alert(alert: AlertDef, cfg: dict[str, Any], by_record: dict[str, str | None]
            ) -> dict[str, Any]:
-    panel = panels.panel(alert.panel)
     source = fault_record(alert) or read_recorded(alert.expr, by_record)
     out: dict[str, Any] = {
         "alert": alert.name,
@@ -208,11 +199,8 @@ def _alert(alert: AlertDef, cfg: dict[str, Any], by_record: dict[str, str | None
         "impact": alert.impact,
         "remediation": alert.remediation,
         "runbook_url": f"{cfg['runbook_base']}/{RUNBOOK.as_posix()}#{anchor(alert.name)}",
-        ANNOTATION_DASHBOARD_UID: dashboard_for(alert).uid,
-        ANNOTATION_PANEL_ID: str(panel.id),
+        **panels.link_annotations(alert.scope, alert.panel, alert.for_seconds),
     }
-    if alert.for_seconds:
-        out["annotations"][ANNOTATION_FOR_SECONDS] = str(alert.for_seconds)
     return out
 
 
@@ -288,6 +276,10 @@ def family_tier(alerts: list[AlertDef], by_record: dict[str, str | None]) -> str
     runs at the pace of its fastest input, but no slower than ``SLOW``, which keeps its
     ``ALERTS`` series continuous; the others read sparse records and the per-host join only, so
     they run every cycle."""
+    if all(a.scope == "pipeline" for a in alerts):
+        # The services' own metrics are a handful of series; a check that reads dcgm telemetry
+        # (every GPU's memory) runs on the slow tier.
+        return tiers.SLOW if any("DCGM_" in a.expr for a in alerts) else tiers.FAST
     if not any(a.scope == "gpu" for a in alerts):
         return tiers.FAST
     inputs = [by_record[r] for a in alerts for r in records_read(a.expr, by_record)]
@@ -426,7 +418,7 @@ def runbook_text(cfg: dict[str, Any]) -> str:
             for a in ALERTS.values()]
     for a in ALERTS.values():
         panel = panels.panel(a.panel)
-        dash = dashboard_for(a)
+        dash = panels.dashboard_of(a.scope)
         out += [
             "",
             f'<a id="{anchor(a.name)}"></a>',

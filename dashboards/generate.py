@@ -39,6 +39,7 @@ from grafana_foundation_sdk.models import prometheus as prom_model  # noqa: E402
 
 from alert_rules.generate import record_tiers, records_read  # noqa: E402
 from bridge.catalog import panels as catalog  # noqa: E402
+from bridge.catalog import selfmetrics as m  # noqa: E402
 from bridge.catalog import series  # noqa: E402
 from bridge.catalog.alerts import duration_seconds  # noqa: E402
 from exporter import labels  # noqa: E402
@@ -68,6 +69,7 @@ ROWS: dict[int, tuple[int, str]] = {
     3: (103, "Interconnect: NVLink and PCIe"),
     4: (104, "Workload: activity and memory (MFU proxy)"),
     5: (105, "Network and telemetry"),
+    6: (106, "This project's pipeline: exporter and bridge"),
 }
 
 # Clock-event reason bits worth a line (dcgm bitmask, gpu-faults.md).
@@ -264,6 +266,33 @@ def specs(alert_selector: str, scope: str) -> dict[str, PanelSpec]:
                    f"{HOST_LEGEND} {{{{device}}}} up"),
              Query(over("max", series.NET_CARRIER_CHANGES, HOST_SELECTOR),
                    f"{HOST_LEGEND} {{{{device}}}} carrier changes 15m"))),
+        "pipeline_targets": PanelSpec(
+            "timeseries", "short",
+            "Whether Prometheus scrapes the exporter and the bridge (1 up, 0 down), found by the "
+            "metrics they serve, and how many runs and hosts the exporter maps. No runs while "
+            "GPUs are busy means faults reach no W&B run.",
+            (Query(f"max by (instance, job) (up and on (instance, job) "
+                   f"(max_over_time({m.EXPORTER_HOSTS}[$__range]) or "
+                   f"max_over_time({m.BRIDGE_QUEUE_RUNS}[$__range])))", "{{job}} {{instance}} up"),
+             Query(f"max by (instance) ({m.EXPORTER_RUNS})", "{{instance}} runs mapped"),
+             Query(f"max by (instance) ({m.EXPORTER_HOSTS})", "{{instance}} hosts mapped"))),
+        "pipeline_sources": PanelSpec(
+            "timeseries", "s",
+            "Seconds since each exporter source (Slurm, Kubernetes, W&B, registrations) last "
+            "polled successfully; it should stay near the source's interval.",
+            (Query(f"time() - max by (instance, source) ({m.EXPORTER_SOURCE_LAST_SUCCESS})",
+                   "{{source}} since last success"),)),
+        "pipeline_delivery": PanelSpec(
+            "timeseries", "short",
+            "The bridge's runs waiting for a W&B write, runs parked (not retried until fixed), "
+            "the age in seconds of the oldest undelivered change, and whether its store is "
+            "writable (1).",
+            (Query(f"max by (instance) ({m.BRIDGE_QUEUE_RUNS})", "{{instance}} queued runs"),
+             Query(f"max by (instance) ({m.BRIDGE_PARKED_RUNS})", "{{instance}} parked runs"),
+             Query(f"max by (instance) ({m.BRIDGE_OLDEST_UNDELIVERED})",
+                   "{{instance}} oldest undelivered (s)"),
+             Query(f"min by (instance) ({m.BRIDGE_STORE_WRITABLE})",
+                   "{{instance}} store writable"))),
         "targets_up": PanelSpec(
             "timeseries", "short",
             "Whether Prometheus can scrape each host's node_exporter and dcgm-exporter (1 up, "
@@ -417,6 +446,12 @@ def build_dashboard(board: catalog.Dashboard) -> dict[str, Any]:
         scope = "run"
         description = ("Infrastructure under one W&B run: its hosts' and GPUs' faults, throttling, "
                        "interconnect and network, with the run's alerts marked on every graph.")
+    elif board.key == "pipeline":
+        alert_selector = 'category="pipeline"'
+        variables = [datasource_variable()]
+        scope = "pipeline"
+        description = ("This project's own path from scheduler to W&B: the run-to-host exporter "
+                       "and its sources, the bridge's delivery queue and store.")
     else:
         alert_selector = HOST_SELECTOR
         variables = node_variables()

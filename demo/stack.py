@@ -205,7 +205,7 @@ class Stack:
     def _prometheus_config(self, promdir: Path) -> dict[str, Any]:
         """The example prometheus.yml pointed at this stack, with the scaled rules and the
         simulator's target files written under ``promdir``."""
-        assert self.simulator and self.exporter and self.alertmanager
+        assert self.simulator and self.exporter and self.bridge and self.alertmanager
         (promdir / "rules").mkdir(parents=True, exist_ok=True)
         (promdir / "targets").mkdir(parents=True, exist_ok=True)
         (promdir / "rules" / RULES_FILE.name).write_text(
@@ -222,6 +222,8 @@ class Stack:
         for job in config["scrape_configs"]:
             if job["job_name"] == "wandb-infra-exporter":
                 job["static_configs"][0]["targets"] = [self.exporter.url.removeprefix("http://")]
+            if job["job_name"] == "wandb-infra-bridge":
+                job["static_configs"][0]["targets"] = [self.bridge.url.removeprefix("http://")]
         return config
 
     def _start_victoria_metrics(self) -> tuple[processes.Service, processes.Service]:

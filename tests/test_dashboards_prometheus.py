@@ -257,5 +257,8 @@ def test_linked_panel_shows_the_fault(stack, alertname):
 
 
 def test_every_catalog_alert_is_exercised():
-    missing = set(ALERTS) - set(FAULTS)
+    """Pipeline alerts watch the exporter and bridge themselves: their dashboard is checked
+    against the real services in tests/test_e2e.py."""
+    pipeline = {name for name, a in ALERTS.items() if a.scope == "pipeline"}
+    missing = set(ALERTS) - set(FAULTS) - pipeline
     assert not missing, f"add a simulated fault for {sorted(missing)}"

@@ -19,6 +19,8 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
+from bridge.catalog import selfmetrics
+from bridge.catalog.panels import PIPELINE
 from demo import scenarios
 from demo.processes import wait_for
 from demo.stack import Stack, StackConfig
@@ -170,3 +172,21 @@ def test_explain_after_the_fact_reaches_the_same_root_cause(cascade, stack):
     stalled = {c["hostname"] for c in view["issues"][0]["consequences"]
                if c["alertname"] == "TrainingStalled"}
     assert len(stalled) == 64
+
+
+def test_pipeline_dashboard_reads_the_real_exporter_and_bridge(cascade, stack):
+    """Every query of the pipeline dashboard returns data from the stack's own exporter and
+    bridge, and every self-metric name the pipeline alerts read is served by them."""
+    _run, _view = cascade
+    board = json.loads((ROOT / "dashboards" / f"{PIPELINE.uid}.json").read_text())
+    exprs = [t["expr"].replace("$__range", "10m") for p in board["panels"] if p["type"] != "row"
+             for t in p["targets"]]
+    for name in (*selfmetrics.EXPORTER_METRICS, *selfmetrics.BRIDGE_METRICS):
+        wait_for(lambda name=name: stack.query(name), 30, f"{name} scraped")
+    for expr in exprs:
+        assert wait_for(lambda expr=expr: stack.query(expr), 30, expr)
+    up = stack.query(f"max by (job) (up and on (instance, job) "
+                     f"({selfmetrics.EXPORTER_HOSTS} or {selfmetrics.BRIDGE_QUEUE_RUNS}))")
+    assert {r["metric"]["job"] for r in up} == {"wandb-infra-exporter", "wandb-infra-bridge"}
+    firing = stack.query('ALERTS{category="pipeline",alertstate="firing"}')
+    assert firing == [], firing

@@ -15,13 +15,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from bridge.catalog import selfmetrics as m
 from bridge.catalog import series as s
 from bridge.catalog.vocabulary import CATEGORY_DEFAULT_CAUSE, CauseClass
 from bridge.catalog.xid import XidClass, known_regex
 from bridge.catalog.xid import regex as xid_regex
 from exporter import labels as L
 
-SCOPES: tuple[str, ...] = ("gpu", "host", "link", "run")
+SCOPES: tuple[str, ...] = ("gpu", "host", "link", "run", "pipeline")
 
 # Thresholds (DCGM health-watch defaults and common policy; see gpu-faults.md).
 TEMP_WARNING_C = 85
@@ -39,6 +40,8 @@ STALL_PRIOR_ACTIVITY_MIN = 0.2
 STALL_FB_MIN_BYTES = 1024**3
 STRAGGLER_GAP = 0.10
 STRAGGLER_RUN_BUSY_MIN = 0.5
+SOURCE_STALE_SECONDS = 900
+DELIVERY_BACKLOG_SECONDS = 600
 
 _ON_GPU = f"{L.HOSTNAME}, {L.GPU}"
 _WHERE_GPU = "GPU {{ $labels.gpu }} on {{ $labels.hostname }}"
@@ -50,7 +53,8 @@ _WHOLE = '{{ $value | printf "%.0f" }}'
 
 @dataclass(frozen=True)
 class AlertDef:
-    """One alert. ``scope`` names the entity it is raised on: gpu, host, link or run."""
+    """One alert. ``scope`` names the entity it is raised on: gpu, host, link, run, or pipeline
+    (this project's own exporter and bridge; never attributed to a run)."""
 
     name: str
     severity: str
@@ -436,4 +440,117 @@ register(
         "gpu_util_spread",
         s.RUN_GPU_STRAGGLING,
         for_="3m", group="workload"),
+)
+
+
+# --- pipeline: this project's own path from scheduler to W&B -------------------------------------
+# A target that exposed the exporter's (or the bridge's) own metrics within the hour and is down
+# now: found by what it served, so no scrape job name has to be configured.
+def _down_target(served: str) -> str:
+    return f"up == 0 and on (instance, job) max_over_time({served}[1h])"
+
+
+register(
+    AlertDef(
+        name="WandbInfraExporterSourceDown", severity="warning", category="pipeline",
+        cause=CauseClass.SYMPTOM, scope="pipeline",
+        summary="An exporter source (Slurm, Kubernetes, W&B, registrations) fails to poll.",
+        description="Source {{ $labels.source }} of the exporter at {{ $labels.instance }} "
+                    f"failed its last polls (source_up = {_WHOLE}).",
+        impact="Runs that only this source knows keep their last mapping for the grace period, "
+               "then lose their run labels: new faults on their hosts reach no W&B run.",
+        remediation="Read the exporter's log for the source's error (permissions, command "
+                    "missing, API unreachable) and fix it; the source recovers by itself.",
+        panel="pipeline_sources",
+        expr=f"max by (instance, job, source) ({m.EXPORTER_SOURCE_UP}) == 0",
+        for_="5m", group="pipeline"),
+    AlertDef(
+        name="WandbInfraExporterSourceStale", severity="warning", category="pipeline",
+        cause=CauseClass.SYMPTOM, scope="pipeline",
+        summary="An exporter source has not polled successfully for a long time.",
+        description="Source {{ $labels.source }} of the exporter at {{ $labels.instance }} last "
+                    "succeeded {{ $value | humanizeDuration }} ago.",
+        impact="The run-to-host map is out of date: finished runs may be blamed for new faults "
+               "and new runs get none.",
+        remediation="Check that the source's command or API answers within its timeout; a "
+                    "source that never succeeded since start shows here too.",
+        panel="pipeline_sources",
+        expr=f"time() - max by (instance, job, source) ({m.EXPORTER_SOURCE_LAST_SUCCESS}) "
+             f"> {SOURCE_STALE_SECONDS}",
+        for_="5m", group="pipeline"),
+    AlertDef(
+        name="WandbInfraExporterDown", severity="critical", category="pipeline",
+        cause=CauseClass.SYMPTOM, scope="pipeline",
+        summary="Prometheus cannot scrape the run-to-host exporter.",
+        description="The exporter target {{ $labels.instance }} (job {{ $labels.job }}) is down "
+                    f"(up = {_WHOLE}).",
+        impact="The join metrics go stale within 5 minutes: every fault then alerts without run "
+               "labels and no W&B run gets its issues.",
+        remediation="Restart the exporter (its registrations survive in its state file); check "
+                    "its port, TLS and the scrape config.",
+        panel="pipeline_targets",
+        expr=_down_target(m.EXPORTER_HOSTS),
+        for_="2m", group="pipeline"),
+    AlertDef(
+        name="WandbInfraJoinMetricsMissing", severity="warning", category="pipeline",
+        cause=CauseClass.SYMPTOM, scope="pipeline",
+        summary="GPUs are busy but no W&B run is mapped to any host.",
+        description=f"{_WHOLE} GPUs hold memory, and no wandb_run_node_info series exists.",
+        impact="Faults are detected but attributed to no run: W&B users see nothing.",
+        remediation="Check that the exporter runs, is scraped, and that its sources find the "
+                    "jobs (the Slurm comment or Kubernetes label convention in the README).",
+        panel="pipeline_targets",
+        expr=f"count({s.dcgm_raw(s.DCGM_FB_USED, cut=f' > {STALL_FB_MIN_BYTES}')}) > 0 "
+             f"and on () absent({L.NODE_INFO})",
+        for_="15m", group="pipeline-coverage"),
+    AlertDef(
+        name="WandbInfraBridgeDown", severity="critical", category="pipeline",
+        cause=CauseClass.SYMPTOM, scope="pipeline",
+        summary="Prometheus cannot scrape the Alertmanager-to-W&B bridge.",
+        description="The bridge target {{ $labels.instance }} (job {{ $labels.job }}) is down "
+                    f"(up = {_WHOLE}).",
+        impact="Alertmanager retries its notifications, then gives up: issues stop reaching "
+               "W&B runs until the bridge is back.",
+        remediation="Restart the bridge; its store keeps what it acknowledged. Check its volume "
+                    "and the bearer token file.",
+        panel="pipeline_targets",
+        expr=_down_target(m.BRIDGE_QUEUE_RUNS),
+        for_="2m", group="pipeline"),
+    AlertDef(
+        name="WandbInfraRunsParked", severity="warning", category="pipeline",
+        cause=CauseClass.SYMPTOM, scope="pipeline",
+        summary="The bridge parked runs it cannot write to W&B.",
+        description=f"{_WHOLE} run(s) parked by the bridge at {{{{ $labels.instance }}}}.",
+        impact="Those runs' issues are kept and shown on the bridge's /runs page but not in W&B.",
+        remediation="Open the bridge's /runs page for each run's reason (key revoked, run "
+                    "deleted, permission) and fix it; parked runs are retried after.",
+        panel="pipeline_delivery",
+        expr=f"max by (instance, job) ({m.BRIDGE_PARKED_RUNS}) > 0",
+        for_="10m", group="pipeline"),
+    AlertDef(
+        name="WandbInfraDeliveryBacklog", severity="warning", category="pipeline",
+        cause=CauseClass.SYMPTOM, scope="pipeline",
+        summary="The bridge has not delivered an issue to W&B for a long time.",
+        description="The oldest undelivered change at the bridge {{ $labels.instance }} is "
+                    "{{ $value | humanizeDuration }} old.",
+        impact="W&B shows issues late or not at all while the backlog lasts.",
+        remediation="Check W&B reachability and rate limits (429s in the bridge's log and "
+                    "metrics) and the bridge's CPU.",
+        panel="pipeline_delivery",
+        expr=f"max by (instance, job) ({m.BRIDGE_OLDEST_UNDELIVERED}) "
+             f"> {DELIVERY_BACKLOG_SECONDS}",
+        for_="5m", group="pipeline"),
+    AlertDef(
+        name="WandbInfraBridgeStoreNotWritable", severity="critical", category="pipeline",
+        cause=CauseClass.SYMPTOM, scope="pipeline",
+        summary="The bridge cannot write its store.",
+        description="The bridge at {{ $labels.instance }} cannot write its state store "
+                    f"(store_writable = {_WHOLE}).",
+        impact="It answers Alertmanager 503, so notifications wait in Alertmanager's retries "
+               "and are lost once those end.",
+        remediation="Free or remount the bridge's volume (full, read-only or missing); it heals "
+                    "by itself once writes succeed.",
+        panel="pipeline_delivery",
+        expr=f"min by (instance, job) ({m.BRIDGE_STORE_WRITABLE}) == 0",
+        for_="1m", group="pipeline"),
 )

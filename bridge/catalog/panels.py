@@ -52,7 +52,14 @@ NODE = Dashboard(
     title="Node GPU health",
     variables=("datasource", labels.HOSTNAME, labels.GPU),
 )
-DASHBOARDS: dict[str, Dashboard] = {d.key: d for d in (RUN, NODE)}
+PIPELINE = Dashboard(
+    key="pipeline",
+    uid="wandb-infra-pipeline",
+    slug="w-and-b-infra-pipeline",
+    title="W&B infra pipeline",
+    variables=("datasource",),
+)
+DASHBOARDS: dict[str, Dashboard] = {d.key: d for d in (RUN, NODE, PIPELINE)}
 
 _BOTH = ("run", "node")
 PANELS: dict[str, Panel] = {
@@ -79,6 +86,12 @@ PANELS: dict[str, Panel] = {
         Panel("ib_errors", 51, "InfiniBand error rates", _BOTH),
         Panel("net_interfaces", 52, "Ethernet/RoCE interfaces (up, carrier changes)", _BOTH),
         Panel("targets_up", 53, "Telemetry targets up (node_exporter, dcgm-exporter)", _BOTH),
+        Panel("pipeline_targets", 60, "Exporter and bridge up; runs and hosts mapped",
+              ("pipeline",)),
+        Panel("pipeline_sources", 61, "Exporter sources: up and time since last success",
+              ("pipeline",)),
+        Panel("pipeline_delivery", 62, "Bridge delivery: queue, parked runs, backlog age, store",
+              ("pipeline",)),
     )
 }
 
@@ -88,12 +101,19 @@ def panel(key: str) -> Panel:
     return PANELS[key]
 
 
+def dashboard_of(scope: str) -> Dashboard:
+    """Where an alert of ``scope`` links: run-scoped alerts to the run dashboard, this project's
+    own pipeline to its dashboard, all others to the node dashboard."""
+    if scope == "pipeline":
+        return PIPELINE
+    return RUN if scope == "run" else NODE
+
+
 def link_annotations(scope: str, panel_key: str, for_seconds: int) -> dict[str, str]:
     """The annotations that place an alert, decided here once for the rules, the live bridge
-    and ``explain``: the dashboard (run-scoped alerts the run dashboard, all others the node
-    dashboard), the panel, and the rule's ``for`` so the issue starts at the fault's onset
-    rather than when the alert fired."""
-    dashboard = RUN if scope == "run" else NODE
+    and ``explain``: the dashboard (``dashboard_of``), the panel, and the rule's ``for`` so the
+    issue starts at the fault's onset rather than when the alert fired."""
+    dashboard = dashboard_of(scope)
     out = {ANNOTATION_DASHBOARD_UID: dashboard.uid, ANNOTATION_PANEL_ID: str(panel(panel_key).id)}
     if for_seconds:
         out[ANNOTATION_FOR_SECONDS] = str(for_seconds)

@@ -6,7 +6,7 @@ from enum import IntEnum
 
 SEVERITIES: tuple[str, ...] = ("critical", "warning", "info")
 CATEGORIES: tuple[str, ...] = (
-    "gpu_hardware", "gpu_thermal", "gpu_interconnect", "network", "node", "workload",
+    "gpu_hardware", "gpu_thermal", "gpu_interconnect", "network", "node", "workload", "pipeline",
 )
 
 # Alert annotations that carry the Grafana deep-link target to the bridge.
@@ -39,4 +39,6 @@ CATEGORY_DEFAULT_CAUSE: dict[str, CauseClass] = {
     "gpu_interconnect": CauseClass.DEGRADATION,
     "gpu_thermal": CauseClass.DEGRADATION,
     "workload": CauseClass.SYMPTOM,
+    # This project's own telemetry path; never on a run, so never a run's root cause.
+    "pipeline": CauseClass.SYMPTOM,
 }

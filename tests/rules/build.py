@@ -636,13 +636,78 @@ def mig_cases() -> list[Case]:
     ]
 
 
+def pipeline_cases() -> list[Case]:
+    """This project's own exporter and bridge, from the metrics they serve."""
+    exp = {"instance": "exporter:9842", "job": "wandb-infra-exporter"}
+    brg = {"instance": "bridge:9461", "job": "wandb-infra-bridge"}
+
+    def e(name: str, values: str, **extra: str) -> Series:
+        return Series(name, {**exp, **extra}, values)
+
+    def b(name: str, values: str) -> Series:
+        return Series(name, brg, values)
+
+    slurm = {"source": "slurm"}
+    exporter_up = [e("wandb_infra_exporter_hosts", "64x80"), Series("up", exp, "1x80")]
+    bridge_up = [b("wandb_infra_bridge_queue_runs", "0x80"), Series("up", brg, "1x80")]
+    busy = [dcgm("hostname", "DCGM_FI_DEV_FB_USED", f"{GIB_MIB}x80", gpu=str(i))
+            for i in range(2)]
+    runs = [node_info(RUN_A)]
+    # last success: a Unix time that follows the test clock (0 s at start), or stops at 60 s
+    return [
+        *_pair("Slurm source failing", "WandbInfraExporterSourceDown",
+               [*exporter_up, e("wandb_infra_exporter_source_up", "1x10 0x70", **slurm)],
+               [*exporter_up, e("wandb_infra_exporter_source_up", "1x80", **slurm)], "20m",
+               [Expect({**exp, **slurm}, "Source slurm of the exporter at exporter:9842 failed "
+                       "its last polls (source_up = 0).")]),
+        *_pair("Slurm source stale", "WandbInfraExporterSourceStale",
+               [*exporter_up, e("wandb_infra_exporter_source_last_success_timestamp_seconds",
+                                "30+30x2 60x77", **slurm)],
+               [*exporter_up, e("wandb_infra_exporter_source_last_success_timestamp_seconds",
+                                "30+30x80", **slurm)], "30m",
+               [Expect({**exp, **slurm}, "Source slurm of the exporter at exporter:9842 last "
+                       "succeeded 29m 0s ago.")]),
+        *_pair("exporter target down", "WandbInfraExporterDown",
+               [e("wandb_infra_exporter_hosts", "64x10"), Series("up", exp, "1x10 0x70")],
+               exporter_up, "20m",
+               [Expect(exp, "The exporter target exporter:9842 (job wandb-infra-exporter) is "
+                       "down (up = 0).")]),
+        *_pair("no run mapped while GPUs hold memory", "WandbInfraJoinMetricsMissing",
+               [*busy], [*busy, *runs], "30m",
+               [Expect({}, "2 GPUs hold memory, and no wandb_run_node_info series exists.")]),
+        Case("WandbInfraJoinMetricsMissing: silent on an idle cluster without runs",
+             "WandbInfraJoinMetricsMissing",
+             [dcgm("hostname", "DCGM_FI_DEV_FB_USED", "0x80", gpu="0")], "30m"),
+        *_pair("bridge target down", "WandbInfraBridgeDown",
+               [b("wandb_infra_bridge_queue_runs", "0x10"), Series("up", brg, "1x10 0x70")],
+               bridge_up, "20m",
+               [Expect(brg, "The bridge target bridge:9461 (job wandb-infra-bridge) is "
+                       "down (up = 0).")]),
+        *_pair("runs parked", "WandbInfraRunsParked",
+               [*bridge_up, b("wandb_infra_bridge_parked_runs", "0x10 2x70")],
+               [*bridge_up, b("wandb_infra_bridge_parked_runs", "0x80")], "20m",
+               [Expect(brg, "2 run(s) parked by the bridge at bridge:9461.")]),
+        *_pair("delivery backlog", "WandbInfraDeliveryBacklog",
+               [*bridge_up, b("wandb_infra_bridge_oldest_undelivered_seconds", "0+30x80")],
+               [*bridge_up, b("wandb_infra_bridge_oldest_undelivered_seconds", "0x80")], "20m",
+               [Expect(brg, "The oldest undelivered change at the bridge bridge:9461 is 20m 0s "
+                       "old.")]),
+        *_pair("store not writable", "WandbInfraBridgeStoreNotWritable",
+               [*bridge_up, b("wandb_infra_bridge_store_writable", "1x10 0x70")],
+               [*bridge_up, b("wandb_infra_bridge_store_writable", "1x80")], "20m",
+               [Expect(brg, "The bridge at bridge:9461 cannot write its state store "
+                       "(store_writable = 0).")]),
+    ]
+
+
 def files(cfg: dict[str, Any]) -> dict[str, str]:
     """Test file name -> YAML text."""
     rules = f"../../alert_rules/{generate.RULES_FILE}"
     groups: dict[str, list[Case]] = {"node_alerts.test.yml": node_cases(),
                                      "link_attribution.test.yml": link_attribution_cases(),
                                      "dcgm_4_9.test.yml": dcgm49_cases(),
-                                     "real_telemetry.test.yml": real_telemetry_cases()}
+                                     "real_telemetry.test.yml": real_telemetry_cases(),
+                                     "pipeline.test.yml": pipeline_cases()}
     for sp in SPELLINGS:
         groups[f"gpu_alerts_{sp}.test.yml"] = gpu_cases(sp) + dcgm_node_cases(sp)
         groups[f"workload_{sp}.test.yml"] = workload_cases(sp)
