@@ -28,7 +28,11 @@ class BridgeMetrics:
                                   registry=r)
         self.connections_refused = Counter(PREFIX + "connections_refused_total",
                                            "Connections closed at once because "
-                                           "listen.max_connections were open.", registry=r)
+                                           "listen.max_connections were open and busy.",
+                                           registry=r)
+        self.connections_evicted = Counter(PREFIX + "connections_evicted_total",
+                                           "Idle connections closed to make room for a new "
+                                           "one at listen.max_connections.", registry=r)
         self.inflight_bytes = Gauge(PREFIX + "inflight_body_bytes",
                                     "Announced bytes of webhook bodies being received or stored.",
                                     registry=r)

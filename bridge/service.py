@@ -7,7 +7,6 @@ import logging
 import resource
 import signal
 import time
-from collections import deque
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -77,12 +76,14 @@ class _Refused(asyncio.Protocol):
 
 
 class LimitedSite(web.TCPSite):
-    """A TCP site that refuses connections beyond ``limit`` open ones, so a flood of idle
-    sockets can never use up the file descriptors the store and W&B delivery need.
+    """A TCP site that keeps at most ``limit`` connections, so a flood of idle sockets can never
+    use up the file descriptors the store and W&B delivery need, nor starve Alertmanager: at
+    the limit a new connection evicts the oldest one with no request in progress, and only when
+    every connection is busy is the new one closed at once.
 
-    aiohttp registers a connection only when its ``connection_made`` runs, a loop iteration
-    after the protocol was created, so a burst of accepts is counted as pending until then
-    (pending entries expire after a few seconds, so a lost one cannot lock the door)."""
+    Connections are counted from the moment their protocol is created (asyncio accepts a burst
+    before any ``connection_made`` runs); one evicted before it is connected is closed as soon
+    as it is."""
 
     def __init__(self, runner: web.AppRunner, host: str, port: int, limit: int,
                  metrics: BridgeMetrics) -> None:
@@ -90,31 +91,50 @@ class LimitedSite(web.TCPSite):
         self.limit = limit
         self.metrics = metrics
         self._last_warning = 0.0
-        self._pending: deque[float] = deque()
+        self._open: dict[RequestHandler, None] = {}  # in creation order, oldest first
+        self._doomed: set[RequestHandler] = set()  # evicted before they were connected
+
+    def _evict_idle(self) -> bool:
+        """Close the oldest connection that is not serving a request; False if all are."""
+        for handler in self._open:
+            # aiohttp sets _current_request while a handler runs (private, hence getattr).
+            if getattr(handler, "_current_request", None) is None:
+                del self._open[handler]
+                if handler.transport is None:
+                    self._doomed.add(handler)
+                else:
+                    handler.force_close()
+                self.metrics.connections_evicted.inc()
+                return True
+        return False
 
     def _factory(self) -> Callable[[], asyncio.BaseProtocol]:
         server = self._runner.server
         assert server is not None
-        registered = server.connection_made
+        registered, lost = server.connection_made, server.connection_lost
 
         def connection_made(handler: RequestHandler, transport: asyncio.Transport) -> None:
-            if self._pending:
-                self._pending.popleft()
             registered(handler, transport)
+            if handler in self._doomed:
+                self._doomed.discard(handler)
+                handler.force_close()
+
+        def connection_lost(handler: RequestHandler, exc: BaseException | None = None) -> None:
+            self._open.pop(handler, None)
+            lost(handler, exc)
         server.connection_made = connection_made  # type: ignore[method-assign]
+        server.connection_lost = connection_lost  # type: ignore[method-assign]
 
         def protocol() -> asyncio.BaseProtocol:
-            now = time.monotonic()
-            while self._pending and now - self._pending[0] > 5:
-                self._pending.popleft()
-            if len(server.connections) + len(self._pending) < self.limit:
-                self._pending.append(now)
-                return server()
+            if len(self._open) < self.limit or self._evict_idle():
+                handler = server()
+                self._open[handler] = None
+                return handler
             self.metrics.connections_refused.inc()
             if time.monotonic() - self._last_warning > 60:  # one line a minute, not per socket
                 self._last_warning = time.monotonic()
-                log.warning("connection limit reached, refusing new connections",
-                            extra=log_fields(limit=self.limit))
+                log.warning("connection limit reached and every connection busy, refusing "
+                            "new connections", extra=log_fields(limit=self.limit))
             return _Refused()
         return protocol
 
