@@ -50,8 +50,8 @@ HELP: dict[str, str] = {
     "listen.port": "TCP port of the webhook, /runs, /metrics, /healthz, /readyz",
     "listen.idle_timeout_seconds": "a connection that sends no complete request (new or kept "
                                    "alive) for this long is closed",
-    "listen.max_connections": "open connections beyond this (at most half the nofile limit) "
-                              "are closed at once",
+    "listen.max_connections": "at most this many connections (and half the nofile limit): a "
+                              "new one evicts the oldest idle one, or is closed if all are busy",
     "log_level": "debug, info, warning or error (JSON lines on stderr)",
     "auth.bearer_token[_file]": "token Alertmanager sends as 'Authorization: Bearer'",
     "auth.basic_username / basic_password[_file]": "credentials for Alertmanager basic_auth",

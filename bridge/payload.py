@@ -24,7 +24,6 @@ from bridge.catalog.vocabulary import ANNOTATION_PANEL_ID
 MAX_ALERTS = 100_000
 MAX_LABEL_BYTES = 64 * 1024
 MIN_YEAR, MAX_YEAR = 2000, 2100
-ZERO_TIME = datetime(1, 1, 1, tzinfo=UTC)
 _FINGERPRINT = re.compile(r"[0-9a-fA-F]{1,64}")
 _PANEL_ID = re.compile(r"[0-9]{1,9}")
 _TIMESTAMP = re.compile(
