@@ -3,6 +3,7 @@ at files and entry points that exist, and every address agrees with the componen
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -80,10 +81,14 @@ def test_dockerfile_copies_existing_files_and_runs_a_real_entry_point(dockerfile
     assert config_copy, f"{dockerfile.name}: nothing is copied to {cmd[-1]}"
 
 
-def test_exporter_example_config_is_valid():
+def test_exporter_example_config_is_valid(tmp_path):
+    """Valid once its token file exists (the example reads it from a mounted secret)."""
+    token = tmp_path / "token"
+    token.write_text("t" * 32 + "\n")
     out = subprocess.run([str(BIN / "wandb-infra-exporter"), "--config",
                           str(DEPLOY / "exporter.example.yaml"), "--check-config"],
-                         capture_output=True, text=True, check=False)
+                         capture_output=True, text=True, check=False,
+                         env={**os.environ, "WANDB_INFRA_EXPORTER__AUTH__TOKEN_FILE": str(token)})
     assert out.returncode == 0, out.stderr
 
 

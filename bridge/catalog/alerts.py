@@ -472,10 +472,12 @@ register(
                     "succeeded {{ $value | humanizeDuration }} ago.",
         impact="The run-to-host map is out of date: finished runs may be blamed for new faults "
                "and new runs get none.",
-        remediation="Check that the source's command or API answers within its timeout; a "
-                    "source that never succeeded since start shows here too.",
+        remediation="Check that the source's command or API answers within its timeout (a "
+                    "source that never succeeded is down, not stale).",
         panel="pipeline_sources",
-        expr=f"time() - max by (instance, job, source) ({m.EXPORTER_SOURCE_LAST_SUCCESS}) "
+        # 0 = never polled: a polled source is down until its first success, and the
+        # registration API is pushed to, not polled.
+        expr=f"time() - max by (instance, job, source) ({m.EXPORTER_SOURCE_LAST_SUCCESS} > 0) "
              f"> {SOURCE_STALE_SECONDS}",
         for_="5m", group="pipeline"),
     AlertDef(

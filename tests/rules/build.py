@@ -664,7 +664,9 @@ def pipeline_cases() -> list[Case]:
                [*exporter_up, e("wandb_infra_exporter_source_last_success_timestamp_seconds",
                                 "30+30x2 60x77", **slurm)],
                [*exporter_up, e("wandb_infra_exporter_source_last_success_timestamp_seconds",
-                                "30+30x80", **slurm)], "30m",
+                                "30+30x80", **slurm),
+                e("wandb_infra_exporter_source_last_success_timestamp_seconds", "0x80",
+                  source="registrations")], "30m",
                [Expect({**exp, **slurm}, "Source slurm of the exporter at exporter:9842 last "
                        "succeeded 29m 0s ago.")]),
         *_pair("exporter target down", "WandbInfraExporterDown",
