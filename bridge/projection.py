@@ -16,6 +16,9 @@ from bridge.notes import strip_controls
 
 TAG_PREFIX = "infra:"
 MAX_TAG = 64
+# At most this many infra tags on a run (the last says how many more): a run hit by thousands of
+# distinct alert names must not get thousands of tags.
+MAX_INFRA_TAGS = 20
 SEEN = "seen"
 
 
@@ -31,6 +34,8 @@ def infra_tags(diagnosis: Diagnosis) -> list[str]:
         tag = (TAG_PREFIX + name)[:MAX_TAG]
         if name and tag not in out:
             out.append(tag)
+    if len(out) > MAX_INFRA_TAGS:
+        out = [*out[:MAX_INFRA_TAGS - 1], f"{TAG_PREFIX}+{len(out) - MAX_INFRA_TAGS + 1} more"]
     return out
 
 
@@ -38,7 +43,9 @@ def merged_tags(current: tuple[str, ...] | list[str], diagnosis: Diagnosis) -> l
     """The user's tags unchanged, then ours; infra tags the bridge wrote earlier are kept."""
     user = [t for t in current if not t.startswith(TAG_PREFIX)]
     ours = infra_tags(diagnosis)
-    earlier = [t for t in current if t.startswith(TAG_PREFIX) and t not in ours]
+    room = max(0, MAX_INFRA_TAGS - len(ours))
+    earlier = [t for t in current if t.startswith(TAG_PREFIX) and t not in ours
+               and not t.endswith(" more")][:room]
     return [*user, *ours, *earlier]
 
 

@@ -9,8 +9,8 @@ from typing import Protocol
 from exporter.configfile import ConfigError
 from exporter.model import RunKey, SourceResult
 
-RUN_ID_CHARS = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
-NAME_CHARS = re.compile(r"^[^\s/\\#?%:\x00-\x1f\x7f]{1,128}$")
+RUN_ID_CHARS = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
+NAME_CHARS = re.compile(r"[^\s/\\#?%:\x00-\x1f\x7f]{1,128}")
 
 
 class Source(Protocol):
@@ -28,7 +28,8 @@ def valid_run_key(entity: object, project: object, run_id: object) -> RunKey | N
     """A RunKey when the three parts are acceptable label values, else None."""
     if not (isinstance(entity, str) and isinstance(project, str) and isinstance(run_id, str)):
         return None
-    if not (NAME_CHARS.match(entity) and NAME_CHARS.match(project) and RUN_ID_CHARS.match(run_id)):
+    if not (NAME_CHARS.fullmatch(entity) and NAME_CHARS.fullmatch(project)
+            and RUN_ID_CHARS.fullmatch(run_id)):
         return None
     return RunKey(entity, project, run_id)
 

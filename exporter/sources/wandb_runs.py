@@ -134,7 +134,7 @@ class WandbRunsSource:
         self.projects: list[tuple[str, str]] = []
         for item in projects:
             entity, _, project = str(item).partition("/")
-            if not (NAME_CHARS.match(entity) and NAME_CHARS.match(project)):
+            if not (NAME_CHARS.fullmatch(entity) and NAME_CHARS.fullmatch(project)):
                 raise ConfigError(f"sources.wandb.projects: {item!r} is not entity/project")
             self.projects.append((entity, project))
         self.session = session or requests.Session()

@@ -1,0 +1,41 @@
+"""What one run receives is bounded, however many distinct alerts hit it (issue 14), and names
+with a trailing newline are not names."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from bridge.diagnosis import AlertFact, diagnose
+from bridge.projection import MAX_INFRA_TAGS, TAG_PREFIX, infra_tags, merged_tags
+from exporter.sources import valid_run_key
+from tests.bridge_payloads import T0
+
+
+def _facts(n: int) -> list[AlertFact]:
+    return [AlertFact(f"fp{i}", f"UserRule{i}", T0 + timedelta(seconds=i), None, "warning",
+                      "workload", f"node{i}", "", {}, {"summary": "x."}) for i in range(n)]
+
+
+def test_thousands_of_alert_names_give_a_bounded_tag_list_with_a_count():
+    tags = infra_tags(diagnose(_facts(2000)))
+    assert len(tags) == MAX_INFRA_TAGS
+    assert tags[-1] == f"{TAG_PREFIX}+{2000 - MAX_INFRA_TAGS + 1} more"
+    assert len(set(tags)) == len(tags)
+
+
+def test_merged_tags_keep_the_users_and_stay_bounded():
+    earlier = [f"{TAG_PREFIX}Old{i}" for i in range(50)] + [f"{TAG_PREFIX}+7 more"]
+    merged = merged_tags(["baseline", *earlier], diagnose(_facts(5)))
+    assert merged[0] == "baseline"
+    ours = [t for t in merged if t.startswith(TAG_PREFIX)]
+    assert len(ours) == MAX_INFRA_TAGS and f"{TAG_PREFIX}+7 more" not in ours
+
+
+def test_few_alerts_are_all_tagged():
+    assert len(infra_tags(diagnose(_facts(3)))) == 3
+
+
+def test_run_keys_with_a_trailing_newline_are_refused():
+    assert valid_run_key("acme", "llm", "run1") is not None
+    assert valid_run_key("acme", "llm", "run1\n") is None
+    assert valid_run_key("acme\n", "llm", "run1") is None
