@@ -1,0 +1,67 @@
+"""The monitoring mixin (mixin/) rendered with Debian's jsonnet: the same rules and dashboards as
+the generated files, its config applied, and its output accepted by promtool."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from alert_rules import generate
+from tests.services import PROMTOOL
+
+ROOT = Path(__file__).resolve().parent.parent
+JSONNET = shutil.which("jsonnet") or "/usr/bin/jsonnet"
+
+
+def render(expr: str) -> object:
+    proc = subprocess.run([JSONNET, "-J", str(ROOT), "-e", expr], capture_output=True,
+                          text=True, timeout=60, check=False, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def _mixin(overrides: str = "") -> str:
+    return f'((import "mixin/mixin.libsonnet") + {{ _config+:: {{ {overrides} }} }})'
+
+
+def test_rules_are_the_generated_groups():
+    shipped = yaml.safe_load((ROOT / "alert_rules" / generate.RULES_FILE).read_text())["groups"]
+    rules = render(f"{_mixin()}.prometheusRules")["groups"]
+    alerts = render(f"{_mixin()}.prometheusAlerts")["groups"]
+    assert all("alert" not in r for g in rules for r in g["rules"])
+    assert all(any("alert" in r for r in g["rules"]) for g in alerts)
+    by_name = {g["name"]: g for g in [*rules, *alerts]}
+    assert [g["name"] for g in shipped] == [g["name"] for g in shipped if g["name"] in by_name]
+    assert {g["name"]: g for g in shipped} == by_name
+
+
+def test_dashboards_are_the_generated_json():
+    boards = render(f"{_mixin()}.grafanaDashboards")
+    files = {p.name: json.loads(p.read_text()) for p in (ROOT / "dashboards").glob("*.json")}
+    assert boards == files
+
+
+def test_config_overrides_runbooks_and_labels():
+    overrides = ('runbookURLBase: "https://runbooks.example/wi", '
+                 'alertLabels: { team: "ml-infra" }')
+    alerts = render(_mixin(overrides) + ".prometheusAlerts")
+    rules = [r for g in alerts["groups"] for r in g["rules"] if "alert" in r]
+    assert rules
+    for rule in rules:
+        assert rule["labels"]["team"] == "ml-infra"
+        assert rule["annotations"]["runbook_url"].startswith(
+            "https://runbooks.example/wi/docs/runbook.md#"), rule["alert"]
+
+
+@pytest.mark.parametrize("field", ["prometheusRules", "prometheusAlerts"])
+def test_promtool_accepts_the_rendered_rules(tmp_path, field):
+    path = tmp_path / f"{field}.yml"
+    path.write_text(yaml.safe_dump(render(f"{_mixin()}.{field}")))
+    proc = subprocess.run([PROMTOOL, "check", "rules", str(path)], capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
