@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -37,9 +38,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _exit_on_sigterm(_signum: int, _frame: object) -> None:
+    raise SystemExit(143)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run both scenarios end to end and print what a W&B user would read."""
     args = parse_args(argv)
+    # SIGTERM (``kill``, a CI timeout) unwinds like Ctrl-C, so every service started is stopped.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     shutil.rmtree(args.workdir, ignore_errors=True)
     api_key = os.environ.get("WANDB_API_KEY") or None
     config = StackConfig(
