@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import hashlib
 import hmac
 import json
@@ -15,6 +16,7 @@ from fnmatch import fnmatchcase
 
 from aiohttp import web
 
+from exporter import __version__
 from exporter.collector import CONTENT_TYPE, Exposition
 from exporter.logsetup import log_fields
 from exporter.model import SourceError
@@ -32,6 +34,18 @@ log = logging.getLogger(__name__)
 
 MAX_BODY = 64 * 1024
 REGISTRATION_SOURCE = "registrations"
+# Level 1: most of the size gain for a fraction of level 6's CPU on a multi-megabyte body.
+GZIP_LEVEL = 1
+LANDING_PAGE = f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>wandb-infra-exporter</title></head>
+<body><h1>wandb-infra-exporter {__version__}</h1>
+<p>Publishes which W&amp;B run is on which host and GPU (<code>wandb_run_node_info</code>,
+<code>wandb_run_gpu_info</code>, <code>wandb_run_pod_info</code>) for Prometheus.</p>
+<ul><li><a href="metrics">/metrics</a></li><li><a href="healthz">/healthz</a></li>
+<li><code>POST /v1/runs</code>,
+<code>DELETE /v1/runs/&lt;entity&gt;/&lt;project&gt;/&lt;run_id&gt;</code> (bearer token)</li>
+</ul></body></html>
+"""
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -103,10 +117,19 @@ class Api:
         return (found[0] and scheme.lower() == "bearer"), found[1]
 
     async def metrics(self, request: web.Request) -> web.Response:
-        """The exposition, built now."""
-        body = await asyncio.get_running_loop().run_in_executor(None, self.exposition.render,
-                                                            self.registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+        """The exposition, built now; gzipped when the scraper accepts it (Prometheus does), as
+        a 2,000-host cluster's join metrics shrink about thirtyfold."""
+        loop = asyncio.get_running_loop()
+        body = await loop.run_in_executor(None, self.exposition.render, self.registry)
+        headers = {"Content-Type": CONTENT_TYPE}
+        if "gzip" in request.headers.get("Accept-Encoding", ""):
+            body = await loop.run_in_executor(None, gzip.compress, body, GZIP_LEVEL)
+            headers["Content-Encoding"] = "gzip"
+        return web.Response(body=body, headers=headers)
+
+    async def landing(self, _request: web.Request) -> web.Response:
+        """What this endpoint is, with links (the exporter-toolkit convention)."""
+        return web.Response(text=LANDING_PAGE, content_type="text/html")
 
     async def healthz(self, request: web.Request) -> web.Response:
         """Liveness plus each source's state (the process is healthy even if a source is down)."""
@@ -184,6 +207,7 @@ def build_app(registry: Registry, store: RegistrationStore, sources: Sequence[So
     """The aiohttp application; pollers start and stop with it."""
     api = Api(registry, store, token, default_ttl, max_ttl, host_tokens=host_tokens)
     app = web.Application(client_max_size=MAX_BODY)
+    app.router.add_get("/", api.landing)
     app.router.add_get("/metrics", api.metrics)
     app.router.add_get("/healthz", api.healthz)
     if registrations:

@@ -1,0 +1,55 @@
+"""Prometheus exporter conventions: a landing page at /, gzip when the scraper accepts it (and
+Prometheus itself scraping the gzipped body)."""
+
+from __future__ import annotations
+
+import gzip
+
+import requests
+
+from demo.processes import wait_for
+from exporter import labels
+from tests.exporter_process import running_exporter
+from tests.services import prom_query, prometheus
+
+TOKEN = "t" * 32
+
+
+def _register(url: str, hosts: int) -> None:
+    for i in range(hosts):
+        resp = requests.post(url + "/v1/runs", timeout=10,
+                             headers={"Authorization": f"Bearer {TOKEN}"},
+                             json={"entity": "acme", "project": "llm", "run_id": "r1",
+                                   "hostname": f"gpu-node-{i:03d}", "gpus": ["0", "1"]})
+        assert resp.status_code in (200, 201), resp.text
+
+
+def test_landing_page_links_metrics_and_health(tmp_path):
+    with running_exporter({"auth": {"token": TOKEN}}, tmp_path) as url:
+        page = requests.get(url + "/", timeout=10)
+        assert page.status_code == 200 and page.headers["Content-Type"].startswith("text/html")
+        assert 'href="metrics"' in page.text and 'href="healthz"' in page.text
+
+
+def test_metrics_gzipped_only_when_accepted(tmp_path):
+    with running_exporter({"auth": {"token": TOKEN}}, tmp_path) as url:
+        _register(url, 50)
+        plain = requests.get(url + "/metrics", timeout=10,
+                             headers={"Accept-Encoding": "identity"})
+        assert "Content-Encoding" not in plain.headers
+        raw = requests.get(url + "/metrics", timeout=10, stream=True,
+                           headers={"Accept-Encoding": "gzip"}).raw.read()
+        assert gzip.decompress(raw).decode().count(labels.GPU_INFO + "{") == 100
+        assert len(raw) * 5 < len(plain.content)
+
+
+def test_prometheus_scrapes_the_gzipped_exposition(tmp_path):
+    with running_exporter({"auth": {"token": TOKEN}}, tmp_path / "exporter") as url:
+        _register(url, 3)
+        target = url.removeprefix("http://")
+        config = ("global: {scrape_interval: 1s}\nscrape_configs: [{job_name: x, "
+                  f"static_configs: [{{targets: ['{target}']}}]}}]\n")
+        with prometheus(config, tmp_path / "prom") as prom:
+            rows = wait_for(lambda: prom_query(prom.url, f"count({labels.GPU_INFO})"), 30,
+                            "the join metrics in Prometheus")
+            assert rows[0]["value"][1] == "6"
