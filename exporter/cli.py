@@ -19,6 +19,7 @@ from exporter.registry import Registry
 from exporter.server import REGISTRATION_SOURCE, HostToken, build_app
 from exporter.sources import Source
 from exporter.sources.kubernetes import KubernetesSource
+from exporter.sources.nodestate import KubernetesNodeSource, SlurmNodeSource
 from exporter.sources.registrations import RegistrationFilesSource
 from exporter.sources.slurm import SlurmSource
 from exporter.sources.wandb_runs import WandbRunsSource
@@ -41,6 +42,7 @@ DEFAULTS: dict[str, Any] = {
         "kubernetes": {"enabled": False},
         "files": {"enabled": False},
     },
+    "node_state": {"slurm": {"enabled": False}, "kubernetes": {"enabled": False}},
 }
 
 HELP = f"""\
@@ -80,6 +82,13 @@ Keys (see deploy/exporter.example.yaml for a commented example):
                               default_project, interval_seconds, timeout_seconds, page_size
   sources.files               enabled, directory, max_age_seconds, interval_seconds
 Every source may also set `name` (its `source` label; defaults slurm, wandb, kubernetes, files).
+  node_state.slurm            enabled, mode (scontrol|sinfo_json), command, interval_seconds,
+                              timeout_seconds: publishes wandb_infra_node_state{{hostname,
+                              scheduler, state, reason}} and wandb_infra_node_schedulable
+                              (drained, down, ... and the reason); read-only
+  node_state.kubernetes       enabled, tolerated_taints (default [nvidia.com/gpu]),
+                              interval_seconds, and the connection keys of sources.kubernetes
+                              (taken from there when not set here); needs 'list' on 'nodes'
 """
 
 
@@ -165,6 +174,32 @@ def build_sources(cfg: Mapping[str, Any], secrets: list[str]) -> list[Source]:
     return sources
 
 
+def node_state_sources(cfg: Mapping[str, Any], registry: Registry, grace: float,
+                       secrets: list[str]) -> list[Source]:
+    """The enabled node-state pollers, each publishing through the registry."""
+    sections = cfg.get("node_state") or {}
+    if not isinstance(sections, Mapping) or set(sections) - {"slurm", "kubernetes"}:
+        raise ConfigError("node_state must be a mapping with slurm and/or kubernetes")
+    out: list[SlurmNodeSource | KubernetesNodeSource] = []
+    slurm = sections.get("slurm") or {}
+    if slurm.get("enabled"):
+        out.append(SlurmNodeSource(slurm, registry.mapper, grace))
+    k8s = sections.get("kubernetes") or {}
+    if k8s.get("enabled"):
+        inherited = {k: v for k, v in ((cfg.get("sources") or {}).get("kubernetes") or {}).items()
+                     if k in _K8S_CONNECTION}
+        source = KubernetesNodeSource({**inherited, **k8s}, registry.mapper, grace)
+        secrets.append(source.api.token or "")
+        out.append(source)
+    for source in out:
+        registry.add_node_states(source.states)
+    return list(out)
+
+
+_K8S_CONNECTION = ("in_cluster", "kubeconfig", "api_server", "token", "token_file", "ca_file",
+                   "insecure_skip_tls_verify", "timeout_seconds", "page_size")
+
+
 def build(cfg: Mapping[str, Any]) -> tuple[web.Application, list[str]]:
     """The app from a loaded config, plus the secrets the log must never show."""
     try:
@@ -195,7 +230,9 @@ def _build(cfg: Mapping[str, Any]) -> tuple[web.Application, list[str]]:
     live = [(REGISTRATION_SOURCE, store.active)] if reg_cfg.get("enabled", True) else []
     registry = Registry(HostnameMapper.from_config(cfg.get("hostnames") or {}),
                         grace_seconds=grace, live_sources=live, live_version=store.version)
-    sources = build_sources(cfg, secrets)
+    sources = build_sources(cfg, secrets) + node_state_sources(cfg, registry, grace, secrets)
+    if len({s.name for s in sources}) != len(sources):
+        raise ConfigError("node_state source names must differ from the run sources' names")
     for source in sources:
         if not source.interval > 0:
             raise ConfigError(f"source {source.name}: interval_seconds must be > 0")

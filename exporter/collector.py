@@ -11,7 +11,7 @@ prometheus_client custom collector. No gauges are mutated behind the scrape.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -19,6 +19,8 @@ from prometheus_client.registry import Collector
 
 from exporter import labels
 from exporter.registry import Registry, Snapshot
+from exporter.sources import nodestate
+from exporter.sources.nodestate import NodeState
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 P = labels.SELF_METRIC_PREFIX
@@ -95,7 +97,26 @@ class Exposition:
         snap = registry.snapshot()
         self_registry = CollectorRegistry(auto_describe=False)
         self_registry.register(SelfMetrics(snap))
-        return self.render_info(snap).encode() + generate_latest(self_registry)
+        return (self.render_info(snap) + render_node_states(registry.node_states())).encode() \
+            + generate_latest(self_registry)
+
+
+def render_node_states(states: Sequence[NodeState]) -> str:
+    """``wandb_infra_node_state`` and ``wandb_infra_node_schedulable`` (few series: one per
+    host, so no memo)."""
+    if not states:
+        return ""
+    info = [f"# HELP {nodestate.STATE} Scheduler state of a host and why (value always 1).\n"
+            f"# TYPE {nodestate.STATE} gauge\n"]
+    able = [f"# HELP {nodestate.SCHEDULABLE} 1 if the scheduler may start new jobs on the "
+            f"host.\n# TYPE {nodestate.SCHEDULABLE} gauge\n"]
+    for s in states:
+        pairs = ",".join(f'{n}="{_escape(v)}"' for n, v in zip(nodestate.STATE_LABELS, s,
+                                                               strict=True) if v)
+        info.append(f"{nodestate.STATE}{{{pairs}}} 1\n")
+        able.append(f'{nodestate.SCHEDULABLE}{{hostname="{_escape(s.hostname)}",'
+                    f'scheduler="{s.scheduler}"}} {int(s.schedulable)}\n')
+    return "".join(info + able)
 
 
 class SelfMetrics(Collector):

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from exporter import labels
 from exporter.hostnames import HostnameMapper
@@ -95,6 +96,17 @@ class Registry:
         self._stable: dict[NodeKey, _NodeState] = {}
         self._version = 0
         self._cache: tuple[tuple[int, int], Snapshot] | None = None
+        self._node_states: list[Callable[[], Sequence[Any]]] = []
+
+    def add_node_states(self, provider: Callable[[], Sequence[Any]]) -> None:
+        """A node-state poller's current states (exporter/sources/nodestate.py), rendered on
+        each scrape next to the join metrics."""
+        self._node_states.append(provider)
+
+    def node_states(self) -> list[Any]:
+        """Every provider's states, one per (hostname, scheduler), sorted."""
+        merged = {(s.hostname, s.scheduler): s for p in self._node_states for s in p()}
+        return [merged[k] for k in sorted(merged)]
 
     def add_source(self, name: str) -> None:
         """Declare a polled source so it reports up=0 until its first good poll."""

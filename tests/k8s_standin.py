@@ -5,6 +5,12 @@ A cluster cannot run here, so the Kubernetes source is tested against this: ``GE
 ``fieldSelector`` (``status.phase``, ``spec.nodeName``) and equality ``labelSelector``, bearer-token
 auth (401), an RBAC denial switch (403), and expiring continue tokens (410 ``Expired``), each with
 the ``Status`` body the real server sends.
+
+Nodes: ``GET /api/v1/nodes`` (``NodeList``, ``limit``/``continue``), ``GET /api/v1/nodes/<name>``
+and ``PATCH /api/v1/nodes/<name>`` with ``application/merge-patch+json`` (what cordon and taint
+writes use): each write bumps the node's ``metadata.resourceVersion``; a patch carrying a stale
+``metadata.resourceVersion`` gets 409 ``Conflict``, as does the next patch after
+``conflict_next_patches`` is set (another writer got there first); ``patch_forbidden`` answers 403.
 """
 
 from __future__ import annotations
@@ -32,6 +38,36 @@ def make_pod(name: str, node: str | None, namespace: str = "default", *,
             "spec": spec, "status": {"phase": phase}}
 
 
+def make_node(name: str, *, ready: bool = True, unschedulable: bool = False,
+              taints: list[dict[str, str]] | None = None,
+              conditions: list[dict[str, str]] | None = None) -> dict[str, Any]:
+    """A Node object with the fields a real API server returns (trimmed)."""
+    spec: dict[str, Any] = {}
+    if unschedulable:
+        spec["unschedulable"] = True
+    if taints:
+        spec["taints"] = taints
+    conds = [{"type": "Ready", "status": "True" if ready else "False",
+              "reason": "KubeletReady" if ready else "KubeletNotReady"},
+             {"type": "MemoryPressure", "status": "False"}, *(conditions or [])]
+    return {"metadata": {"name": name, "uid": f"uid-node-{name}", "resourceVersion": "1",
+                         "labels": {"kubernetes.io/hostname": name}},
+            "spec": spec, "status": {"conditions": conds}}
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch (null deletes a key; lists replace)."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
 def _status(code: int, reason: str, message: str) -> dict[str, Any]:
     return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
             "message": message, "reason": reason, "code": code}
@@ -50,6 +86,10 @@ class K8sStandin:
         self.expire_continue_tokens = 0
         self.requests: list[dict[str, list[str]]] = []
         self.resource_version = 1000
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.patches: list[tuple[str, dict[str, Any]]] = []
+        self.conflict_next_patches = 0
+        self.patch_forbidden = False
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self.url = ""
@@ -111,6 +151,63 @@ class K8sStandin:
                          "items": [*garbage, *page]}
 
 
+    def set_nodes(self, nodes: list[dict[str, Any]]) -> None:
+        """Replace the cluster's nodes."""
+        with self._lock:
+            self.nodes = {n["metadata"]["name"]: n for n in nodes}
+
+    def list_nodes(self, query: dict[str, list[str]]) -> tuple[int, dict[str, Any]]:
+        """A NodeList page."""
+        with self._lock:
+            self.requests.append(query)
+            if self.forbidden:
+                return 403, _status(403, "Forbidden", 'nodes is forbidden: User "system:'
+                                    'serviceaccount:monitoring:exporter" cannot list resource '
+                                    '"nodes" in API group "" at the cluster scope')
+            names = sorted(self.nodes)
+            start = int(query["continue"][0]) if query.get("continue") else 0
+            limit = int(query.get("limit", ["0"])[0] or 0) or len(names) or 1
+            page = names[start:start + limit]
+            meta: dict[str, Any] = {"resourceVersion": str(self.resource_version)}
+            if start + len(page) < len(names):
+                meta["continue"] = str(start + len(page))
+            return 200, {"kind": "NodeList", "apiVersion": "v1", "metadata": meta,
+                         "items": [json.loads(json.dumps(self.nodes[n])) for n in page]}
+
+    def get_node(self, name: str) -> tuple[int, dict[str, Any]]:
+        """One Node, or 404."""
+        with self._lock:
+            node = self.nodes.get(name)
+            if node is None:
+                return 404, _status(404, "NotFound", f'nodes "{name}" not found')
+            return 200, json.loads(json.dumps(node))
+
+    def patch_node(self, name: str, patch: Any) -> tuple[int, dict[str, Any]]:
+        """A merge patch of one Node, with the API server's optimistic concurrency."""
+        with self._lock:
+            if self.patch_forbidden:
+                return 403, _status(403, "Forbidden", f'nodes "{name}" is forbidden: cannot '
+                                    'patch resource "nodes" in API group ""')
+            node = self.nodes.get(name)
+            if node is None:
+                return 404, _status(404, "NotFound", f'nodes "{name}" not found')
+            if not isinstance(patch, dict):
+                return 400, _status(400, "BadRequest", "patch is not an object")
+            wanted = (patch.get("metadata") or {}).get("resourceVersion")
+            current = node["metadata"]["resourceVersion"]
+            if self.conflict_next_patches > 0 or (wanted is not None and wanted != current):
+                self.conflict_next_patches = max(0, self.conflict_next_patches - 1)
+                node["metadata"]["resourceVersion"] = str(int(current) + 1)  # the other writer
+                return 409, _status(409, "Conflict", f'Operation cannot be fulfilled on nodes '
+                                    f'"{name}": the object has been modified; please apply your '
+                                    'changes to the latest version and try again')
+            self.patches.append((name, patch))
+            updated = merge_patch(node, patch)
+            updated["metadata"]["resourceVersion"] = str(int(current) + 1)
+            self.nodes[name] = updated
+            return 200, json.loads(json.dumps(updated))
+
+
 def _selected(pod: dict[str, Any], query: dict[str, list[str]]) -> bool:
     for selector in query.get("fieldSelector", []):
         for term in filter(None, selector.split(",")):
@@ -149,6 +246,12 @@ def _handler(server: K8sStandin) -> type[BaseHTTPRequestHandler]:
                 return
             parts = url.path.strip("/").split("/")
             namespace = None
+            if parts == ["api", "v1", "nodes"]:
+                self._send(*server.list_nodes(parse_qs(url.query)))
+                return
+            if len(parts) == 4 and parts[:3] == ["api", "v1", "nodes"]:
+                self._send(*server.get_node(parts[3]))
+                return
             if parts == ["api", "v1", "pods"]:
                 pass
             elif len(parts) == 5 and parts[:3] == ["api", "v1", "namespaces"] \
@@ -160,5 +263,28 @@ def _handler(server: K8sStandin) -> type[BaseHTTPRequestHandler]:
                 return
             code, body = server.list_pods(namespace, parse_qs(url.query))
             self._send(code, body)
+
+        def do_PATCH(self) -> None:
+            url = urlparse(self.path)
+            if self.headers.get("Authorization", "") != f"Bearer {server.token}":
+                self._send(401, _status(401, "Unauthorized", "Unauthorized"))
+                return
+            parts = url.path.strip("/").split("/")
+            if len(parts) != 4 or parts[:3] != ["api", "v1", "nodes"]:
+                self._send(404, _status(404, "NotFound", "the server could not find the "
+                                        "requested resource"))
+                return
+            if self.headers.get("Content-Type", "").split(";")[0] != \
+                    "application/merge-patch+json":
+                self._send(415, _status(415, "UnsupportedMediaType", "the body of the request "
+                                        "was in an unknown format"))
+                return
+            length = int(self.headers.get("Content-Length") or 0)
+            try:
+                patch = json.loads(self.rfile.read(length) or b"null")
+            except ValueError:
+                self._send(400, _status(400, "BadRequest", "invalid JSON"))
+                return
+            self._send(*server.patch_node(parts[3], patch))
 
     return Handler
