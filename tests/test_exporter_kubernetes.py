@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import base64
+import os
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -77,6 +79,38 @@ def test_auth_errors_are_clear(k8s):
     k8s.forbidden = True
     with pytest.raises(SourceError, match=r"403 forbidden.*list.*pods"):
         src(k8s).poll()
+
+
+def _kubeconfig(path, server: str, user: dict) -> str:
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "test",
+        "clusters": [{"name": "c", "cluster": {"server": server}}],
+        "users": [{"name": "u", "user": user}],
+        "contexts": [{"name": "test", "context": {"cluster": "c", "user": "u"}}]}))
+    return str(path)
+
+
+@pytest.mark.parametrize(("user", "named"), [
+    ({"exec": {"apiVersion": "client.authentication.k8s.io/v1beta1", "command": "aws",
+               "args": ["eks", "get-token"]}}, "an exec plugin (aws)"),
+    ({"auth-provider": {"name": "oidc"}}, "an auth provider"),
+    ({}, "no credentials"),
+])
+def test_kubeconfig_users_we_cannot_authenticate_fail_in_one_line(tmp_path, user, named):
+    with pytest.raises(ConfigError) as err:
+        KubernetesSource({"kubeconfig": _kubeconfig(tmp_path / "config", "https://k", user)})
+    message = str(err.value)
+    assert named in message and "in_cluster" in message and "\n" not in message
+
+
+def test_kubeconfig_client_certificate_data_is_used(tmp_path):
+    user = {"client-certificate-data": base64.b64encode(b"CERT").decode(),
+            "client-key-data": base64.b64encode(b"KEY").decode()}
+    source = KubernetesSource({"kubeconfig": _kubeconfig(tmp_path / "config", "https://k",
+                                                         user)})
+    cert, key = source.session.cert
+    assert Path(cert).read_bytes() == b"CERT" and Path(key).read_bytes() == b"KEY"
+    assert oct(os.stat(key).st_mode & 0o777) == "0o600"
 
 
 def test_kubeconfig_and_token_file(k8s, tmp_path):
