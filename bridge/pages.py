@@ -1,33 +1,64 @@
 """The embedded issue views (``/runs`` and ``/runs/<entity>/<project>/<run_id>``) as JSON and HTML.
 
 JSON builders turn diagnoses into plain dicts; the HTML renderers only format those dicts, and
-every value passes through ``html.escape`` so label text cannot inject markup or script.
+every value passes through ``html.escape`` so label text cannot inject markup or script. The run
+page leads with a headline card (root cause, where, impact, what to do, Grafana and runbook) that
+fits the first screen, then the incident's shape in time (``bridge.timeline``), then the
+consequences grouped by alert name, because a 64-host cascade is one story, not 65 rows.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from collections.abc import Sequence
+from datetime import UTC, datetime
 from html import escape
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 from bridge.diagnosis import AlertFact, Diagnosis, Issue
 from bridge.identity import RunKey
 from bridge.notes import LinkFn
 from bridge.store import OutboxRow
+from bridge.timeline import activity_svg, clock, colour, offset_text, onset, parse_ts, timeline_svg
 
-_STYLE = ("body{font-family:system-ui,sans-serif;margin:2em;max-width:70em}"
-          "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.3em .6em;"
-          "text-align:left;vertical-align:top}.root{color:#b00020;font-weight:600}"
-          ".muted{color:#666}")
+_STYLE = (
+    "body{font-family:system-ui,sans-serif;margin:0;color:#1d2127;background:#f4f5f7}"
+    "main{max-width:1140px;margin:0 auto;padding:12px 20px}"
+    "header{display:flex;gap:1em;align-items:baseline;flex-wrap:wrap}"
+    "h1{font-size:1.25em;margin:.3em 0}h2{font-size:1.1em;margin:.2em 0}"
+    "a{color:#0b57d0}.muted{color:#5f6368}.small{font-size:.85em}"
+    ".pill{display:inline-block;border-radius:1em;padding:.1em .7em;font-size:.85em;"
+    "background:#e8eaed}.pill.bad{background:#fde7e9;color:#8c0010}"
+    ".pill.ok{background:#e6f4ea;color:#1e6b34}.pill.warn{background:#fff4e0;color:#7a4a00}"
+    ".card{background:#fff;border-radius:8px;box-shadow:0 1px 3px #0002;padding:14px 18px;"
+    "margin:10px 0;border-left:6px solid #c77700}"
+    ".card dl{display:grid;grid-template-columns:7.5em 1fr;gap:.35em 1em;margin:.6em 0}"
+    ".card dt{font-weight:600;color:#5f6368}.card dd{margin:0}"
+    ".badge{font-size:.75em;font-weight:700;letter-spacing:.05em;color:#fff;"
+    "border-radius:3px;padding:.15em .5em;vertical-align:middle}"
+    ".btn{display:inline-block;padding:.45em 1em;border-radius:5px;background:#0b57d0;"
+    "color:#fff;text-decoration:none;font-weight:600;margin-right:.6em}"
+    ".btn.alt{background:#fff;color:#0b57d0;border:1px solid #0b57d0}"
+    "table{border-collapse:collapse;width:100%;background:#fff}"
+    "td,th{border-bottom:1px solid #e3e5e8;padding:.35em .6em;text-align:left;"
+    "vertical-align:top}th{background:#f8f9fa;font-weight:600}"
+    "td.sev{width:6px;padding:0}details summary{cursor:pointer;color:#0b57d0}"
+    "svg{max-width:100%;height:auto;background:#fff;font-size:11px}"
+    "svg .mk{font-size:11px;font-weight:600}svg .ax{fill:#5f6368}"
+    "code{background:#f1f3f4;padding:.1em .3em;border-radius:3px}"
+    "form.filters{display:flex;gap:.6em;align-items:end;flex-wrap:wrap;margin:.5em 0}"
+    "label{font-size:.85em;color:#5f6368;display:flex;flex-direction:column}"
+    ".note{background:#fff8e1;padding:.4em .8em;border-radius:4px}")
 
 
 def _t(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat().replace("+00:00", "Z")
 
 
-def delivery_status(row: OutboxRow | None) -> dict[str, Any]:
-    """Where the run's W&B projection stands."""
+def delivery_status(row: OutboxRow | None, enabled: bool = True) -> dict[str, Any]:
+    """Where the run's W&B projection stands (``off`` when no W&B key is configured)."""
+    if not enabled:
+        return {"state": "off"}
     if row is None:
         return {"state": "not queued"}
     if row.parked:
@@ -40,7 +71,8 @@ def delivery_status(row: OutboxRow | None) -> dict[str, Any]:
 def _fact(fact: AlertFact, link: str) -> dict[str, Any]:
     return {
         "alertname": fact.alertname, "severity": fact.severity, "category": fact.category,
-        "hostname": fact.hostname, "gpu": fact.gpu, "cause_class": fact.cause.name.lower(),
+        "hostname": fact.hostname, "gpu": fact.gpu, "where": fact.where,
+        "cause_class": fact.cause.name.lower(),
         "onset": _t(fact.onset), "starts_at": _t(fact.starts_at), "ends_at": _t(fact.ends_at),
         "summary": fact.text("summary"), "description": fact.text("description"),
         "impact": fact.text("impact"), "remediation": fact.text("remediation"),
@@ -50,6 +82,7 @@ def _fact(fact: AlertFact, link: str) -> dict[str, Any]:
 
 def _issue(issue: Issue, link_for: LinkFn) -> dict[str, Any]:
     return {
+        "title": issue.title, "where": issue.where,
         "started_at": _t(issue.started_at), "ended_at": _t(issue.ended_at), "open": issue.open,
         "reasoning": issue.reasoning,
         "root_cause": _fact(issue.root, link_for(issue.root, issue.started_at, issue.ended_at)),
@@ -68,81 +101,308 @@ def run_summary(run: RunKey, diagnosis: Diagnosis, alerts: int, firing: int,
         "open_issues": len(diagnosis.open_issues),
         "root_cause": None if root is None else {"alertname": root.root.alertname,
                                                  "where": root.root.where},
+        "severity": None if root is None else root.root.severity,
+        "started_at": None if root is None else _t(root.started_at),
         "wandb": delivery_status(outbox),
     }
 
 
 def run_detail(run: RunKey, diagnosis: Diagnosis, link_for: LinkFn,
-               outbox: OutboxRow | None) -> dict[str, Any]:
-    """The drawer: every issue with its root cause, consequences and links."""
-    return {"entity": run.entity, "project": run.project, "run_id": run.run_id,
-            "wandb": delivery_status(outbox),
-            "issues": [_issue(i, link_for) for i in diagnosis.issues]}
+               outbox: OutboxRow | None, wandb_enabled: bool = True) -> dict[str, Any]:
+    """The drawer: every issue with its root cause, consequences and links, and which issue is
+    the run's headline."""
+    head = diagnosis.root_cause
+    detail: dict[str, Any] = {
+        "entity": run.entity, "project": run.project, "run_id": run.run_id,
+        "wandb": delivery_status(outbox, wandb_enabled),
+        "issues": [_issue(i, link_for) for i in diagnosis.issues]}
+    if head is not None:
+        detail["headline"] = {"issue": diagnosis.issues.index(head), "title": head.title,
+                              "reason": diagnosis.headline_reason}
+    return detail
 
 
 def _page(title: str, body: str) -> str:
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{escape(title)}</title>"
-            f"<style>{_STYLE}</style></head><body>{body}</body></html>")
+    return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'>"
+            "<meta name='viewport' content='width=device-width, initial-scale=1'>"
+            f"<title>{escape(title)}</title><style>{_STYLE}</style></head>"
+            f"<body><main>{body}</main></body></html>")
 
 
-def _link(url: str, text: str) -> str:
+def _link(url: str, text: str, cls: str = "") -> str:
+    """A link only to http(s) targets (annotations are untrusted: no ``javascript:``)."""
     if not url.startswith(("http://", "https://")):
-        return escape(text) if not url else ""
-    return f"<a href='{escape(url, quote=True)}' rel='noopener noreferrer'>{escape(text)}</a>"
+        return ""
+    c = f" class='{cls}'" if cls else ""
+    return (f"<a{c} href='{escape(url, quote=True)}' rel='noopener noreferrer'>"
+            f"{escape(text)}</a>")
 
 
-def runs_html(rows: list[dict[str, Any]], unattributed: int) -> str:
-    """The issues column: one table row per run."""
-    out = ["<h1>Runs with infrastructure issues</h1><table><tr><th>Run</th><th>Issues</th>"
-           "<th>Open</th><th>Root cause</th><th>Alerts (firing)</th><th>W&amp;B</th></tr>"]
+def when(value: str | None) -> str:
+    """``2026-11-29 12:00:40 UTC`` (to the second) from the view's ISO text."""
+    parsed = parse_ts(value)
+    return "" if parsed is None else parsed.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def wandb_text(status: dict[str, Any]) -> tuple[str, str]:
+    """(text, pill class): off / pending / written at T / parked: reason."""
+    state = status.get("state")
+    if state == "off":
+        return "W&B: off (no API key configured)", ""
+    if state == "delivered":
+        at = status.get("at")
+        stamp = "" if at is None else datetime.fromtimestamp(at, UTC).strftime(
+            " at %Y-%m-%d %H:%M:%S UTC")
+        return f"W&B: written{stamp}", "ok"
+    if state == "parked":
+        return f"W&B: parked: {status.get('reason') or 'unknown reason'}", "bad"
+    if state == "pending":
+        tries = status.get("attempts") or 0
+        err = status.get("last_error")
+        extra = f" ({tries} attempt(s), last error: {err})" if tries and err else ""
+        return f"W&B: pending{extra}", "warn"
+    return f"W&B: {state}", ""
+
+
+def _run_href(r: dict[str, Any]) -> str:
+    return "/runs/" + "/".join(quote(r[k], safe="") for k in ("entity", "project", "run_id"))
+
+
+def runs_html(rows: list[dict[str, Any]], unattributed: int, *,
+              filters: dict[str, str] | None = None, offset: int = 0, limit: int = 0,
+              more: bool = False) -> str:
+    """The issues column: newest first, a severity colour per headline, filters and paging."""
+    filters = filters or {}
+    link = (f"<a href='/unattributed'>{unattributed} unattributed alerts</a> "
+            "<span class='muted small'>(no run on that host or GPU)</span>"
+            if unattributed else "")
+    out = [f"<header><h1>Runs with infrastructure issues</h1>{link}</header>",
+           _filter_form(filters, limit)]
+    out.append("<table><tr><th class='sev'></th><th>Run</th><th>Headline (root cause)</th>"
+               "<th>Started</th><th>Issues</th><th>Alerts (firing)</th><th>W&amp;B</th></tr>")
     for r in rows:
-        href = "/runs/" + "/".join(quote(r[k], safe="") for k in ("entity", "project", "run_id"))
+        root = r.get("root_cause")
         name = f"{r['entity']}/{r['project']}/{r['run_id']}"
-        root = r["root_cause"]
+        if r.get("error"):
+            head = f"<span class='pill bad'>cannot diagnose: {escape(r['error'])}</span>"
+        elif root is None:
+            head = "<span class='muted'>no issue</span>"
+        else:
+            head = f"<b>{escape(root['alertname'])}</b> on {escape(root['where'])}"
+        sev = r.get("severity") or ""
+        bar = "#c9ced6" if root is None else colour(sev)
+        state = ("open" if r.get("open_issues") else "resolved") if r.get("issues") else ""
+        text, cls = wandb_text(r["wandb"])
         out.append(
-            f"<tr><td><a href='{escape(href, quote=True)}'>{escape(name)}</a></td>"
-            f"<td>{r['issues']}</td><td>{r['open_issues']}</td>"
-            f"<td>{'' if root is None else escape(root['alertname'] + ' on ' + root['where'])}"
-            f"</td><td>{r['alerts']} ({r['firing']})</td>"
-            f"<td>{escape(r['wandb']['state'])}</td></tr>")
+            f"<tr><td class='sev' style='background:{bar}' title='{escape(sev, quote=True)}'>"
+            f"</td><td><a href='{escape(_run_href(r), quote=True)}'>{escape(name)}</a></td>"
+            f"<td>{head} <span class='pill{' bad' if state == 'open' else ''}'>{state}</span>"
+            f"</td><td>{escape(when(r.get('started_at')))}</td>"
+            f"<td>{r.get('issues', 0)} ({r.get('open_issues', 0)} open)</td>"
+            f"<td>{r.get('alerts', 0)} ({r.get('firing', 0)})</td>"
+            f"<td><span class='pill {cls}'>{escape(text.removeprefix('W&B: '))}</span></td>"
+            "</tr>")
     out.append("</table>")
-    if unattributed:
-        out.append(f"<p><a href='/unattributed'>{unattributed} unattributed alerts</a> "
-                   "(no run on that host or GPU)</p>")
+    if not rows:
+        out.append("<p class='muted'>No runs match.</p>")
+    nav = []
+    if offset > 0 and limit:
+        nav.append(_page_link(filters, max(0, offset - limit), limit, "&larr; newer"))
+    if more and limit:
+        nav.append(_page_link(filters, offset + limit, limit, "older &rarr;"))
+    if nav:
+        out.append(f"<p>{' &middot; '.join(nav)}</p>")
     return _page("Runs with infrastructure issues", "".join(out))
 
 
-def _fact_html(f: dict[str, Any], role: str) -> str:
-    where = f["hostname"] + (f" GPU {f['gpu']}" if f["gpu"] else "")
-    parts = [f"<td class='{'root' if role == 'root cause' else ''}'>{escape(role)}</td>",
-             f"<td>{escape(f['alertname'])}<br><span class='muted'>{escape(f['severity'])} "
-             f"{escape(f['category'])}</span></td>",
-             f"<td>{escape(where)}</td>",
-             f"<td>{escape(f['onset'] or '')} - {escape(f['ends_at'] or 'ongoing')}</td>",
-             f"<td>{escape(f['description'] or f['summary'])}</td>",
-             f"<td>{_link(f['grafana'], 'Grafana')}</td>"]
-    return "<tr>" + "".join(parts) + "</tr>"
+def _page_link(filters: dict[str, str], offset: int, limit: int, text: str) -> str:
+    query = urlencode({**{k: v for k, v in filters.items() if v}, "offset": offset,
+                       "limit": limit})
+    return f"<a href='{escape('/runs?' + query, quote=True)}'>{text}</a>"
 
 
-def run_html(detail: dict[str, Any], title: str) -> str:
-    """The drawer of one run."""
-    out = [f"<h1>{escape(title)}</h1><p><a href='/runs'>all runs</a> &middot; W&amp;B: "
-           f"{escape(str(detail['wandb'].get('state')))} "
-           f"{escape(str(detail['wandb'].get('reason') or ''))}</p>"]
-    if not detail["issues"]:
-        out.append("<p>No issues.</p>")
-    for n, issue in enumerate(detail["issues"], start=1):
-        root = issue["root_cause"]
-        state = "open" if issue["open"] else "resolved"
+def _filter_form(filters: dict[str, str], limit: int) -> str:
+    def field(name: str, label: str) -> str:
+        return (f"<label>{label}<input name='{name}' "
+                f"value='{escape(filters.get(name, ''), quote=True)}'></label>")
+    state = filters.get("state", "")
+    options = "".join(f"<option value='{v}'{' selected' if v == state else ''}>{t}</option>"
+                      for v, t in (("", "open and resolved"), ("open", "open"),
+                                   ("resolved", "resolved")))
+    hidden = f"<input type='hidden' name='limit' value='{limit}'>" if limit else ""
+    return (f"<form class='filters' method='get' action='/runs'>{field('entity', 'entity')}"
+            f"{field('project', 'project')}<label>state<select name='state'>{options}"
+            f"</select></label>{hidden}<button type='submit'>filter</button></form>")
+
+
+def _facts_when(fact: dict[str, Any], ref: float) -> str:
+    return f"{when(fact.get('onset') or fact['starts_at'])} ({offset_text(onset(fact) - ref)})"
+
+
+def _remediation_html(rem: dict[str, Any]) -> str:
+    """Issue 16's verdict on draining the root cause's hosts, when the view carries one."""
+    verdict = str(rem.get("verdict", "unknown"))
+    cls = {"safe": "ok", "unsafe": "bad"}.get(verdict, "warn")
+    parts = [f"<dt>Exclude node</dt><dd><span class='pill {cls}'>{escape(verdict)}</span> "
+             f"{escape(str(rem.get('detail', '')))}"]
+    if rem.get("exclusion"):
+        parts.append(f"<br><code>{escape(str(rem['exclusion']))}</code>")
+    hosts = rem.get("hosts") or []
+    if hosts:
+        parts.append("<br>" + "; ".join(
+            f"{escape(str(h.get('hostname', '')))}: {escape(str(h.get('state', '')))}"
+            + (f" ({escape(str(h['reason']))})" if h.get("reason") else "")
+            + (f" since {escape(when(str(h['since'])) or str(h['since']))}"
+               if h.get("since") else "")
+            for h in hosts))
+    return "".join(parts) + "</dd>"
+
+
+def _consequence_summary(consequences: list[dict[str, Any]]) -> str:
+    groups = _by_name(consequences)
+    return "; ".join(f"{escape(name)} on {len({f['hostname'] for f in facts})} host(s)"
+                     for name, facts in groups)
+
+
+def _by_name(facts: Sequence[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for fact in facts:
+        groups.setdefault(fact["alertname"], []).append(fact)
+    return sorted(groups.items(), key=lambda kv: min(onset(f) for f in kv[1]))
+
+
+def _card(issue: dict[str, Any], headline: bool, remediation: dict[str, Any] | None) -> str:
+    root = issue["root_cause"]
+    sev = root.get("severity", "")
+    state = "open" if issue["open"] else f"resolved {when(issue.get('ended_at'))}"
+    badge = "ROOT CAUSE" if headline else "SEPARATE ISSUE"
+    buttons = (_link(root.get("grafana", ""), "Open in Grafana", "btn")
+               + _link(root.get("runbook_url", ""), "Runbook", "btn alt"))
+    consequences = issue["consequences"]
+    impact_extra = (f"<br><span class='muted'>{len(consequences)} likely consequence(s): "
+                    f"{_consequence_summary(consequences)}</span>" if consequences else "")
+    rows = [
+        f"<dt>Where</dt><dd><b>{escape(issue.get('where') or root['where'])}</b> "
+        f"<span class='muted'>{escape(sev)} &middot; {escape(root.get('category', ''))}</span>"
+        "</dd>",
+        f"<dt>When</dt><dd>{escape(when(root.get('onset') or root['starts_at']))} "
+        f"<span class='pill{' bad' if issue['open'] else ' ok'}'>{escape(state)}</span></dd>",
+        f"<dt>What</dt><dd>{escape(root.get('description') or root.get('summary') or '')}</dd>",
+        f"<dt>Impact</dt><dd>{escape(root.get('impact') or '')}{impact_extra}</dd>",
+        f"<dt>What to do</dt><dd><b>{escape(root.get('remediation') or '')}</b></dd>",
+    ]
+    if remediation:
+        rows.append(_remediation_html(remediation))
+    return (f"<section class='card issue{' headline' if headline else ''}' "
+            f"style='border-left-color:{colour(sev)}'>"
+            f"<h2><span class='badge' style='background:{colour(sev)}'>{badge}</span> "
+            f"{escape(root['alertname'])} <span class='muted'>on</span> "
+            f"{escape(issue.get('where') or root['where'])}</h2>"
+            f"<dl>{''.join(rows)}</dl><p>{buttons}</p>"
+            f"<p class='muted small'>Why: {escape(issue.get('reasoning') or '')}</p></section>")
+
+
+def _consequences_html(issue: dict[str, Any]) -> str:
+    """One row per alert name: count, hosts, first/last onset relative to the root cause, the
+    host list behind a ``<details>``."""
+    consequences = issue["consequences"]
+    if not consequences:
+        return ""
+    ref = onset(issue["root_cause"])
+    out = [f"<h2>Likely consequences ({len(consequences)})</h2><table class='consequences'>"
+           "<tr><th class='sev'></th><th>Alert</th><th>Count</th><th>First</th><th>Last onset</th>"
+           "<th>Still firing</th><th>Where</th><th></th></tr>"]
+    for name, group in _by_name(consequences):
+        facts = sorted(group, key=lambda f: (onset(f), f["where"]))
+        hosts = sorted({f["hostname"] or "unknown host" for f in facts})
+        firing = sum(1 for f in facts if not f.get("ends_at"))
+        items = "".join(f"<li>{escape(f['where'])} &middot; {escape(_facts_when(f, ref))}</li>"
+                        for f in facts)
+        sev = facts[0].get("severity", "")
         out.append(
-            f"<h2>{n}. {escape(root['alertname'])} ({state})</h2>"
-            f"<p>{escape(issue['started_at'] or '')} - {escape(issue['ended_at'] or 'ongoing')}"
-            f"</p><p><b>Why:</b> {escape(issue['reasoning'])}</p>"
-            f"<p><b>Impact:</b> {escape(root['impact'])}</p>"
-            f"<p><b>What to do:</b> {escape(root['remediation'])}</p>"
-            "<table><tr><th>Role</th><th>Alert</th><th>Where</th><th>When</th>"
-            "<th>Description</th><th>Link</th></tr>")
-        out.append(_fact_html(root, "root cause"))
-        out.extend(_fact_html(c, "consequence") for c in issue["consequences"])
-        out.append("</table>")
+            f"<tr><td class='sev' style='background:{colour(sev)}'></td>"
+            f"<td><b>{escape(name)}</b><br><span class='muted small'>{escape(sev)}</span></td>"
+            f"<td>{len(facts)}</td><td>{escape(_facts_when(facts[0], ref))}</td>"
+            f"<td>{escape(offset_text(onset(facts[-1]) - ref))}</td><td>{firing}</td>"
+            f"<td><details><summary>{len(hosts)} host(s)</summary><ul class='small'>{items}"
+            f"</ul></details></td><td>{_link(facts[0].get('grafana', ''), 'Grafana')}</td></tr>")
+    out.append("</table>")
+    return "".join(out)
+
+
+def activity_html(activity: dict[str, Any] | None, issues: list[dict[str, Any]]) -> str:
+    """The GPU-activity plot with the issues' markers, or a note saying why there is none."""
+    if activity is None:
+        return ""
+    if activity.get("note"):
+        return (f"<h2>GPU activity</h2><p class='note'>{escape(activity['note'])}</p>")
+    markers = []
+    for issue in issues:
+        root = issue["root_cause"]
+        at = onset(root)
+        markers.append((at, f"{root['alertname']} {clock(datetime.fromtimestamp(at, UTC))}",
+                        colour(root.get("severity", ""))))
+        ended = parse_ts(issue.get("ended_at"))
+        if ended is not None:
+            markers.append((ended.timestamp(), f"resolved {clock(ended)}", "#2e7d32"))
+    series = [(s["name"], [(float(t), float(v)) for t, v in s["points"]])
+              for s in activity["series"]]
+    return ("<h2>GPU activity <span class='muted small'>(mean over the run's "
+            f"{int(activity.get('gpus', 0))} GPUs, from Prometheus)</span></h2>"
+            + activity_svg(series, markers,
+                           (float(activity["start"]), float(activity["end"]))))
+
+
+def run_html(detail: dict[str, Any], title: str, activity: dict[str, Any] | None = None) -> str:
+    """The run page: headline card, timeline, activity plot, grouped consequences, then the
+    run's other issues the same way."""
+    text, cls = wandb_text(detail["wandb"])
+    out = [f"<header><a href='/runs'>&larr; all runs</a><h1>{escape(title)}</h1>"
+           f"<span class='pill {cls}'>{escape(text)}</span></header>"]
+    if detail.get("error"):
+        out.append(f"<p class='note'>This run's alerts cannot be diagnosed: "
+                   f"{escape(str(detail['error']))}</p>")
+    issues = detail["issues"]
+    if not issues:
+        out.append("<p>No issues.</p>")
+    head = (detail.get("headline") or {}).get("issue", 0)
+    order = ([head] if issues else []) + [i for i in range(len(issues)) if i != head]
+    for rank, index in enumerate(order):
+        issue = issues[index]
+        out.append(_card(issue, rank == 0, detail.get("remediation") if rank == 0 else None))
+        out.append(f"<h2>Timeline <span class='muted small'>(UTC, offsets from the root cause;"
+                   f" {len(issue['consequences'])} consequence(s) on "
+                   f"{len({c['hostname'] for c in issue['consequences']})} host(s))</span></h2>")
+        out.append(timeline_svg(issue))
+        if rank == 0:
+            out.append(activity_html(activity, issues))
+        out.append(_consequences_html(issue))
+    if len(issues) > 1 and detail.get("headline", {}).get("reason"):
+        out.append(f"<p class='muted small'>{escape(detail['headline']['reason'])}</p>")
     return _page(title, "".join(out))
+
+
+def empty_html(title: str) -> str:
+    """A run the bridge holds no alerts for: nothing went wrong that the rules saw."""
+    return _page(title, (
+        f"<header><a href='/runs'>&larr; all runs</a><h1>{escape(title)}</h1></header>"
+        "<section class='card' style='border-left-color:#2e7d32'><h2>No infrastructure issues "
+        "recorded</h2><p>The bridge holds no alerts for this run: either no GPU, node or link "
+        "fault was detected while it ran, or the run id is not one the exporter published.</p>"
+        "</section>"))
+
+
+def login_html(next_path: str, failed: bool, configured: bool) -> str:
+    """The page token form; the token becomes an HttpOnly cookie (see ``bridge.webhook``)."""
+    if not configured:
+        body = ("<p>These pages need credentials. No page token is configured "
+                "(<code>auth.pages_token_file</code>), so only the webhook's credentials open "
+                "them, through an API client or the browser's basic-auth prompt.</p>")
+    else:
+        body = (("<p class='note'>Wrong token.</p>" if failed else "")
+                + "<form method='post' action='/login'>"
+                f"<input type='hidden' name='next' value='{escape(next_path, quote=True)}'>"
+                "<label>page token<input type='password' name='token' autocomplete='off' "
+                "autofocus required></label><p><button type='submit'>Sign in</button></p>"
+                "</form>")
+    return _page("Sign in", f"<h1>wandb-infra-bridge: sign in</h1>{body}")

@@ -23,12 +23,22 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from bridge import activity
 from bridge.delivery import DeliveryWorker
 from bridge.diagnosis import DEFAULT_GAP, AlertFact, diagnose
+from bridge.explain import PrometheusHistory
 from bridge.grafana import GrafanaLinks
 from bridge.identity import UNATTRIBUTED, Identity, IdentityReader, RunKey
 from bridge.metrics import BridgeMetrics
-from bridge.pages import delivery_status, run_detail, run_html, run_summary, runs_html
+from bridge.pages import (
+    delivery_status,
+    empty_html,
+    login_html,
+    run_detail,
+    run_html,
+    run_summary,
+    runs_html,
+)
 from bridge.payload import Notification, PayloadError, parse_notification
 from bridge.store import OutboxRow, RunIndexEntry, Store, StoreError
 from exporter.logsetup import log_fields
@@ -38,6 +48,10 @@ log = logging.getLogger(__name__)
 
 MAX_PAGE = 500
 MAX_CACHED_SUMMARIES = 20_000
+PAGE_COOKIE = "wandb_infra_pages"
+COOKIE_MAX_AGE = 12 * 3600
+MAX_LOGIN_BYTES = 4096
+RUN_STATES = ("", "open", "resolved")
 
 
 def _digest(value: str) -> bytes:
@@ -77,6 +91,45 @@ class Credentials:
 
 
 @dataclass
+class PageAuth:
+    """Read access to the pages, separate from the webhook's credentials.
+
+    ``token`` opens them as ``Authorization: Bearer <token>`` or as the cookie the login form
+    sets (an HMAC of the token, so the cookie is not the token and rotating the token logs
+    everyone out). The webhook's credentials open them only when ``accept_webhook`` says so;
+    ``None`` means "only while no page token is configured" (API clients of older configs).
+    """
+
+    token: str | None = field(default=None, repr=False)
+    accept_webhook: bool | None = None
+
+    def __post_init__(self) -> None:
+        self._bearer = _digest(f"Bearer {self.token}") if self.token else b""
+        self._cookie = (hmac.new(self.token.encode(), b"wandb-infra-bridge pages",
+                                 hashlib.sha256).hexdigest() if self.token else "")
+
+    @property
+    def webhook_opens_pages(self) -> bool:
+        """Whether the webhook's credentials are also page credentials."""
+        return not self.token if self.accept_webhook is None else self.accept_webhook
+
+    def cookie_value(self) -> str:
+        """What the login form stores in the browser."""
+        return self._cookie
+
+    def check_token(self, token: str) -> bool:
+        """Constant-time comparison of a typed token."""
+        return bool(self.token) and hmac.compare_digest(_digest(token), _digest(self.token or ""))
+
+    def check(self, header: str | None, cookie: str | None) -> bool:
+        """True for the page token as a bearer header or as the login cookie."""
+        if not self.token:
+            return False
+        ok = hmac.compare_digest(_digest(header or ""), self._bearer)
+        return hmac.compare_digest(_digest(cookie or ""), _digest(self._cookie)) | ok
+
+
+@dataclass
 class BridgeContext:
     """Everything the handlers need; built by ``bridge.service``."""
 
@@ -89,6 +142,7 @@ class BridgeContext:
     max_body_bytes: int
     worker: DeliveryWorker | None = None
     public_pages: bool = False
+    pages: PageAuth = field(default_factory=PageAuth)
     incident_gap: timedelta = DEFAULT_GAP
     body_timeout: float = 30.0
     max_inflight_bytes: int = 32 * 1024 * 1024
@@ -245,21 +299,71 @@ class Handlers:
         return web.Response(body=data, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     def _pages_allowed(self, request: web.Request) -> bool:
-        return self.ctx.public_pages or self.ctx.credentials.check(
-            request.headers.get("Authorization"))
+        ctx = self.ctx
+        header = request.headers.get("Authorization")
+        if ctx.public_pages or ctx.pages.check(header, request.cookies.get(PAGE_COOKIE)):
+            return True
+        return ctx.pages.webhook_opens_pages and ctx.credentials.check(header)
 
-    def _runs_data(self, limit: int, offset: int) -> tuple[list[dict[str, Any]], int]:
-        store = self.ctx.store
-        rows = []
-        for entry in store.run_index(limit, offset):
-            cached = self.summaries.get(entry.run)
-            if cached is None or cached[0] != entry.version:
-                cached = (entry.version, self._summary(entry))
-                if len(self.summaries) >= MAX_CACHED_SUMMARIES:
-                    self.summaries.clear()
-                self.summaries[entry.run] = cached
-            rows.append({**cached[1], "wandb": delivery_status(store.outbox(entry.run))})
-        return rows, store.unattributed_count()
+    def _pages_refused(self, request: web.Request) -> web.Response:
+        """401: JSON for API clients; for a browser the login form (page token configured) or
+        the basic-auth prompt (only the webhook's credentials open the pages)."""
+        pages = self.ctx.pages
+        if _wants_json(request) or not pages.token:
+            return self._unauthorised()
+        return web.Response(status=401, text=login_html(request.path_qs, False, True),
+                            content_type="text/html",
+                            headers={"WWW-Authenticate": 'Bearer realm="wandb-infra-bridge"'})
+
+    @property
+    def _wandb_enabled(self) -> bool:
+        """False when the service runs without a W&B key (its worker has no client); a context
+        without a worker (tests, tools) shows the store's delivery state as it is."""
+        worker = self.ctx.worker
+        return worker is None or worker.client is not None
+
+    def _runs_data(self, limit: int, offset: int,
+                   filters: dict[str, str] | None = None) -> tuple[list[dict[str, Any]], int, bool]:
+        """A page of runs, newest first, matching ``filters`` (entity, project, state), and
+        whether more follow. The store pages by start time; filtering happens here, reading
+        the index in ``MAX_PAGE`` chunks until the page is full."""
+        store, filters = self.ctx.store, filters or {}
+        rows: list[dict[str, Any]] = []
+        skipped, scanned = 0, 0
+        while True:
+            chunk = store.run_index(MAX_PAGE, scanned)
+            scanned += len(chunk)
+            for entry in chunk:
+                summary = self._matching(entry, filters)
+                if summary is None:
+                    continue
+                if skipped < offset:
+                    skipped += 1
+                    continue
+                if len(rows) == limit:
+                    return rows, store.unattributed_count(), True
+                rows.append({**summary, "wandb": delivery_status(store.outbox(entry.run),
+                                                                 self._wandb_enabled)})
+            if len(chunk) < MAX_PAGE:
+                return rows, store.unattributed_count(), False
+
+    def _matching(self, entry: RunIndexEntry, filters: dict[str, str]) -> dict[str, Any] | None:
+        """The run's cached summary when it passes the filters, else None."""
+        run = entry.run
+        if filters.get("entity") and run.entity != filters["entity"]:
+            return None
+        if filters.get("project") and run.project != filters["project"]:
+            return None
+        cached = self.summaries.get(run)
+        if cached is None or cached[0] != entry.version:
+            cached = (entry.version, self._summary(entry))
+            if len(self.summaries) >= MAX_CACHED_SUMMARIES:
+                self.summaries.clear()
+            self.summaries[run] = cached
+        state = filters.get("state")
+        if state and (state == "open") != bool(cached[1].get("open_issues")):
+            return None
+        return cached[1]
 
     def _summary(self, entry: RunIndexEntry) -> dict[str, Any]:
         """A run's row without its delivery state; diagnosed only when its alerts changed."""
@@ -277,22 +381,34 @@ class Handlers:
     def _run_data(self, run: RunKey) -> dict[str, Any] | None:
         def link(fact: AlertFact, start: datetime, end: datetime | None) -> str:
             return self.ctx.links.link(fact, run, start, end)
+        enabled = self._wandb_enabled
         try:
             facts = self.ctx.store.facts(run)
             if not facts:
                 return None
             return run_detail(run, diagnose(facts, self.ctx.incident_gap), link,
-                              self.ctx.store.outbox(run))
+                              self.ctx.store.outbox(run), enabled)
         except StoreError:
             raise
         except Exception as exc:  # shown as the run's error rather than a 500
             log.exception("cannot show run", extra=log_fields(run=run.path()))
-            return _broken(run, exc, self.ctx.store.outbox(run)) | {"issues": []}
+            return _broken(run, exc, self.ctx.store.outbox(run)) | {
+                "issues": [], "wandb": delivery_status(self.ctx.store.outbox(run), enabled)}
+
+    def _activity(self, run: RunKey, issues: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """The GPU-activity plot's data when the bridge knows a Prometheus (its run lookup's)."""
+        lookup = None if self.ctx.worker is None else self.ctx.worker.lookup
+        if lookup is None or not issues or not run.attributed:
+            return None
+        start, end = activity.window(issues)
+        return activity.fetch(PrometheusHistory(lookup.base_url, lookup.timeout), run,
+                              start, end)
 
     async def runs(self, request: web.Request) -> web.Response:
-        """The issues column, a page (``?limit=&offset=``) of the runs the bridge knows."""
+        """The issues column, newest first: ``?limit=&offset=`` paging, ``?entity=&project=``
+        and ``?state=open|resolved`` filters."""
         if not self._pages_allowed(request):
-            return self._unauthorised()
+            return self._pages_refused(request)
         try:
             limit = int(request.query.get("limit", MAX_PAGE))
             offset = int(request.query.get("offset", 0))
@@ -300,37 +416,83 @@ class Handlers:
             return _error(400, "limit and offset must be integers")
         if not (0 < limit <= MAX_PAGE and offset >= 0):
             return _error(400, f"limit must be 1-{MAX_PAGE} and offset >= 0")
+        filters = {k: request.query.get(k, "")[:200] for k in ("entity", "project", "state")}
+        if filters["state"] not in RUN_STATES:
+            return _error(400, "state must be open or resolved")
         loop = asyncio.get_running_loop()
         try:
-            rows, unattributed = await loop.run_in_executor(self.ctx.read_pool, self._runs_data,
-                                                            limit, offset)
+            rows, unattributed, more = await loop.run_in_executor(
+                self.ctx.read_pool, self._runs_data, limit, offset, filters)
         except StoreError as exc:
             return _error(503, str(exc))
         if _wants_json(request):
             page = {"runs": rows, "unattributed_alerts": unattributed, "offset": offset,
                     "limit": limit}
-            if len(rows) == limit:
+            if more:
                 page["next_offset"] = offset + limit
             return web.json_response(page)
-        return web.Response(text=runs_html(rows, unattributed), content_type="text/html")
+        shown = {k: v for k, v in filters.items() if v}
+        return web.Response(text=runs_html(rows, unattributed, filters=shown, offset=offset,
+                                           limit=limit, more=more),
+                            content_type="text/html")
 
     async def run(self, request: web.Request) -> web.Response:
         """The drawer of one run (or of the unattributed alerts)."""
         if not self._pages_allowed(request):
-            return self._unauthorised()
+            return self._pages_refused(request)
         info = request.match_info
         run = RunKey(info["entity"], info["project"], info["run_id"]) if info else UNATTRIBUTED
+        title = run.path() if run.attributed else "Unattributed alerts"
         loop = asyncio.get_running_loop()
         try:
             detail = await loop.run_in_executor(self.ctx.read_pool, self._run_data, run)
         except StoreError as exc:
             return _error(503, str(exc))
         if detail is None:
-            return _error(404, "no alerts stored for this run")
+            if _wants_json(request):
+                return _error(404, "no alerts stored for this run")
+            return web.Response(status=404, text=empty_html(title), content_type="text/html")
         if _wants_json(request):
             return web.json_response(detail)
-        title = run.path() if run.attributed else "Unattributed alerts"
-        return web.Response(text=run_html(detail, title), content_type="text/html")
+        # Prometheus may be slow or down: its own thread, bounded by its timeout, never the
+        # store's read thread; a failure is a note on the page.
+        plot = await loop.run_in_executor(None, self._activity, run, detail["issues"])
+        return web.Response(text=run_html(detail, title, plot), content_type="text/html")
+
+    async def login_form(self, request: web.Request) -> web.Response:
+        """GET /login: the page-token form."""
+        configured = bool(self.ctx.pages.token)
+        return web.Response(text=login_html(_next_path(request.query.get("next")), False,
+                                            configured), content_type="text/html")
+
+    async def login(self, request: web.Request) -> web.Response:
+        """POST /login: a right token sets the HttpOnly, SameSite=Strict page cookie."""
+        pages = self.ctx.pages
+        if not pages.token:
+            return _error(401, "no page token configured (auth.pages_token_file)")
+        if (request.content_length or 0) > MAX_LOGIN_BYTES:
+            return _error(413, f"login form larger than {MAX_LOGIN_BYTES} bytes")
+        try:
+            form = await asyncio.wait_for(request.post(), self.ctx.body_timeout)
+        except (TimeoutError, ValueError, OSError):
+            return _error(400, "could not read the login form")
+        target = _next_path(str(form.get("next", "")))
+        if not pages.check_token(str(form.get("token", ""))):
+            log.warning("page login refused", extra=log_fields(remote=request.remote or ""))
+            return web.Response(status=401, text=login_html(target, True, True),
+                                content_type="text/html",
+                                headers={"WWW-Authenticate": 'Bearer realm="wandb-infra-bridge"'})
+        resp = web.HTTPSeeOther(target)
+        resp.set_cookie(PAGE_COOKIE, pages.cookie_value(), max_age=COOKIE_MAX_AGE, path="/",
+                        httponly=True, samesite="Strict", secure=request.secure)
+        return resp
+
+
+def _next_path(value: str | None) -> str:
+    """Where to go after login: only this bridge's pages (no open redirect)."""
+    if value and value.startswith(("/runs", "/unattributed")) and "\\" not in value:
+        return value
+    return "/runs"
 
 
 def create_app(ctx: BridgeContext) -> web.Application:
@@ -344,6 +506,8 @@ def create_app(ctx: BridgeContext) -> web.Application:
     app.router.add_get("/runs", h.runs)
     app.router.add_get("/runs/{entity}/{project}/{run_id}", h.run)
     app.router.add_get("/unattributed", h.run)
+    app.router.add_get("/login", h.login_form)
+    app.router.add_post("/login", h.login)
 
     async def _close(_app: web.Application) -> None:
         ctx.write_pool.shutdown(wait=True)

@@ -1,0 +1,283 @@
+"""Server-rendered SVG pictures for the run page: an issue's timeline and a GPU-activity plot.
+
+Both take the JSON view's plain dicts (ISO timestamps) and return inline ``<svg>`` text: no
+script, no external resources, every label-derived string through ``html.escape``. A cascade on
+many hosts stays readable because hosts that saw the same alerts share one lane with a count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from html import escape
+from typing import Any
+
+WIDTH = 1100
+LABEL_W = 250
+ROW_H = 18  # one bar row per alert name in a lane
+MAX_HOST_LANES = 8  # up to this many consequence hosts get a lane each; more are grouped
+MAX_LANES = 10
+MAX_TICKS = 300  # onset ticks drawn per bar in a grouped lane
+SEVERITY_COLOURS = {"critical": "#b00020", "warning": "#c77700", "info": "#1f6feb"}
+_NICE_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600,
+               43200, 86400)
+
+
+def parse_ts(value: str | None) -> datetime | None:
+    """ISO-8601 text of the JSON view (``...Z``) -> aware datetime."""
+    if not value:
+        return None
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def seconds(value: str) -> float:
+    """ISO-8601 text of the JSON view -> unix seconds."""
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def onset(fact: dict[str, Any]) -> float:
+    """When the fact's condition began, unix seconds."""
+    return seconds(fact.get("onset") or fact["starts_at"])
+
+
+def offset_text(seconds: float) -> str:
+    """``+13 s``, ``+4 min 10 s``, ``+2 h 5 min``: how far after the root cause."""
+    sign = "-" if seconds < 0 else "+"
+    s = round(abs(seconds))
+    if s < 60:
+        return f"{sign}{s} s"
+    if s < 3600:
+        return f"{sign}{s // 60} min" + (f" {s % 60} s" if s % 60 else "")
+    return f"{sign}{s // 3600} h" + (f" {s % 3600 // 60} min" if s % 3600 // 60 else "")
+
+
+def clock(value: datetime) -> str:
+    """``12:00:40`` in UTC, to the second."""
+    return value.astimezone(UTC).strftime("%H:%M:%S")
+
+
+def colour(severity: str) -> str:
+    """The page's colour for a severity (unknown severities count as warnings)."""
+    return SEVERITY_COLOURS.get(severity, SEVERITY_COLOURS["warning"])
+
+
+@dataclass
+class Lane:
+    """One row of the timeline: a host, a group of hosts, or the root cause."""
+
+    label: str
+    hosts: list[str]
+    facts: list[dict[str, Any]] = field(default_factory=list)
+    root: bool = False
+
+
+def _host(fact: dict[str, Any]) -> str:
+    return fact.get("hostname") or "unknown host"
+
+
+def lanes(issue: dict[str, Any]) -> list[Lane]:
+    """Root cause first, then one lane per host, or per group of hosts that saw the same alerts
+    when there are more than ``MAX_HOST_LANES`` hosts (64 stalled hosts: one lane, count 64)."""
+    root = issue["root_cause"]
+    where = root.get("where") or _host(root)
+    out = [Lane(f"{where} (root cause)", [_host(root)], [root], root=True)]
+    by_host: dict[str, list[dict[str, Any]]] = {}
+    for fact in issue["consequences"]:
+        by_host.setdefault(_host(fact), []).append(fact)
+    first = {h: min(onset(f) for f in fs) for h, fs in by_host.items()}
+    hosts = sorted(by_host, key=lambda h: (first[h], h))
+    if len(hosts) <= MAX_HOST_LANES:
+        out += [Lane(h, [h], by_host[h]) for h in hosts]
+        return out
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for h in hosts:
+        groups.setdefault(tuple(sorted({f["alertname"] for f in by_host[h]})), []).append(h)
+    ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), first[kv[1][0]]))
+    keep, rest = ordered[:MAX_LANES - 2], ordered[MAX_LANES - 2:]
+    for _names, members in keep:
+        label = members[0] if len(members) == 1 else f"{len(members)} hosts"
+        out.append(Lane(label, members, [f for h in members for f in by_host[h]]))
+    if rest:
+        members = [h for _, ms in rest for h in ms]
+        out.append(Lane(f"{len(members)} other hosts", members,
+                        [f for h in members for f in by_host[h]]))
+    return out
+
+
+def _nice_step(span: float, ticks: int = 8) -> int:
+    return next((s for s in _NICE_STEPS if span / s <= ticks), _NICE_STEPS[-1])
+
+
+class _Axis:
+    """Maps times of [t0, t1] to x pixels of the plot area."""
+
+    def __init__(self, t0: float, t1: float, x0: float, x1: float) -> None:
+        self.t0, self.t1, self.x0, self.x1 = t0, max(t1, t0 + 1.0), x0, x1
+
+    def x(self, t: float) -> float:
+        frac = (t - self.t0) / (self.t1 - self.t0)
+        return round(self.x0 + min(max(frac, 0.0), 1.0) * (self.x1 - self.x0), 1)
+
+
+def _text(x: float, y: float, body: str, *, anchor: str = "start", cls: str = "",
+          fill: str = "#333") -> str:
+    c = f" class='{cls}'" if cls else ""
+    return (f"<text x='{x}' y='{y}' text-anchor='{anchor}' fill='{fill}'{c}>"
+            f"{escape(body)}</text>")
+
+
+def _vline(axis: _Axis, t: float, span: tuple[float, float], colour_: str, label: str, *,
+           dash: bool = False) -> str:
+    x, (y0, y1) = axis.x(t), span
+    style = " stroke-dasharray='4 3'" if dash else ""
+    return (f"<line x1='{x}' y1='{y0}' x2='{x}' y2='{y1}' stroke='{colour_}' stroke-width='1.5'"
+            f"{style}/>" + _text(x + 3, y0 + 10, label, fill=colour_, cls="mk"))
+
+
+def _time_axis(axis: _Axis, ref: float, y: float) -> list[str]:
+    """Ticks every nice step from the reference (root cause) time, labelled ``+N s``."""
+    step = _nice_step(axis.t1 - axis.t0)
+    out = [f"<line x1='{axis.x0}' y1='{y}' x2='{axis.x1}' y2='{y}' stroke='#999'/>"]
+    k = -int((ref - axis.t0) // step)
+    while ref + k * step <= axis.t1:
+        t = ref + k * step
+        if t >= axis.t0:
+            x = axis.x(t)
+            out.append(f"<line x1='{x}' y1='{y}' x2='{x}' y2='{y + 4}' stroke='#999'/>")
+            label = clock(datetime.fromtimestamp(t, UTC)) if k == 0 else offset_text(t - ref)
+            out.append(_text(x, y + 16, label, anchor="middle", cls="ax"))
+        k += 1
+    return out
+
+
+def _window(issue: dict[str, Any]) -> tuple[float, float, float]:
+    """(axis start, axis end, root onset) in unix seconds; an open issue's axis ends a little
+    after its last known change, so a days-old open issue is not squashed against 'now'."""
+    root = issue["root_cause"]
+    facts = [root, *issue["consequences"]]
+    ref = onset(root)
+    stamps = [onset(f) for f in facts] + [seconds(f["ends_at"]) for f in facts if f.get("ends_at")]
+    start = parse_ts(issue.get("started_at"))
+    end = parse_ts(issue.get("ended_at"))
+    stamps += [d.timestamp() for d in (start, end) if d is not None]
+    lo, hi = min(stamps), max(stamps)
+    pad = max(5.0, (hi - lo) * 0.08)
+    return lo - pad, hi + pad, ref
+
+
+def timeline_svg(issue: dict[str, Any], width: int = WIDTH) -> str:
+    """One issue as lanes of bars over time: root cause highlighted, start/end marked."""
+    t0, t1, ref = _window(issue)
+    rows = lanes(issue)
+    top = 22
+    heights = [_lane_height(lane) for lane in rows]
+    y_axis = top + sum(heights) + 4
+    height = y_axis + 26
+    axis = _Axis(t0, t1, LABEL_W, width - 12)
+    out = [f"<svg class='timeline' role='img' xmlns='http://www.w3.org/2000/svg' "
+           f"viewBox='0 0 {width} {height}' width='{width}' height='{height}'>"
+           f"<title>Timeline of {escape(issue['root_cause']['alertname'])}</title>"]
+    y = top
+    for i, lane in enumerate(rows):
+        fill = "#fdecee" if lane.root else ("#f6f7f9" if i % 2 else "#fff")
+        out.append(f"<g class='lane{' root' if lane.root else ''}' data-hosts='{len(lane.hosts)}'>"
+                   f"<title>{escape(', '.join(lane.hosts[:40]))}"
+                   f"{' …' if len(lane.hosts) > 40 else ''}</title>"
+                   f"<rect x='0' y='{y}' width='{width}' height='{heights[i]}' fill='{fill}'/>")
+        label = lane.label if len(lane.label) <= 38 else lane.label[:37] + "…"
+        out.append(_text(6, y + 14, label, cls="root-label" if lane.root else "lbl",
+                         fill="#b00020" if lane.root else "#333"))
+        out += _bars(lane, axis, y, t1)
+        out.append("</g>")
+        y += heights[i]
+    out += _time_axis(axis, ref, y_axis)
+    start, end = parse_ts(issue.get("started_at")), parse_ts(issue.get("ended_at"))
+    if start is not None and abs(start.timestamp() - ref) >= 1:
+        out.append(_vline(axis, start.timestamp(), (2, y_axis), "#555",
+                          f"issue start {clock(start)}", dash=True))
+    out.append(_vline(axis, ref, (2, y_axis), "#b00020",
+                      f"root cause {clock(datetime.fromtimestamp(ref, UTC))}"))
+    if end is not None:
+        out.append(_vline(axis, end.timestamp(), (2, y_axis), "#2e7d32",
+                          f"resolved {clock(end)}", dash=True))
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _by_name(lane: Lane) -> dict[str, list[dict[str, Any]]]:
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for fact in lane.facts:
+        by_name.setdefault(fact["alertname"], []).append(fact)
+    return dict(sorted(by_name.items(), key=lambda kv: min(onset(f) for f in kv[1])))
+
+
+def _lane_height(lane: Lane) -> int:
+    return ROW_H * max(1, len(_by_name(lane))) + 4
+
+
+def _bars(lane: Lane, axis: _Axis, y: float, t_end: float) -> list[str]:
+    """Per alert name in the lane: one bar from its first onset to its last end (to the right
+    edge while any still fires), named, with a tick at every distinct onset of a grouped lane."""
+    h = ROW_H - 3
+    out = []
+    for j, (name, facts) in enumerate(_by_name(lane).items()):
+        onsets = sorted(onset(f) for f in facts)
+        ends = [seconds(f["ends_at"]) if f.get("ends_at") else t_end for f in facts]
+        x0, x1 = axis.x(onsets[0]), axis.x(max(ends))
+        yy = y + 3 + j * ROW_H
+        col = colour(facts[0].get("severity", ""))
+        stroke = " stroke='#5c0010' stroke-width='2'" if lane.root else ""
+        tip = f"{name} ×{len(facts)}: first {clock(datetime.fromtimestamp(onsets[0], UTC))}"
+        out.append(f"<rect class='bar' x='{x0}' y='{yy}' width='{max(2.0, x1 - x0):.1f}' "
+                   f"height='{h}' fill='{col}' fill-opacity='{0.9 if lane.root else 0.55}'"
+                   f"{stroke}><title>{escape(tip)}</title></rect>")
+        count = f" ×{len(facts)}" if len(facts) > 1 else ""
+        out.append(_text(x0 + 4, yy + h - 3, f"{name}{count}", cls="bn",
+                         fill="#fff" if lane.root else "#1d2127"))
+        if len(lane.hosts) > 1:
+            for t in sorted(set(onsets))[:MAX_TICKS]:
+                x = axis.x(t)
+                out.append(f"<line x1='{x}' y1='{yy + h - 4}' x2='{x}' y2='{yy + h}' "
+                           f"stroke='{col}' stroke-width='1'/>")
+    return out
+
+
+def activity_svg(series: Sequence[tuple[str, Sequence[tuple[float, float]]]],
+                 markers: Sequence[tuple[float, str, str]], window: tuple[float, float], *,
+                 width: int = WIDTH, height: int = 190) -> str:
+    """Lines of 0..1 ratios over [t0, t1] (e.g. tensor activity averaged over the run's GPUs)
+    with vertical issue markers ``(time, label, colour)``, the way W&B marks a degradation."""
+    t0, t1 = window
+    left, right, top, bottom = 50, width - 12, 12, height - 26
+    axis = _Axis(t0, t1, left, right)
+    palette = ("#1f6feb", "#8250df", "#2e7d32")
+
+    def y(v: float) -> float:
+        return round(bottom - min(max(v, 0.0), 1.0) * (bottom - top), 1)
+
+    out = [f"<svg class='activity' role='img' xmlns='http://www.w3.org/2000/svg' "
+           f"viewBox='0 0 {width} {height}' width='{width}' height='{height}'>"
+           "<title>GPU activity of the run</title>"]
+    for frac in (0.0, 0.5, 1.0):
+        out.append(f"<line x1='{left}' y1='{y(frac)}' x2='{right}' y2='{y(frac)}' "
+                   "stroke='#ddd'/>" + _text(left - 4, y(frac) + 4, f"{frac:.0%}",
+                                             anchor="end", cls="ax"))
+    for k, (name, points) in enumerate(series):
+        col = palette[k % len(palette)]
+        path = " ".join(f"{axis.x(t)},{y(v)}" for t, v in points if t0 <= t <= t1)
+        if path:
+            out.append(f"<polyline class='series' fill='none' stroke='{col}' stroke-width='1.8' "
+                       f"points='{path}'/>")
+        out.append(_text(right - 4, top + 12 + 14 * k, name, anchor="end", fill=col))
+    for t, label, col in markers:
+        if t0 <= t <= t1:
+            out.append(_vline(axis, t, (top, bottom), col, label))
+    step = _nice_step(t1 - t0, 6)
+    t = t0 - t0 % step + step
+    while t <= t1:
+        out.append(_text(axis.x(t), height - 8, clock(datetime.fromtimestamp(t, UTC)),
+                         anchor="middle", cls="ax"))
+        t += step
+    out.append("</svg>")
+    return "".join(out)

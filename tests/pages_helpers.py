@@ -1,0 +1,99 @@
+"""Helpers for the run-page tests: a bridge holding the 64-host cascade, a fake Prometheus that
+answers the activity plot's range queries, and a small HTML tag collector."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from html.parser import HTMLParser
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import requests
+from aiohttp import web
+
+from bridge.identity import PrometheusRunLookup
+from tests.bridge_payloads import T0, TOKEN, Running, cascade, make_context, notification, serve
+
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+HTML = {**AUTH, "Accept": "text/html"}
+STALL_AT = T0.timestamp() + 40  # the cascade's first stall: activity drops here
+
+
+def fake_worker(prometheus_url: str = "", wandb: bool = False) -> SimpleNamespace:
+    """What the pages read from the service's delivery worker: its W&B client (None: W&B off)
+    and its Prometheus run lookup."""
+    lookup = PrometheusRunLookup(prometheus_url, 2.0) if prometheus_url else None
+    return SimpleNamespace(client=object() if wandb else None, lookup=lookup,
+                           wake=lambda: None)
+
+
+def post_alerts(running: Running, alerts: list[dict[str, Any]]) -> None:
+    """Store ``alerts`` through the webhook (with the webhook's token)."""
+    resp = requests.post(running.url + "/alertmanager", data=json.dumps(notification(alerts)),
+                         headers={**AUTH, "Content-Type": "application/json"}, timeout=30)
+    assert resp.status_code == 200, resp.text
+
+
+@contextmanager
+def cascade_bridge(tmp_path: Path, **kwargs: Any) -> Iterator[Running]:
+    """A bridge with the 64-host x 8-GPU cascade of run team/proj/cascade1 stored."""
+    kwargs.setdefault("worker", fake_worker())
+    with serve(make_context(tmp_path, **kwargs)) as running:
+        post_alerts(running, cascade())
+        yield running
+
+
+@dataclass
+class FakePrometheus:
+    """Answers ``/api/v1/query_range`` like Prometheus for one run on 64 hosts: the join
+    metrics, then tensor activity at 0.8 that falls to 0.02 when the cascade stalls."""
+
+    queries: list[str] = field(default_factory=list)
+
+    def app(self) -> web.Application:
+        """The aiohttp application."""
+        app = web.Application()
+        app.router.add_get("/api/v1/query_range", self.query_range)
+        return app
+
+    async def query_range(self, request: web.Request) -> web.Response:
+        """One range query: which series depends on the metric the query names."""
+        query = request.query["query"]
+        self.queries.append(query)
+        start, end = float(request.query["start"]), float(request.query["end"])
+        step = float(request.query["step"])
+        stamps = [start + i * step for i in range(int((end - start) / step) + 1)]
+        result: list[dict[str, Any]] = []
+        if "wandb_run_node_info" in query:
+            result = [{"metric": {"hostname": f"node{h:03d}"},
+                       "values": [[t, "1"] for t in stamps]} for h in range(64)]
+        elif "wandb_run_gpu_info" in query:
+            result = [{"metric": {"hostname": f"node{h:03d}", "gpu": str(g)},
+                       "values": [[t, "1"] for t in stamps]} for h in range(64) for g in range(8)]
+        elif "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE" in query:
+            result = [{"metric": {}, "values": [[t, "0.8" if t < STALL_AT else "0.02"]
+                                                for t in stamps]}]
+        return web.json_response({"status": "success",
+                                  "data": {"resultType": "matrix", "result": result}})
+
+
+class Tags(HTMLParser):
+    """Start tags with their attributes, in document order."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append((tag, dict(attrs)))
+
+
+def tags(page: str) -> list[tuple[str, dict[str, str | None]]]:
+    """Every start tag of ``page``."""
+    parser = Tags()
+    parser.feed(page)
+    return parser.tags
