@@ -6,7 +6,9 @@ markers), so later changes are folded into the next flush and per-run order cann
 Transient failures back off exponentially with jitter, at least as long as ``Retry-After`` asks,
 and pause the whole worker (W&B being down is not a per-run problem, so no retry storm); permanent
 failures, and anything else one run's rendering or delivery raises, park that run, counted and
-visible, without blocking other runs.
+visible, without blocking other runs. With Prometheus configured, each issue also shows its faulty
+hosts' scheduler state and a restart verdict (bridge/remediation.py); recently active runs are
+re-checked every ``node_state_refresh`` seconds and re-projected when that changed.
 """
 
 from __future__ import annotations
@@ -26,11 +28,22 @@ from bridge.markers import MARKER_SETTLE, MISSING_SDK, MarkerWriter
 from bridge.metrics import BridgeMetrics
 from bridge.notes import LinkFn, render_section, replace_section
 from bridge.projection import merged_tags, plan_markers, summary_entries
-from bridge.store import OutboxRow, Store, StoreError
+from bridge.remediation import NodeStateHistory, Remediation, signature, summary_verdict
+from bridge.store import OutboxRow, Store, StoreError, from_iso
 from bridge.wandb_client import PermanentError, TransientError, WandbClient, WandbError
 from exporter.logsetup import log_fields
 
 log = logging.getLogger(__name__)
+
+REMEDIATION = "remediation"  # marker: remediation|<epoch>|<signature> after each projection
+REFRESH_RUNS = 200  # node state is re-checked for at most this many recently active runs
+REFRESH_LOOKBACK = 3 * 86400.0  # ... whose latest alert started within this time
+
+
+def _latest_signature(markers: set[str]) -> str:
+    """The remediation signature of the run's last projection (that of nothing if none)."""
+    found = [m.split("|", 2) for m in markers if m.startswith(REMEDIATION + "|")]
+    return max(found, key=lambda p: float(p[1]))[2] if found else signature({})
 
 
 @dataclass(frozen=True)
@@ -45,6 +58,7 @@ class DeliveryPolicy:
     notify_critical: bool = False
     incident_gap: float = 600.0
     marker_settle: float = MARKER_SETTLE
+    node_state_refresh: float = 60.0
 
 
 def backoff(attempts: int, policy: DeliveryPolicy, retry_after: float | None,
@@ -78,6 +92,11 @@ class DeliveryWorker:
         self._thread: threading.Thread | None = None
         self._last_purge = 0.0
         self._settle_wake: dict[RunKey, float] = {}
+        # The faulty hosts' scheduler state, from the same Prometheus as attribution.
+        self.remediation = (NodeStateHistory(lookup.base_url, lookup.timeout,
+                                             cache_seconds=min(10.0, policy.node_state_refresh))
+                            if lookup is not None and policy.node_state_refresh > 0 else None)
+        self._next_refresh = 0.0
 
     # thread ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -127,6 +146,10 @@ class DeliveryWorker:
                 if not self._deliver(row):
                     break
                 delivered += 1
+        if (self.client is not None and self.remediation is not None
+                and now >= max(self._next_refresh, self.paused_until)):
+            self._next_refresh = now + self.policy.node_state_refresh
+            delivered += self._refresh_remediation(now)
         if self.client is not None:
             stats = self.store.queue_stats(self.clock())
             self.metrics.queue_depth.set(stats.pending_runs)
@@ -135,6 +158,30 @@ class DeliveryWorker:
         if now - self._last_purge > 3600:
             self._last_purge = now
             self.store.purge(now - self.policy.retention, delivering=self.client is not None)
+        return delivered
+
+    def remediations(self, diagnosis: Diagnosis) -> dict[str, Remediation]:
+        """Issue key -> restart verdict and node state history ({} without Prometheus)."""
+        return {} if self.remediation is None else self.remediation.for_diagnosis(diagnosis)
+
+    def _refresh_remediation(self, now: float) -> int:
+        """Re-project recently active runs whose faulty hosts' state changed since their last
+        projection (drained, cordoned, back in service), through the normal delivery path."""
+        delivered = 0
+        for run, _alerts, _firing, last in self.store.runs(limit=REFRESH_RUNS):
+            if self._stop.is_set() or not run.attributed \
+                    or from_iso(last).timestamp() < now - REFRESH_LOOKBACK:
+                continue
+            row = self.store.outbox(run)
+            if row is None or row.parked:
+                continue
+            diagnosis = diagnose(self.store.facts(run), timedelta(seconds=self.policy.incident_gap))
+            wanted = signature(self.remediations(diagnosis))
+            if wanted == _latest_signature(self.store.markers(run)):
+                continue
+            if not self._deliver(row):
+                break
+            delivered += 1
         return delivered
 
     def _attribute(self, now: float) -> None:
@@ -205,11 +252,13 @@ class DeliveryWorker:
                                         timedelta(seconds=self.policy.incident_gap))
         info = self.client.find_run(run.entity, run.project, run.run_id)
         tags = merged_tags(info.tags, diagnosis)
-        notes = replace_section(info.notes, render_section(diagnosis, self._link_for(run)))
+        remediations = self.remediations(diagnosis)
+        notes = replace_section(info.notes, render_section(diagnosis, self._link_for(run),
+                                                           remediations))
         summary = None
         summary_seq = row.summary_seq
         if info.state != "running":
-            wanted = summary_entries(diagnosis)
+            wanted = summary_entries(diagnosis) | summary_verdict(remediations, diagnosis)
             if any(info.summary.get(k) != v for k, v in wanted.items()):
                 summary = {**info.summary, **wanted}
             summary_seq = row.dirty_seq
@@ -219,6 +268,11 @@ class DeliveryWorker:
                                notes=notes if notes != info.notes else None, summary=summary)
         self._write_markers(run, diagnosis)
         self._notify(run, diagnosis)
+        if self.remediation is not None:
+            sig = signature(remediations)
+            if sig != _latest_signature(self.store.markers(run)):
+                self.store.add_markers(run, [f"{REMEDIATION}|{self.clock():.3f}|{sig}"],
+                                       self.clock())
         return info.storage_id, info.state, summary_seq
 
     def _write_markers(self, run: RunKey, diagnosis: Diagnosis) -> None:

@@ -8,11 +8,12 @@ alert cannot inject links, images, headings or markup into the drawer.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
 
 from bridge.catalog.vocabulary import CauseClass
 from bridge.diagnosis import AlertFact, Diagnosis, Issue
+from bridge.remediation import Remediation
 
 BEGIN = "<!-- wandb-infra-bridge:begin -->"
 END = "<!-- wandb-infra-bridge:end -->"
@@ -88,7 +89,18 @@ def _seen(issue: Issue) -> str:
         symptoms.items(), key=lambda kv: kv[1]))
 
 
-def _issue_block(n: int, issue: Issue, headline: bool, link_for: LinkFn) -> list[str]:
+def _remediation_lines(rem: Remediation) -> list[str]:
+    """The restart verdict, the exclusion as a code block (host names are plain DNS labels,
+    see remediation.exclusion) and each faulty host's state history."""
+    lines = [f"- Safe to restart? **{rem.verdict}**: {md_escape(rem.detail, 1000)}"]
+    if rem.exclusion:
+        lines += ["", "  ```", *(f"  {line}" for line in rem.exclusion.splitlines()), "  ```", ""]
+    lines += [f"- Node state: {md_escape(line, 1000)}" for line in rem.history_lines()]
+    return lines
+
+
+def _issue_block(n: int, issue: Issue, headline: bool, link_for: LinkFn,
+                 rem: Remediation | None = None) -> list[str]:
     root = issue.root
     role = "headline" if headline else "separate issue, not the headline"
     link = _url(link_for(root, issue.started_at, issue.ended_at))
@@ -104,6 +116,8 @@ def _issue_block(n: int, issue: Issue, headline: bool, link_for: LinkFn) -> list
                        ("remediation", "What to do")):
         if root.text(key):
             lines.append(f"- {label}: {md_escape(root.text(key))}")
+    if rem is not None:
+        lines += _remediation_lines(rem)
     seen = _seen(issue)
     if seen:
         lines.append(f"- Already seen on this run: {md_escape(seen)}")
@@ -123,8 +137,11 @@ def _issue_block(n: int, issue: Issue, headline: bool, link_for: LinkFn) -> list
     return lines
 
 
-def render_section(diagnosis: Diagnosis, link_for: LinkFn) -> str:
-    """The delimited notes section (BEGIN..END): the headline first, then the other issues."""
+def render_section(diagnosis: Diagnosis, link_for: LinkFn,
+                   remediations: Mapping[str, Remediation] | None = None) -> str:
+    """The delimited notes section (BEGIN..END): the headline first, then the other issues,
+    each with its restart verdict and node state where ``remediations`` (by issue key) has it."""
+    remediations = remediations or {}
     lines = [BEGIN, TITLE, ""]
     head = diagnosis.root_cause
     if head is None:
@@ -134,7 +151,7 @@ def render_section(diagnosis: Diagnosis, link_for: LinkFn) -> str:
         if diagnosis.headline_reason:
             lines += [md_escape(diagnosis.headline_reason, 1000), ""]
     for n, issue in enumerate(diagnosis.ranked, start=1):
-        lines += _issue_block(n, issue, issue is head, link_for)
+        lines += _issue_block(n, issue, issue is head, link_for, remediations.get(issue.key))
     lines += ["_Written by wandb-infra-bridge; edit outside this section only._", END]
     return "\n".join(lines)
 

@@ -1,16 +1,33 @@
 """Node state and the restart verdict on a REAL single-node Slurm 22.05 (tests/slurm_cluster.py).
 
 The exporter publishes the node's state from ``scontrol show node -o`` and ``sinfo --json``; a
-drain with a reason shows up with that reason and as not schedulable; a resume returns it.
+drain with a reason shows up with that reason and as not schedulable; a resume returns it. With a
+real Prometheus scraping that exporter, the bridge's issue notes in W&B (the stand-in) flip from
+unsafe (with the exact ``sbatch --exclude``) to safe when the node is drained, and back.
 """
 
 from __future__ import annotations
 
+import json
+import time
+from datetime import UTC, datetime, timedelta
+
 import pytest
 
+from bridge.delivery import DeliveryPolicy, DeliveryWorker
+from bridge.grafana import GrafanaLinks
+from bridge.identity import IdentityReader, PrometheusRunLookup, RunKey
+from bridge.metrics import BridgeMetrics
+from bridge.payload import parse_notification
+from bridge.remediation import run_remediation
+from bridge.store import Store
+from bridge.wandb_client import WandbClient
 from demo.processes import wait_for
+from tests.bridge_payloads import alert, notification
 from tests.exporter_process import metric_samples, metric_value, running_exporter
+from tests.services import prometheus
 from tests.slurm_cluster import slurm_cluster, unavailable_reason
+from tests.wandb_standin import WandbStandin
 
 pytestmark = [pytest.mark.slurm,
               pytest.mark.skipif(unavailable_reason() is not None,
@@ -51,3 +68,82 @@ def test_drain_with_reason_and_resume(slurm, mode, tmp_path):
         wait_for(lambda: metric_value(url, "wandb_infra_node_schedulable",
                                       hostname=slurm.node) == 1.0)
         assert "DRAIN" not in (_state(url) or {}).get("state", "DRAIN")
+
+
+def _notes(wb: WandbStandin) -> str:
+    return wb.run("team", "proj", "r1").notes.replace("\\", "")
+
+
+def test_verdict_flips_when_the_node_is_drained_and_resumed(slurm, tmp_path):
+    """Exporter -> real Prometheus -> bridge remediation -> W&B notes, on real Slurm state."""
+    config = {"registrations": {"enabled": False},
+              "node_state": {"slurm": {"enabled": True, "interval_seconds": 0.3}}}
+    with running_exporter(config, tmp_path / "exporter", env=slurm.env()) as url, \
+            WandbStandin() as wb:
+        target = url.removeprefix("http://")
+        prom_cfg = (f"global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: exporter\n"
+                    f"    static_configs:\n      - targets: ['{target}']\n")
+        with prometheus(prom_cfg, tmp_path / "prom") as prom:
+            wb.add_run("team", "proj", "r1", notes="mine")
+            store = Store(tmp_path / "bridge.sqlite")
+            worker = DeliveryWorker(
+                store, client=WandbClient(wb.url, wb.api_key, timeout=5), markers=None,
+                links=GrafanaLinks(""), metrics=BridgeMetrics(),
+                policy=DeliveryPolicy(flush_interval=0, node_state_refresh=0.3),
+                lookup=PrometheusRunLookup(prom.url))
+            start = datetime.now(UTC) - timedelta(seconds=20)
+            fault = alert("GpuContainedEccError", category="gpu_hardware", host=slurm.node,
+                          gpu="1", run="r1", start=start)
+
+            def ingest(alerts: list) -> None:
+                store.ingest(parse_notification(json.dumps(notification(alerts)).encode()),
+                             IdentityReader(), time.time())
+
+            def upserts() -> int:
+                return sum(r.operation_name == "BridgeUpsertBucket" for r in wb.requests)
+
+            ingest([fault])
+            wait_for(lambda: worker.run_once() >= 0 and "**unsafe**" in _notes(wb),
+                     what="unsafe verdict")
+            notes = _notes(wb)
+            assert f"sbatch --exclude={slurm.node}" in notes
+            assert f"{slurm.node} (IDLE" in notes and "still schedulable" in notes
+            before = upserts()
+
+            slurm.run("scontrol", "update", f"NodeName={slurm.node}", "State=DRAIN",
+                      "Reason=XID 94 on GPU 1")
+            try:
+                wait_for(lambda: worker.run_once() >= 0 and "**safe**" in _notes(wb),
+                         what="safe verdict after drain")
+                notes = _notes(wb)
+                assert "out of the pool (IDLE+DRAIN" in notes
+                assert "reason 'XID 94 on GPU 1'" in notes
+                assert "sbatch --exclude" not in notes
+                data = run_remediation(worker.remediation, store.facts(RunKey("team", "proj",
+                                                                               "r1")),
+                                       timedelta(minutes=10))["remediation"]
+                assert data["verdict"] == "safe" and data["exclusion"] == ""
+                host = data["hosts"][0]
+                assert host["hostname"] == slurm.node
+                assert host["state"].startswith("IDLE+DRAIN")
+                assert host["reason"] == "XID 94 on GPU 1"
+                assert datetime.fromisoformat(host["since"]) >= start
+                # a state change is one more projection, not one per refresh
+                assert upserts() - before <= 2
+                settled = upserts()
+                for _ in range(5):
+                    worker.run_once()
+                    time.sleep(0.3)
+                assert upserts() == settled
+            finally:
+                slurm.run("scontrol", "update", f"NodeName={slurm.node}", "State=RESUME")
+            # Back in service while the fault still fires: unsafe again, history kept.
+            wait_for(lambda: worker.run_once() >= 0 and "**unsafe**" in _notes(wb)
+                     and "back in service" in _notes(wb), what="unsafe after resume")
+            # The fault resolved after the node was out of the pool: repaired, safe.
+            ingest([alert("GpuContainedEccError", category="gpu_hardware", host=slurm.node,
+                          gpu="1", run="r1", start=start, end=datetime.now(UTC))])
+            wait_for(lambda: worker.run_once() >= 0 and "**safe**" in _notes(wb),
+                     what="safe after repair")
+            assert "back in service" in _notes(wb) and "root cause resolved" in _notes(wb)
+            assert _notes(wb).startswith("mine")
