@@ -1,7 +1,8 @@
 """Bridge configuration: defaults, one YAML file, ``WANDB_INFRA_BRIDGE__*`` overrides, secrets.
 
-Secrets (webhook bearer token, basic-auth password, W&B API key) come from ``*_file`` keys
-(preferred) or a literal / ``env:NAME`` value, and never appear in ``repr`` or logs.
+Secrets (webhook bearer token, basic-auth password, page token, W&B API key) come from
+``*_file`` keys (preferred) or a literal / ``env:NAME`` value, and never appear in ``repr`` or
+logs.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ DEFAULTS: dict[str, Any] = {
         "bearer_token": None, "bearer_token_file": None,
         "basic_username": None, "basic_password": None, "basic_password_file": None,
         "public_pages": False,
+        "pages_token": None, "pages_token_file": None, "pages_accept_webhook_credentials": None,
     },
     "webhook": {"path": "/alertmanager", "max_body_bytes": 8 * 1024 * 1024,
                 "body_timeout_seconds": 30.0, "max_inflight_bytes": 32 * 1024 * 1024},
@@ -56,6 +58,12 @@ HELP: dict[str, str] = {
     "auth.bearer_token[_file]": "token Alertmanager sends as 'Authorization: Bearer'",
     "auth.basic_username / basic_password[_file]": "credentials for Alertmanager basic_auth",
     "auth.public_pages": "serve /runs without credentials (read-only pages)",
+    "auth.pages_token[_file]": "read token for the pages (/runs, run pages): typed into the /login "
+                               "form it sets an HttpOnly, SameSite=Strict cookie; API clients "
+                               "send it as 'Authorization: Bearer' (at least 16 characters, "
+                               "not the webhook token)",
+    "auth.pages_accept_webhook_credentials": "whether the webhook's credentials also open the "
+                                             "pages (default: only while no page token is set)",
     "webhook.path": "path Alertmanager's webhook_configs url points at",
     "webhook.max_body_bytes": "larger notifications get 413",
     "webhook.body_timeout_seconds": "a body not received within this time gets 408",
@@ -96,10 +104,12 @@ class Secrets:
     basic_username: str | None = None
     basic_password: str | None = field(default=None, repr=False)
     wandb_api_key: str | None = field(default=None, repr=False)
+    pages_token: str | None = field(default=None, repr=False)
 
     def all(self) -> list[str]:
         """Every secret value, for log redaction."""
-        return [s for s in (self.bearer_token, self.basic_password, self.wandb_api_key) if s]
+        return [s for s in (self.bearer_token, self.basic_password, self.wandb_api_key,
+                            self.pages_token) if s]
 
 
 @dataclass(frozen=True)
@@ -133,6 +143,19 @@ def _number(raw: Mapping[str, Any], section: str, key: str, minimum: float = 0.0
     return float(value)
 
 
+def _check_pages_auth(auth: Mapping[str, Any], secrets: Secrets) -> None:
+    """The page token is typed into a form, so it must not be guessable, and it must not be the
+    webhook's token (a page reader could then post alerts)."""
+    token = secrets.pages_token
+    if token is not None and len(token) < 16:
+        raise ConfigError("auth.pages_token must be at least 16 characters")
+    if token is not None and token in (secrets.bearer_token, secrets.basic_password):
+        raise ConfigError("auth.pages_token must differ from the webhook's credentials")
+    accept = auth["pages_accept_webhook_credentials"]
+    if accept is not None and not isinstance(accept, bool):
+        raise ConfigError("auth.pages_accept_webhook_credentials must be true, false or unset")
+
+
 def build_config(raw: dict[str, Any], environ: Mapping[str, str] | None = None,
                  insecure_no_auth: bool = False) -> BridgeConfig:
     """Validate a merged raw configuration and read the secrets it points at."""
@@ -151,9 +174,12 @@ def build_config(raw: dict[str, Any], environ: Mapping[str, str] | None = None,
         basic_password=read_secret(auth["basic_password"], auth["basic_password_file"],
                                    "auth.basic_password", environ),
         wandb_api_key=read_secret(wb["api_key"], wb["api_key_file"], "wandb.api_key", environ),
+        pages_token=read_secret(auth["pages_token"], auth["pages_token_file"],
+                                "auth.pages_token", environ),
     )
     if bool(secrets.basic_username) != bool(secrets.basic_password):
         raise ConfigError("auth.basic_username and auth.basic_password go together")
+    _check_pages_auth(auth, secrets)
     path = raw["webhook"]["path"]
     if not isinstance(path, str) or not path.startswith("/") or path.startswith("/runs"):
         raise ConfigError("webhook.path must start with '/' and not be under /runs")

@@ -22,7 +22,7 @@ from bridge.markers import SdkMarkerWriter, startup_checks
 from bridge.metrics import BridgeMetrics
 from bridge.store import Store, StoreError
 from bridge.wandb_client import WandbClient
-from bridge.webhook import BridgeContext, Credentials, create_app
+from bridge.webhook import BridgeContext, Credentials, PageAuth, create_app
 from exporter.logsetup import log_fields
 
 log = logging.getLogger(__name__)
@@ -63,6 +63,7 @@ def build(cfg: BridgeConfig) -> BridgeContext:
                                 cfg.secrets.basic_password),
         webhook_path=cfg.webhook_path, max_body_bytes=cfg.max_body_bytes, worker=worker,
         public_pages=bool(raw["auth"]["public_pages"]),
+        pages=PageAuth(cfg.secrets.pages_token, raw["auth"]["pages_accept_webhook_credentials"]),
         incident_gap=timedelta(seconds=cfg.policy.incident_gap),
         body_timeout=cfg.body_timeout, max_inflight_bytes=cfg.max_inflight_bytes,
     )

@@ -482,7 +482,7 @@ class Handlers:
             return web.Response(status=401, text=login_html(target, True, True),
                                 content_type="text/html",
                                 headers={"WWW-Authenticate": 'Bearer realm="wandb-infra-bridge"'})
-        resp = web.HTTPSeeOther(target)
+        resp = web.Response(status=303, headers={"Location": target})
         resp.set_cookie(PAGE_COOKIE, pages.cookie_value(), max_age=COOKIE_MAX_AGE, path="/",
                         httponly=True, samesite="Strict", secure=request.secure)
         return resp
