@@ -24,10 +24,10 @@ STALL_AT = T0.timestamp() + 40  # the cascade's first stall: activity drops here
 
 
 def fake_worker(prometheus_url: str = "", wandb: bool = False) -> SimpleNamespace:
-    """What the pages read from the service's delivery worker: its W&B client (None: W&B off)
-    and its Prometheus run lookup."""
+    """What the pages read from the service's delivery worker: its W&B client (None: W&B off),
+    its Prometheus run lookup and node-state history (None: no remediation verdict)."""
     lookup = PrometheusRunLookup(prometheus_url, 2.0) if prometheus_url else None
-    return SimpleNamespace(client=object() if wandb else None, lookup=lookup,
+    return SimpleNamespace(client=object() if wandb else None, lookup=lookup, remediation=None,
                            wake=lambda: None)
 
 
