@@ -40,6 +40,7 @@ from bridge.pages import (
     runs_html,
 )
 from bridge.payload import Notification, PayloadError, parse_notification
+from bridge.remediation import run_remediation
 from bridge.store import OutboxRow, RunIndexEntry, Store, StoreError
 from exporter.logsetup import log_fields
 from exporter.sources import NAME_CHARS, RUN_ID_CHARS
@@ -386,8 +387,11 @@ class Handlers:
             facts = self.ctx.store.facts(run)
             if not facts:
                 return None
-            return run_detail(run, diagnose(facts, self.ctx.incident_gap), link,
+            data = run_detail(run, diagnose(facts, self.ctx.incident_gap), link,
                               self.ctx.store.outbox(run), enabled)
+            history = None if self.ctx.worker is None or not run.attributed \
+                else self.ctx.worker.remediation
+            return data | run_remediation(history, facts, self.ctx.incident_gap)
         except StoreError:
             raise
         except Exception as exc:  # shown as the run's error rather than a 500

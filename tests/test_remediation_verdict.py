@@ -1,0 +1,178 @@
+"""Restart verdicts from node-state history (a canned Prometheus), in notes and the run's data."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+import requests
+
+from bridge.delivery import DeliveryPolicy, DeliveryWorker
+from bridge.diagnosis import diagnose
+from bridge.grafana import GrafanaLinks
+from bridge.identity import IdentityReader, PrometheusRunLookup, RunKey
+from bridge.metrics import BridgeMetrics
+from bridge.notes import render_section
+from bridge.payload import parse_notification
+from bridge.remediation import NodeStateHistory, exclusion, run_remediation
+from bridge.store import Store
+from tests.bridge_payloads import TOKEN, alert, make_context, notification, serve
+
+NOW = datetime.now(UTC).replace(microsecond=0)
+START = NOW - timedelta(minutes=5)
+# Series: (labels, predicate on the sample time); value "1" while the predicate holds.
+Series = list[tuple[dict[str, str], Callable[[float], bool]]]
+
+
+@contextmanager
+def fake_prometheus(series_for: Callable[[str], Series]) -> Iterator[str]:
+    """Answers /api/v1/query_range like Prometheus from canned series (matched by query)."""
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            return
+
+        def do_GET(self) -> None:
+            q = {k: v[0] for k, v in parse_qs(urlparse(self.path).query).items()}
+            start, end, step = float(q["start"]), float(q["end"]), float(q["step"])
+            times = [start + i * step for i in range(int((end - start) / step) + 1)]
+            result = []
+            for metric, alive in series_for(q["query"]):
+                values = [[t, "1"] for t in times if alive(t)]
+                if values:
+                    result.append({"metric": metric, "values": values})
+            body = json.dumps({"status": "success",
+                               "data": {"resultType": "matrix", "result": result}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def state(host: str, scheduler: str, st: str, reason: str = "",
+          alive: Callable[[float], bool] = lambda t: True) -> tuple[dict[str, str], Any]:
+    return ({"__name__": "wandb_infra_node_state", "hostname": host, "scheduler": scheduler,
+             "state": st, "reason": reason}, alive)
+
+
+def facts(*alerts: dict[str, Any], tmp_path) -> Any:
+    store = Store(tmp_path / "b.sqlite")
+    store.ingest(parse_notification(json.dumps(notification(list(alerts))).encode()),
+                 IdentityReader())
+    return store, store.facts(RunKey("team", "proj", "r1"))
+
+
+def xid(host: str = "gpu-07", **kw: Any) -> dict[str, Any]:
+    return alert("GpuContainedEccError", category="gpu_hardware", host=host, gpu="3", run="r1",
+                 start=START, **kw)
+
+
+def remediation(url: str, alerts: list[dict[str, Any]], tmp_path) -> dict[str, Any]:
+    _, fs = facts(*alerts, tmp_path=tmp_path)
+    return run_remediation(NodeStateHistory(url, cache_seconds=0), fs, timedelta(minutes=10))
+
+
+def test_k8s_node_still_ready_is_unsafe_with_affinity_snippet(tmp_path):
+    with fake_prometheus(lambda q: [state("gpu-07", "kubernetes", "Ready")]
+                         if "wandb_infra_node_state" in q else []) as url:
+        got = remediation(url, [xid()], tmp_path)["remediation"]
+    assert got["verdict"] == "unsafe"
+    assert "gpu-07 (Ready) is still schedulable" in got["detail"]
+    assert "operator: NotIn" in got["exclusion"] and 'values: ["gpu-07"]' in got["exclusion"]
+    assert got["hosts"][0]["hostname"] == "gpu-07" and got["hosts"][0]["state"] == "Ready"
+
+
+def test_drained_mid_issue_is_safe_with_history(tmp_path):
+    cut = NOW.timestamp() - 120
+    with fake_prometheus(lambda q: [
+            state("gpu-07", "slurm", "ALLOCATED", alive=lambda t: t < cut),
+            state("gpu-07", "slurm", "ALLOCATED+DRAIN", "XID 94", alive=lambda t: t >= cut)]
+            if "wandb_infra_node_state" in q else []) as url:
+        _, fs = facts(xid(), tmp_path=tmp_path)
+        diagnosis = diagnose(fs, timedelta(minutes=10))
+        rems = NodeStateHistory(url, cache_seconds=0).for_diagnosis(diagnosis)
+    (rem,) = rems.values()
+    assert rem.verdict == "safe" and rem.exclusion == ""
+    (line,) = rem.history_lines()
+    assert line.startswith("gpu-07: in service (ALLOCATED) ")
+    assert "; out of the pool (ALLOCATED+DRAIN) " in line and line.endswith("reason 'XID 94'")
+    section = render_section(diagnosis, lambda *a: "", rems)
+    assert "- Safe to restart? **safe**: gpu\\-07 is out of the pool" in section
+    assert "- Node state: gpu\\-07\\: in service" in section
+
+
+def test_no_scheduler_data_is_unknown(tmp_path):
+    with fake_prometheus(lambda q: []) as url:
+        got = remediation(url, [xid()], tmp_path)["remediation"]
+    assert got["verdict"] == "unknown" and "node_state" in got["detail"]
+    assert got["hosts"] == [{"hostname": "gpu-07", "state": "unknown", "reason": "",
+                             "since": ""}]
+
+
+def test_kube_state_metrics_accepted_as_input(tmp_path):
+    def series(q: str) -> Series:
+        if q.startswith("kube_node_spec_unschedulable"):
+            return [({"node": "gpu-07.cluster.local"}, lambda t: True)]
+        if q.startswith("kube_node_spec_taint"):
+            return [({"node": "gpu-07.cluster.local", "key": "nvsentinel/quarantine",
+                      "value": "xid", "effect": "NoSchedule"}, lambda t: True)]
+        return []
+    with fake_prometheus(series) as url:
+        got = remediation(url, [xid()], tmp_path)["remediation"]
+    assert got["verdict"] == "safe"
+    assert got["hosts"][0]["state"] == "Ready,SchedulingDisabled,Tainted"
+    assert got["hosts"][0]["reason"] == "taint nvsentinel/quarantine=xid:NoSchedule"
+
+
+def test_symptom_only_issue_says_nothing(tmp_path):
+    stall = alert("TrainingStalled", category="workload", host="gpu-07", run="r1",
+                  start=START, severity="warning")
+    with fake_prometheus(lambda q: [state("gpu-07", "slurm", "IDLE")]) as url:
+        assert remediation(url, [stall], tmp_path) == {}
+    assert run_remediation(None, [], timedelta(minutes=10)) == {}
+
+
+def test_hostile_reason_escaped_and_odd_hostnames_not_in_exclusion(tmp_path):
+    reason = "[click](http://evil) <b>x</b> `rm -rf`"
+    with fake_prometheus(lambda q: [state("gpu-07", "slurm", "IDLE", reason)]
+                         if "wandb_infra_node_state" in q else []) as url:
+        _, fs = facts(xid(), tmp_path=tmp_path)
+        diagnosis = diagnose(fs, timedelta(minutes=10))
+        section = render_section(diagnosis, lambda *a: "",
+                                 NodeStateHistory(url).for_diagnosis(diagnosis))
+    assert "<b>" not in section and "](http" not in section
+    assert "  sbatch --exclude=gpu-07" in section
+    assert exclusion(["ok-1", "bad`host", "x y"], "slurm") == "sbatch --exclude=ok-1"
+
+
+def test_run_page_json_carries_remediation(tmp_path):
+    with fake_prometheus(lambda q: [state("gpu-07", "slurm", "MIXED")]
+                         if "wandb_infra_node_state" in q else []) as prom:
+        ctx = make_context(tmp_path)
+        ctx.worker = DeliveryWorker(ctx.store, client=None, markers=None,
+                                    links=GrafanaLinks(""), metrics=BridgeMetrics(),
+                                    policy=DeliveryPolicy(), lookup=PrometheusRunLookup(prom))
+        ctx.store.ingest(parse_notification(json.dumps(notification([xid()])).encode()),
+                         IdentityReader())
+        with serve(ctx) as bridge:
+            resp = requests.get(bridge.url + "/runs/team/proj/r1", timeout=10,
+                                headers={"Authorization": f"Bearer {TOKEN}",
+                                         "Accept": "application/json"})
+    data = resp.json()["remediation"]
+    assert set(data) == {"verdict", "detail", "exclusion", "hosts"}
+    assert data["verdict"] == "unsafe" and data["exclusion"] == "sbatch --exclude=gpu-07"
+    assert set(data["hosts"][0]) == {"hostname", "state", "reason", "since"}
