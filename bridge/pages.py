@@ -299,7 +299,8 @@ def _card(issue: dict[str, Any], headline: bool, remediation: dict[str, Any] | N
             f"{escape(root['alertname'])} <span class='muted'>on</span> "
             f"{escape(issue.get('where') or root['where'])}</h2>"
             f"<dl>{''.join(rows)}</dl><p>{buttons}</p>"
-            f"<p class='muted small'>Why: {escape(issue.get('reasoning') or '')}</p></section>")
+            f"<details class='muted small'><summary>Why this is the root cause</summary>"
+            f"{escape(issue.get('reasoning') or '')}</details></section>")
 
 
 def _consequences_html(issue: dict[str, Any]) -> str:

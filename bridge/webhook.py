@@ -463,6 +463,10 @@ class Handlers:
         plot = await loop.run_in_executor(None, self._activity, run, detail["issues"])
         return web.Response(text=run_html(detail, title, plot), content_type="text/html")
 
+    async def favicon(self, _request: web.Request) -> web.Response:
+        """No icon: 204 so a browser's automatic request is not a console error."""
+        return web.Response(status=204, headers={"Cache-Control": "max-age=86400"})
+
     async def login_form(self, request: web.Request) -> web.Response:
         """GET /login: the page-token form."""
         configured = bool(self.ctx.pages.token)
@@ -511,6 +515,7 @@ def create_app(ctx: BridgeContext) -> web.Application:
     app.router.add_get("/runs/{entity}/{project}/{run_id}", h.run)
     app.router.add_get("/unattributed", h.run)
     app.router.add_get("/login", h.login_form)
+    app.router.add_get("/favicon.ico", h.favicon)
     app.router.add_post("/login", h.login)
 
     async def _close(_app: web.Application) -> None:
