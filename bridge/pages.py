@@ -46,6 +46,7 @@ _STYLE = (
     "svg{max-width:100%;height:auto;background:#fff;font-size:11px}"
     "svg .mk{font-size:11px;font-weight:600}svg .ax{fill:#5f6368}"
     "code{background:#f1f3f4;padding:.1em .3em;border-radius:3px}"
+    "code.excl{white-space:pre-wrap;display:inline-block;margin:.2em 0}"
     "form.filters{display:flex;gap:.6em;align-items:end;flex-wrap:wrap;margin:.5em 0}"
     "label{font-size:.85em;color:#5f6368;display:flex;flex-direction:column}"
     ".note{background:#fff8e1;padding:.4em .8em;border-radius:4px}")
@@ -240,13 +241,14 @@ def _facts_when(fact: dict[str, Any], ref: float) -> str:
 
 
 def _remediation_html(rem: dict[str, Any]) -> str:
-    """Issue 16's verdict on draining the root cause's hosts, when the view carries one."""
+    """Whether restarting the run is safe now (issue 16's verdict from the faulty hosts'
+    scheduler state), with the exclusion to use when it is not; only when the view has one."""
     verdict = str(rem.get("verdict", "unknown"))
     cls = {"safe": "ok", "unsafe": "bad"}.get(verdict, "warn")
-    parts = [f"<dt>Exclude node</dt><dd><span class='pill {cls}'>{escape(verdict)}</span> "
+    parts = [f"<dt>Restart</dt><dd><span class='pill {cls}'>{escape(verdict)}</span> "
              f"{escape(str(rem.get('detail', '')))}"]
     if rem.get("exclusion"):
-        parts.append(f"<br><code>{escape(str(rem['exclusion']))}</code>")
+        parts.append(f"<br><code class='excl'>{escape(str(rem['exclusion']))}</code>")
     hosts = rem.get("hosts") or []
     if hosts:
         parts.append("<br>" + "; ".join(

@@ -80,7 +80,7 @@ def lanes(issue: dict[str, Any]) -> list[Lane]:
     """Root cause first, then one lane per host, or per group of hosts that saw the same alerts
     when there are more than ``MAX_HOST_LANES`` hosts (64 stalled hosts: one lane, count 64)."""
     root = issue["root_cause"]
-    where = root.get("where") or _host(root)
+    where = issue.get("where") or root.get("where") or _host(root)
     out = [Lane(f"{where} (root cause)", [_host(root)], [root], root=True)]
     by_host: dict[str, list[dict[str, Any]]] = {}
     for fact in issue["consequences"]:
@@ -131,8 +131,11 @@ def _vline(axis: _Axis, t: float, span: tuple[float, float], colour_: str, label
            dash: bool = False) -> str:
     x, (y0, y1) = axis.x(t), span
     style = " stroke-dasharray='4 3'" if dash else ""
+    # A label near the right edge goes to the line's left so it is not cut off.
+    right = x > axis.x1 - 7 * len(label)
     return (f"<line x1='{x}' y1='{y0}' x2='{x}' y2='{y1}' stroke='{colour_}' stroke-width='1.5'"
-            f"{style}/>" + _text(x + 3, y0 + 10, label, fill=colour_, cls="mk"))
+            f"{style}/>" + _text(x - 3 if right else x + 3, y0 + 10, label, fill=colour_,
+                                 cls="mk", anchor="end" if right else "start"))
 
 
 def _time_axis(axis: _Axis, ref: float, y: float) -> list[str]:
@@ -276,8 +279,9 @@ def activity_svg(series: Sequence[tuple[str, Sequence[tuple[float, float]]]],
     step = _nice_step(t1 - t0, 6)
     t = t0 - t0 % step + step
     while t <= t1:
-        out.append(_text(axis.x(t), height - 8, clock(datetime.fromtimestamp(t, UTC)),
-                         anchor="middle", cls="ax"))
+        if axis.x(t) < right - 25:  # room for the whole label
+            out.append(_text(axis.x(t), height - 8, clock(datetime.fromtimestamp(t, UTC)),
+                             anchor="middle", cls="ax"))
         t += step
     out.append("</svg>")
     return "".join(out)

@@ -49,9 +49,15 @@ def cascade_bridge(tmp_path: Path, **kwargs: Any) -> Iterator[Running]:
 
 @dataclass
 class FakePrometheus:
-    """Answers ``/api/v1/query_range`` like Prometheus for one run on 64 hosts: the join
-    metrics, then tensor activity at 0.8 that falls to 0.02 when the cascade stalls."""
+    """Answers ``/api/v1/query_range`` like Prometheus for one run: the join metrics for
+    ``hosts`` x ``gpus``, then tensor activity at ``high`` that falls to ``low`` at ``drop_at``
+    (default: the 64-host cascade, stalled at its first TrainingStalled)."""
 
+    hosts: list[str] = field(default_factory=lambda: [f"node{h:03d}" for h in range(64)])
+    gpus: int = 8
+    high: float = 0.8
+    low: float = 0.02
+    drop_at: float = STALL_AT
     queries: list[str] = field(default_factory=list)
 
     def app(self) -> web.Application:
@@ -69,14 +75,15 @@ class FakePrometheus:
         stamps = [start + i * step for i in range(int((end - start) / step) + 1)]
         result: list[dict[str, Any]] = []
         if "wandb_run_node_info" in query:
-            result = [{"metric": {"hostname": f"node{h:03d}"},
-                       "values": [[t, "1"] for t in stamps]} for h in range(64)]
+            result = [{"metric": {"hostname": h}, "values": [[t, "1"] for t in stamps]}
+                      for h in self.hosts]
         elif "wandb_run_gpu_info" in query:
-            result = [{"metric": {"hostname": f"node{h:03d}", "gpu": str(g)},
-                       "values": [[t, "1"] for t in stamps]} for h in range(64) for g in range(8)]
+            result = [{"metric": {"hostname": h, "gpu": str(g)},
+                       "values": [[t, "1"] for t in stamps]}
+                      for h in self.hosts for g in range(self.gpus)]
         elif "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE" in query:
-            result = [{"metric": {}, "values": [[t, "0.8" if t < STALL_AT else "0.02"]
-                                                for t in stamps]}]
+            result = [{"metric": {}, "values": [[t, str(self.high if t < self.drop_at
+                                                         else self.low)] for t in stamps]}]
         return web.json_response({"status": "success",
                                   "data": {"resultType": "matrix", "result": result}})
 

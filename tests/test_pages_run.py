@@ -98,14 +98,15 @@ def test_resolved_issue_marks_start_end_and_offsets():
 
 def test_remediation_rendered_only_when_present():
     detail = _detail(_facts(2))
-    assert "Exclude node" not in run_html(detail, "t")
+    assert "<dt>Restart</dt>" not in run_html(detail, "t")
     detail["remediation"] = {"verdict": "safe", "detail": "drain <now>",
                              "exclusion": "sbatch --exclude=gpu-node-017",
                              "hosts": [{"hostname": "gpu-node-017", "state": "drained",
                                         "reason": "xid<94>", "since": "2026-11-29T12:01:00Z"}]}
     page = run_html(detail, "t")
     card = page.split("<section", 2)[1]
-    assert "Exclude node" in card and "<code>sbatch --exclude=gpu-node-017</code>" in card
+    assert "<dt>Restart</dt>" in card
+    assert "<code class='excl'>sbatch --exclude=gpu-node-017</code>" in card
     assert "drain &lt;now&gt;" in card and "xid&lt;94&gt;" in card
     assert "since 2026-11-29 12:01:00 UTC" in card and "pill ok" in card
 
