@@ -253,3 +253,30 @@ def test_label_text_stays_inert_in_card_timeline_and_table(name, host, gpu, text
         href = attrs.get("href")
         if href is not None:
             assert href.startswith(("/runs", "http://grafana.invalid/d/")), href
+
+
+def test_headline_card_first_even_when_an_older_issue_exists(tmp_path):
+    heat = alert("GpuThermalViolation", category="gpu_thermal", host="h3", gpu="1", run="r1",
+                 start=T0 - timedelta(minutes=30), end=T0 - timedelta(minutes=25),
+                 severity="warning")
+    xid = alert("GpuXidError", category="gpu_hardware", host="h1", gpu="2", run="r1", start=T0)
+    with serve(make_context(tmp_path, worker=fake_worker())) as running:
+        post_alerts(running, [heat, xid])
+        page = _page(running, "/runs/team/proj/r1").text
+        data = requests.get(running.url + "/runs/team/proj/r1?format=json", headers=AUTH,
+                            timeout=10).json()
+    assert data["headline"]["issue"] == 1 and data["headline"]["title"] == "GpuXidError on h1 GPU 2"
+    cards = page.split("<section class='card issue")[1:]
+    assert len(cards) == 2
+    assert "ROOT CAUSE</span> GpuXidError" in cards[0]
+    assert "SEPARATE ISSUE</span> GpuThermalViolation" in cards[1]
+    assert page.count("<svg class='timeline'") == 2
+    assert "is the most consequential of 2 issues" in page
+
+
+def test_run_address_from_the_url_is_escaped_in_the_empty_state(tmp_path):
+    with cascade_bridge(tmp_path) as running:
+        resp = requests.get(running.url + "/runs/team/proj/%3Cscript%3Ex", headers=HTML,
+                            timeout=10)
+    assert resp.status_code == 404
+    assert "<script>" not in resp.text and "team/proj/&lt;script&gt;x" in resp.text
