@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bridge import quarantine
 from bridge.delivery import DeliveryPolicy
 from bridge.identity import DEFAULT_PATHS
 from bridge.markers import MARKER_SETTLE
@@ -45,6 +46,7 @@ DEFAULTS: dict[str, Any] = {
     "grafana": {"base_url": "", "org_id": 1, "window_before_minutes": 30,
                 "window_after_minutes": 30},
     "diagnosis": {"incident_gap_minutes": 10},
+    "quarantine": dict(quarantine.DEFAULTS),
 }
 
 HELP: dict[str, str] = {
@@ -93,6 +95,18 @@ HELP: dict[str, str] = {
     "grafana.base_url": "Grafana URL for deep links (empty: no links)",
     "grafana.org_id / window_*_minutes": "link org and time window around an issue",
     "diagnosis.incident_gap_minutes": "alerts further apart than this are separate issues",
+    "quarantine.enabled": "take the faulty node of an open critical hardware issue out of the "
+                          "pool (default false: read-only)",
+    "quarantine.dry_run": "only record and show what it would do (default true)",
+    "quarantine.scheduler": "slurm (scontrol update State=DRAIN; needs an operator) or "
+                            "kubernetes (cordon + NoSchedule taint; needs patch on nodes)",
+    "quarantine.max_nodes / max_fraction / window_seconds": "circuit breaker: at most this many "
+                                                           "nodes and this share of the fleet "
+                                                           "per window (2, 0.05, 3600)",
+    "quarantine.audit_log": "JSON-lines file of every decision (default: next to the store)",
+    "quarantine.taint_key / slurm_command / kubernetes": "taint key and annotation; the "
+                                                         "scontrol command; Kubernetes "
+                                                         "connection keys as in the exporter",
 }
 
 
@@ -196,6 +210,7 @@ def build_config(raw: dict[str, Any], environ: Mapping[str, str] | None = None,
         incident_gap=_number(raw, "diagnosis", "incident_gap_minutes", 0) * 60,
         marker_settle=_number(raw, "wandb", "marker_settle_seconds"),
         node_state_refresh=_number(raw, "prometheus", "node_state_refresh_seconds"),
+        quarantine=quarantine.check(raw["quarantine"]),
     )
     cfg = BridgeConfig(
         raw=raw, secrets=secrets, host=str(raw["listen"]["host"]), port=port,

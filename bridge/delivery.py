@@ -17,9 +17,11 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
 
 from bridge.diagnosis import AlertFact, Diagnosis, diagnose
 from bridge.grafana import GrafanaLinks
@@ -28,6 +30,7 @@ from bridge.markers import MARKER_SETTLE, MISSING_SDK, MarkerWriter
 from bridge.metrics import BridgeMetrics
 from bridge.notes import LinkFn, render_section, replace_section
 from bridge.projection import merged_tags, plan_markers, summary_entries
+from bridge.quarantine import build as build_quarantine
 from bridge.remediation import NodeStateHistory, Remediation, signature, summary_verdict
 from bridge.store import OutboxRow, Store, StoreError, from_iso
 from bridge.wandb_client import PermanentError, TransientError, WandbClient, WandbError
@@ -59,6 +62,7 @@ class DeliveryPolicy:
     incident_gap: float = 600.0
     marker_settle: float = MARKER_SETTLE
     node_state_refresh: float = 60.0
+    quarantine: Mapping[str, Any] | None = None
 
 
 def backoff(attempts: int, policy: DeliveryPolicy, retry_after: float | None,
@@ -97,6 +101,8 @@ class DeliveryWorker:
                                              cache_seconds=min(10.0, policy.node_state_refresh))
                             if lookup is not None and policy.node_state_refresh > 0 else None)
         self._next_refresh = 0.0
+        self.quarantine = build_quarantine(policy.quarantine,
+                                           Path(store.path).resolve().parent)
 
     # thread ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -146,10 +152,13 @@ class DeliveryWorker:
                 if not self._deliver(row):
                     break
                 delivered += 1
-        if (self.client is not None and self.remediation is not None
-                and now >= max(self._next_refresh, self.paused_until)):
-            self._next_refresh = now + self.policy.node_state_refresh
-            delivered += self._refresh_remediation(now)
+        if (self.remediation is not None or self.quarantine is not None) \
+                and now >= self._next_refresh:
+            self._next_refresh = now + (self.policy.node_state_refresh or 60.0)
+            if self.quarantine is not None:
+                self._quarantine_pass(now)
+            if self.client is not None and now >= self.paused_until:
+                delivered += self._refresh_remediation(now)
         if self.client is not None:
             stats = self.store.queue_stats(self.clock())
             self.metrics.queue_depth.set(stats.pending_runs)
@@ -161,8 +170,30 @@ class DeliveryWorker:
         return delivered
 
     def remediations(self, diagnosis: Diagnosis) -> dict[str, Remediation]:
-        """Issue key -> restart verdict and node state history ({} without Prometheus)."""
-        return {} if self.remediation is None else self.remediation.for_diagnosis(diagnosis)
+        """Issue key -> restart verdict, node state history and the quarantine's decisions
+        ({} without Prometheus and quarantine)."""
+        rems = {} if self.remediation is None else self.remediation.for_diagnosis(diagnosis)
+        if self.quarantine is None:
+            return rems
+        for issue in diagnosis.issues:
+            action = "; ".join(d.text() for d in self.quarantine.decisions(issue.key))
+            if action:
+                rem = rems.get(issue.key) or Remediation(
+                    "unknown", "no scheduler state (prometheus.url not set)", "", ())
+                rems[issue.key] = replace(rem, action=action)
+        return rems
+
+    def _quarantine_pass(self, now: float) -> None:
+        """Offer every open issue of recently active runs to the quarantine (it decides)."""
+        assert self.quarantine is not None
+        for run, _alerts, firing, last in self.store.runs(limit=REFRESH_RUNS):
+            if self._stop.is_set():
+                break
+            if not firing or from_iso(last).timestamp() < now - REFRESH_LOOKBACK:
+                continue
+            diagnosis = diagnose(self.store.facts(run), timedelta(seconds=self.policy.incident_gap))
+            for issue in diagnosis.open_issues:
+                self.quarantine.consider(issue)
 
     def _refresh_remediation(self, now: float) -> int:
         """Re-project recently active runs whose faulty hosts' state changed since their last

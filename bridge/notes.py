@@ -96,6 +96,8 @@ def _remediation_lines(rem: Remediation) -> list[str]:
     if rem.exclusion:
         lines += ["", "  ```", *(f"  {line}" for line in rem.exclusion.splitlines()), "  ```", ""]
     lines += [f"- Node state: {md_escape(line, 1000)}" for line in rem.history_lines()]
+    if rem.action:
+        lines.append(f"- Quarantine: {md_escape(rem.action, 1000)}")
     return lines
 
 

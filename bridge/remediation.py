@@ -76,17 +76,20 @@ class Remediation:
     detail: str
     exclusion: str
     timelines: tuple[Timeline, ...]
+    action: str = ""  # what the bridge's quarantine did or would do (bridge/quarantine.py)
 
     def as_dict(self) -> dict[str, Any]:
-        """The run-data contract: verdict, detail, exclusion, hosts (current state, since)."""
+        """The run-data contract: verdict, detail, exclusion, hosts (current state, since), and
+        ``action`` when the quarantine decided something."""
         hosts = []
         for t in self.timelines:
             now = t.current
             hosts.append({"hostname": t.hostname, "state": now.state if now else "unknown",
                           "reason": now.reason if now else "",
                           "since": _iso(now.at) if now else ""})
-        return {"verdict": self.verdict, "detail": self.detail, "exclusion": self.exclusion,
-                "hosts": hosts}
+        out = {"verdict": self.verdict, "detail": self.detail, "exclusion": self.exclusion,
+               "hosts": hosts}
+        return out | ({"action": self.action} if self.action else {})
 
     def history_lines(self) -> list[str]:
         """One line per host: ``h: in service (IDLE) 11:50:02; out of the pool ...``."""
@@ -197,7 +200,7 @@ def _join(head: str, out: list[str], repaired: list[str], unknown: list[str]) ->
 
 def signature(remediations: Mapping[str, Remediation]) -> str:
     """A short digest of what the issues show about remediation (a change re-writes the run)."""
-    data = sorted((k, r.verdict, r.exclusion, [(t.hostname, [(c.at, c.state, c.reason)
+    data = sorted((k, r.verdict, r.exclusion, r.action, [(t.hostname, [(c.at, c.state, c.reason)
                                                              for c in t.changes])
                                                for t in r.timelines])
                   for k, r in remediations.items())
