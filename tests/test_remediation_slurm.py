@@ -9,16 +9,20 @@ unsafe (with the exact ``sbatch --exclude``) to safe when the node is drained, a
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from datetime import UTC, datetime, timedelta
+from functools import partial
 
 import pytest
 
 from bridge.delivery import DeliveryPolicy, DeliveryWorker
+from bridge.diagnosis import diagnose
 from bridge.grafana import GrafanaLinks
 from bridge.identity import IdentityReader, PrometheusRunLookup, RunKey
 from bridge.metrics import BridgeMetrics
 from bridge.payload import parse_notification
+from bridge.quarantine import Quarantine, SlurmActions
 from bridge.remediation import run_remediation
 from bridge.store import Store
 from bridge.wandb_client import WandbClient
@@ -147,3 +151,37 @@ def test_verdict_flips_when_the_node_is_drained_and_resumed(slurm, tmp_path):
                      what="safe after repair")
             assert "back in service" in _notes(wb) and "root cause resolved" in _notes(wb)
             assert _notes(wb).startswith("mine")
+
+
+def test_quarantine_drains_real_node_once_and_never_resumes(slurm, tmp_path):
+    """Dry run changes nothing; live drains with the reason; the same issue never drains again,
+    even after an operator resumed the node; a one-node fleet at 5 % trips the breaker."""
+    store = Store(tmp_path / "q.sqlite")
+    store.ingest(parse_notification(json.dumps(notification([alert(
+        "GpuContainedEccError", category="gpu_hardware", host=slurm.node, gpu="1", run="r1",
+        start=datetime.now(UTC) - timedelta(minutes=1))])).encode()), IdentityReader())
+    (issue,) = diagnose(store.facts(RunKey("team", "proj", "r1")), timedelta(minutes=10)).issues
+    actions = SlurmActions(["scontrol"], runner=partial(subprocess.run, env=slurm.env()))
+
+    def node_state() -> str:
+        return slurm.run("scontrol", "show", "node", "-o", slurm.node).split(" State=")[1] \
+            .split()[0]
+
+    breaker = Quarantine({"dry_run": False}, actions, tmp_path / "breaker.jsonl")
+    (refused,) = breaker.consider(issue)
+    assert refused.outcome == "refused" and "5% of 1 nodes" in refused.detail
+    dry = Quarantine({"dry_run": True, "max_fraction": 1.0}, actions, tmp_path / "dry.jsonl")
+    assert [d.outcome for d in dry.consider(issue)] == ["dry_run"]
+    assert "DRAIN" not in node_state()
+    live = Quarantine({"dry_run": False, "max_fraction": 1.0}, actions, tmp_path / "live.jsonl")
+    try:
+        (done,) = live.consider(issue)
+        assert done.outcome == "done", done
+        assert "DRAIN" in node_state()
+        reason = slurm.run("sinfo", "-h", "-N", "-o", "%E").strip()
+        assert reason == f"wandb-infra: GpuContainedEccError {slurm.node} GPU 1"
+        assert live.consider(issue) == []  # idempotent
+    finally:
+        slurm.run("scontrol", "update", f"NodeName={slurm.node}", "State=RESUME")
+    assert live.consider(issue) == []  # the operator's resume stands
+    assert "DRAIN" not in node_state()
