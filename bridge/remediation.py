@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 
 LEAD = 600.0  # history starts this long before the issue: the state the fault found
 MAX_STEPS = 2000
+STEPS = (1.0, 2.0, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1800.0, 3600.0)
 _KSM_IGNORED = (*DEFAULT_TOLERATED, "node.kubernetes.io/unschedulable")
 _HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 
@@ -251,7 +252,11 @@ class NodeStateHistory:
                 return hit[1]
         end = now
         start = min(start, end - 60)
-        step = pick_step(start, end, max(1.0, (end - start) / MAX_STEPS))
+        # A step from a fixed ladder and a start on its grid: the samples (so the change times
+        # shown, and the signature that triggers a re-write) stay put from one refresh to the next.
+        wanted = pick_step(start, end, (end - start) / MAX_STEPS)
+        step = next((s for s in STEPS if s >= wanted), wanted)
+        start = start // step * step
         regex = "|".join(_regex_literal(h) for h in hosts)
         points = self._points(f'{STATE}{{hostname=~"{regex}"}}', start, end, step,
                               lambda m: (m.get("hostname", ""), m.get("scheduler", ""),

@@ -20,7 +20,7 @@ from bridge.identity import IdentityReader, PrometheusRunLookup, RunKey
 from bridge.metrics import BridgeMetrics
 from bridge.notes import render_section
 from bridge.payload import parse_notification
-from bridge.remediation import NodeStateHistory, exclusion, run_remediation
+from bridge.remediation import NodeStateHistory, exclusion, run_remediation, signature
 from bridge.store import Store
 from tests.bridge_payloads import TOKEN, alert, make_context, notification, serve
 
@@ -176,3 +176,24 @@ def test_run_page_json_carries_remediation(tmp_path):
     assert set(data) == {"verdict", "detail", "exclusion", "hosts"}
     assert data["verdict"] == "unsafe" and data["exclusion"] == "sbatch --exclude=gpu-07"
     assert set(data["hosts"][0]) == {"hostname", "state", "reason", "since"}
+
+
+def test_signature_stable_between_refreshes_of_a_long_issue(tmp_path):
+    """Hours-long history: the sample grid (hence the change times shown and the signature that
+    triggers a re-write) does not move from one refresh to the next."""
+    now = [NOW.timestamp()]
+    old = NOW - timedelta(hours=5)
+    cut = NOW.timestamp() - 3600
+    with fake_prometheus(lambda q: [
+            state("gpu-07", "slurm", "MIXED", alive=lambda t: t < cut),
+            state("gpu-07", "slurm", "MIXED+DRAIN", "XID 79", alive=lambda t: t >= cut)]
+            if "wandb_infra_node_state" in q else []) as url:
+        _, fs = facts(alert("GpuFallenOffBus", category="gpu_hardware", host="gpu-07",
+                            gpu="1", run="r1", start=old), tmp_path=tmp_path)
+        diagnosis = diagnose(fs, timedelta(minutes=10))
+        history = NodeStateHistory(url, cache_seconds=0, clock=lambda: now[0])
+        first = history.for_diagnosis(diagnosis)
+        now[0] += 300
+        second = history.for_diagnosis(diagnosis)
+    assert signature(first) == signature(second)
+    assert next(iter(first.values())).verdict == "safe"
