@@ -49,7 +49,10 @@ _STYLE = (
     "code.excl{white-space:pre-wrap;display:inline-block;margin:.2em 0}"
     "form.filters{display:flex;gap:.6em;align-items:end;flex-wrap:wrap;margin:.5em 0}"
     "label{font-size:.85em;color:#5f6368;display:flex;flex-direction:column}"
-    ".note{background:#fff8e1;padding:.4em .8em;border-radius:4px}")
+    ".note{background:#fff8e1;padding:.4em .8em;border-radius:4px}"
+    "td.n{white-space:nowrap}.login{max-width:26em;border-left-color:#0b57d0}"
+    ".login input{font-size:1em;padding:.3em}"
+    "button{font-size:.95em;padding:.3em .9em}")
 
 
 def _t(value: datetime | None) -> str | None:
@@ -198,9 +201,9 @@ def runs_html(rows: list[dict[str, Any]], unattributed: int, *,
             f"<tr><td class='sev' style='background:{bar}' title='{escape(sev, quote=True)}'>"
             f"</td><td><a href='{escape(_run_href(r), quote=True)}'>{escape(name)}</a></td>"
             f"<td>{head} <span class='pill{' bad' if state == 'open' else ''}'>{state}</span>"
-            f"</td><td>{escape(when(r.get('started_at')))}</td>"
-            f"<td>{r.get('issues', 0)} ({r.get('open_issues', 0)} open)</td>"
-            f"<td>{r.get('alerts', 0)} ({r.get('firing', 0)})</td>"
+            f"</td><td class='n'>{escape(when(r.get('started_at')))}</td>"
+            f"<td class='n'>{r.get('issues', 0)} ({r.get('open_issues', 0)} open)</td>"
+            f"<td class='n'>{r.get('alerts', 0)} ({r.get('firing', 0)})</td>"
             f"<td><span class='pill {cls}'>{escape(text.removeprefix('W&B: '))}</span></td>"
             "</tr>")
     out.append("</table>")
@@ -403,9 +406,11 @@ def login_html(next_path: str, failed: bool, configured: bool) -> str:
                 "them, through an API client or the browser's basic-auth prompt.</p>")
     else:
         body = (("<p class='note'>Wrong token.</p>" if failed else "")
+                + "<p>The bridge's pages need the page token your operator configured.</p>"
                 + "<form method='post' action='/login'>"
                 f"<input type='hidden' name='next' value='{escape(next_path, quote=True)}'>"
                 "<label>page token<input type='password' name='token' autocomplete='off' "
                 "autofocus required></label><p><button type='submit'>Sign in</button></p>"
                 "</form>")
-    return _page("Sign in", f"<h1>wandb-infra-bridge: sign in</h1>{body}")
+    return _page("Sign in", f"<section class='card login'><h1>wandb-infra-bridge: sign in</h1>"
+                            f"{body}</section>")
