@@ -327,10 +327,11 @@ class Handlers:
                    filters: dict[str, str] | None = None) -> tuple[list[dict[str, Any]], int, bool]:
         """A page of runs, newest first, matching ``filters`` (entity, project, state), and
         whether more follow. The store pages by start time; filtering happens here, reading
-        the index in ``MAX_PAGE`` chunks until the page is full."""
+        the index in ``MAX_PAGE`` chunks until the page is full (without filters the store
+        skips ``offset`` runs itself, undiagnosed)."""
         store, filters = self.ctx.store, filters or {}
         rows: list[dict[str, Any]] = []
-        skipped, scanned = 0, 0
+        skipped = scanned = 0 if any(filters.values()) else offset
         while True:
             chunk = store.run_index(MAX_PAGE, scanned)
             scanned += len(chunk)

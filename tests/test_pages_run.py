@@ -199,6 +199,7 @@ def test_runs_newest_first_filters_paging_and_severity_colour(tmp_path):
         assert ids("state=open&entity=a") == ["r1", "r0"]
         assert ids("entity=a&limit=2") == ["r1", "r0"]
         assert ids("entity=a&limit=2&offset=2") == ["old"]
+        assert ids("limit=2&offset=2") == ["r0", "old"] and ids("offset=4") == []
         page2 = requests.get(running.url + "/runs?format=json&entity=a&limit=2", headers=AUTH,
                              timeout=10).json()
         assert page2["next_offset"] == 2
