@@ -401,9 +401,11 @@ def empty_html(title: str) -> str:
 def login_html(next_path: str, failed: bool, configured: bool) -> str:
     """The page token form; the token becomes an HttpOnly cookie (see ``bridge.webhook``)."""
     if not configured:
-        body = ("<p>These pages need credentials. No page token is configured "
-                "(<code>auth.pages_token_file</code>), so only the webhook's credentials open "
-                "them, through an API client or the browser's basic-auth prompt.</p>")
+        body = ("<p>These pages need credentials. No page token is configured, so only the "
+                "webhook's credentials open them (an API client, or the browser's basic-auth "
+                "prompt when the webhook uses basic auth).</p><p>Operators: set "
+                "<code>auth.pages_token_file</code> in the bridge's configuration to sign in "
+                "here with a read-only token.</p>")
     else:
         body = (("<p class='note'>Wrong token.</p>" if failed else "")
                 + "<p>The bridge's pages need the page token your operator configured.</p>"

@@ -307,14 +307,15 @@ class Handlers:
         return ctx.pages.webhook_opens_pages and ctx.credentials.check(header)
 
     def _pages_refused(self, request: web.Request) -> web.Response:
-        """401: JSON for API clients; for a browser the login form (page token configured) or
-        the basic-auth prompt (only the webhook's credentials open the pages)."""
-        pages = self.ctx.pages
-        if _wants_json(request) or not pages.token:
+        """401: JSON for API clients; for a browser the login form, or (no page token) a page
+        saying how to configure one, with the basic-auth prompt for the webhook's credentials."""
+        if _wants_json(request):
             return self._unauthorised()
-        return web.Response(status=401, text=login_html(request.path_qs, False, True),
+        configured = bool(self.ctx.pages.token)
+        scheme = "Bearer" if configured else "Basic"
+        return web.Response(status=401, text=login_html(request.path_qs, False, configured),
                             content_type="text/html",
-                            headers={"WWW-Authenticate": 'Bearer realm="wandb-infra-bridge"'})
+                            headers={"WWW-Authenticate": f'{scheme} realm="wandb-infra-bridge"'})
 
     @property
     def _wandb_enabled(self) -> bool:

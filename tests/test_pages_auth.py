@@ -80,7 +80,10 @@ def test_webhook_credentials_open_pages_only_when_configured(tmp_path):
     # unless switched off.
     with serve(make_context(tmp_path / "legacy")) as running:
         assert _get(running, "/runs", headers=AUTH).status_code == 200
-        assert _get(running, "/runs").status_code == 401
+        refused = _get(running, "/runs", headers={"Accept": "text/html"})
+        assert refused.status_code == 401 and "auth.pages_token_file" in refused.text
+        assert refused.headers["WWW-Authenticate"].startswith("Basic ")
+        assert "<form" not in refused.text
         assert requests.post(running.url + "/login", data={"token": TOKEN},
                              timeout=10).status_code == 401
     with serve(make_context(tmp_path / "off", pages=PageAuth(None, False))) as running:
