@@ -143,8 +143,12 @@ def _link(url: str, text: str, cls: str = "") -> str:
 
 
 def when(value: str | None) -> str:
-    """``2026-11-29 12:00:40 UTC`` (to the second) from the view's ISO text."""
-    parsed = parse_ts(value)
+    """``2026-11-29 12:00:40 UTC`` (to the second) from the view's ISO text; "" when it is
+    not a timestamp (the caller may show the text as given)."""
+    try:
+        parsed = parse_ts(value)
+    except ValueError:
+        return ""
     return "" if parsed is None else parsed.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 

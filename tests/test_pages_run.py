@@ -246,7 +246,8 @@ def test_label_text_stays_inert_in_card_timeline_and_table(name, host, gpu, text
     detail = run_detail(RunKey("team", "proj", "r"), diagnose(facts),
                         lambda *_: "http://grafana.invalid/d/x", None)
     detail["remediation"] = {"verdict": text, "detail": text, "exclusion": text,
-                             "hosts": [{"hostname": text, "state": text, "reason": text}]}
+                             "hosts": [{"hostname": text, "state": text, "reason": text,
+                                        "since": text}]}
     page = run_html(detail, text)
     for tag, attrs in tags(page):
         assert tag in ALLOWED, (tag, attrs)
