@@ -169,11 +169,11 @@ class DeliveryWorker:
             self.store.purge(now - self.policy.retention, delivering=self.client is not None)
         return delivered
 
-    def remediations(self, diagnosis: Diagnosis) -> dict[str, Remediation]:
+    def remediations(self, diagnosis: Diagnosis) -> dict[str, Remediation] | None:
         """Issue key -> restart verdict, node state history and the quarantine's decisions
-        ({} without Prometheus and quarantine)."""
+        ({} without Prometheus and quarantine; None while Prometheus cannot answer)."""
         rems = {} if self.remediation is None else self.remediation.for_diagnosis(diagnosis)
-        if self.quarantine is None:
+        if rems is None or self.quarantine is None:
             return rems
         for issue in diagnosis.issues:
             action = "; ".join(d.text() for d in self.quarantine.decisions(issue.key))
@@ -207,8 +207,9 @@ class DeliveryWorker:
             if row is None or row.parked:
                 continue
             diagnosis = diagnose(self.store.facts(run), timedelta(seconds=self.policy.incident_gap))
-            wanted = signature(self.remediations(diagnosis))
-            if wanted == _latest_signature(self.store.markers(run)):
+            remediations = self.remediations(diagnosis)
+            if remediations is None or signature(remediations) == _latest_signature(
+                    self.store.markers(run)):
                 continue
             if not self._deliver(row):
                 break
@@ -285,11 +286,11 @@ class DeliveryWorker:
         tags = merged_tags(info.tags, diagnosis)
         remediations = self.remediations(diagnosis)
         notes = replace_section(info.notes, render_section(diagnosis, self._link_for(run),
-                                                           remediations))
+                                                           remediations or {}))
         summary = None
         summary_seq = row.summary_seq
         if info.state != "running":
-            wanted = summary_entries(diagnosis) | summary_verdict(remediations, diagnosis)
+            wanted = summary_entries(diagnosis) | summary_verdict(remediations or {}, diagnosis)
             if any(info.summary.get(k) != v for k, v in wanted.items()):
                 summary = {**info.summary, **wanted}
             summary_seq = row.dirty_seq
@@ -299,7 +300,7 @@ class DeliveryWorker:
                                notes=notes if notes != info.notes else None, summary=summary)
         self._write_markers(run, diagnosis)
         self._notify(run, diagnosis)
-        if self.remediation is not None:
+        if remediations is not None:
             sig = signature(remediations)
             if sig != _latest_signature(self.store.markers(run)):
                 self.store.add_markers(run, [f"{REMEDIATION}|{self.clock():.3f}|{sig}"],

@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 
 LEAD = 600.0  # history starts this long before the issue: the state the fault found
 MAX_STEPS = 2000
+DOWN_BACKOFF = 30.0  # after a failed query, Prometheus is not asked again for this long
 STEPS = (1.0, 2.0, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1800.0, 3600.0)
 _KSM_IGNORED = (*DEFAULT_TOLERATED, "node.kubernetes.io/unschedulable")
 _HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
@@ -221,20 +222,20 @@ class NodeStateHistory:
         self.clock = clock
         self._lock = threading.Lock()
         self._cache: dict[tuple[tuple[str, ...], float], tuple[float, dict[str, Timeline]]] = {}
+        self._down_until = 0.0
 
-    def for_diagnosis(self, diagnosis: Diagnosis) -> dict[str, Remediation]:
-        """Issue key -> remediation for every issue that names a faulty host ({} on errors)."""
+    def for_diagnosis(self, diagnosis: Diagnosis) -> dict[str, Remediation] | None:
+        """Issue key -> remediation for every issue that names a faulty host; None when
+        Prometheus cannot answer and nothing was read before (the caller keeps what it shows)."""
         wanted = [(i, faulty_hosts(i)) for i in diagnosis.issues]
         wanted = [(i, h) for i, h in wanted if h]
         if not wanted:
             return {}
         hosts = tuple(sorted({h for _, hs in wanted for h in hs}))
         start = min(i.started_at.timestamp() for i, _ in wanted) - LEAD
-        try:
-            timelines = self.timelines(hosts, start)
-        except (requests.RequestException, ValueError, KeyError, TypeError) as exc:
-            log.warning("node state lookup failed: %s", type(exc).__name__)
-            return {}
+        timelines = self.timelines(hosts, start)
+        if timelines is None:
+            return None
         out = {}
         for issue, _ in wanted:
             rem = verdict(issue, timelines)
@@ -242,15 +243,32 @@ class NodeStateHistory:
                 out[issue.key] = rem
         return out
 
-    def timelines(self, hosts: tuple[str, ...], start: float) -> dict[str, Timeline]:
-        """Each host's changes from ``start`` to now."""
+    def timelines(self, hosts: tuple[str, ...], start: float) -> dict[str, Timeline] | None:
+        """Each host's changes from ``start`` to now. While Prometheus fails (and for
+        ``DOWN_BACKOFF`` seconds after, so pages and refreshes do not each wait for a timeout)
+        the last good answer is served, or None when there is none."""
         now = self.clock()
         key = (hosts, start)
         with self._lock:
             hit = self._cache.get(key)
-            if hit and now - hit[0] < self.cache_seconds:
+            if hit and (now - hit[0] < self.cache_seconds or now < self._down_until):
                 return hit[1]
-        end = now
+            if now < self._down_until:
+                return None
+        try:
+            result = self._read(hosts, start, now)
+        except (requests.RequestException, ValueError, KeyError, TypeError) as exc:
+            log.warning("node state lookup failed: %s", type(exc).__name__)
+            with self._lock:
+                self._down_until = now + DOWN_BACKOFF
+            return hit[1] if hit else None
+        with self._lock:
+            if len(self._cache) > 512:
+                self._cache.clear()
+            self._cache[key] = (now, result)
+        return result
+
+    def _read(self, hosts: tuple[str, ...], start: float, end: float) -> dict[str, Timeline]:
         start = min(start, end - 60)
         # A step from a fixed ladder and a start on its grid: the samples (so the change times
         # shown, and the signature that triggers a re-write) stay put from one refresh to the next.
@@ -264,12 +282,7 @@ class NodeStateHistory:
         missing = [h for h in hosts if h not in points]
         if missing:
             points.update(self._ksm(missing, start, end, step))
-        result = {h: _timeline(h, p, step, end) for h, p in points.items()}
-        with self._lock:
-            if len(self._cache) > 512:
-                self._cache.clear()
-            self._cache[key] = (now, result)
-        return result
+        return {h: _timeline(h, p, step, end) for h, p in points.items()}
 
     def _points(self, expr: str, start: float, end: float, step: float,
                 row: Callable[[Mapping[str, str]], tuple[str, str, str, str]]
@@ -363,5 +376,5 @@ def run_remediation(history: NodeStateHistory | None, facts: Sequence[AlertFact]
     if history is None or not facts:
         return {}
     diagnosis = diagnose(list(facts), incident_gap)
-    rem = headline(history.for_diagnosis(diagnosis), diagnosis)
+    rem = headline(history.for_diagnosis(diagnosis) or {}, diagnosis)
     return {} if rem is None else {"remediation": rem.as_dict()}

@@ -197,3 +197,21 @@ def test_signature_stable_between_refreshes_of_a_long_issue(tmp_path):
         second = history.for_diagnosis(diagnosis)
     assert signature(first) == signature(second)
     assert next(iter(first.values())).verdict == "safe"
+
+
+def test_prometheus_down_keeps_what_is_shown(tmp_path):
+    """A failing Prometheus serves the last good answer (or None: the caller keeps its notes)
+    and is not asked again for DOWN_BACKOFF seconds, so pages do not each wait for a timeout."""
+    now = [NOW.timestamp()]
+    _, fs = facts(xid(), tmp_path=tmp_path)
+    diagnosis = diagnose(fs, timedelta(minutes=10))
+    with fake_prometheus(lambda q: [state("gpu-07", "slurm", "IDLE+DRAIN", "XID 94")]
+                         if "wandb_infra_node_state" in q else []) as url:
+        history = NodeStateHistory(url, timeout=1, cache_seconds=0, clock=lambda: now[0])
+        good = history.for_diagnosis(diagnosis)
+    assert next(iter(good.values())).verdict == "safe"
+    cold = NodeStateHistory(url, timeout=1, cache_seconds=0, clock=lambda: now[0])
+    assert cold.for_diagnosis(diagnosis) is None
+    now[0] += 1
+    assert history.for_diagnosis(diagnosis) == good  # stale but shown
+    assert run_remediation(cold, fs, timedelta(minutes=10)) == {}
