@@ -22,7 +22,9 @@ from bridge.notes import render_section
 from bridge.payload import parse_notification
 from bridge.remediation import NodeStateHistory, exclusion, run_remediation, signature
 from bridge.store import Store
+from bridge.wandb_client import WandbClient
 from tests.bridge_payloads import TOKEN, alert, make_context, notification, serve
+from tests.wandb_standin import WandbStandin
 
 NOW = datetime.now(UTC).replace(microsecond=0)
 START = NOW - timedelta(minutes=5)
@@ -215,3 +217,20 @@ def test_prometheus_down_keeps_what_is_shown(tmp_path):
     now[0] += 1
     assert history.for_diagnosis(diagnosis) == good  # stale but shown
     assert run_remediation(cold, fs, timedelta(minutes=10)) == {}
+
+
+def test_crashed_run_summary_gets_the_verdict(tmp_path):
+    with fake_prometheus(lambda q: [state("gpu-07", "slurm", "ALLOCATED")]
+                         if "wandb_infra_node_state" in q else []) as prom, \
+            WandbStandin() as wb:
+        wb.add_run("team", "proj", "r1", state="crashed", summary={"loss": 1.0})
+        store = Store(tmp_path / "bridge.sqlite")
+        worker = DeliveryWorker(store, client=WandbClient(wb.url, wb.api_key, timeout=5),
+                                markers=None, links=GrafanaLinks(""), metrics=BridgeMetrics(),
+                                policy=DeliveryPolicy(flush_interval=0),
+                                lookup=PrometheusRunLookup(prom))
+        store.ingest(parse_notification(json.dumps(notification([xid()])).encode()),
+                     IdentityReader())
+        assert worker.run_once() == 1
+        summary = wb.run("team", "proj", "r1").summary
+    assert summary["infra/restart_verdict"] == "unsafe" and summary["loss"] == 1.0
