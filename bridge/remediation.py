@@ -182,8 +182,12 @@ def verdict(issue: Issue, timelines: Mapping[str, Timeline]) -> Remediation | No
         names = [t.hostname for t in risky] + unknown
         still = ", ".join(f"{t.hostname} ({t.current.state})" for t in risky if t.current)
         them = "it" if len(names) == 1 else "them"
-        detail = (f"{still} {'is' if len(risky) == 1 else 'are'} still schedulable: a restart "
-                  f"may land on the same faulty hardware; exclude {them}")
+        detail = f"{still} {'is' if len(risky) == 1 else 'are'} still schedulable"
+        if resolved:
+            detail += (" and was never taken out of the pool (the fault itself has resolved): "
+                       f"a restart may land there again; exclude {them} to be sure")
+        else:
+            detail += f": a restart may land on the same faulty hardware; exclude {them}"
         return Remediation("unsafe", _join(detail, out, repaired, unknown), exclusion(
             names, scheduler), lines)
     if unknown:

@@ -234,3 +234,11 @@ def test_crashed_run_summary_gets_the_verdict(tmp_path):
         assert worker.run_once() == 1
         summary = wb.run("team", "proj", "r1").summary
     assert summary["infra/restart_verdict"] == "unsafe" and summary["loss"] == 1.0
+
+
+def test_resolved_fault_on_a_node_never_drained_is_still_unsafe(tmp_path):
+    with fake_prometheus(lambda q: [state("gpu-07", "slurm", "IDLE")]
+                         if "wandb_infra_node_state" in q else []) as url:
+        got = remediation(url, [xid(end=NOW - timedelta(minutes=1))], tmp_path)["remediation"]
+    assert got["verdict"] == "unsafe" and "never taken out of the pool" in got["detail"]
+    assert got["exclusion"] == "sbatch --exclude=gpu-07"
