@@ -119,7 +119,9 @@ def _describe(changes: Sequence[Change]) -> list[str]:
                 what = "back in service" if was_in is False else "in service"
             else:
                 what = "out of the pool"
-            text = f"{what} ({c.state}) {_clock(c.at, previous)}"
+            # the first entry is the state the history window starts with, not a change
+            when = "as of" if previous is None else "from"
+            text = f"{what} ({c.state}) {when} {_clock(c.at, previous)}"
             if c.reason:
                 text += f", reason '{c.reason}'"
             was_in = c.in_pool

@@ -110,8 +110,8 @@ def test_drained_mid_issue_is_safe_with_history(tmp_path):
     (rem,) = rems.values()
     assert rem.verdict == "safe" and rem.exclusion == ""
     (line,) = rem.history_lines()
-    assert line.startswith("gpu-07: in service (ALLOCATED) ")
-    assert "; out of the pool (ALLOCATED+DRAIN) " in line and line.endswith("reason 'XID 94'")
+    assert line.startswith("gpu-07: in service (ALLOCATED) as of ")
+    assert "; out of the pool (ALLOCATED+DRAIN) from " in line and line.endswith("reason 'XID 94'")
     section = render_section(diagnosis, lambda *a: "", rems)
     assert "- Safe to restart? **safe**: gpu\\-07 is out of the pool" in section
     assert "- Node state: gpu\\-07\\: in service" in section
