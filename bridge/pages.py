@@ -60,13 +60,14 @@ def _t(value: datetime | None) -> str | None:
 
 
 def delivery_status(row: OutboxRow | None, enabled: bool = True) -> dict[str, Any]:
-    """Where the run's W&B projection stands (``off`` when no W&B key is configured)."""
+    """Where the run's W&B projection stands: facts the store holds (parked, written) whether
+    or not W&B is configured now; ``off`` instead of a pending that would never end."""
+    if row is not None and row.parked:
+        return {"state": "parked", "reason": row.parked}
     if not enabled:
         return {"state": "off"}
     if row is None:
         return {"state": "not queued"}
-    if row.parked:
-        return {"state": "parked", "reason": row.parked}
     if row.dirty_seq > row.delivered_seq:
         return {"state": "pending", "attempts": row.attempts, "last_error": row.last_error}
     return {"state": "delivered", "at": row.delivered_at}
