@@ -132,17 +132,27 @@ class KubernetesActions:
             raise QuarantineError(f"Kubernetes API unreachable: {type(exc).__name__}") from exc
 
     def _get(self, host: str) -> dict[str, Any]:
+        """The Node named ``host``, or the one node whose name's first DNS label is ``host``
+        (the exporter strips domains, so alerts may name ``gpu01`` for ``gpu01.example``)."""
         resp = self._request("GET", f"/api/v1/nodes/{host}")
+        if resp.status_code == 404:
+            found = [n for n in self._nodes()
+                     if str((n.get("metadata") or {}).get("name", "")).split(".")[0] == host]
+            if len(found) == 1:
+                return found[0]
         if resp.status_code != 200:
             raise QuarantineError(f"GET node {host}: HTTP {resp.status_code}")
         return resp.json()
 
-    def fleet_size(self) -> int:
-        """Nodes in the cluster (one unpaged list; only the count is used)."""
+    def _nodes(self) -> list[dict[str, Any]]:
         resp = self._request("GET", "/api/v1/nodes")
         if resp.status_code != 200:
             raise QuarantineError(f"list nodes: HTTP {resp.status_code}")
-        return len(resp.json().get("items") or [])
+        return [n for n in resp.json().get("items") or [] if isinstance(n, dict)]
+
+    def fleet_size(self) -> int:
+        """Nodes in the cluster."""
+        return len(self._nodes())
 
     def in_pool(self, host: str) -> bool:
         """Whether new pods may be scheduled on ``host`` now."""
@@ -153,17 +163,19 @@ class KubernetesActions:
         """Cordon and add the NoSchedule taint; on a 409 conflict read again and retry."""
         for _ in range(attempts):
             node = self._get(host)
+            name = node["metadata"]["name"]
             taints = [t for t in (node.get("spec") or {}).get("taints") or []
                       if t.get("key") != self.taint_key]
             taints.append({"key": self.taint_key, "value": "true", "effect": "NoSchedule"})
             patch = {"metadata": {"resourceVersion": node["metadata"]["resourceVersion"],
                                   "annotations": {self.taint_key: reason[:250]}},
                      "spec": {"unschedulable": True, "taints": taints}}
-            resp = self._request("PATCH", f"/api/v1/nodes/{host}", patch)
+            resp = self._request("PATCH", f"/api/v1/nodes/{name}", patch)
             if resp.status_code == 200:
-                return f"cordoned and tainted {self.taint_key}:NoSchedule, reason '{reason}'"
+                return (f"cordoned node {name} and tainted it {self.taint_key}:NoSchedule, "
+                        f"reason '{reason}'")
             if resp.status_code != 409:
-                raise QuarantineError(f"PATCH node {host}: HTTP {resp.status_code} "
+                raise QuarantineError(f"PATCH node {name}: HTTP {resp.status_code} "
                                       f"{resp.text[:200]}")
         raise QuarantineError(f"PATCH node {host}: still conflicting after {attempts} tries")
 

@@ -1,0 +1,141 @@
+"""The whole loop on Kubernetes (API stand-in, real exporter, real Prometheus, W&B stand-in):
+an XID issue on a Ready node is unsafe with a node-affinity exclusion; the bridge's quarantine
+(live) cordons and taints the node; the exporter publishes it, Prometheus scrapes it, and the
+same issue's notes flip to safe with the state history and the action taken. kube-state-metrics
+series scraped by the same Prometheus are accepted instead of the exporter's."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from bridge.delivery import DeliveryPolicy, DeliveryWorker
+from bridge.grafana import GrafanaLinks
+from bridge.identity import IdentityReader, PrometheusRunLookup, RunKey
+from bridge.metrics import BridgeMetrics
+from bridge.payload import parse_notification
+from bridge.quarantine import check
+from bridge.remediation import NodeStateHistory, run_remediation
+from bridge.store import Store
+from bridge.wandb_client import WandbClient
+from demo.processes import wait_for
+from tests.bridge_payloads import alert, notification
+from tests.exporter_process import running_exporter
+from tests.k8s_standin import K8sStandin, make_node
+from tests.services import prom_query, prometheus
+from tests.wandb_standin import WandbStandin
+
+
+def _scrape_config(*targets: str) -> str:
+    jobs = "".join(f"  - job_name: j{i}\n    static_configs:\n      - targets: ['{t}']\n"
+                   for i, t in enumerate(targets))
+    return f"global:\n  scrape_interval: 1s\nscrape_configs:\n{jobs}"
+
+
+def test_quarantine_cordons_and_the_verdict_flips_through_prometheus(tmp_path):
+    with K8sStandin() as k8s, WandbStandin() as wb:
+        k8s.set_nodes([make_node(f"gpu-{i:02d}.cluster.local") for i in range(4)])
+        token = tmp_path / "token"
+        token.write_text(k8s.token)
+        config = {"registrations": {"enabled": False},
+                  "node_state": {"kubernetes": {"enabled": True, "api_server": k8s.url,
+                                                "token_file": str(token),
+                                                "interval_seconds": 0.3}}}
+        with running_exporter(config, tmp_path / "exporter") as url, \
+                prometheus(_scrape_config(url.removeprefix("http://")), tmp_path / "prom") as prom:
+            wb.add_run("team", "proj", "r1")
+            store = Store(tmp_path / "bridge.sqlite")
+            policy = DeliveryPolicy(flush_interval=0, node_state_refresh=0.3, quarantine={
+                **check(None), "enabled": True, "scheduler": "kubernetes", "dry_run": False,
+                "max_fraction": 0.5, "kubernetes": {"api_server": k8s.url,
+                                                    "token": k8s.token}})
+            worker = DeliveryWorker(
+                store, client=WandbClient(wb.url, wb.api_key, timeout=5), markers=None,
+                links=GrafanaLinks(""), metrics=BridgeMetrics(), policy=policy,
+                lookup=PrometheusRunLookup(prom.url))
+            worker._next_refresh = float("inf")  # first: the verdict before any action
+            wait_for(lambda: len(prom_query(prom.url, "wandb_infra_node_state")) == 4)
+            time.sleep(2)  # a history to read, not only the first scrape
+            fault = alert("GpuFallenOffBus", category="gpu_hardware", host="gpu-02", gpu="5",
+                          run="r1", start=datetime.now(UTC) - timedelta(seconds=30))
+            store.ingest(parse_notification(json.dumps(notification([fault])).encode()),
+                         IdentityReader(), time.time())
+
+            def notes() -> str:
+                return wb.run("team", "proj", "r1").notes.replace("\\", "")
+
+            wait_for(lambda: worker.run_once() >= 0 and "**unsafe**" in notes(),
+                     what="unsafe before quarantine")
+            assert 'values: ["gpu-02"]' in notes()
+            worker._next_refresh = 0.0
+            wait_for(lambda: worker.run_once() >= 0 and "**safe**" in notes()
+                     and "Quarantine: quarantined gpu-02" in notes(),
+                     what="safe after the bridge cordoned the node", timeout=40)
+            assert "out of the pool (Ready,SchedulingDisabled,Tainted) from" in notes()
+            # alerts name gpu-02 (domain stripped); the node patched is the API's full name
+            assert [name for name, _ in k8s.patches] == ["gpu-02.cluster.local"]
+            assert "cordoned node gpu-02.cluster.local" in notes()
+
+
+class _Ksm:
+    """A kube-state-metrics lookalike: the three node families, changeable at run time."""
+
+    def __init__(self) -> None:
+        self.unschedulable = 0
+        self.taints: list[dict[str, str]] = []
+
+    def text(self) -> str:
+        out = ["# TYPE kube_node_spec_unschedulable gauge",
+               f'kube_node_spec_unschedulable{{node="gpu-09.cluster.local"}} {self.unschedulable}',
+               "# TYPE kube_node_spec_taint gauge"]
+        out += [f'kube_node_spec_taint{{node="gpu-09.cluster.local",key="{t["key"]}",'
+                f'value="{t["value"]}",effect="{t["effect"]}"}} 1' for t in self.taints]
+        return "\n".join(out) + "\n"
+
+
+def test_kube_state_metrics_in_real_prometheus(tmp_path):
+    ksm = _Ksm()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            return
+
+        def do_GET(self) -> None:
+            body = ksm.text().encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        target = f"127.0.0.1:{server.server_address[1]}"
+        with prometheus(_scrape_config(target), tmp_path / "prom") as prom:
+            store = Store(tmp_path / "b.sqlite")
+            store.ingest(parse_notification(json.dumps(notification([alert(
+                "GpuXidError", category="gpu_hardware", host="gpu-09", gpu="0", run="r1",
+                start=datetime.now(UTC) - timedelta(seconds=20))])).encode()), IdentityReader())
+            facts = store.facts(RunKey("team", "proj", "r1"))
+            history = NodeStateHistory(prom.url, cache_seconds=0)
+
+            def verdict() -> dict[str, Any]:
+                return run_remediation(history, facts, timedelta(minutes=10)).get(
+                    "remediation", {})
+
+            first = wait_for(lambda: (v := verdict()).get("verdict") == "unsafe" and v)
+            assert first["hosts"][0]["state"] == "Ready"
+            ksm.taints = [{"key": "nvsentinel/gpu-health", "value": "xid-79",
+                           "effect": "NoSchedule"},
+                          {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]
+            tainted = wait_for(lambda: (v := verdict()).get("verdict") == "safe" and v)
+            assert tainted["hosts"][0]["state"] == "Ready,Tainted"
+            assert tainted["hosts"][0]["reason"] == "taint nvsentinel/gpu-health=xid-79:NoSchedule"
+    finally:
+        server.shutdown()
+        server.server_close()
