@@ -74,6 +74,35 @@ def simple_keys(expr: str) -> tuple[str, ...] | None:
     return tuple(a or b for a, b in _STEP.findall(m.group(1)))
 
 
+def _text(value: object) -> str:
+    """A label value as text: strings (UTF-8-encodable) and integers, "" for anything else."""
+    if type(value) is str:
+        if value.isascii():
+            return value
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return ""
+        return value
+    if type(value) is int:
+        return str(value)
+    return ""
+
+
+def _walk(alert: dict[str, Any], path: tuple[str, ...]) -> str:
+    """The text at ``path`` (dict keys) in ``alert``; the two-step path of every default is
+    unrolled, since it runs five times per alert of a storm."""
+    if len(path) == 2:
+        inner = alert.get(path[0])
+        return _text(inner.get(path[1])) if type(inner) is dict else ""
+    value: Any = alert
+    for part in path:
+        if type(value) is not dict:
+            return ""
+        value = value.get(part)
+    return _text(value)
+
+
 class IdentityReader:
     """Applies the configured JSONPath expressions to one alert (its raw JSON object).
 
@@ -96,28 +125,13 @@ class IdentityReader:
                 raise ConfigError(f"identity.{key}: invalid JSONPath {expr!r}: {exc}") from exc
 
     def _first(self, key: str, alert: dict[str, Any]) -> str:
-        value = self._lookup(key, alert)
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return ""
-        return value
-
-    def _lookup(self, key: str, alert: dict[str, Any]) -> str:
         path = self._simple[key]
         if path is not None:
-            value: Any = alert
-            for part in path:
-                if not isinstance(value, dict):
-                    return ""
-                value = value.get(part)
-            if isinstance(value, str | int) and not isinstance(value, bool) and str(value):
-                return str(value)
-            return ""
+            return _walk(alert, path)
         for match in self._compiled[key].find(alert):
-            value = match.value
-            if isinstance(value, str | int) and not isinstance(value, bool) and str(value):
-                return str(value)
+            value = _text(match.value)
+            if value:
+                return value
         return ""
 
     def read(self, alert: dict[str, Any]) -> Identity:

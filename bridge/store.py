@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+import orjson
+
 from bridge.diagnosis import AlertFact
 from bridge.identity import Identity, IdentityReader, RunKey
 from bridge.payload import Alert, Notification
@@ -83,9 +85,10 @@ _ALERT_COLUMNS = ("fingerprint, starts_at, entity, project, run_id, alertname, s
                   "severity, category, hostname, gpu, labels, annotations")
 
 
-# json.dumps(..., sort_keys=True) builds a new encoder per call; one shared encoder is the same
-# output for a fraction of the cost on a 1,536-alert notification.
-_sorted_json = json.JSONEncoder(sort_keys=True).encode
+def _sorted_json(value: dict[str, str]) -> str:
+    """Labels or annotations as canonical JSON text (sorted keys), with orjson: a tenth of the
+    stdlib encoder's time, and encoding dominated a storm's durable write."""
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
 
 
 class StoreError(RuntimeError):
