@@ -184,9 +184,11 @@ def verdict(issue: Issue, timelines: Mapping[str, Timeline]) -> Remediation | No
         names = [t.hostname for t in risky] + unknown
         still = ", ".join(f"{t.hostname} ({t.current.state})" for t in risky if t.current)
         them = "it" if len(names) == 1 else "them"
-        detail = f"{still} {'is' if len(risky) == 1 else 'are'} still schedulable"
+        one = len(risky) == 1
+        detail = f"{still} {'is' if one else 'are'} still schedulable"
         if resolved:
-            detail += (" and was never taken out of the pool (the fault itself has resolved): "
+            detail += (f" and {'was' if one else 'were'} never taken out of the pool (the fault "
+                       "itself has resolved): "
                        f"a restart may land there again; exclude {them} to be sure")
         else:
             detail += f": a restart may land on the same faulty hardware; exclude {them}"
@@ -208,10 +210,10 @@ def _join(head: str, out: list[str], repaired: list[str], unknown: list[str]) ->
 
 def signature(remediations: Mapping[str, Remediation]) -> str:
     """A short digest of what the issues show about remediation (a change re-writes the run)."""
-    data = sorted((k, r.verdict, r.exclusion, r.action, [(t.hostname, [(c.at, c.state, c.reason)
-                                                             for c in t.changes])
-                                               for t in r.timelines])
-                  for k, r in remediations.items())
+    data = sorted(
+        (key, r.verdict, r.exclusion, r.action,
+         [(t.hostname, [(c.at, c.state, c.reason) for c in t.changes]) for t in r.timelines])
+        for key, r in remediations.items())
     return hashlib.sha256(json.dumps(data).encode()).hexdigest()[:16]
 
 
