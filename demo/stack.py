@@ -94,6 +94,8 @@ class Stack:
         self.alertmanager: processes.Service | None = None
         self.prometheus: processes.Service | None = None
         self.vmalert: processes.Service | None = None
+        # Chosen before the bridge starts, so its page plots and run lookups can query it.
+        self.query_port = processes.free_port()
         self._exit = contextlib.ExitStack()
         if config.engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, not {config.engine!r}")
@@ -176,6 +178,7 @@ class Stack:
             "store": {"path": str(self.workdir / "bridge.sqlite")},
             "wandb": wandb,
             "grafana": {"base_url": self.config.grafana_url},
+            "prometheus": {"url": f"http://127.0.0.1:{self.query_port}"},
         }
         path = self.workdir / "bridge.yaml"
         path.write_text(yaml.safe_dump(config))
@@ -200,7 +203,8 @@ class Stack:
         promdir = self.workdir / "prometheus"
         config = self._prometheus_config(promdir)
         return self._exit.enter_context(
-            processes.prometheus(yaml.safe_dump(config, sort_keys=False), promdir))
+            processes.prometheus(yaml.safe_dump(config, sort_keys=False), promdir,
+                                 port=self.query_port))
 
     def _prometheus_config(self, promdir: Path) -> dict[str, Any]:
         """The example prometheus.yml pointed at this stack, with the scaled rules and the
@@ -235,7 +239,8 @@ class Stack:
         scrape = {"global": {"scrape_interval": config["global"]["scrape_interval"]},
                   "scrape_configs": config["scrape_configs"]}
         vm = self._exit.enter_context(processes.victoria_metrics(
-            yaml.safe_dump(scrape, sort_keys=False), self.workdir / "victoria-metrics"))
+            yaml.safe_dump(scrape, sort_keys=False), self.workdir / "victoria-metrics",
+            port=self.query_port))
         rules = self.workdir / "victoria-metrics" / "rules" / RULES_FILE.name
         vmalert = self._exit.enter_context(processes.vmalert(
             rules, vm.url, self.alertmanager.url, self.workdir / "vmalert",
