@@ -311,14 +311,14 @@ def groups(cfg: dict[str, Any]) -> list[dict[str, Any]]:
         members.setdefault(family(alert), []).append(alert)
     for name, alerts in members.items():
         faults = [a for a in alerts if fault_record(a)]
-        rules: list[dict[str, Any]] = [
+        family_rules: list[dict[str, Any]] = [
             {"record": fault_record(a), "expr": read_recorded(a.expr, by_record)} for a in faults]
         joins = faulty_joins(family_joins(name),
                              [str(fault_record(a)) for a in faults if a.scope == "gpu"],
                              [str(fault_record(a)) for a in faults if a.scope != "gpu"])
-        rules += [{"record": record, "expr": expr} for record, expr in joins]
-        rules += [_alert(a, cfg, by_record) for a in alerts]
-        for gname, chunk in _chunks(rules, f"{prefix}-{name}"):
+        family_rules += [{"record": record, "expr": expr} for record, expr in joins]
+        family_rules += [_alert(a, cfg, by_record) for a in alerts]
+        for gname, chunk in _chunks(family_rules, f"{prefix}-{name}"):
             out.append(_group(gname, family_tier(alerts, by_record), chunk))
     return out
 
@@ -475,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     root = Path(args.out_dir)
-    stale = []
+    stale: list[str] = []
     for rel, text in outputs(cfg).items():
         path = root / rel
         current = path.read_text(encoding="utf-8") if path.exists() else None
@@ -488,8 +488,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.check and stale:
         print("out of date: " + ", ".join(stale) + " (run: make generate)", file=sys.stderr)
         return 1
-    for rel in stale:
-        print(f"wrote {rel}")
+    for written in stale:
+        print(f"wrote {written}")
     return 0
 
 

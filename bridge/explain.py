@@ -188,8 +188,8 @@ def rebuild_alerts(prom: PrometheusHistory, run: RunKey, placement: Placement, s
                    "annotations": annotations, "startsAt": _iso(first),
                    "endsAt": _iso(last + step) if ends else "0001-01-01T00:00:00Z",
                    "fingerprint": fingerprint(labels, first)}
-            alerts.append(Alert(raw["fingerprint"], raw["status"], starts, ends, labels,
-                                annotations, "", raw))
+            alerts.append(Alert(fingerprint(labels, first), "firing" if firing else "resolved",
+                                starts, ends, labels, annotations, "", raw))
     alerts.sort(key=lambda a: (a.starts_at, a.alertname, a.fingerprint))
     return alerts
 

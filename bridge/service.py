@@ -73,7 +73,10 @@ class _Refused(asyncio.Protocol):
     """A connection beyond the limit: closed at once, so it holds its descriptor for no time."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        transport.abort()
+        if isinstance(transport, asyncio.Transport):
+            transport.abort()
+        else:
+            transport.close()
 
 
 class LimitedSite(web.TCPSite):

@@ -39,7 +39,7 @@ def free_port() -> int:
 T = TypeVar("T")
 
 
-def wait_for(check: Callable[[], T], timeout: float = 30.0, what: str = "condition",
+def wait_for(check: Callable[[], T | None], timeout: float = 30.0, what: str = "condition",
              interval: float = 0.2) -> T:
     """Poll ``check`` until it returns something truthy; raise naming ``what`` on timeout."""
     deadline = time.monotonic() + timeout

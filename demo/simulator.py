@@ -1023,7 +1023,9 @@ def _control(cluster: Cluster, action: str, body: dict[str, Any]) -> None:
             raise SimulatorError("gpus must be a list of GPU indices")
         if not isinstance(body.get("run_name", ""), str):
             raise SimulatorError("run_name must be a string")
-        cluster.assign_run(*fields, hosts, gpus=body.get("gpus"), run_name=body.get("run_name"))
+        entity, project, run_id = (str(f) for f in fields)
+        cluster.assign_run(entity, project, run_id, hosts, gpus=gpus,
+                           run_name=body.get("run_name"))
     else:
         raise SimulatorError(f"unknown control action {action!r}")
 

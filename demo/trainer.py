@@ -15,6 +15,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import requests
 from prometheus_client.parser import text_string_to_metric_families
@@ -83,11 +84,13 @@ class TrainingJob:
 
         os.environ.setdefault("WANDB_SILENT", "true")
         online = bool(self.wandb_api_key)
-        settings = wandb.Settings(
-            mode="online" if online else "offline", x_disable_stats=True, console="off",
-            **({"base_url": self.wandb_base_url} if self.wandb_base_url else {}),
-            **({"api_key": self.wandb_api_key} if online else {}),
-        )
+        extra: dict[str, Any] = {}
+        if self.wandb_base_url:
+            extra["base_url"] = self.wandb_base_url
+        if online:
+            extra["api_key"] = self.wandb_api_key
+        settings = wandb.Settings(mode="online" if online else "offline", x_disable_stats=True,
+                                  console="off", **extra)
         self.workdir.mkdir(parents=True, exist_ok=True)
         return wandb.init(entity=self.entity, project=self.project, id=self.run_id,
                           name=f"{self.run_id}-demo", dir=str(self.workdir), settings=settings,

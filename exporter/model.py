@@ -20,7 +20,7 @@ class RunKey(NamedTuple):
 class Gpu(NamedTuple):
     """One GPU as a source knows it: index ("" when unknown), UUID ("" when unknown)."""
 
-    index: str = ""
+    index: str = ""  # type: ignore[assignment]  # shadows tuple.index; a field is what we mean
     uuid: str = ""
 
 

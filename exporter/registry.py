@@ -194,7 +194,8 @@ class Registry:
             per_source[name] = (len(runs), len(hosts))
         source_at = labels.NODE_INFO_LABELS.index(labels.SOURCE)
         stable: dict[NodeKey, _NodeState] = {}
-        nodes, gpus = [], []
+        nodes: list[tuple[str, ...]] = []
+        gpus: list[tuple[str, ...]] = []
         for node_key in sorted(grouped):
             group = grouped[node_key]
             state = self._stable.get(node_key)

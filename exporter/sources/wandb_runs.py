@@ -93,7 +93,8 @@ def run_placements(run: RunKey, node: Mapping[str, Any], source: str) -> list[Ru
     nodelists: list[tuple[str, str]] = []
     for env in writer_environments(node.get("config")):
         host = env.get("host")
-        slurm = env.get("slurm") if isinstance(env.get("slurm"), Mapping) else {}
+        raw_slurm = env.get("slurm")
+        slurm: Mapping[str, Any] = raw_slurm if isinstance(raw_slurm, Mapping) else {}
         job_id = str(slurm.get("job_id") or "")
         extra = tuple(e for e in ((labels.RUN_GROUP, group), (labels.SLURM_JOB_ID, job_id)) if e[1])
         if isinstance(host, str) and host and host not in out:
