@@ -188,9 +188,9 @@ def node_state_sources(cfg: Mapping[str, Any], registry: Registry, grace: float,
     if k8s.get("enabled"):
         inherited = {k: v for k, v in ((cfg.get("sources") or {}).get("kubernetes") or {}).items()
                      if k in _K8S_CONNECTION}
-        source = KubernetesNodeSource({**inherited, **k8s}, registry.mapper, grace)
-        secrets.append(source.api.token or "")
-        out.append(source)
+        k8s_source = KubernetesNodeSource({**inherited, **k8s}, registry.mapper, grace)
+        secrets.append(k8s_source.api.token or "")
+        out.append(k8s_source)
     for source in out:
         registry.add_node_states(source.states)
     return list(out)

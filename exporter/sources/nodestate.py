@@ -148,8 +148,9 @@ def k8s_node_state(node: Mapping[str, Any], tolerated: Sequence[str] = DEFAULT_T
         key = str(taint.get("key", ""))
         if key in tolerated or key == "node.kubernetes.io/unschedulable":
             continue
-        value = taint.get("value")
-        tainted.append(f"{key}{'=' + str(value) if value else ''}:{taint['effect']}")
+        taint_value = taint.get("value")
+        tainted.append(f"{key}{'=' + str(taint_value) if taint_value else ''}:"
+                       f"{taint['effect']}")
     if tainted:
         words.append("Tainted")
         why.insert(0, "taint " + ", ".join(tainted))
@@ -167,7 +168,7 @@ class _Published:
         self._at = 0.0
 
     def put(self, states: Sequence[NodeState]) -> None:
-        mapped = {}
+        mapped: dict[str, NodeState] = {}
         for s in states:
             host = self.mapper(s.hostname)
             mapped.setdefault(host, s._replace(hostname=host))
@@ -231,7 +232,8 @@ class KubernetesNodeSource(_Published):
 
     def list_nodes(self) -> list[Mapping[str, Any]]:
         """Every Node (all pages)."""
-        api, nodes, cont = self.api, [], ""
+        api, cont = self.api, ""
+        nodes: list[Mapping[str, Any]] = []
         for _ in range(MAX_PAGES):
             params = {"limit": str(api.page_size), **({"continue": cont} if cont else {})}
             try:
