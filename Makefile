@@ -5,13 +5,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: help system-deps venv lint generate test demo bench clean
+.PHONY: help system-deps venv lint generate test test-fast demo bench clean
 
 help:
 	@echo "make demo   run the whole pipeline on the two motivating scenarios (real Prometheus + Alertmanager)"
 	@echo "make test   install what the suite needs and run lint + the whole test suite"
 	@echo "make bench  run every benchmark, write bench/results.json and print the table"
-	@echo "make lint   ruff"
+	@echo "make test-fast  the unit layer only (no real binaries), about a minute"
+	@echo "make lint   ruff and mypy"
 	@echo "make generate  regenerate alert_rules/ and dashboards/ from the catalog"
 
 system-deps:
@@ -26,14 +27,21 @@ venv: $(STAMP)
 
 lint: venv
 	$(BIN)/ruff check .
+	$(BIN)/mypy -p exporter -p bridge -p alert_rules -p demo
+	$(BIN)/mypy dashboards/generate.py
 
 generate: venv
 	$(BIN)/python alert_rules/generate.py
 	$(BIN)/python dashboards/generate.py
 	$(BIN)/python deploy/kubernetes/render.py
+	$(BIN)/python tests/rules/build.py
 
 test: system-deps venv lint
 	$(BIN)/python -m pytest -q
+
+# The unit layer only (no real binaries; about a minute): the inner loop while editing.
+test-fast: venv
+	$(BIN)/python -m pytest -q -m unit
 
 demo: system-deps venv
 	$(BIN)/python -m demo $(DEMO_ARGS)

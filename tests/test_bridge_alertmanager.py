@@ -12,10 +12,13 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
 import requests
 
 from demo.processes import wait_for
 from tests.services import alertmanager, env_without_proxies, free_port, wait_http
+
+pytestmark = pytest.mark.integration
 
 TOKEN = "am-bearer-token-for-tests-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

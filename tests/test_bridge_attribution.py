@@ -6,6 +6,7 @@ import json
 import time
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from bridge.delivery import DeliveryPolicy, DeliveryWorker
@@ -17,6 +18,8 @@ from bridge.store import Store
 from exporter import labels as L
 from tests.bridge_payloads import alert, notification
 from tests.services import free_port, prom_query, prometheus
+
+pytestmark = pytest.mark.integration
 
 
 def _exporter() -> tuple[int, object]:

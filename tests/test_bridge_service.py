@@ -7,12 +7,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import requests
 
 from demo.processes import wait_for
 from tests.bridge_payloads import TOKEN, alert, notification
 from tests.services import env_without_proxies, free_port, wait_http
 from tests.wandb_standin import WandbStandin
+
+pytestmark = pytest.mark.integration
 
 AUTH = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
 

@@ -15,6 +15,8 @@ import requests
 
 from tests.wandb_standin import WandbStandin, key_format_ok
 
+pytestmark = pytest.mark.integration
+
 RUN_QUERY = """
 query Run($project: String!, $entity: String!, $name: String!) {
   project(name: $project, entityName: $entity) {

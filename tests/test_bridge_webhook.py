@@ -22,6 +22,8 @@ from bridge.webhook import Credentials
 from exporter.configfile import ConfigError
 from tests.bridge_payloads import T0, TOKEN, alert, make_context, notification, serve
 
+pytestmark = pytest.mark.integration
+
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 

@@ -23,6 +23,8 @@ from demo.simulator import Cluster, prometheus_config, serve
 from demo.stack import scale_rules
 from tests.services import prom_query, prometheus
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parent.parent
 RULE_FILES = sorted((ROOT / "alert_rules").glob("*.rules.yml"))
 RUN = {"wandb_entity": "team", "wandb_project": "llm", "wandb_run_id": "run-1"}

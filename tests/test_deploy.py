@@ -20,6 +20,8 @@ from demo.processes import AMTOOL, PROMTOOL
 from exporter.cli import DEFAULTS as EXPORTER_DEFAULTS
 from exporter.cli import parse_listen
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]

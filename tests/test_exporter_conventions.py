@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import gzip
 
+import pytest
 import requests
 
 from demo.processes import wait_for
 from exporter import labels
 from tests.exporter_process import running_exporter
 from tests.services import prom_query, prometheus
+
+pytestmark = pytest.mark.integration
 
 TOKEN = "t" * 32
 

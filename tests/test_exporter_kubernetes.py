@@ -17,6 +17,8 @@ from exporter.sources.kubernetes import KubernetesSource
 from tests.exporter_process import metric_samples, running_exporter
 from tests.k8s_standin import K8sStandin, make_pod
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture
 def k8s():

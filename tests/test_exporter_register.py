@@ -15,6 +15,8 @@ from exporter.register import build_payload, deregister, keep_registered, regist
 from tests.exporter_process import metric_samples, running_exporter
 from tests.services import env_without_proxies, free_port
 
+pytestmark = pytest.mark.integration
+
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy" / "slurm"
 RUN = SimpleNamespace(entity="team", project="llm", id="abc123", name="run-name", group="grp")
 

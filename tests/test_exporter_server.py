@@ -16,6 +16,8 @@ from exporter import labels
 from tests.exporter_process import EXPORTER, metric_samples, metric_value, running_exporter
 from tests.services import prom_query, prometheus
 
+pytestmark = pytest.mark.integration
+
 REG = {"entity": "ent", "project": "proj", "run_id": "run1", "hostname": "gpu01.example.com",
        "gpus": [0, {"index": 1, "uuid": "GPU-1111"}], "slurm_job_id": "42"}
 

@@ -13,6 +13,8 @@ from exporter.sources.wandb_runs import WandbRunsSource
 from tests.exporter_process import metric_samples, metric_value, running_exporter
 from tests.wandb_standin import WandbStandin
 
+pytestmark = pytest.mark.integration
+
 
 def wire_config(*envs, lr=0.1):
     """A run config as the SDK stores it: every key wrapped in {"value": ...}."""

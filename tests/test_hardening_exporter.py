@@ -19,6 +19,8 @@ from tests.bridge_payloads import serve_app
 from tests.exporter_process import EXPORTER, running_exporter
 from tests.services import free_port
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "hardening-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

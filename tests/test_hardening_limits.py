@@ -18,6 +18,8 @@ from exporter.configfile import ConfigError
 from tests.bridge_payloads import TOKEN, alert, notification
 from tests.reliability_bridge import bridge_env, start_bridge
 
+pytestmark = pytest.mark.integration
+
 HEADERS = (f"POST /alertmanager HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
            "Content-Type: application/json\r\n")
 

@@ -22,6 +22,8 @@ from bridge.wandb_client import WandbClient
 from tests.bridge_payloads import alert, notification
 from tests.wandb_standin import WandbStandin
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture
 def wb():

@@ -14,6 +14,8 @@ import yaml
 from alert_rules import generate
 from tests.services import PROMTOOL
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parent.parent
 JSONNET = shutil.which("jsonnet") or "/usr/bin/jsonnet"
 

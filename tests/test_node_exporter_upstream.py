@@ -18,6 +18,8 @@ from tests.rules import build
 from tests.rules.build import RUN_A, Case, Expect, Series
 from tests.services import PROMTOOL
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "data" / "node_exporter" / "e2e-output.txt"
 FAMILIES = ("node_infiniband_", "node_network_up", "node_network_carrier_changes_total")

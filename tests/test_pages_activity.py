@@ -31,7 +31,8 @@ EXPOSITION = "\n".join(
     + [f'DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{{{k}="{h}",gpu="{g}"}} {v}' for k, h, g, v, _ in DCGM]
     + [f'DCGM_FI_DEV_GPU_UTIL{{{k}="{h}",gpu="{g}"}} {u}' for k, h, g, _, u in DCGM]) + "\n"
 
-pytestmark = pytest.mark.skipif(not Path(PROMETHEUS).exists(), reason="needs prometheus")
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(not Path(PROMETHEUS).exists(), reason="needs prometheus")]
 
 
 async def _metrics(_request: web.Request) -> web.Response:

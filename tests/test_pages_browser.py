@@ -26,7 +26,8 @@ PAGE_TOKEN = "browser-page-token-0123456789"
 CASCADE = "/runs/team/proj/cascade1"
 THERMAL = "/runs/team/llm-finetune/thermal2"
 RUNBOOK = "https://github.com/wandb-infra-issues/wandb-infra-issues/blob/main/docs/runbook.md"
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian's chromium")
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian's chromium")]
 
 
 def _with_catalog_texts(alerts: list[dict]) -> list[dict]:

@@ -16,6 +16,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
 import requests
 
 from bridge.notes import BEGIN, END
@@ -23,6 +24,8 @@ from demo.processes import wait_for
 from tests.bridge_payloads import T0, TOKEN, alert, notification
 from tests.reliability_bridge import bridge_env, section_blocks, start_bridge
 from tests.wandb_standin import WandbStandin
+
+pytestmark = pytest.mark.integration
 
 RUNS = 200
 PER_RUN = 10

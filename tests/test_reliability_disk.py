@@ -25,6 +25,8 @@ from tests.bridge_payloads import T0, TOKEN, alert, make_context, notification, 
 from tests.reliability_bridge import bridge_env, start_bridge
 from tests.wandb_standin import WandbStandin
 
+pytestmark = pytest.mark.integration
+
 AUTH = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
 DAY = 86400.0
 

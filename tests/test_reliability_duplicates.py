@@ -8,6 +8,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
 import requests
 
 from bridge.notes import BEGIN
@@ -16,6 +17,8 @@ from tests.bridge_payloads import TOKEN
 from tests.reliability_bridge import bridge_env, section_blocks, start_bridge
 from tests.services import alertmanager
 from tests.wandb_standin import WandbStandin
+
+pytestmark = pytest.mark.integration
 
 RUNS = [f"ha{i}" for i in range(8)]
 NAMES = ("GpuXidError", "NodeDown", "InfinibandLinkDown")

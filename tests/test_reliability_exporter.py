@@ -14,6 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import pytest
 import requests
 
 from demo.processes import wait_for
@@ -23,6 +24,8 @@ from tests.k8s_standin import K8sStandin, make_pod
 from tests.reliability_bridge import raw_status
 from tests.test_exporter_wandb import env, wire_config
 from tests.wandb_standin import WandbStandin
+
+pytestmark = pytest.mark.integration
 
 GRACE = 5.0
 GARBAGE = b"<html><body>502 Bad Gateway</body></html>\x00\xff"

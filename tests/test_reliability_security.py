@@ -33,6 +33,8 @@ from tests.bridge_payloads import T0, TOKEN, alert, make_context, notification, 
 from tests.reliability_bridge import raw_status
 from tests.wandb_standin import WandbStandin
 
+pytestmark = pytest.mark.integration
+
 GRAFANA = "https://grafana.example"
 EVIL = [
     "<script>alert(1)</script>", "<img src=x onerror=alert(1)>", "[click](javascript:alert(1))",

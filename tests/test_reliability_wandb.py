@@ -14,12 +14,15 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
 import requests
 
 from demo.processes import wait_for
 from tests.bridge_payloads import T0, TOKEN, alert, notification
 from tests.reliability_bridge import BridgeProcess, bridge_env, section_blocks, start_bridge
 from tests.wandb_standin import WandbStandin
+
+pytestmark = pytest.mark.integration
 
 RUNS = [f"r{i:02d}" for i in range(20)]
 

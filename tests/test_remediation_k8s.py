@@ -13,6 +13,8 @@ from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import pytest
+
 from bridge.delivery import DeliveryPolicy, DeliveryWorker
 from bridge.grafana import GrafanaLinks
 from bridge.identity import IdentityReader, PrometheusRunLookup, RunKey
@@ -28,6 +30,8 @@ from tests.exporter_process import running_exporter
 from tests.k8s_standin import K8sStandin, make_node
 from tests.services import prom_query, prometheus
 from tests.wandb_standin import WandbStandin
+
+pytestmark = pytest.mark.integration
 
 
 def _scrape_config(*targets: str) -> str:

@@ -22,6 +22,8 @@ from exporter.sources.nodestate import (
 from tests.exporter_process import metric_samples, metric_value, running_exporter
 from tests.k8s_standin import K8sStandin, make_node
 
+pytestmark = pytest.mark.integration
+
 # Captured from the tests' Slurm 22.05.8 after `scontrol update ... State=DRAIN Reason=...`.
 SCONTROL = (
     "NodeName=vm Arch=x86_64 CoresPerSocket=1  CPUAlloc=0 CPUEfctv=2 CPUTot=2 CPULoad=1.15 "

@@ -11,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
+import pytest
 import requests
 
 from bridge.delivery import DeliveryPolicy, DeliveryWorker
@@ -25,6 +26,8 @@ from bridge.store import Store
 from bridge.wandb_client import WandbClient
 from tests.bridge_payloads import TOKEN, alert, make_context, notification, serve
 from tests.wandb_standin import WandbStandin
+
+pytestmark = pytest.mark.integration
 
 NOW = datetime.now(UTC).replace(microsecond=0)
 START = NOW - timedelta(minutes=5)

@@ -18,6 +18,8 @@ from bridge.catalog.xid import XIDS, XidClass, codes
 from tests.rules import build
 from tests.services import PROMTOOL
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "alert_rules" / generate.RULES_FILE
 TESTS = sorted((ROOT / "tests" / "rules").glob("*.test.yml"))

@@ -23,6 +23,8 @@ from demo.simulator import (
 )
 from tests.services import PROMTOOL, env_without_proxies, prom_query, prometheus
 
+pytestmark = pytest.mark.integration
+
 LINE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>.*)\})? (?P<value>\S+)$")
 LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
