@@ -23,6 +23,11 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|~>:])")
 MAX_FIELD = 600
 MAX_PLACES = 8
+# What one run's notes may receive, however many alerts hit it: issues and consequence groups
+# beyond these are counted, not listed (the bridge's run page lists everything).
+MAX_ISSUES = 20
+MAX_GROUPS = 20
+MAX_SECTION_CHARS = 60_000
 
 LinkFn = Callable[[AlertFact, datetime, datetime | None], str]
 
@@ -132,9 +137,13 @@ def _issue_block(n: int, issue: Issue, headline: bool, link_for: LinkFn,
         groups: dict[str, list[AlertFact]] = {}
         for fact in issue.consequences:
             groups.setdefault(fact.alertname, []).append(fact)
-        for facts in groups.values():
+        for facts in list(groups.values())[:MAX_GROUPS]:
             first = facts[0]
             lines.append(_group_line(facts, _url(link_for(first, first.onset, first.ends_at))))
+        if len(groups) > MAX_GROUPS:
+            more = list(groups.values())[MAX_GROUPS:]
+            lines.append(f"  - and {len(more)} more alert names "
+                         f"({sum(map(len, more))} alerts)")
     lines.append("")
     return lines
 
@@ -152,8 +161,20 @@ def render_section(diagnosis: Diagnosis, link_for: LinkFn,
         lines += [f"**Headline: {md_escape(head.title)}** ({state_text(head)})", ""]
         if diagnosis.headline_reason:
             lines += [md_escape(diagnosis.headline_reason, 1000), ""]
-    for n, issue in enumerate(diagnosis.ranked, start=1):
-        lines += _issue_block(n, issue, issue is head, link_for, remediations.get(issue.key))
+    ranked = diagnosis.ranked
+    size = sum(map(len, lines))
+    shown = 0
+    for n, issue in enumerate(ranked[:MAX_ISSUES], start=1):
+        block = _issue_block(n, issue, issue is head, link_for, remediations.get(issue.key))
+        block_size = sum(map(len, block)) + len(block)
+        if shown and size + block_size > MAX_SECTION_CHARS:
+            break
+        lines += block
+        size += block_size
+        shown += 1
+    if shown < len(ranked):
+        lines += [f"_... and {len(ranked) - shown} more issues, listed on the bridge's run page._",
+                  ""]
     lines += ["_Written by wandb-infra-bridge; edit outside this section only._", END]
     return "\n".join(lines)
 

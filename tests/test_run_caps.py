@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from bridge.diagnosis import AlertFact, diagnose
+from bridge.notes import MAX_GROUPS, MAX_SECTION_CHARS, render_section
 from bridge.projection import MAX_INFRA_TAGS, TAG_PREFIX, infra_tags, merged_tags
 from exporter.sources import valid_run_key
 from tests.bridge_payloads import T0
@@ -39,3 +40,20 @@ def test_run_keys_with_a_trailing_newline_are_refused():
     assert valid_run_key("acme", "llm", "run1") is not None
     assert valid_run_key("acme", "llm", "run1\n") is None
     assert valid_run_key("acme\n", "llm", "run1") is None
+
+
+def test_notes_stay_bounded_with_a_count_of_what_is_left_out():
+    section = render_section(diagnose(_facts(42_000)), lambda *_: "")
+    assert len(section) < MAX_SECTION_CHARS + 10_000
+    assert "more issues, listed on the bridge's run page" in section
+
+
+def test_one_issue_with_thousands_of_alert_names_lists_twenty_groups():
+    root = AlertFact("fp-root", "GpuContainedEccError", T0, None, "critical", "gpu_hardware",
+                     "node0", "3", {}, {"summary": "XID 94."})
+    consequences = [AlertFact(f"fp{i}", f"UserRule{i}", T0 + timedelta(seconds=5), None,
+                              "warning", "workload", "node1", "", {}, {"summary": "x."})
+                    for i in range(500)]
+    section = render_section(diagnose([root, *consequences]), lambda *_: "")
+    assert section.count("  - **UserRule") == MAX_GROUPS
+    assert f"and {500 - MAX_GROUPS} more alert names ({500 - MAX_GROUPS} alerts)" in section
