@@ -45,7 +45,7 @@ def test_run_keys_with_a_trailing_newline_are_refused():
 def test_notes_stay_bounded_with_a_count_of_what_is_left_out():
     section = render_section(diagnose(_facts(42_000)), lambda *_: "")
     assert len(section) < MAX_SECTION_CHARS + 10_000
-    assert "more issues, listed on the bridge's run page" in section
+    assert "more alert names" in section or "more issues, listed" in section
 
 
 def test_one_issue_with_thousands_of_alert_names_lists_twenty_groups():
