@@ -62,6 +62,15 @@ def render_run(view: dict[str, Any]) -> str:
             f"    do now      {root.get('remediation') or ''}",
             f"    why         {issue.get('reasoning') or ''}",
         ]
+        restart = view.get("remediation") if leads else None
+        if restart:
+            lines.append(f"    restart?    {restart.get('verdict')}: {restart.get('detail')}")
+            if restart.get("exclusion"):
+                lines.append(f"    exclude     {restart['exclusion']}")
+            for host in restart.get("hosts") or []:
+                reason = f", reason '{host['reason']}'" if host.get("reason") else ""
+                lines.append(f"    node        {host.get('hostname')} {host.get('state')} "
+                             f"since {host.get('since')}{reason}")
         if root.get("grafana"):
             lines.append(f"    grafana     {root['grafana']}")
         if root.get("runbook_url"):

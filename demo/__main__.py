@@ -67,6 +67,11 @@ def main(argv: list[str] | None = None) -> int:
               "cascade ...", flush=True)
         run1, view1 = scenarios.xid94_cascade(stack, hosts[:64])
         print(render_run(view1) + "\n", flush=True)
+        print("  an operator drains gpu-node-017 (scontrol update State=DRAIN) ...", flush=True)
+        before, after = scenarios.drain_flips_the_verdict(stack, run1, hosts[16])
+        print(f"    restart before the drain: {before['verdict']} ({before['detail']})\n"
+              f"    restart after the drain:  {after['verdict']} ({after['detail']})\n",
+              flush=True)
         print("scenario 2: thermal violation on one host of a 2-host run ...", flush=True)
         run2, view2, job, neighbour = scenarios.thermal_slowdown(stack, hosts[64:66])
         print(render_run(view2), flush=True)

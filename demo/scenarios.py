@@ -109,6 +109,21 @@ def xid94_cascade(stack: Stack, hosts: list[str], timeout: float = 240,
     return run, view
 
 
+def drain_flips_the_verdict(stack: Stack, run: RunRef, host: str, timeout: float = 90,
+                            ) -> tuple[dict, dict]:
+    """Issue 16's story: the XID issue says a restart is unsafe while its node is schedulable;
+    an operator drains it (``scontrol update State=DRAIN``, played by the simulator) and the
+    verdict turns safe. Returns the run's remediation before and after."""
+    def verdict(wanted: str) -> dict | None:
+        rem = run_view(stack, run).get("remediation") or {}
+        return rem if rem.get("verdict") == wanted else None
+
+    before = wait_for(lambda: verdict("unsafe"), timeout, "an unsafe restart verdict", 1.0)
+    stack.cluster.set_slurm_state(host, "ALLOCATED+DRAIN", "XID 94 on GPU 3")
+    after = wait_for(lambda: verdict("safe"), timeout, "a safe verdict after the drain", 1.0)
+    return before, after
+
+
 def thermal_slowdown(stack: Stack, hosts: list[str], timeout: float = 240,
                      ) -> tuple[RunRef, dict, TrainingJob, RunRef]:
     """Scenario 2: one host throttles; a neighbour run on the same hosts' other GPUs."""

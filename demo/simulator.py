@@ -293,6 +293,9 @@ class Host:
     lost: bool = False
     version: int = 0
     cache: dict[str, tuple[float, int, bytes]] = field(default_factory=dict)
+    # Slurm's view of the node (``scontrol show node -o``): a drain or resume by an operator.
+    slurm_state: str = ""
+    slurm_reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -811,6 +814,28 @@ class Cluster:
         namespace, pod = held
         return f',pod="{pod}",namespace="{namespace}",container="trainer"'
 
+    def set_slurm_state(self, host: str, state: str, reason: str = "") -> None:
+        """What ``scontrol show node`` says of a host (``IDLE+DRAIN`` after a drain); "" goes
+        back to the default (ALLOCATED under a run, else IDLE)."""
+        with self._lock:
+            target = self.host(host)
+            target.slurm_state, target.slurm_reason = state, reason
+
+    def render_scontrol_nodes(self) -> str:
+        """Every host as one ``scontrol show node -o`` line (NodeName, State, Reason last)."""
+        with self._lock:
+            busy = {h for run in self.runs.values() for h in run.hosts}
+            lines = []
+            for name, host in self.hosts.items():
+                state = host.slurm_state or ("ALLOCATED" if name in busy else "IDLE")
+                line = (f"NodeName={name} Arch=x86_64 CoresPerSocket=48 CPUAlloc=0 "
+                        f"Gres=gpu:{len(host.gpus)} NodeAddr={name} NodeHostName={name} "
+                        f"Partitions=gpu State={state}")
+                if host.slurm_reason:
+                    line += f" Reason={host.slurm_reason} [root@2026-11-30T12:00:00]"
+                lines.append(line)
+            return "\n".join(lines) + "\n"
+
     def render_runs(self) -> bytes:
         """The join metrics (contract 1) for assigned runs."""
         with self._lock:
@@ -961,6 +986,9 @@ def build_app(cluster: Cluster) -> web.Application:
     async def healthz(_request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "hosts": len(cluster.hosts)})
 
+    async def scontrol_nodes(_request: web.Request) -> web.Response:
+        return web.Response(text=cluster.render_scontrol_nodes())
+
     async def control(request: web.Request) -> web.Response:
         action = request.match_info["action"]
         try:
@@ -980,6 +1008,7 @@ def build_app(cluster: Cluster) -> web.Application:
     app.router.add_get("/runs/metrics", runs)
     app.router.add_get("/sd/{exporter:dcgm|node}", service_discovery)
     app.router.add_get("/{exporter:dcgm|node}/{host}/metrics", metrics)
+    app.router.add_get("/slurm/nodes", scontrol_nodes)
     app.router.add_post("/control/{action}", control)
     return app
 
@@ -987,7 +1016,7 @@ def build_app(cluster: Cluster) -> web.Application:
 def _control(cluster: Cluster, action: str, body: dict[str, Any]) -> None:
     """Apply one control request; validates every host first so a bad one changes nothing."""
     allowed = {"kind", "host", "hosts", "gpu", "code", "device", "busy", "entity", "project",
-               "run_id", "run_name", "gpus"}
+               "run_id", "run_name", "gpus", "state", "reason"}
     unknown = set(body) - allowed
     if unknown:
         raise SimulatorError(f"unknown fields {sorted(unknown)}")
@@ -996,6 +1025,13 @@ def _control(cluster: Cluster, action: str, body: dict[str, Any]) -> None:
         raise SimulatorError("hosts must be a list of host names")
     for name in hosts:
         cluster.host(name)
+    if action == "slurm_state":
+        state, reason = body.get("state", ""), body.get("reason", "")
+        if not isinstance(state, str) or not isinstance(reason, str):
+            raise SimulatorError("state and reason must be strings")
+        for name in hosts:
+            cluster.set_slurm_state(name, state, reason)
+        return
     if action == "fault":
         if not hosts:
             raise SimulatorError("a fault needs host or hosts")

@@ -148,10 +148,18 @@ class Stack:
 
     def _start_exporter(self) -> processes.Service:
         port = processes.free_port()
+        assert self.simulator is not None
+        # Slurm's node states as the simulator plays them (a drained faulty node), read the way
+        # the exporter reads `scontrol show node -o`.
+        fetch = ("import sys, urllib.request; "
+                 "sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())")
         config = {
             "listen": f"127.0.0.1:{port}",
             "log_level": self.config.log_level,
             "auth": {"token_file": str(self.token_file)},
+            "node_state": {"slurm": {
+                "enabled": True, "interval_seconds": 1,
+                "command": [sys.executable, "-c", fetch, self.simulator.url + "/slurm/nodes"]}},
         }
         path = self.workdir / "exporter.yaml"
         path.write_text(yaml.safe_dump(config))
@@ -178,7 +186,8 @@ class Stack:
             "store": {"path": str(self.workdir / "bridge.sqlite")},
             "wandb": wandb,
             "grafana": {"base_url": self.config.grafana_url},
-            "prometheus": {"url": f"http://127.0.0.1:{self.query_port}"},
+            "prometheus": {"url": f"http://127.0.0.1:{self.query_port}",
+                           "node_state_refresh_seconds": 2.0},
         }
         path = self.workdir / "bridge.yaml"
         path.write_text(yaml.safe_dump(config))

@@ -121,6 +121,22 @@ def test_scenario1_summary_written_once_the_run_crashed(cascade, standin):
     assert "GpuContainedEccError" in json.dumps(rec.summary)
 
 
+def test_scenario1_restart_verdict_flips_when_the_node_is_drained(cascade, stack, standin):
+    """The exporter reads Slurm's node states (played by the simulator), the bridge reads them
+    from Prometheus: unsafe with the exact exclusion while gpu-node-017 is schedulable, safe
+    once drained, in the run view and in the W&B notes."""
+    run, _ = cascade
+    faulty = list(stack.cluster.hosts)[16]
+    before, after = scenarios.drain_flips_the_verdict(stack, run, faulty)
+    assert before["exclusion"] == f"sbatch --exclude={faulty}"
+    assert [(h["hostname"], h["state"]) for h in after["hosts"]] == [
+        (faulty, "ALLOCATED+DRAIN")]
+    assert after["hosts"][0]["reason"] == "XID 94 on GPU 3"
+    wait_for(lambda: "drained" in standin.run(run.entity, run.project, run.run_id).notes.lower()
+             or "out of the pool" in standin.run(run.entity, run.project, run.run_id).notes,
+             60, "the drain in the W&B notes")
+
+
 def test_scenario2_thermal_issue_starts_inside_the_mfu_drop(stack, standin):
     hosts = list(stack.cluster.hosts)[64:66]
     _, view, job, neighbour = scenarios.thermal_slowdown(stack, hosts)

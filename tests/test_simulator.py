@@ -21,6 +21,7 @@ from demo.simulator import (
     prometheus_config,
     serve,
 )
+from exporter.sources.nodestate import parse_scontrol_nodes
 from tests.services import PROMTOOL, env_without_proxies, prom_query, prometheus
 
 pytestmark = pytest.mark.integration
@@ -141,6 +142,18 @@ def test_kubernetes_pod_labels_on_held_gpus_only(clock):
     cluster.end_run("acme", "llm", "r1")
     assert all("pod" not in lab for _, lab, _ in parse(cluster.render("dcgm", "gpu-node-002")
                                                         .decode()))
+
+
+def test_slurm_node_states_read_as_scontrol_prints_them(clock):
+    cluster = make(clock)
+    cluster.assign_run("acme", "llm", "r1", ["gpu-node-001"])
+    cluster.set_slurm_state("gpu-node-002", "IDLE+DRAIN", "XID 94 on GPU 3")
+    states = {s.hostname: s for s in parse_scontrol_nodes(cluster.render_scontrol_nodes())}
+    assert (states["gpu-node-001"].state, states["gpu-node-001"].schedulable) == (
+        "ALLOCATED", True)
+    assert (states["gpu-node-002"].state, states["gpu-node-002"].reason,
+            states["gpu-node-002"].schedulable) == ("IDLE+DRAIN", "XID 94 on GPU 3", False)
+    assert states["gpu-node-003"].state == "IDLE"
 
 
 def test_xid_is_last_value_and_new_series_per_code(clock):
