@@ -36,6 +36,8 @@ from bridge.diagnosis import Issue
 from bridge.remediation import faulty_hosts
 from exporter.configfile import ConfigError
 from exporter.logsetup import log_fields
+from exporter.model import SourceError
+from exporter.sources import run_command
 from exporter.sources.kubernetes import KubernetesSource
 from exporter.sources.nodestate import k8s_node_state, parse_scontrol_nodes
 
@@ -85,14 +87,9 @@ class SlurmActions:
 
     def _call(self, *args: str) -> str:
         try:
-            proc = self._run([*self.command, *args], capture_output=True, text=True,
-                             timeout=self.timeout, check=False)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise QuarantineError(f"scontrol failed: {exc}") from exc
-        if proc.returncode != 0:
-            raise QuarantineError(f"scontrol {args[0]} exited {proc.returncode}: "
-                                  f"{(proc.stderr or '').strip()[:300]}")
-        return proc.stdout
+            return run_command([*self.command, *args], self.timeout, self._run)
+        except SourceError as exc:
+            raise QuarantineError(str(exc)) from exc
 
     def fleet_size(self) -> int:
         """Nodes Slurm knows."""

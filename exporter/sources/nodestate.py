@@ -30,6 +30,7 @@ import requests
 
 from exporter.configfile import ConfigError
 from exporter.model import SourceError, SourceResult
+from exporter.sources import run_command
 from exporter.sources.kubernetes import _STATUS_ERRORS, MAX_PAGES, KubernetesSource
 
 STATE = "wandb_infra_node_state"
@@ -202,16 +203,8 @@ class SlurmNodeSource(_Published):
 
     def poll(self) -> SourceResult:
         """Run the command; publish every node's state."""
-        try:
-            proc = self._run(self.command, capture_output=True, text=True,
-                             timeout=self.timeout, check=False)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise SourceError(f"{self.command[0]} failed: {exc}") from exc
-        if proc.returncode != 0:
-            raise SourceError(f"{' '.join(self.command)} exited {proc.returncode}: "
-                              f"{(proc.stderr or '').strip()[:300]}")
         parse = parse_scontrol_nodes if self.mode == "scontrol" else parse_sinfo_json
-        self.put(parse(proc.stdout))
+        self.put(parse(run_command(self.command, self.timeout, self._run)))
         return SourceResult()
 
 

@@ -21,7 +21,7 @@ from exporter import labels
 from exporter.configfile import ConfigError
 from exporter.model import Gpu, RunKey, RunPlacement, SourceError, SourceResult
 from exporter.nodelist import NodeListError, expand_hostlist, gres_gpu_indices
-from exporter.sources import compile_regex, valid_run_key
+from exporter.sources import compile_regex, run_command, valid_run_key
 
 DEFAULT_COMMENT_REGEX = (
     r"wandb:(?P<entity>[^/\s]+)/(?P<project>[^/\s]+)/(?P<run_id>[A-Za-z0-9_.\-]+)"
@@ -231,15 +231,7 @@ class SlurmSource:
 
     def poll(self) -> SourceResult:
         """Run the command and turn running jobs into placements."""
-        try:
-            proc = self._run(self.command, capture_output=True, text=True,
-                             timeout=self.timeout, check=False)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise SourceError(f"{self.command[0]} failed: {exc}") from exc
-        if proc.returncode != 0:
-            raise SourceError(f"{' '.join(self.command)} exited {proc.returncode}: "
-                              f"{(proc.stderr or '').strip()[:300]}")
         parse = parse_squeue_json if self.mode == "squeue_json" else parse_scontrol
-        jobs, problems = parse(proc.stdout)
+        jobs, problems = parse(run_command(self.command, self.timeout, self._run))
         placements, more = placements_from_jobs(jobs, self.naming, self.name)
         return SourceResult(placements, problems + more)
