@@ -251,9 +251,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="YAML configuration file (optional; defaults + environment otherwise)")
     parser.add_argument("--check-config", action="store_true",
                         help="validate the configuration, print the effective listen address, exit")
+    parser.add_argument("--web.listen-address", dest="listen_address", metavar="HOST:PORT",
+                        help="address to serve on, as Prometheus exporters name it (overrides "
+                             "'listen' in the config)")
     args = parser.parse_args(argv)
     try:
         cfg = load_config(args.config, DEFAULTS, ENV_PREFIX)
+        if args.listen_address:
+            cfg["listen"] = args.listen_address
         host, port = parse_listen(cfg["listen"])
         app, secrets = build(cfg)
         idle = cfg["idle_timeout_seconds"]
@@ -271,8 +276,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger(__name__).info("starting", extra=log_fields(listen=f"{host}:{port}"))
     # aiohttp arms this timeout at connect too, so idle sockets cannot pile up to the
     # file-descriptor limit (its default keeps them for an hour).
-    web.run_app(app, host=host, port=port, print=None, access_log=None,
-                keepalive_timeout=float(idle))
+    try:
+        web.run_app(app, host=host, port=port, print=None, access_log=None,
+                    keepalive_timeout=float(idle))
+    except OSError as exc:  # the port is taken, or the address is not this host's
+        print(f"wandb-infra-exporter: cannot listen on {host}:{port}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return 1
     return 0
 
 

@@ -10,14 +10,21 @@ prometheus_client custom collector. No gauges are mutated behind the scrape.
 
 from __future__ import annotations
 
+import platform
 import threading
 from collections.abc import Iterator, Sequence
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from exporter import labels
+from exporter import __version__, labels
 from exporter.registry import Registry, Snapshot
 from exporter.sources import nodestate
 from exporter.sources.nodestate import NodeState
@@ -97,6 +104,11 @@ class Exposition:
         snap = registry.snapshot()
         self_registry = CollectorRegistry(auto_describe=False)
         self_registry.register(SelfMetrics(snap))
+        # process_* (CPU, memory, file descriptors), python_info and python_gc_*, as every
+        # client_python exporter serves them.
+        ProcessCollector(registry=self_registry)
+        PlatformCollector(registry=self_registry)
+        GCCollector(registry=self_registry)
         return (self.render_info(snap) + render_node_states(registry.node_states())).encode() \
             + generate_latest(self_registry)
 
@@ -151,6 +163,10 @@ class SelfMetrics(Collector):
             runs.add_metric(name, n_runs)
             hosts.add_metric(name, n_hosts)
         yield from (up, last, duration, errors, runs, hosts)
+        build = GaugeMetricFamily(P + "build_info", "Version of the running exporter (value 1).",
+                                  labels=["version", "pythonversion"])
+        build.add_metric([__version__, platform.python_version()], 1.0)
+        yield build
         yield GaugeMetricFamily(P + "runs", "Distinct runs published.", value=snap.runs)
         yield GaugeMetricFamily(P + "hosts", "Distinct hosts published.", value=snap.hosts)
         yield GaugeMetricFamily(P + "node_series", "wandb_run_node_info series published.",

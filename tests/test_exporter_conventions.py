@@ -4,6 +4,11 @@ Prometheus itself scraping the gzipped body)."""
 from __future__ import annotations
 
 import gzip
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import requests
@@ -56,3 +61,32 @@ def test_prometheus_scrapes_the_gzipped_exposition(tmp_path):
             rows = wait_for(lambda: prom_query(prom.url, f"count({labels.GPU_INFO})"), 30,
                             "the join metrics in Prometheus")
             assert rows[0]["value"][1] == "6"
+
+
+def test_build_info_and_process_metrics(tmp_path):
+    with running_exporter({"auth": {"token": TOKEN}}, tmp_path) as url:
+        text = requests.get(url + "/metrics", timeout=10).text
+    [build] = [line for line in text.splitlines()
+               if line.startswith("wandb_infra_exporter_build_info{")]
+    assert 'version="' in build and build.endswith(" 1.0")
+    for family in ("process_resident_memory_bytes", "process_open_fds", "python_info",
+                   "python_gc_collections_total"):
+        assert f"\n{family}" in text, family
+
+
+def test_web_listen_address_flag_and_a_taken_port_in_one_line(tmp_path):
+    exporter = str(Path(sys.executable).parent / "wandb-infra-exporter")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = subprocess.run([exporter, f"--web.listen-address=127.0.0.1:{port}"],
+                              capture_output=True, text=True, timeout=60, check=False,
+                              env={**os.environ, "WANDB_INFRA_EXPORTER__AUTH__TOKEN": TOKEN})
+    assert proc.returncode == 1
+    lines = [line for line in proc.stderr.splitlines() if "cannot listen" in line]
+    assert len(lines) == 1 and "in use" in lines[0].lower(), proc.stderr
+    assert "Traceback" not in proc.stderr
+    checked = subprocess.run([exporter, "--web.listen-address=127.0.0.1:19999", "--check-config"],
+                             capture_output=True, text=True, timeout=60, check=False)
+    assert "would listen on 127.0.0.1:19999" in checked.stdout, checked.stderr
