@@ -11,7 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
-from exporter.configfile import ConfigError, load_config, read_secret
+from exporter.configfile import ConfigError, check_section, load_config, read_secret
 from exporter.hostnames import HostnameMapper
 from exporter.logsetup import log_fields, setup_logging
 from exporter.registration import RegistrationStore
@@ -141,6 +141,37 @@ def require_token(listen: str, authenticated: bool, registrations: bool) -> None
                           "registrations.enabled: false")
 
 
+# The keys each source reads (plus ``enabled``), so a typo is an error, not a silent default.
+_COMMON = frozenset({"enabled", "name", "interval_seconds", "timeout_seconds"})
+_K8S = frozenset({"in_cluster", "kubeconfig", "api_server", "token", "token_file", "ca_file",
+                  "insecure_skip_tls_verify", "namespace", "label_selector", "page_size"})
+SOURCE_KEYS: dict[str, frozenset[str]] = {
+    "slurm": _COMMON | {"mode", "command", "comment_regex", "job_name_regex", "default_entity",
+                        "default_project"},
+    "wandb": _COMMON | {"base_url", "api_key", "api_key_file", "projects", "page_size"},
+    "kubernetes": _COMMON | _K8S | {"run_id_key", "entity_key", "project_key",
+                                    "default_entity", "default_project"},
+    "files": _COMMON | {"directory", "max_age_seconds"},
+}
+NODE_STATE_KEYS: dict[str, frozenset[str]] = {
+    "slurm": _COMMON | {"mode", "command"},
+    "kubernetes": _COMMON | _K8S | {"tolerated_taints"},
+}
+
+
+def check_nested(cfg: Mapping[str, Any]) -> None:
+    """Every nested section's keys, named in one line when wrong."""
+    for section in ("auth", "registrations", "hostnames"):
+        value = cfg.get(section)
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{section} must be a mapping")
+        check_section(value, frozenset(DEFAULTS[section]), section)
+    for group, known in (("sources", SOURCE_KEYS), ("node_state", NODE_STATE_KEYS)):
+        for kind, section in (cfg.get(group) or {}).items():
+            if kind in known and isinstance(section, Mapping):
+                check_section(section, known[kind], f"{group}.{kind}")
+
+
 def build_sources(cfg: Mapping[str, Any], secrets: list[str]) -> list[Source]:
     """The enabled sources, each validated; a bad section raises ConfigError."""
     sections = cfg.get("sources") or {}
@@ -202,6 +233,7 @@ _K8S_CONNECTION = ("in_cluster", "kubeconfig", "api_server", "token", "token_fil
 
 def build(cfg: Mapping[str, Any]) -> tuple[web.Application, list[str]]:
     """The app from a loaded config, plus the secrets the log must never show."""
+    check_nested(cfg)
     try:
         return _build(cfg)
     except ConfigError:

@@ -100,3 +100,16 @@ def read_secret(
         secret = environ.get(value[4:], "").strip()
         return secret or None
     return value or None
+
+
+def check_section(section: Mapping[str, Any], known: frozenset[str], where: str) -> None:
+    """One line naming the first unknown key (a typo such as ``intervall_seconds``) or a
+    duration or count that is not a positive number, instead of a silent default or a
+    traceback later."""
+    unknown = sorted(set(section) - known)
+    if unknown:
+        raise ConfigError(f"unknown key {where}.{unknown[0]} (known: {', '.join(sorted(known))})")
+    for key, value in section.items():
+        if key.endswith(("_seconds", "_size")) and value is not None and (
+                isinstance(value, bool) or not isinstance(value, int | float) or value < 0):
+            raise ConfigError(f"{where}.{key}: wrong type, must be a number >= 0, not {value!r}")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import requests
+import yaml
 
 from demo.processes import wait_for
 from exporter import labels
@@ -90,3 +91,23 @@ def test_web_listen_address_flag_and_a_taken_port_in_one_line(tmp_path):
     checked = subprocess.run([exporter, "--web.listen-address=127.0.0.1:19999", "--check-config"],
                              capture_output=True, text=True, timeout=60, check=False)
     assert "would listen on 127.0.0.1:19999" in checked.stdout, checked.stderr
+
+
+@pytest.mark.parametrize(("config", "message"), [
+    ({"sources": {"slurm": {"enabled": True, "intervall_seconds": 5}}},
+     "unknown key sources.slurm.intervall_seconds"),
+    ({"sources": {"slurm": {"enabled": True, "interval_seconds": "soon"}}},
+     "sources.slurm.interval_seconds: wrong type, must be a number >= 0, not 'soon'"),
+    ({"registrations": {"max_entires": 5}}, "unknown key registrations.max_entires"),
+    ({"node_state": {"kubernetes": {"enabled": False, "toleratd_taints": []}}},
+     "unknown key node_state.kubernetes.toleratd_taints"),
+])
+def test_nested_typos_and_types_are_named_in_one_line(tmp_path, config, message):
+    path = tmp_path / "exporter.yaml"
+    path.write_text(yaml.safe_dump({"listen": "127.0.0.1:9842", **config}))
+    proc = subprocess.run([str(Path(sys.executable).parent / "wandb-infra-exporter"),
+                           "--config", str(path), "--check-config"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2
+    [line] = proc.stderr.strip().splitlines()
+    assert message in line and "Traceback" not in proc.stderr
