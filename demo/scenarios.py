@@ -119,7 +119,8 @@ def drain_flips_the_verdict(stack: Stack, run: RunRef, host: str, timeout: float
         return rem if rem.get("verdict") == wanted else None
 
     before = wait_for(lambda: verdict("unsafe"), timeout, "an unsafe restart verdict", 1.0)
-    stack.cluster.set_slurm_state(host, "ALLOCATED+DRAIN", "XID 94 on GPU 3")
+    stack.cluster.set_slurm_state(host, stack.cluster.slurm_state(host) + "+DRAIN",
+                                  "XID 94 on GPU 3")
     after = wait_for(lambda: verdict("safe"), timeout, "a safe verdict after the drain", 1.0)
     return before, after
 

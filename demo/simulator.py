@@ -821,13 +821,19 @@ class Cluster:
             target = self.host(host)
             target.slurm_state, target.slurm_reason = state, reason
 
+    def slurm_state(self, host: str) -> str:
+        """The state ``scontrol show node`` prints for a host now."""
+        with self._lock:
+            target = self.host(host)
+            busy = any(host in run.hosts for run in self.runs.values())
+            return target.slurm_state or ("ALLOCATED" if busy else "IDLE")
+
     def render_scontrol_nodes(self) -> str:
         """Every host as one ``scontrol show node -o`` line (NodeName, State, Reason last)."""
         with self._lock:
-            busy = {h for run in self.runs.values() for h in run.hosts}
             lines = []
             for name, host in self.hosts.items():
-                state = host.slurm_state or ("ALLOCATED" if name in busy else "IDLE")
+                state = self.slurm_state(name)
                 line = (f"NodeName={name} Arch=x86_64 CoresPerSocket=48 CPUAlloc=0 "
                         f"Gres=gpu:{len(host.gpus)} NodeAddr={name} NodeHostName={name} "
                         f"Partitions=gpu State={state}")

@@ -129,8 +129,8 @@ def test_scenario1_restart_verdict_flips_when_the_node_is_drained(cascade, stack
     faulty = list(stack.cluster.hosts)[16]
     before, after = scenarios.drain_flips_the_verdict(stack, run, faulty)
     assert before["exclusion"] == f"sbatch --exclude={faulty}"
-    assert [(h["hostname"], h["state"]) for h in after["hosts"]] == [
-        (faulty, "ALLOCATED+DRAIN")]
+    assert [h["hostname"] for h in after["hosts"]] == [faulty]
+    assert after["hosts"][0]["state"].endswith("+DRAIN")
     assert after["hosts"][0]["reason"] == "XID 94 on GPU 3"
     wait_for(lambda: "drained" in standin.run(run.entity, run.project, run.run_id).notes.lower()
              or "out of the pool" in standin.run(run.entity, run.project, run.run_id).notes,
