@@ -11,6 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
+from exporter import webconfig
 from exporter.configfile import ConfigError, check_section, load_config, read_secret
 from exporter.hostnames import HostnameMapper
 from exporter.logsetup import log_fields, setup_logging
@@ -286,8 +287,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--web.listen-address", dest="listen_address", metavar="HOST:PORT",
                         help="address to serve on, as Prometheus exporters name it (overrides "
                              "'listen' in the config)")
+    parser.add_argument("--web.config.file", dest="web_config", metavar="FILE",
+                        help="TLS and basic auth in the Prometheus exporter-toolkit format "
+                             "(tls_server_config, basic_auth_users with bcrypt hashes); basic "
+                             "auth guards /, /metrics and /healthz")
     args = parser.parse_args(argv)
     try:
+        web_config = webconfig.load(args.web_config) if args.web_config else webconfig.WebConfig()
         cfg = load_config(args.config, DEFAULTS, ENV_PREFIX)
         if args.listen_address:
             cfg["listen"] = args.listen_address
@@ -308,9 +314,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger(__name__).info("starting", extra=log_fields(listen=f"{host}:{port}"))
     # aiohttp arms this timeout at connect too, so idle sockets cannot pile up to the
     # file-descriptor limit (its default keeps them for an hour).
+    app.middlewares.append(web_config.middleware())
     try:
         web.run_app(app, host=host, port=port, print=None, access_log=None,
-                    keepalive_timeout=float(idle))
+                    keepalive_timeout=float(idle), ssl_context=web_config.tls)
     except OSError as exc:  # the port is taken, or the address is not this host's
         print(f"wandb-infra-exporter: cannot listen on {host}:{port}: {exc.strerror or exc}",
               file=sys.stderr)

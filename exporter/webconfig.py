@@ -1,0 +1,123 @@
+"""``--web.config.file``: TLS and basic auth in the Prometheus exporter-toolkit's format, so the
+exporter is configured like node_exporter and dcgm-exporter::
+
+    tls_server_config:
+      cert_file: /etc/wandb-infra-exporter/tls.crt
+      key_file: /etc/wandb-infra-exporter/tls.key
+      client_ca_file: /etc/wandb-infra-exporter/ca.crt   # optional
+      client_auth_type: RequireAndVerifyClientCert       # optional
+      min_version: TLS12                                  # optional
+    basic_auth_users:
+      prometheus: $2y$10$...                              # bcrypt hash (htpasswd -nB)
+
+Basic auth guards what Prometheus and people read (``/``, ``/metrics``, ``/healthz``); the
+registration API keeps its bearer tokens. Unknown keys are refused, as the toolkit does.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import bcrypt
+import yaml
+from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
+
+from exporter.configfile import ConfigError
+
+_TLS_KEYS = frozenset({"cert_file", "key_file", "client_ca_file", "client_auth_type",
+                       "min_version", "max_version"})
+_CLIENT_AUTH = {"NoClientCert": ssl.CERT_NONE, "RequestClientCert": ssl.CERT_OPTIONAL,
+                "RequireAnyClientCert": ssl.CERT_REQUIRED, "VerifyClientCertIfGiven":
+                ssl.CERT_OPTIONAL, "RequireAndVerifyClientCert": ssl.CERT_REQUIRED}
+_VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1,
+             "TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
+GUARDED = ("/", "/metrics", "/healthz")
+
+
+@dataclass(frozen=True)
+class WebConfig:
+    """What the web config file asks for: a TLS context and bcrypt-hashed users."""
+
+    tls: ssl.SSLContext | None = None
+    users: Mapping[str, bytes] = field(default_factory=dict)
+
+    def allows(self, header: str | None) -> bool:
+        """Whether ``Authorization: Basic ...`` names a user with the right password."""
+        if not header or not header.startswith("Basic "):
+            return False
+        try:
+            user, _, password = base64.b64decode(header[6:], validate=True).decode().partition(
+                ":")
+        except (binascii.Error, UnicodeDecodeError):
+            return False
+        hashed = self.users.get(user)
+        # bcrypt.checkpw against a fixed hash for unknown users keeps the timing the same
+        return bcrypt.checkpw(password.encode(), hashed or _DUMMY) and hashed is not None
+
+    def middleware(self) -> Middleware:
+        """An aiohttp middleware asking for basic auth on the read endpoints."""
+        @web.middleware
+        async def basic_auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+            if self.users and request.path in GUARDED and not self.allows(
+                    request.headers.get("Authorization")):
+                return web.Response(status=401, text="401 Unauthorized\n",
+                                    headers={"WWW-Authenticate": 'Basic realm="wandb-infra"'})
+            return await handler(request)
+        return basic_auth
+
+
+_DUMMY = bcrypt.hashpw(b"not a password", bcrypt.gensalt(rounds=4))
+
+
+def _tls(section: Mapping[str, Any], base: Path) -> ssl.SSLContext:
+    unknown = sorted(set(section) - _TLS_KEYS)
+    if unknown:
+        raise ConfigError(f"web config: unknown key tls_server_config.{unknown[0]}")
+    if not section.get("cert_file") or not section.get("key_file"):
+        raise ConfigError("web config: tls_server_config needs cert_file and key_file")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(base / str(section["cert_file"]), base / str(section["key_file"]))
+        if section.get("client_ca_file"):
+            context.load_verify_locations(base / str(section["client_ca_file"]))
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"web config: cannot load TLS files: {exc}") from exc
+    mode = str(section.get("client_auth_type") or "NoClientCert")
+    if mode not in _CLIENT_AUTH:
+        raise ConfigError(f"web config: client_auth_type must be one of {sorted(_CLIENT_AUTH)}")
+    context.verify_mode = _CLIENT_AUTH[mode]
+    for key, attr in (("min_version", "minimum_version"), ("max_version", "maximum_version")):
+        if section.get(key):
+            if section[key] not in _VERSIONS:
+                raise ConfigError(f"web config: {key} must be one of {sorted(_VERSIONS)}")
+            setattr(context, attr, _VERSIONS[section[key]])
+    return context
+
+
+def load(path: str) -> WebConfig:
+    """The web config file; relative paths in it are relative to the file, as in the toolkit."""
+    file = Path(path)
+    try:
+        data = yaml.safe_load(file.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read web config {file}: {exc}") from exc
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"web config {file} must be a mapping")
+    unknown = sorted(set(data) - {"tls_server_config", "basic_auth_users", "http_server_config"})
+    if unknown:
+        raise ConfigError(f"web config: unknown key {unknown[0]}")
+    tls = data.get("tls_server_config")
+    users = data.get("basic_auth_users") or {}
+    if not isinstance(users, Mapping) or not all(
+            isinstance(u, str) and isinstance(h, str) and h.startswith("$2") for u, h in
+            users.items()):
+        raise ConfigError("web config: basic_auth_users maps user names to bcrypt hashes ($2...)")
+    return WebConfig(_tls(tls, file.parent) if isinstance(tls, Mapping) else None,
+                     {u: h.encode() for u, h in users.items()})

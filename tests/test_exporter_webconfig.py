@@ -1,0 +1,102 @@
+"""``--web.config.file`` (exporter-toolkit format): TLS and bcrypt basic auth, checked with
+requests and with Prometheus itself scraping over TLS with basic auth."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import bcrypt
+import pytest
+import requests
+import yaml
+
+from demo.processes import free_port, wait_for
+from exporter import labels
+from tests.services import prom_query, prometheus
+
+pytestmark = pytest.mark.integration
+EXPORTER = str(Path(sys.executable).parent / "wandb-infra-exporter")
+TOKEN = "t" * 32
+
+
+def _cert(tmp_path: Path) -> tuple[Path, Path]:
+    crt, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(crt)], check=True, capture_output=True,
+                   timeout=60)
+    return crt, key
+
+
+def _start(tmp_path: Path, web: dict) -> tuple[subprocess.Popen, str]:
+    (tmp_path / "web.yml").write_text(yaml.safe_dump(web))
+    port = free_port()
+    proc = subprocess.Popen(
+        [EXPORTER, f"--web.listen-address=127.0.0.1:{port}",
+         f"--web.config.file={tmp_path / 'web.yml'}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        env={**os.environ, "WANDB_INFRA_EXPORTER__AUTH__TOKEN": TOKEN})
+    return proc, f"https://127.0.0.1:{port}"
+
+
+def test_tls_and_basic_auth_guard_the_read_endpoints(tmp_path):
+    crt, key = _cert(tmp_path)
+    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
+    proc, url = _start(tmp_path, {"tls_server_config": {"cert_file": crt.name,
+                                                        "key_file": key.name},
+                                  "basic_auth_users": {"prometheus": hashed}})
+    try:
+        def up() -> bool:
+            try:
+                return requests.get(url + "/healthz", verify=str(crt), timeout=2).status_code \
+                    == 401
+            except requests.ConnectionError:
+                return False
+        wait_for(up, 30, "the exporter over TLS")
+        assert requests.get(url + "/metrics", verify=str(crt), timeout=5,
+                            auth=("prometheus", "wrong")).status_code == 401
+        ok = requests.get(url + "/metrics", verify=str(crt), timeout=5,
+                          auth=("prometheus", "s3cret"))
+        assert ok.status_code == 200 and "wandb_infra_exporter_build_info" in ok.text
+        # the registration API keeps its bearer token, over the same TLS listener
+        reg = requests.post(url + "/v1/runs", verify=str(crt), timeout=5,
+                            headers={"Authorization": f"Bearer {TOKEN}"},
+                            json={"entity": "acme", "project": "llm", "run_id": "r1",
+                                  "hostname": "gpu-node-001", "gpus": ["0"]})
+        assert reg.status_code == 201, reg.text
+        with pytest.raises(requests.ConnectionError):
+            requests.get(url.replace("https", "http") + "/metrics", timeout=5)
+
+        target = url.removeprefix("https://")
+        config = yaml.safe_dump({
+            "global": {"scrape_interval": "1s"},
+            "scrape_configs": [{"job_name": "x", "scheme": "https",
+                                "tls_config": {"ca_file": str(crt)},
+                                "basic_auth": {"username": "prometheus", "password": "s3cret"},
+                                "static_configs": [{"targets": [target]}]}]})
+        with prometheus(config, tmp_path / "prom") as prom:
+            rows = wait_for(lambda: prom_query(prom.url, f"count({labels.GPU_INFO})"), 30,
+                            "the join metrics scraped over TLS with basic auth")
+            assert rows[0]["value"][1] == "1"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.mark.parametrize(("web", "message"), [
+    ({"tls_server_config": {"cert_file": "missing.crt", "key_file": "missing.key"}},
+     "cannot load TLS files"),
+    ({"basic_auth_users": {"prometheus": "plaintext"}}, "bcrypt hashes"),
+    ({"tls_server_confg": {}}, "unknown key tls_server_confg"),
+])
+def test_bad_web_config_is_one_line(tmp_path, web, message):
+    (tmp_path / "web.yml").write_text(yaml.safe_dump(web))
+    proc = subprocess.run([EXPORTER, "--web.listen-address=127.0.0.1:9842",
+                           f"--web.config.file={tmp_path / 'web.yml'}", "--check-config"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2
+    [line] = proc.stderr.strip().splitlines()
+    assert message in line
