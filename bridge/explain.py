@@ -184,12 +184,12 @@ def rebuild_alerts(prom: PrometheusHistory, run: RunKey, placement: Placement, s
             firing = last >= end - 1.5 * step
             starts = datetime.fromtimestamp(first, UTC)
             ends = None if firing else datetime.fromtimestamp(last + step, UTC)
-            raw = {"status": "firing" if firing else "resolved", "labels": labels,
-                   "annotations": annotations, "startsAt": _iso(first),
+            status, key = "firing" if firing else "resolved", fingerprint(labels, first)
+            raw = {"status": status, "labels": labels, "annotations": annotations,
+                   "startsAt": _iso(first),
                    "endsAt": _iso(last + step) if ends else "0001-01-01T00:00:00Z",
-                   "fingerprint": fingerprint(labels, first)}
-            alerts.append(Alert(fingerprint(labels, first), "firing" if firing else "resolved",
-                                starts, ends, labels, annotations, "", raw))
+                   "fingerprint": key}
+            alerts.append(Alert(key, status, starts, ends, labels, annotations, "", raw))
     alerts.sort(key=lambda a: (a.starts_at, a.alertname, a.fingerprint))
     return alerts
 
