@@ -91,6 +91,12 @@ class Exposition:
         self._gpus = _Lines(labels.GPU_INFO, labels.GPU_INFO_LABELS)
         self._pods = _Lines(labels.POD_INFO, labels.POD_INFO_LABELS)
         self._lock = threading.Lock()
+        # process_* (CPU, memory, file descriptors), python_info and python_gc_*, as every
+        # client_python exporter serves them; registered once, read at each scrape.
+        self._process = CollectorRegistry(auto_describe=False)
+        ProcessCollector(registry=self._process)
+        PlatformCollector(registry=self._process)
+        GCCollector(registry=self._process)
 
     def render_info(self, snapshot: Snapshot) -> str:
         """``wandb_run_node_info``, ``wandb_run_gpu_info`` and, where a source names pods,
@@ -104,13 +110,8 @@ class Exposition:
         snap = registry.snapshot()
         self_registry = CollectorRegistry(auto_describe=False)
         self_registry.register(SelfMetrics(snap))
-        # process_* (CPU, memory, file descriptors), python_info and python_gc_*, as every
-        # client_python exporter serves them.
-        ProcessCollector(registry=self_registry)
-        PlatformCollector(registry=self_registry)
-        GCCollector(registry=self_registry)
         return (self.render_info(snap) + render_node_states(registry.node_states())).encode() \
-            + generate_latest(self_registry)
+            + generate_latest(self_registry) + generate_latest(self._process)
 
 
 def render_node_states(states: Sequence[NodeState]) -> str:
