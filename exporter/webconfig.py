@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -47,11 +48,23 @@ class WebConfig:
 
     tls: ssl.SSLContext | None = None
     users: Mapping[str, bytes] = field(default_factory=dict)
+    # SHA-256 digests of headers already verified: bcrypt costs tens of milliseconds by design,
+    # which a scrape every few seconds should pay once, not every time (as exporter-toolkit).
+    _verified: set[bytes] = field(default_factory=set, compare=False, repr=False)
 
     def allows(self, header: str | None) -> bool:
         """Whether ``Authorization: Basic ...`` names a user with the right password."""
         if not header or not header.startswith("Basic "):
             return False
+        digest = hashlib.sha256(header.encode()).digest()
+        if digest in self._verified:
+            return True
+        if self._check(header):
+            self._verified.add(digest)
+            return True
+        return False
+
+    def _check(self, header: str) -> bool:
         try:
             user, _, password = base64.b64decode(header[6:], validate=True).decode().partition(
                 ":")

@@ -3,6 +3,7 @@ requests and with Prometheus itself scraping over TLS with basic auth."""
 
 from __future__ import annotations
 
+import base64
 import os
 import subprocess
 import sys
@@ -100,3 +101,17 @@ def test_bad_web_config_is_one_line(tmp_path, web, message):
     assert proc.returncode == 2
     [line] = proc.stderr.strip().splitlines()
     assert message in line
+
+
+def test_a_verified_password_is_not_hashed_again(monkeypatch):
+    from exporter.webconfig import WebConfig  # noqa: PLC0415 - the unit under test
+
+    config = WebConfig(users={"p": bcrypt.hashpw(b"ok", bcrypt.gensalt(rounds=4))})
+    calls = []
+    real = bcrypt.checkpw
+    monkeypatch.setattr(bcrypt, "checkpw", lambda *a: calls.append(1) or real(*a))
+    good = "Basic " + base64.b64encode(b"p:ok").decode()
+    bad = "Basic " + base64.b64encode(b"p:no").decode()
+    assert config.allows(good) and config.allows(good)
+    assert not config.allows(bad) and not config.allows(bad)
+    assert len(calls) == 3  # once for the good header, every time for the bad one
