@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
@@ -62,3 +63,15 @@ def run_command(command: Sequence[str], timeout: float,
         raise SourceError(f"{' '.join(command)} exited {proc.returncode}: "
                           f"{(proc.stderr or '').strip()[:300]}")
     return str(proc.stdout)
+
+
+def json_list(text: str, command: str, key: str) -> list[Any]:
+    """The ``key`` list of a scheduler command's JSON output (``squeue --json`` jobs,
+    ``sinfo --json`` nodes); ``SourceError`` naming the command when it is not there."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise SourceError(f"{command} output is not JSON: {exc}") from exc
+    if not isinstance(data, Mapping) or not isinstance(data.get(key), list):
+        raise SourceError(f"{command} output has no '{key}' list")
+    return list(data[key])

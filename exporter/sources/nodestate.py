@@ -18,7 +18,6 @@ A failing poll keeps the last good states for the grace period, like the run sou
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import threading
@@ -30,7 +29,7 @@ import requests
 
 from exporter.configfile import ConfigError
 from exporter.model import SourceError, SourceResult
-from exporter.sources import run_command
+from exporter.sources import json_list, run_command
 from exporter.sources.kubernetes import _STATUS_ERRORS, MAX_PAGES, KubernetesSource
 
 STATE = "wandb_infra_node_state"
@@ -97,14 +96,8 @@ def parse_scontrol_nodes(text: str) -> list[NodeState]:
 
 def parse_sinfo_json(text: str) -> list[NodeState]:
     """Nodes from ``sinfo --json`` (22.05 ``state`` + ``state_flags``; newer ``state`` lists)."""
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise SourceError(f"sinfo --json output is not JSON: {exc}") from exc
-    if not isinstance(data, Mapping) or not isinstance(data.get("nodes"), list):
-        raise SourceError("sinfo --json output has no 'nodes' list")
     out, seen = [], set()
-    for node in data["nodes"]:
+    for node in json_list(text, "sinfo --json", "nodes"):
         if not isinstance(node, Mapping) or not isinstance(node.get("name"), str):
             continue
         raw = node.get("state")

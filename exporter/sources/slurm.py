@@ -10,7 +10,6 @@ GRES detail (``gpu:2(IDX:0,2)``).
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -19,9 +18,9 @@ from typing import Any
 
 from exporter import labels
 from exporter.configfile import ConfigError
-from exporter.model import Gpu, RunKey, RunPlacement, SourceError, SourceResult
+from exporter.model import Gpu, RunKey, RunPlacement, SourceResult
 from exporter.nodelist import NodeListError, expand_hostlist, gres_gpu_indices
-from exporter.sources import compile_regex, run_command, valid_run_key
+from exporter.sources import compile_regex, json_list, run_command, valid_run_key
 
 DEFAULT_COMMENT_REGEX = (
     r"wandb:(?P<entity>[^/\s]+)/(?P<project>[^/\s]+)/(?P<run_id>[A-Za-z0-9_.\-]+)"
@@ -109,14 +108,8 @@ def _job_nodes(job: Mapping[str, Any]) -> list[str]:
 
 def parse_squeue_json(text: str) -> tuple[list[SlurmJob], list[str]]:
     """Jobs from ``squeue --json``; malformed jobs are skipped and reported as problems."""
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise SourceError(f"squeue --json output is not JSON: {exc}") from exc
-    if not isinstance(data, Mapping) or not isinstance(data.get("jobs"), list):
-        raise SourceError("squeue --json output has no 'jobs' list")
     jobs, problems = [], []
-    for raw in data["jobs"]:
+    for raw in json_list(text, "squeue --json", "jobs"):
         try:
             if not isinstance(raw, Mapping):
                 raise TypeError("job is not an object")
