@@ -87,9 +87,8 @@ def _gpu(inner: str, host: HostKey) -> str:
     The inner ``max by`` first strips every other label, so the relabelling works on small label
     sets.
     """
-    renamed = _from_dcgm_host(f"max by (Hostname, {L.HOSTNAME}, {L.GPU}, UUID) ({inner})", host)
-    return (f"max by ({GPU_KEYS}) (label_replace("
-            f'{renamed}, "{L.GPU_UUID}", "$1", "UUID", "(.+)"))')
+    renamed = _gpu_labels(f"max by (Hostname, {L.HOSTNAME}, {L.GPU}, UUID) ({inner})", host)
+    return f"max by ({GPU_KEYS}) ({renamed})"
 
 
 def _host_label(inner: str, host: HostKey) -> str:
