@@ -3,7 +3,10 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+PACKAGED := common catalog exporter bridge alert_rules dashboards
+# Reinstalls when pyproject.toml or the list of packaged files changes (the strict editable install
+# links files, so a new module must be linked).
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-8)-$(shell find $(PACKAGED) -name '*.py' -o -name py.typed | sort | sha1sum | cut -c1-8)
 
 .PHONY: help system-deps venv lint generate test test-fast demo bench clean
 
@@ -27,14 +30,13 @@ venv: $(STAMP)
 
 lint: venv
 	$(BIN)/ruff check .
-	$(BIN)/mypy -p exporter -p bridge -p alert_rules -p demo
-	$(BIN)/mypy dashboards/generate.py
+	$(BIN)/mypy $(foreach p,$(PACKAGED),-p wandb_infra.$(p)) -p demo
 
 generate: venv
-	$(BIN)/python alert_rules/generate.py
-	$(BIN)/python dashboards/generate.py
+	$(BIN)/python -m wandb_infra.alert_rules.generate
+	$(BIN)/python -m wandb_infra.dashboards.generate
 	$(BIN)/python deploy/kubernetes/render.py
-	$(BIN)/python tests/rules/build.py
+	$(BIN)/python -m tests.rules.build
 
 test: system-deps venv lint
 	$(BIN)/python -m pytest -q
@@ -47,7 +49,7 @@ demo: system-deps venv
 	$(BIN)/python -m demo $(DEMO_ARGS)
 
 bench: system-deps venv
-	$(BIN)/python bench/run.py
+	$(BIN)/python -m bench.run
 
 clean:
 	rm -rf .state bench/results.json

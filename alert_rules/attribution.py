@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from alert_rules.normalise import run_gpu_rows, run_host_rows
-from exporter import labels as L
+from wandb_infra.alert_rules.normalise import run_gpu_rows, run_host_rows
+from wandb_infra.common import labels as L
 
 RUN = ", ".join(L.RUN_LABELS)
 

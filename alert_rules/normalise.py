@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bridge.catalog import series as s
-from bridge.catalog.alerts import (
+from wandb_infra.catalog import series as s
+from wandb_infra.catalog.alerts import (
     STALL_ACTIVITY_MAX,
     STALL_FB_MIN_BYTES,
     STALL_PRIOR_ACTIVITY_MIN,
@@ -26,7 +26,7 @@ from bridge.catalog.alerts import (
     STRAGGLER_RUN_BUSY_MIN,
     TEMP_WARNING_C,
 )
-from exporter import labels as L
+from wandb_infra.common import labels as L
 
 GPU_KEYS = f"{L.HOSTNAME}, {L.GPU}, {L.GPU_UUID}"
 RUN = ", ".join(L.RUN_LABELS)

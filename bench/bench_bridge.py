@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import tempfile
 import threading
 import time
@@ -20,17 +19,16 @@ from pathlib import Path
 import requests
 from aiohttp import web
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from bench.common import Result, median_seconds
+from harness import bridge_payloads as bp
+from harness.wandb_standin import WandbStandin
+from wandb_infra.bridge.delivery import DeliveryPolicy, DeliveryWorker
+from wandb_infra.bridge.grafana import GrafanaLinks
+from wandb_infra.bridge.metrics import BridgeMetrics
+from wandb_infra.bridge.wandb_client import WandbClient
+from wandb_infra.bridge.webhook import BridgeContext
 
-from bench.common import Result, median_seconds  # noqa: E402
-from bridge.delivery import DeliveryPolicy, DeliveryWorker  # noqa: E402
-from bridge.grafana import GrafanaLinks  # noqa: E402
-from bridge.metrics import BridgeMetrics  # noqa: E402
-from bridge.wandb_client import WandbClient  # noqa: E402
-from bridge.webhook import BridgeContext  # noqa: E402
-from tests import bridge_payloads as bp  # noqa: E402
-from tests.wandb_standin import WandbStandin  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 HEADERS = {"Content-Type": "application/json", "Authorization": f"Bearer {bp.TOKEN}"}
 

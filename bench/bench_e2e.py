@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import sqlite3
 import statistics
-import sys
 import tempfile
 import time
 from datetime import datetime
@@ -25,16 +24,14 @@ from pathlib import Path
 
 import requests
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from bench.common import Result, median_seconds
+from demo import scenarios
+from demo.stack import Stack, StackConfig
+from harness.processes import wait_for
+from harness.wandb_standin import WandbStandin
+from wandb_infra.catalog.alerts import duration_seconds
 
-from bench.common import Result, median_seconds  # noqa: E402
-from bridge.catalog.alerts import duration_seconds  # noqa: E402
-from demo import scenarios  # noqa: E402
-from demo.processes import wait_for  # noqa: E402
-from demo.stack import Stack, StackConfig  # noqa: E402
-from tests.wandb_standin import WandbStandin  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 REPEATS = 5
 

@@ -21,12 +21,12 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from bench.common import Result, median_seconds
-from exporter import labels
-from exporter.model import Gpu, RunKey, RunPlacement, SourceResult
-from exporter.registration import RegistrationStore
-from exporter.registry import Registry
-from exporter.server import build_app
-from tests.services import free_port
+from harness.processes import free_port
+from wandb_infra.common import labels
+from wandb_infra.exporter.model import Gpu, RunKey, RunPlacement, SourceResult
+from wandb_infra.exporter.registration import RegistrationStore
+from wandb_infra.exporter.registry import Registry
+from wandb_infra.exporter.server import build_app
 
 RUNS, HOSTS_PER_RUN, GPUS_PER_HOST = 250, 8, 8
 TARGET_MS = 100.0

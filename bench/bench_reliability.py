@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import socket
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -23,14 +22,13 @@ from pathlib import Path
 
 import requests
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from bench.bench_bridge import HEADERS, _Counter, _crash_body, _null_receiver
+from bench.common import Result
+from harness import bridge_payloads as bp
+from harness.bridge_process import AUTH, bridge_env, start_bridge
+from harness.exporter_process import running_exporter
 
-from bench.bench_bridge import HEADERS, _Counter, _crash_body, _null_receiver  # noqa: E402
-from bench.common import Result  # noqa: E402
-from tests import bridge_payloads as bp  # noqa: E402
-from tests.exporter_process import running_exporter  # noqa: E402
-from tests.reliability_bridge import AUTH, bridge_env, start_bridge  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 SENDERS = 8
 PER_SENDER = 40

@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import re
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,16 +27,14 @@ from pathlib import Path
 import requests
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from bench.common import Result
+from demo.simulator import Cluster, prometheus_config, serve
+from harness.processes import prom_query, prometheus
+from wandb_infra.alert_rules import tiers
+from wandb_infra.alert_rules.generate import RULES_FILE
+from wandb_infra.catalog.alerts import duration_seconds
 
-from alert_rules import tiers  # noqa: E402
-from alert_rules.generate import RULES_FILE  # noqa: E402
-from bench.common import Result  # noqa: E402
-from bridge.catalog.alerts import duration_seconds  # noqa: E402
-from demo.simulator import Cluster, prometheus_config, serve  # noqa: E402
-from tests.services import prom_query, prometheus  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 HOSTS = int(os.environ.get("WANDB_INFRA_BENCH_RULES_HOSTS", "2000"))
 GPUS = 8

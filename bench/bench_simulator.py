@@ -9,7 +9,6 @@ Figures, each with a baseline measured in the same run:
 
 from __future__ import annotations
 
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -17,12 +16,11 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from bench.common import Result, median_seconds
+from demo.simulator import GPU_METRICS, Cluster, prometheus_config, serve
+from harness.processes import prom_query, prometheus
 
-from bench.common import Result, median_seconds  # noqa: E402
-from demo.simulator import GPU_METRICS, Cluster, prometheus_config, serve  # noqa: E402
-from tests.services import prom_query, prometheus  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 HOSTS = 2000
 SCRAPE_INTERVAL = "15s"

@@ -1,7 +1,7 @@
 """Runs every ``bench/bench_*.py`` (each exposes ``run() -> list[Result]``), writes results.json.
 
-Usage: ``python bench/run.py [NAME_SUBSTRING ...]`` to run only matching benchmark modules;
-``python bench/run.py --markdown`` prints the last results.json as a Markdown table (README).
+Usage: ``python -m bench.run [NAME_SUBSTRING ...]`` to run only matching benchmark modules;
+``python -m bench.run --markdown`` prints the last results.json as a Markdown table (README).
 A filtered run replaces only the rows of the benchmarks it ran.
 """
 
@@ -13,10 +13,9 @@ import sys
 import traceback
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from bench.common import Result
 
-from bench.common import Result  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _fmt(value: float | None) -> str:

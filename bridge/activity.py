@@ -13,10 +13,15 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from bridge.catalog import series as S
-from bridge.explain import ExplainError, PrometheusHistory, _regex_literal, find_placement
-from bridge.identity import RunKey
-from bridge.timeline import onset, seconds
+from wandb_infra.bridge.explain import (
+    ExplainError,
+    PrometheusHistory,
+    _regex_literal,
+    find_placement,
+)
+from wandb_infra.bridge.identity import RunKey
+from wandb_infra.bridge.timeline import onset, seconds
+from wandb_infra.catalog import series as S
 
 POINTS = 240  # samples per series: enough for a 1,100 px plot
 MIN_PAD = 120.0  # seconds of context before and after the incident

@@ -13,10 +13,10 @@ import sys
 from collections.abc import Callable
 from dataclasses import replace
 
-from bridge.config import ENV_PREFIX, HELP, BridgeConfig, load
-from bridge.explain_cli import add_parser as add_explain
-from exporter.configfile import ConfigError
-from exporter.logsetup import setup_logging
+from wandb_infra.bridge.config import ENV_PREFIX, HELP, BridgeConfig, load
+from wandb_infra.bridge.explain_cli import add_parser as add_explain
+from wandb_infra.common.configfile import ConfigError
+from wandb_infra.common.logsetup import setup_logging
 
 log = logging.getLogger("bridge")
 
@@ -51,7 +51,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 async def serve_main(cfg: BridgeConfig) -> None:
     """Import the server lazily so ``--help`` stays fast."""
-    from bridge.service import serve  # noqa: PLC0415 - keeps --help fast
+    from wandb_infra.bridge.service import serve  # noqa: PLC0415 - keeps --help fast
 
     await serve(cfg)
 

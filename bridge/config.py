@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bridge import quarantine
-from bridge.delivery import DeliveryPolicy
-from bridge.identity import DEFAULT_PATHS
-from bridge.markers import MARKER_SETTLE
-from exporter.configfile import ConfigError, load_config, read_secret
+from wandb_infra.bridge import quarantine
+from wandb_infra.bridge.delivery import DeliveryPolicy
+from wandb_infra.bridge.identity import DEFAULT_PATHS
+from wandb_infra.bridge.markers import MARKER_SETTLE
+from wandb_infra.common.configfile import ConfigError, load_config, read_secret
 
 ENV_PREFIX = "WANDB_INFRA_BRIDGE"
 

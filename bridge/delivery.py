@@ -23,18 +23,18 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from bridge.diagnosis import AlertFact, Diagnosis, diagnose
-from bridge.grafana import GrafanaLinks
-from bridge.identity import PrometheusRunLookup, RunKey
-from bridge.markers import MARKER_SETTLE, MISSING_SDK, MarkerWriter
-from bridge.metrics import BridgeMetrics
-from bridge.notes import LinkFn, render_section, replace_section
-from bridge.projection import merged_tags, plan_markers, summary_entries
-from bridge.quarantine import build as build_quarantine
-from bridge.remediation import NodeStateHistory, Remediation, signature, summary_verdict
-from bridge.store import OutboxRow, Store, StoreError, from_iso
-from bridge.wandb_client import PermanentError, TransientError, WandbClient, WandbError
-from exporter.logsetup import log_fields
+from wandb_infra.bridge.diagnosis import AlertFact, Diagnosis, diagnose
+from wandb_infra.bridge.grafana import GrafanaLinks
+from wandb_infra.bridge.identity import PrometheusRunLookup, RunKey
+from wandb_infra.bridge.markers import MARKER_SETTLE, MISSING_SDK, MarkerWriter
+from wandb_infra.bridge.metrics import BridgeMetrics
+from wandb_infra.bridge.notes import LinkFn, render_section, replace_section
+from wandb_infra.bridge.projection import merged_tags, plan_markers, summary_entries
+from wandb_infra.bridge.quarantine import build as build_quarantine
+from wandb_infra.bridge.remediation import NodeStateHistory, Remediation, signature, summary_verdict
+from wandb_infra.bridge.store import OutboxRow, Store, StoreError, from_iso
+from wandb_infra.bridge.wandb_client import PermanentError, TransientError, WandbClient, WandbError
+from wandb_infra.common.logsetup import log_fields
 
 log = logging.getLogger(__name__)
 

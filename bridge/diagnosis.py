@@ -31,8 +31,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from bridge.catalog.alerts import ALERTS, cause_of
-from bridge.catalog.vocabulary import ANNOTATION_FOR_SECONDS, SEVERITIES, CauseClass
+from wandb_infra.catalog.alerts import ALERTS, cause_of
+from wandb_infra.catalog.vocabulary import ANNOTATION_FOR_SECONDS, SEVERITIES, CauseClass
 
 DEFAULT_GAP = timedelta(minutes=10)
 SIMULTANEOUS = timedelta(seconds=60)

@@ -8,9 +8,9 @@ import sys
 import time
 from datetime import timedelta
 
-from bridge.config import load
-from bridge.diagnosis import diagnose
-from bridge.explain import (
+from wandb_infra.bridge.config import load
+from wandb_infra.bridge.diagnosis import diagnose
+from wandb_infra.bridge.explain import (
     ExplainError,
     Explanation,
     PrometheusHistory,
@@ -20,11 +20,11 @@ from bridge.explain import (
     parse_run,
     parse_when,
 )
-from bridge.grafana import GrafanaLinks
-from bridge.pages import run_detail
-from bridge.report import render_run
-from exporter.configfile import ConfigError
-from exporter.logsetup import setup_logging
+from wandb_infra.bridge.grafana import GrafanaLinks
+from wandb_infra.bridge.pages import run_detail
+from wandb_infra.bridge.report import render_run
+from wandb_infra.common.configfile import ConfigError
+from wandb_infra.common.logsetup import setup_logging
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -60,7 +60,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _post(found: Explanation, args: argparse.Namespace) -> str:
     """Deliver through the bridge's store and worker; returns the delivery state."""
-    from bridge.service import build  # noqa: PLC0415 - only --post needs the whole bridge
+    from wandb_infra.bridge.service import build  # noqa: PLC0415 - only --post needs the whole bridge
 
     cfg = load(args.config, insecure_no_auth=True)
     if not cfg.secrets.wandb_api_key:

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from urllib.parse import urlencode
 
-from bridge.catalog import panels as P
-from bridge.catalog.alerts import ALERTS
-from bridge.catalog.vocabulary import ANNOTATION_DASHBOARD_UID, ANNOTATION_PANEL_ID
-from bridge.diagnosis import AlertFact
-from bridge.identity import RunKey
-from exporter import labels as L
+from wandb_infra.bridge.diagnosis import AlertFact
+from wandb_infra.bridge.identity import RunKey
+from wandb_infra.catalog import panels as P
+from wandb_infra.catalog.alerts import ALERTS
+from wandb_infra.catalog.vocabulary import ANNOTATION_DASHBOARD_UID, ANNOTATION_PANEL_ID
+from wandb_infra.common import labels as L
 
 _BY_UID = {d.uid: d for d in P.DASHBOARDS.values()}
 _BY_ID = {p.id: p for p in P.PANELS.values()}

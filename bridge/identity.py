@@ -18,8 +18,8 @@ import requests
 from jsonpath_ng import parse as jsonpath_parse
 from jsonpath_ng.exceptions import JsonPathParserError
 
-from exporter import labels as L
-from exporter.configfile import ConfigError
+from wandb_infra.common import labels as L
+from wandb_infra.common.configfile import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -11,9 +11,9 @@ import re
 from collections.abc import Callable, Mapping
 from datetime import datetime
 
-from bridge.catalog.vocabulary import CauseClass
-from bridge.diagnosis import AlertFact, Diagnosis, Issue
-from bridge.remediation import Remediation
+from wandb_infra.bridge.diagnosis import AlertFact, Diagnosis, Issue
+from wandb_infra.bridge.remediation import Remediation
+from wandb_infra.catalog.vocabulary import CauseClass
 
 BEGIN = "<!-- wandb-infra-bridge:begin -->"
 END = "<!-- wandb-infra-bridge:end -->"

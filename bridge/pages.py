@@ -15,11 +15,19 @@ from html import escape
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from bridge.diagnosis import AlertFact, Diagnosis, Issue
-from bridge.identity import RunKey
-from bridge.notes import LinkFn
-from bridge.store import OutboxRow
-from bridge.timeline import activity_svg, clock, colour, offset_text, onset, parse_ts, timeline_svg
+from wandb_infra.bridge.diagnosis import AlertFact, Diagnosis, Issue
+from wandb_infra.bridge.identity import RunKey
+from wandb_infra.bridge.notes import LinkFn
+from wandb_infra.bridge.store import OutboxRow
+from wandb_infra.bridge.timeline import (
+    activity_svg,
+    clock,
+    colour,
+    offset_text,
+    onset,
+    parse_ts,
+    timeline_svg,
+)
 
 _STYLE = (
     "body{font-family:system-ui,sans-serif;margin:0;color:#1d2127;background:#f4f5f7}"

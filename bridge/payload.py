@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from bridge.catalog.vocabulary import ANNOTATION_PANEL_ID
+from wandb_infra.catalog.vocabulary import ANNOTATION_PANEL_ID
 
 MAX_ALERTS = 100_000
 MAX_LABEL_BYTES = 64 * 1024

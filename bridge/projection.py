@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bridge.diagnosis import Diagnosis, Issue
-from bridge.notes import strip_controls
+from wandb_infra.bridge.diagnosis import Diagnosis, Issue
+from wandb_infra.bridge.notes import strip_controls
 
 TAG_PREFIX = "infra:"
 MAX_TAG = 64

@@ -31,15 +31,14 @@ from typing import Any
 
 import requests
 
-from bridge.catalog.vocabulary import CauseClass
-from bridge.diagnosis import Issue
-from bridge.remediation import faulty_hosts
-from exporter.configfile import ConfigError
-from exporter.logsetup import log_fields
-from exporter.model import SourceError
-from exporter.sources import run_command
-from exporter.sources.kubernetes import KubernetesSource
-from exporter.sources.nodestate import k8s_node_state, parse_scontrol_nodes
+from wandb_infra.bridge.diagnosis import Issue
+from wandb_infra.bridge.remediation import faulty_hosts
+from wandb_infra.catalog.vocabulary import CauseClass
+from wandb_infra.common.commands import SourceError, run_command
+from wandb_infra.common.configfile import ConfigError
+from wandb_infra.common.kubeapi import KubeApi
+from wandb_infra.common.logsetup import log_fields
+from wandb_infra.common.nodestate import k8s_node_state, parse_scontrol_nodes
 
 log = logging.getLogger(__name__)
 
@@ -113,20 +112,16 @@ class KubernetesActions:
 
     def __init__(self, cfg: Mapping[str, Any], taint_key: str,
                  session: requests.Session | None = None) -> None:
-        self.api = KubernetesSource(cfg, session)
+        self.api = KubeApi(cfg, session)
         self.taint_key = taint_key
 
     def _request(self, method: str, path: str, body: Any = None) -> requests.Response:
-        api = self.api
-        headers = api._headers()
-        if body is not None:
-            headers["Content-Type"] = "application/merge-patch+json"
         try:
-            return api.session.request(method, api.server + path, headers=headers,
-                                       data=None if body is None else json.dumps(body),
-                                       timeout=api.timeout)
-        except requests.RequestException as exc:
-            raise QuarantineError(f"Kubernetes API unreachable: {type(exc).__name__}") from exc
+            return self.api.request(method, path, data=None if body is None else json.dumps(body),
+                                    content_type=None if body is None
+                                    else "application/merge-patch+json")
+        except SourceError as exc:
+            raise QuarantineError(str(exc)) from exc
 
     def _get(self, host: str) -> dict[str, Any]:
         """The Node named ``host``, or the one node whose name's first DNS label is ``host``

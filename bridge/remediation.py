@@ -31,10 +31,10 @@ from typing import Any
 
 import requests
 
-from bridge.catalog.vocabulary import CauseClass
-from bridge.diagnosis import AlertFact, Diagnosis, Issue, diagnose
-from bridge.explain import _regex_literal, pick_step
-from exporter.sources.nodestate import DEFAULT_TOLERATED, STATE, schedulable
+from wandb_infra.bridge.diagnosis import AlertFact, Diagnosis, Issue, diagnose
+from wandb_infra.bridge.explain import _regex_literal, pick_step
+from wandb_infra.catalog.vocabulary import CauseClass
+from wandb_infra.common.nodestate import DEFAULT_TOLERATED, STATE, schedulable
 
 log = logging.getLogger(__name__)
 

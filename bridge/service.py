@@ -14,16 +14,16 @@ from pathlib import Path
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
-from bridge.config import BridgeConfig
-from bridge.delivery import DeliveryWorker
-from bridge.grafana import GrafanaLinks
-from bridge.identity import IdentityReader, PrometheusRunLookup
-from bridge.markers import SdkMarkerWriter, startup_checks
-from bridge.metrics import BridgeMetrics
-from bridge.store import Store, StoreError
-from bridge.wandb_client import WandbClient
-from bridge.webhook import BridgeContext, Credentials, PageAuth, create_app
-from exporter.logsetup import log_fields
+from wandb_infra.bridge.config import BridgeConfig
+from wandb_infra.bridge.delivery import DeliveryWorker
+from wandb_infra.bridge.grafana import GrafanaLinks
+from wandb_infra.bridge.identity import IdentityReader, PrometheusRunLookup
+from wandb_infra.bridge.markers import SdkMarkerWriter, startup_checks
+from wandb_infra.bridge.metrics import BridgeMetrics
+from wandb_infra.bridge.store import Store, StoreError
+from wandb_infra.bridge.wandb_client import WandbClient
+from wandb_infra.bridge.webhook import BridgeContext, Credentials, PageAuth, create_app
+from wandb_infra.common.logsetup import log_fields
 
 log = logging.getLogger(__name__)
 

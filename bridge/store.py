@@ -25,9 +25,9 @@ from pathlib import Path
 
 import orjson
 
-from bridge.diagnosis import AlertFact
-from bridge.identity import Identity, IdentityReader, RunKey
-from bridge.payload import Alert, Notification
+from wandb_infra.bridge.diagnosis import AlertFact
+from wandb_infra.bridge.identity import Identity, IdentityReader, RunKey
+from wandb_infra.bridge.payload import Alert, Notification
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS alerts (

@@ -23,14 +23,14 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from bridge import activity
-from bridge.delivery import DeliveryWorker
-from bridge.diagnosis import DEFAULT_GAP, AlertFact, diagnose
-from bridge.explain import PrometheusHistory
-from bridge.grafana import GrafanaLinks
-from bridge.identity import UNATTRIBUTED, Identity, IdentityReader, RunKey
-from bridge.metrics import BridgeMetrics
-from bridge.pages import (
+from wandb_infra.bridge import activity
+from wandb_infra.bridge.delivery import DeliveryWorker
+from wandb_infra.bridge.diagnosis import DEFAULT_GAP, AlertFact, diagnose
+from wandb_infra.bridge.explain import PrometheusHistory
+from wandb_infra.bridge.grafana import GrafanaLinks
+from wandb_infra.bridge.identity import UNATTRIBUTED, Identity, IdentityReader, RunKey
+from wandb_infra.bridge.metrics import BridgeMetrics
+from wandb_infra.bridge.pages import (
     delivery_status,
     empty_html,
     login_html,
@@ -39,11 +39,11 @@ from bridge.pages import (
     run_summary,
     runs_html,
 )
-from bridge.payload import Notification, PayloadError, parse_notification
-from bridge.remediation import run_remediation
-from bridge.store import OutboxRow, RunIndexEntry, Store, StoreError
-from exporter.logsetup import log_fields
-from exporter.sources import NAME_CHARS, RUN_ID_CHARS
+from wandb_infra.bridge.payload import Notification, PayloadError, parse_notification
+from wandb_infra.bridge.remediation import run_remediation
+from wandb_infra.bridge.store import OutboxRow, RunIndexEntry, Store, StoreError
+from wandb_infra.common.labels import NAME_CHARS, RUN_ID_CHARS
+from wandb_infra.common.logsetup import log_fields
 
 log = logging.getLogger(__name__)
 

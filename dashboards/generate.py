@@ -1,9 +1,9 @@
 """Generate the Grafana dashboards as code (grafana-foundation-sdk 11.6 builders) into JSON files.
 
 Why generated: every panel id, dashboard uid, variable name and series name comes from the shared
-catalog (``bridge/catalog``: panels, series) and the join-metric contract (``exporter/labels``), so
+catalog (``catalog/``: panels, series) and the join-metric contract (``exporter/labels``), so
 the deep links the bridge builds and the alerts' ``panel_id`` annotations always land on a panel
-that exists. ``python dashboards/generate.py`` rewrites the committed JSON; ``--check`` fails when
+that exists. ``python -m wandb_infra.dashboards.generate`` rewrites the committed JSON; ``--check`` fails when
 the committed files differ from what this module produces.
 
 Queries read the normalised series of ``alert_rules/`` (``hostname``/``gpu`` labels on every dcgm
@@ -25,24 +25,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from grafana_foundation_sdk.builders import common as common_builder
+from grafana_foundation_sdk.builders import dashboard as dash
+from grafana_foundation_sdk.builders import prometheus, statetimeline, table, timeseries
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common as common_model
+from grafana_foundation_sdk.models import dashboard as model
+from grafana_foundation_sdk.models import prometheus as prom_model
+
+from wandb_infra.alert_rules.generate import record_tiers, records_read
+from wandb_infra.catalog import panels as catalog
+from wandb_infra.catalog import selfmetrics as m
+from wandb_infra.catalog import series
+from wandb_infra.catalog.alerts import duration_seconds
+from wandb_infra.common import labels
+
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # the rule generator is a script directory, not an installed package
-    sys.path.insert(0, str(ROOT))
-
-from grafana_foundation_sdk.builders import common as common_builder  # noqa: E402
-from grafana_foundation_sdk.builders import dashboard as dash  # noqa: E402
-from grafana_foundation_sdk.builders import prometheus, statetimeline, table, timeseries  # noqa: E402
-from grafana_foundation_sdk.cog.encoder import JSONEncoder  # noqa: E402
-from grafana_foundation_sdk.models import common as common_model  # noqa: E402
-from grafana_foundation_sdk.models import dashboard as model  # noqa: E402
-from grafana_foundation_sdk.models import prometheus as prom_model  # noqa: E402
-
-from alert_rules.generate import record_tiers, records_read  # noqa: E402
-from bridge.catalog import panels as catalog  # noqa: E402
-from bridge.catalog import selfmetrics as m  # noqa: E402
-from bridge.catalog import series  # noqa: E402
-from bridge.catalog.alerts import duration_seconds  # noqa: E402
-from exporter import labels  # noqa: E402
 
 OUT_DIR = Path(__file__).resolve().parent
 DATASOURCE_VAR = "datasource"
@@ -516,7 +514,7 @@ def main(argv: Iterable[str] | None = None) -> int:
     stale = stale_files(rendered)
     if args.check:
         for path in stale:
-            print(f"out of date: {path} (run python dashboards/generate.py)", file=sys.stderr)
+            print(f"out of date: {path} (run python -m wandb_infra.dashboards.generate)", file=sys.stderr)
         return 1 if stale else 0
     for path in stale:
         path.write_text(rendered[path])

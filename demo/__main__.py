@@ -18,9 +18,9 @@ import sys
 import time
 from pathlib import Path
 
-from bridge.report import render_run
 from demo import scenarios
 from demo.stack import ROOT, Stack, StackConfig
+from wandb_infra.bridge.report import render_run
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

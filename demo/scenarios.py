@@ -20,11 +20,11 @@ from typing import Any
 
 import requests
 
-from bridge.catalog import series
-from bridge.catalog.alerts import STALL_PRIOR_ACTIVITY_MIN
-from demo.processes import wait_for
 from demo.stack import Stack
 from demo.trainer import TrainingJob
+from harness.processes import wait_for
+from wandb_infra.catalog import series
+from wandb_infra.catalog.alerts import STALL_PRIOR_ACTIVITY_MIN
 
 ENTITY = "demo"
 GPUS = list(range(8))

@@ -41,8 +41,8 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from exporter import labels
-from exporter.logsetup import log_fields, setup_logging
+from wandb_infra.common import labels
+from wandb_infra.common.logsetup import log_fields, setup_logging
 
 log = logging.getLogger("demo.simulator")
 

@@ -20,10 +20,10 @@ from typing import Any
 import requests
 import yaml
 
-from bridge.catalog.alerts import duration_seconds
-from bridge.catalog.vocabulary import ANNOTATION_FOR_SECONDS
-from demo import processes
 from demo.simulator import Cluster, SimulatorServer, target_groups
+from harness import processes
+from wandb_infra.catalog.alerts import duration_seconds
+from wandb_infra.catalog.vocabulary import ANNOTATION_FOR_SECONDS
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES_FILE = ROOT / "alert_rules" / "wandb-infra.rules.yml"

@@ -11,19 +11,19 @@ from typing import Any
 
 from aiohttp import web
 
-from exporter import webconfig
-from exporter.configfile import ConfigError, check_section, load_config, read_secret
-from exporter.hostnames import HostnameMapper
-from exporter.logsetup import log_fields, setup_logging
-from exporter.registration import RegistrationStore
-from exporter.registry import Registry
-from exporter.server import REGISTRATION_SOURCE, HostToken, build_app
-from exporter.sources import Source
-from exporter.sources.kubernetes import KubernetesSource
-from exporter.sources.nodestate import KubernetesNodeSource, SlurmNodeSource
-from exporter.sources.registrations import RegistrationFilesSource
-from exporter.sources.slurm import SlurmSource
-from exporter.sources.wandb_runs import WandbRunsSource
+from wandb_infra.common.configfile import ConfigError, check_section, load_config, read_secret
+from wandb_infra.common.logsetup import log_fields, setup_logging
+from wandb_infra.exporter import webconfig
+from wandb_infra.exporter.hostnames import HostnameMapper
+from wandb_infra.exporter.registration import RegistrationStore
+from wandb_infra.exporter.registry import Registry
+from wandb_infra.exporter.server import REGISTRATION_SOURCE, HostToken, build_app
+from wandb_infra.exporter.sources import Source
+from wandb_infra.exporter.sources.kubernetes import KubernetesSource
+from wandb_infra.exporter.sources.nodestate import KubernetesNodeSource, SlurmNodeSource
+from wandb_infra.exporter.sources.registrations import RegistrationFilesSource
+from wandb_infra.exporter.sources.slurm import SlurmSource
+from wandb_infra.exporter.sources.wandb_runs import WandbRunsSource
 
 ENV_PREFIX = "WANDB_INFRA_EXPORTER"
 
@@ -196,7 +196,7 @@ def build_sources(cfg: Mapping[str, Any], secrets: list[str]) -> list[Source]:
             sources.append(source)
         elif kind == "kubernetes":
             k8s = KubernetesSource(section)
-            secrets.append(k8s.token or "")
+            secrets.append(k8s.api.token or "")
             sources.append(k8s)
         else:
             sources.append(RegistrationFilesSource(section))

@@ -24,10 +24,10 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from exporter import __version__, labels
-from exporter.registry import Registry, Snapshot
-from exporter.sources import nodestate
-from exporter.sources.nodestate import NodeState
+from wandb_infra.common import labels, nodestate
+from wandb_infra.common.nodestate import NodeState
+from wandb_infra.exporter import __version__
+from wandb_infra.exporter.registry import Registry, Snapshot
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 P = labels.SELF_METRIC_PREFIX

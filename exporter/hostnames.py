@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from exporter.configfile import ConfigError
+from wandb_infra.common.configfile import ConfigError
 
 
 @dataclass(frozen=True)

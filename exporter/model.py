@@ -45,7 +45,3 @@ class SourceResult:
 
     placements: list[RunPlacement] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
-
-
-class SourceError(RuntimeError):
-    """A source could not produce a mapping this time (its last good mapping is kept)."""

@@ -20,9 +20,9 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from exporter import labels
-from exporter.model import Gpu, RunKey, RunPlacement
-from exporter.sources import NAME_CHARS, RUN_ID_CHARS
+from wandb_infra.common import labels
+from wandb_infra.common.labels import NAME_CHARS, RUN_ID_CHARS
+from wandb_infra.exporter.model import Gpu, RunKey, RunPlacement
 
 # Always applied with ``fullmatch``: ``$`` also matches before a trailing newline, so "run\n" would
 # pass ``match`` and be published as a label value of its own.

@@ -19,10 +19,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter import labels
-from exporter.hostnames import HostnameMapper
-from exporter.logsetup import log_fields
-from exporter.model import Gpu, RunKey, RunPlacement, SourceResult
+from wandb_infra.common import labels
+from wandb_infra.common.logsetup import log_fields
+from wandb_infra.exporter.hostnames import HostnameMapper
+from wandb_infra.exporter.model import Gpu, RunKey, RunPlacement, SourceResult
 
 log = logging.getLogger(__name__)
 

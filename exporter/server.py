@@ -16,19 +16,19 @@ from fnmatch import fnmatchcase
 
 from aiohttp import web
 
-from exporter import __version__
-from exporter.collector import CONTENT_TYPE, Exposition
-from exporter.logsetup import log_fields
-from exporter.model import SourceError
-from exporter.registration import (
+from wandb_infra.common.commands import SourceError
+from wandb_infra.common.logsetup import log_fields
+from wandb_infra.exporter import __version__
+from wandb_infra.exporter.collector import CONTENT_TYPE, Exposition
+from wandb_infra.exporter.registration import (
     HOST_CHARS,
     RegistrationError,
     RegistrationStore,
     parse_registration,
     run_key,
 )
-from exporter.registry import Registry
-from exporter.sources import Source
+from wandb_infra.exporter.registry import Registry
+from wandb_infra.exporter.sources import Source
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ import yaml
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from exporter.configfile import ConfigError
+from wandb_infra.common.configfile import ConfigError
 
 _TLS_KEYS = frozenset({"cert_file", "key_file", "client_ca_file", "client_auth_type",
                        "min_version", "max_version"})

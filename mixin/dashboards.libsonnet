@@ -1,4 +1,4 @@
-// Dashboards from dashboards/*.json (generated from bridge/catalog; panel ids are stable and the
+// Dashboards from dashboards/*.json (generated from catalog/; panel ids are stable and the
 // bridge links to them, so edit the catalog, not the JSON).
 {
   grafanaDashboards+:: {

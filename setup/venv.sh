@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
 # Creates the project's virtualenv (Python >= 3.11) and installs the project with its dev extras.
+# The editable install is 'strict': build/__editable__.*/wandb_infra/ links each packaged file, so
+# mypy and Python see the same wandb_infra.* namespace (a new module needs `make venv` again; the
+# Makefile's stamp covers the list of packaged files, so make does that by itself).
 # pip's output goes to $venv/install.log and is shown only when the install fails.
 set -euo pipefail
 python="${1:-python3}"
@@ -12,7 +15,8 @@ PY
 [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
 echo "installing the project and its test tools into $venv ..." >&2
 if ! { "$venv/bin/python" -m pip install -q --upgrade pip \
-       && "$venv/bin/python" -m pip install -q -e '.[dev]'; } >"$venv/install.log" 2>&1; then
+       && "$venv/bin/python" -m pip install -q -e '.[dev]' \
+            --config-settings editable_mode=strict; } >"$venv/install.log" 2>&1; then
   cat "$venv/install.log" >&2
   exit 1
 fi

@@ -15,8 +15,8 @@ from typing import Any
 import requests
 from aiohttp import web
 
-from bridge.identity import PrometheusRunLookup
-from tests.bridge_payloads import T0, TOKEN, Running, cascade, make_context, notification, serve
+from harness.bridge_payloads import T0, TOKEN, Running, cascade, make_context, notification, serve
+from wandb_infra.bridge.identity import PrometheusRunLookup
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 HTML = {**AUTH, "Accept": "text/html"}

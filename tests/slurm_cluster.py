@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.services import free_port
+from harness.processes import free_port
 
 MUNGED = shutil.which("munged") or "/usr/sbin/munged"
 SLURMCTLD = shutil.which("slurmctld") or "/usr/sbin/slurmctld"

@@ -3,65 +3,92 @@
 from __future__ import annotations
 
 import ast
+import re
+import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("exporter", "bridge", "alert_rules", "dashboards", "demo", "bench", "tests")
-PRODUCT = ("exporter", "bridge", "alert_rules", "dashboards")
-# Known exceptions (docs/architecture.md): may only shrink.
-BRIDGE_FROM_EXPORTER = {"exporter.configfile", "exporter.logsetup", "exporter.model",
-                        "exporter.sources",
-                        "exporter.sources.kubernetes", "exporter.sources.nodestate"}
+NAMESPACE = "wandb_infra"
+# The installed packages (folder -> wandb_infra.<folder>) and what each may import, lowest first.
+PRODUCT: dict[str, set[str]] = {
+    "common": set(),
+    "catalog": {"common"},
+    "exporter": {"common"},
+    "alert_rules": {"common", "catalog"},
+    "dashboards": {"common", "catalog", "alert_rules"},
+    "bridge": {"common", "catalog"},
+}
+# Run from a checkout, never installed; each may import the product and the tools listed.
+TOOLS: dict[str, set[str]] = {
+    "harness": set(),
+    "demo": {"harness"},
+    "bench": {"harness", "demo"},
+    "tests": {"harness", "demo"},
+}
+FOLDERS = (*PRODUCT, *TOOLS)
 
 
 def _layer(module: str) -> str:
-    return "bridge.catalog" if module.startswith("bridge.catalog") else module.partition(".")[0]
+    """The folder a module lives in (``wandb_infra.bridge.x`` -> ``bridge``)."""
+    head, _, rest = module.partition(".")
+    return rest.partition(".")[0] if head == NAMESPACE else head
+
+
+def _modules(folder: str) -> list[tuple[str, Path]]:
+    return [(".".join(path.relative_to(ROOT).with_suffix("").parts), path)
+            for path in sorted((ROOT / folder).rglob("*.py"))]
 
 
 def _imports() -> list[tuple[str, str]]:
-    """(importing module, imported module) for every absolute import of our packages."""
+    """(importing module, imported module) for every absolute import of ours."""
     out = []
-    for package in PACKAGES:
-        for path in (ROOT / package).rglob("*.py"):
-            module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    for folder in FOLDERS:
+        for module, path in _modules(folder):
             for node in ast.walk(ast.parse(path.read_text())):
                 names = ([node.module] if isinstance(node, ast.ImportFrom) and node.module
                          and node.level == 0 else
                          [a.name for a in node.names] if isinstance(node, ast.Import) else [])
-                out += [(module, n) for n in names if n.partition(".")[0] in PACKAGES]
+                out += [(module, n) for n in names
+                        if n.partition(".")[0] in (NAMESPACE, *FOLDERS)]
     return out
 
 
-def test_exporter_imports_nothing_else_of_ours():
-    assert [(m, n) for m, n in _imports()
-            if _layer(m) == "exporter" and _layer(n) != "exporter"] == []
+IMPORTS = _imports()
 
 
-def test_catalog_imports_only_the_label_contract():
-    assert [(m, n) for m, n in _imports() if _layer(m) == "bridge.catalog"
-            and _layer(n) != "bridge.catalog" and n not in ("exporter", "exporter.labels")] == []
-
-
-def test_rules_and_dashboards_never_import_the_bridge_runtime():
-    bad = [(m, n) for m, n in _imports() if _layer(m) in ("alert_rules", "dashboards")
-           and _layer(n) in ("bridge", "demo", "bench", "tests")]
+@pytest.mark.parametrize("folder", PRODUCT)
+def test_each_product_package_imports_only_the_layers_below_it(folder):
+    allowed = PRODUCT[folder] | {folder}
+    bad = [(m, n) for m, n in IMPORTS if _layer(m) == folder and _layer(n) not in allowed]
     assert bad == []
 
 
-def test_bridge_runtime_imports_only_the_catalog_and_the_known_exporter_modules():
-    bad = [(m, n) for m, n in _imports() if _layer(m) == "bridge"
-           and _layer(n) not in ("bridge", "bridge.catalog")
-           and n not in BRIDGE_FROM_EXPORTER | {"exporter", "exporter.labels"}]
+@pytest.mark.parametrize("folder", TOOLS)
+def test_each_tool_imports_the_product_and_only_the_tools_below_it(folder):
+    allowed = TOOLS[folder] | {folder} | set(PRODUCT)
+    bad = [(m, n) for m, n in IMPORTS if _layer(m) == folder and _layer(n) not in allowed]
     assert bad == []
 
 
-def test_the_product_never_imports_demo_bench_or_tests():
-    bad = [(m, n) for m, n in _imports() if _layer(m) in PRODUCT
-           and _layer(n) in ("demo", "bench", "tests")]
+def test_the_product_is_imported_through_its_namespace_only():
+    """``import bridge`` would resolve to the checkout, not the install: never by that name."""
+    bad = [(m, n) for m, n in IMPORTS if n.partition(".")[0] in PRODUCT]
     assert bad == []
 
 
-def test_known_exceptions_are_still_needed():
-    """An exception nobody uses any more must leave the list (it may only shrink)."""
-    used = {n for m, n in _imports() if _layer(m) == "bridge" and n in BRIDGE_FROM_EXPORTER}
-    assert used == BRIDGE_FROM_EXPORTER
+def test_the_installed_packages_are_exactly_the_product_folders():
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert setuptools["package-dir"] == {f"{NAMESPACE}.{f}": f for f in PRODUCT}
+    packages = {f"{NAMESPACE}.{'.'.join(p.parent.relative_to(ROOT).parts)}"
+                for f in PRODUCT for p in (ROOT / f).rglob("__init__.py")}
+    assert set(setuptools["packages"]) == packages
+    assert all((ROOT / f / "py.typed").exists() for f in PRODUCT)
+
+
+def test_nothing_edits_sys_path_or_imports_late():
+    late = re.compile(r"sys\.path\.(insert|append)|noqa: E" + "402")
+    bad = [str(path.relative_to(ROOT)) for folder in FOLDERS
+           for _, path in _modules(folder) if late.search(path.read_text())]
+    assert bad == []

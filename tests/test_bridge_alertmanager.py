@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from demo.processes import wait_for
-from tests.services import alertmanager, env_without_proxies, free_port, wait_http
+from harness.processes import alertmanager, env_without_proxies, free_port, wait_for, wait_http
+
+BRIDGE_CLI = (sys.executable, "-m", "wandb_infra.bridge.cli")
 
 pytestmark = pytest.mark.integration
 
@@ -81,7 +82,7 @@ store: {{path: {tmp_path / 'state' / 'bridge.sqlite'}}}
 grafana: {{base_url: "http://grafana.invalid"}}
 """)
     log = (tmp_path / "bridge.log").open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "bridge.cli", "serve", "--config", str(config)],
+    proc = subprocess.Popen([*BRIDGE_CLI, "serve", "--config", str(config)],
                             stdout=log, stderr=subprocess.STDOUT, env=env_without_proxies(),
                             cwd=Path(__file__).resolve().parent.parent)
     try:

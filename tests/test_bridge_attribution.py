@@ -9,15 +9,15 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
-from bridge.delivery import DeliveryPolicy, DeliveryWorker
-from bridge.grafana import GrafanaLinks
-from bridge.identity import IdentityReader, PrometheusRunLookup, RunKey
-from bridge.metrics import BridgeMetrics
-from bridge.payload import parse_notification
-from bridge.store import Store
-from exporter import labels as L
-from tests.bridge_payloads import alert, notification
-from tests.services import free_port, prom_query, prometheus
+from harness.bridge_payloads import alert, notification
+from harness.processes import free_port, prom_query, prometheus
+from wandb_infra.bridge.delivery import DeliveryPolicy, DeliveryWorker
+from wandb_infra.bridge.grafana import GrafanaLinks
+from wandb_infra.bridge.identity import IdentityReader, PrometheusRunLookup, RunKey
+from wandb_infra.bridge.metrics import BridgeMetrics
+from wandb_infra.bridge.payload import parse_notification
+from wandb_infra.bridge.store import Store
+from wandb_infra.common import labels as L
 
 pytestmark = pytest.mark.integration
 

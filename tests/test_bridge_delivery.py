@@ -8,17 +8,17 @@ from datetime import timedelta
 import pytest
 import wandb
 
-from bridge.delivery import DeliveryPolicy, DeliveryWorker
-from bridge.grafana import GrafanaLinks
-from bridge.identity import IdentityReader, RunKey
-from bridge.markers import SdkMarkerWriter
-from bridge.metrics import BridgeMetrics
-from bridge.notes import BEGIN, END
-from bridge.payload import parse_notification
-from bridge.store import Store
-from bridge.wandb_client import WandbClient
-from tests.bridge_payloads import T0, alert, cascade, notification
-from tests.wandb_standin import WandbStandin
+from harness.bridge_payloads import T0, alert, cascade, notification
+from harness.wandb_standin import WandbStandin
+from wandb_infra.bridge.delivery import DeliveryPolicy, DeliveryWorker
+from wandb_infra.bridge.grafana import GrafanaLinks
+from wandb_infra.bridge.identity import IdentityReader, RunKey
+from wandb_infra.bridge.markers import SdkMarkerWriter
+from wandb_infra.bridge.metrics import BridgeMetrics
+from wandb_infra.bridge.notes import BEGIN, END
+from wandb_infra.bridge.payload import parse_notification
+from wandb_infra.bridge.store import Store
+from wandb_infra.bridge.wandb_client import WandbClient
 
 RUN = RunKey("team", "proj", "r1")
 

@@ -6,10 +6,10 @@ import json
 import random
 from datetime import timedelta
 
-from bridge.diagnosis import AlertFact, diagnose
-from bridge.identity import IdentityReader
-from bridge.payload import parse_notification
-from tests.bridge_payloads import T0, alert, cascade, notification
+from harness.bridge_payloads import T0, alert, cascade, notification
+from wandb_infra.bridge.diagnosis import AlertFact, diagnose
+from wandb_infra.bridge.identity import IdentityReader
+from wandb_infra.bridge.payload import parse_notification
 
 
 def facts(alerts: list[dict]) -> list[AlertFact]:

@@ -9,10 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bridge.catalog.alerts import ALERTS
-from bridge.catalog.panels import link_annotations
-from bridge.diagnosis import AlertFact
-from bridge.explain import (
+from wandb_infra.bridge.diagnosis import AlertFact
+from wandb_infra.bridge.explain import (
     Placement,
     _belongs,
     _regex_literal,
@@ -23,8 +21,10 @@ from bridge.explain import (
     parse_when,
     pick_step,
 )
-from bridge.grafana import GrafanaLinks
-from bridge.identity import RunKey
+from wandb_infra.bridge.grafana import GrafanaLinks
+from wandb_infra.bridge.identity import RunKey
+from wandb_infra.catalog.alerts import ALERTS
+from wandb_infra.catalog.panels import link_annotations
 
 RUN = RunKey("e", "p", "r1")
 PLACEMENT = Placement(frozenset({"h1", "h2"}), {"h1": frozenset({"0", "1"})}, 0.0, 100.0)

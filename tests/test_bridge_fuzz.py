@@ -9,7 +9,7 @@ import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.bridge_payloads import TOKEN, alert, make_context, notification, serve
+from harness.bridge_payloads import TOKEN, alert, make_context, notification, serve
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),

@@ -6,12 +6,12 @@ import json
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
-from bridge.catalog import panels as P
-from bridge.catalog.alerts import ALERTS
-from bridge.diagnosis import AlertFact
-from bridge.grafana import GrafanaLinks
-from bridge.identity import UNATTRIBUTED, RunKey
-from tests.bridge_payloads import T0
+from harness.bridge_payloads import T0
+from wandb_infra.bridge.diagnosis import AlertFact
+from wandb_infra.bridge.grafana import GrafanaLinks
+from wandb_infra.bridge.identity import UNATTRIBUTED, RunKey
+from wandb_infra.catalog import panels as P
+from wandb_infra.catalog.alerts import ALERTS
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXED = ["GpuXidError", "GpuContainedEccError", "GpuUncontainedEccError", "GpuXidApplicationError",

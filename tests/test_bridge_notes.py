@@ -7,9 +7,16 @@ from datetime import timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bridge.diagnosis import AlertFact, Diagnosis, diagnose
-from bridge.notes import BEGIN, END, md_escape, render_section, replace_section, user_part
-from tests.bridge_payloads import T0
+from harness.bridge_payloads import T0
+from wandb_infra.bridge.diagnosis import AlertFact, Diagnosis, diagnose
+from wandb_infra.bridge.notes import (
+    BEGIN,
+    END,
+    md_escape,
+    render_section,
+    replace_section,
+    user_part,
+)
 
 
 def _link(_fact, _start, _end) -> str:

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 import requests
 
-from demo.processes import wait_for
-from tests.bridge_payloads import TOKEN, alert, notification
-from tests.services import env_without_proxies, free_port, wait_http
-from tests.wandb_standin import WandbStandin
+from harness.bridge_payloads import TOKEN, alert, notification
+from harness.processes import env_without_proxies, free_port, wait_for, wait_http
+from harness.wandb_standin import WandbStandin
+
+BRIDGE_CLI = (sys.executable, "-m", "wandb_infra.bridge.cli")
 
 pytestmark = pytest.mark.integration
 
@@ -38,7 +39,7 @@ def test_service_projects_onto_wandb_and_keeps_secrets_out_of_logs(tmp_path: Pat
             "WANDB_INFRA_BRIDGE__LOG_LEVEL": "debug",
         })
         log = (tmp_path / "bridge.log").open("wb")
-        proc = subprocess.Popen([sys.executable, "-m", "bridge.cli", "serve", "--port", str(port)],
+        proc = subprocess.Popen([*BRIDGE_CLI, "serve", "--port", str(port)],
                                 stdout=log, stderr=subprocess.STDOUT, env=env)
         url = f"http://127.0.0.1:{port}"
         try:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.wandb_standin import WandbStandin, key_format_ok
+from harness.wandb_standin import WandbStandin, key_format_ok
 
 pytestmark = pytest.mark.integration
 

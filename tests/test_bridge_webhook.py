@@ -15,12 +15,14 @@ import requests
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bridge.config import load
-from bridge.identity import IdentityReader, RunKey
-from bridge.store import Store
-from bridge.webhook import Credentials
-from exporter.configfile import ConfigError
-from tests.bridge_payloads import T0, TOKEN, alert, make_context, notification, serve
+from harness.bridge_payloads import T0, TOKEN, alert, make_context, notification, serve
+from wandb_infra.bridge.config import load
+from wandb_infra.bridge.identity import IdentityReader, RunKey
+from wandb_infra.bridge.store import Store
+from wandb_infra.bridge.webhook import Credentials
+from wandb_infra.common.configfile import ConfigError
+
+BRIDGE_CLI = (sys.executable, "-m", "wandb_infra.bridge.cli")
 
 pytestmark = pytest.mark.integration
 
@@ -265,13 +267,13 @@ def test_example_config_is_valid(tmp_path):
 
 def test_cli_help_and_refusal(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_INFRA_BRIDGE")}
-    helped = subprocess.run([sys.executable, "-m", "bridge.cli", "serve", "--help"], env=env,
+    helped = subprocess.run([*BRIDGE_CLI, "serve", "--help"], env=env,
                             capture_output=True, text=True, timeout=60, check=False)
     assert helped.returncode == 0
     for key in ("--insecure-local-demo", "wandb.api_key", "webhook.max_body_bytes",
                 "WANDB_INFRA_BRIDGE__"):
         assert key in helped.stdout
-    refused = subprocess.run([sys.executable, "-m", "bridge.cli", "serve", "--port", "0"],
+    refused = subprocess.run([*BRIDGE_CLI, "serve", "--port", "0"],
                              env=env, capture_output=True, text=True, timeout=60, check=False,
                              cwd=tmp_path)
     assert refused.returncode == 2 and "refusing to start" in refused.stderr

@@ -12,12 +12,12 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 import yaml
 
-from bridge.catalog import panels as catalog
-from bridge.catalog.alerts import ALERTS
-from bridge.diagnosis import AlertFact
-from bridge.grafana import GrafanaLinks
-from bridge.identity import RunKey
-from dashboards import generate
+from wandb_infra.bridge.diagnosis import AlertFact
+from wandb_infra.bridge.grafana import GrafanaLinks
+from wandb_infra.bridge.identity import RunKey
+from wandb_infra.catalog import panels as catalog
+from wandb_infra.catalog.alerts import ALERTS
+from wandb_infra.dashboards import generate
 
 ROOT = Path(__file__).resolve().parent.parent
 GRAFANA = ROOT / "deploy" / "grafana"
@@ -42,7 +42,7 @@ BOARDS = list(catalog.DASHBOARDS.values())
 
 def test_committed_json_matches_generator():
     stale = generate.stale_files(generate.render())
-    assert stale == [], "run: python dashboards/generate.py"
+    assert stale == [], "run: python -m wandb_infra.dashboards.generate"
     assert generate.main(["--check"]) == 0
 
 

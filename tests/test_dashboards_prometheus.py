@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from bridge.catalog import panels as catalog
-from bridge.catalog.alerts import ALERTS
-from dashboards import generate
 from demo.simulator import Cluster, prometheus_config, serve
 from demo.stack import scale_rules
-from tests.services import prom_query, prometheus
+from harness.processes import prom_query, prometheus
+from wandb_infra.catalog import panels as catalog
+from wandb_infra.catalog.alerts import ALERTS
+from wandb_infra.dashboards import generate
 
 pytestmark = pytest.mark.integration
 

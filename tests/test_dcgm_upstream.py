@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from alert_rules import generate
 from tests.gocsv import CsvError, dcgm_counters, read_all
+from wandb_infra.alert_rules import generate
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data" / "dcgm"

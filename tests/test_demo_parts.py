@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from bridge.catalog.alerts import ALERTS, duration_seconds
-from bridge.report import render_run
 from demo.stack import RULES_FILE, scale_rules
 from demo.trainer import TrainingJob, host_mfu
+from wandb_infra.bridge.report import render_run
+from wandb_infra.catalog.alerts import ALERTS, duration_seconds
 
 
 def test_duration_parsing():

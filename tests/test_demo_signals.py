@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from demo.processes import env_without_proxies, wait_for
+from harness.processes import env_without_proxies, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.e2e

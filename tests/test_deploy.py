@@ -14,11 +14,11 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
-from bridge.config import DEFAULTS as BRIDGE_DEFAULTS
-from bridge.config import load as load_bridge_config
-from demo.processes import AMTOOL, PROMTOOL
-from exporter.cli import DEFAULTS as EXPORTER_DEFAULTS
-from exporter.cli import parse_listen
+from harness.processes import AMTOOL, PROMTOOL
+from wandb_infra.bridge.config import DEFAULTS as BRIDGE_DEFAULTS
+from wandb_infra.bridge.config import load as load_bridge_config
+from wandb_infra.exporter.cli import DEFAULTS as EXPORTER_DEFAULTS
+from wandb_infra.exporter.cli import parse_listen
 
 pytestmark = pytest.mark.integration
 
@@ -72,6 +72,10 @@ def test_dockerfile_copies_existing_files_and_runs_a_real_entry_point(dockerfile
             sources = line.split()[1:-1]
             for source in sources:
                 assert (ROOT / source).exists(), f"{dockerfile.name}: COPY {source} is missing"
+    copied = {line.split()[1] for line in text.splitlines() if line.startswith("COPY ")}
+    package_dirs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-dir"].values()
+    assert set(package_dirs) <= copied, f"{dockerfile.name}: pip install . needs every package"
     entry = re.search(r'ENTRYPOINT \["([^"]+)"\]', text).group(1)
     assert entry in SCRIPTS, f"{entry} is not a console script in pyproject.toml"
     cmd = yaml.safe_load(re.search(r"CMD (\[.*\])", text).group(1))

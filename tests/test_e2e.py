@@ -19,12 +19,12 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
-from bridge.catalog import selfmetrics
-from bridge.catalog.panels import PIPELINE
 from demo import scenarios
-from demo.processes import wait_for
 from demo.stack import Stack, StackConfig
-from tests.wandb_standin import WandbStandin
+from harness.processes import wait_for
+from harness.wandb_standin import WandbStandin
+from wandb_infra.catalog import selfmetrics
+from wandb_infra.catalog.panels import PIPELINE
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,10 +9,10 @@ import subprocess
 
 import pytest
 
-from alert_rules.generate import RULES_FILE
 from demo import scenarios
-from demo.processes import VMALERT, wait_for
 from demo.stack import ROOT, Stack, StackConfig
+from harness.processes import VMALERT, wait_for
+from wandb_infra.alert_rules.generate import RULES_FILE
 
 pytestmark = pytest.mark.e2e
 

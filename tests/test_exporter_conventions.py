@@ -14,10 +14,9 @@ import pytest
 import requests
 import yaml
 
-from demo.processes import wait_for
-from exporter import labels
-from tests.exporter_process import running_exporter
-from tests.services import prom_query, prometheus
+from harness.exporter_process import running_exporter
+from harness.processes import prom_query, prometheus, wait_for
+from wandb_infra.common import labels
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""The Kubernetes source against tests/k8s_standin.py (a cluster cannot run here)."""
+"""The Kubernetes source against harness/k8s_standin.py (a cluster cannot run here)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter import labels
-from exporter.configfile import ConfigError
-from exporter.model import RunKey, SourceError
-from exporter.sources.kubernetes import KubernetesSource
-from tests.exporter_process import metric_samples, running_exporter
-from tests.k8s_standin import K8sStandin, make_pod
+from harness.exporter_process import metric_samples, running_exporter
+from harness.k8s_standin import K8sStandin, make_pod
+from wandb_infra.common import labels
+from wandb_infra.common.commands import SourceError
+from wandb_infra.common.configfile import ConfigError
+from wandb_infra.exporter.model import RunKey
+from wandb_infra.exporter.sources.kubernetes import KubernetesSource
 
 pytestmark = pytest.mark.integration
 
@@ -110,7 +111,7 @@ def test_kubeconfig_client_certificate_data_is_used(tmp_path):
             "client-key-data": base64.b64encode(b"KEY").decode()}
     source = KubernetesSource({"kubeconfig": _kubeconfig(tmp_path / "config", "https://k",
                                                          user)})
-    cert, key = source.session.cert
+    cert, key = source.api.session.cert
     assert Path(cert).read_bytes() == b"CERT" and Path(key).read_bytes() == b"KEY"
     assert oct(os.stat(key).st_mode & 0o777) == "0o600"
 
@@ -191,14 +192,14 @@ def test_in_cluster_service_account(k8s, tmp_path, monkeypatch):
     sa.mkdir()
     (sa / "token").write_text(k8s.token)
     (sa / "ca.crt").write_text("unused")
-    monkeypatch.setattr("exporter.sources.kubernetes.SA_DIR", sa)
+    monkeypatch.setattr("wandb_infra.common.kubeapi.SA_DIR", sa)
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     with pytest.raises(ConfigError, match="KUBERNETES_SERVICE_HOST"):
         KubernetesSource({"in_cluster": True})
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "6443")
     source = KubernetesSource({"in_cluster": True})
-    assert source.server == "https://10.0.0.1:6443"
-    assert source.session.verify == str(sa / "ca.crt")
+    assert source.api.server == "https://10.0.0.1:6443"
+    assert source.api.session.verify == str(sa / "ca.crt")
     (sa / "token").write_text("rotated-token")
-    assert source._headers()["Authorization"] == "Bearer rotated-token"
+    assert source.api.headers()["Authorization"] == "Bearer rotated-token"

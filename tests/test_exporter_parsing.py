@@ -10,11 +10,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exporter.configfile import ConfigError
-from exporter.hostnames import HostnameMapper
-from exporter.model import Gpu, RunKey, SourceError
-from exporter.nodelist import NodeListError, expand_hostlist, gres_gpu_indices
-from exporter.sources.slurm import (
+from wandb_infra.common.commands import SourceError
+from wandb_infra.common.configfile import ConfigError
+from wandb_infra.exporter.hostnames import HostnameMapper
+from wandb_infra.exporter.model import Gpu, RunKey
+from wandb_infra.exporter.nodelist import NodeListError, expand_hostlist, gres_gpu_indices
+from wandb_infra.exporter.sources.slurm import (
     DEFAULT_COMMENT_REGEX,
     RunNaming,
     SlurmJob,
@@ -23,7 +24,7 @@ from exporter.sources.slurm import (
     parse_squeue_json,
     placements_from_jobs,
 )
-from exporter.sources.wandb_runs import run_placements, writer_environments, writer_gpus
+from wandb_infra.exporter.sources.wandb_runs import run_placements, writer_environments, writer_gpus
 
 DATA = Path(__file__).parent / "data" / "exporter"
 NAMING = RunNaming(re.compile(DEFAULT_COMMENT_REGEX), None)

@@ -10,10 +10,16 @@ from types import SimpleNamespace
 import pytest
 from wandb.sdk.wandb_run import Run
 
-from exporter import labels
-from exporter.register import build_payload, deregister, keep_registered, register, visible_gpus
-from tests.exporter_process import metric_samples, running_exporter
-from tests.services import env_without_proxies, free_port
+from harness.exporter_process import metric_samples, running_exporter
+from harness.processes import env_without_proxies, free_port
+from wandb_infra.common import labels
+from wandb_infra.exporter.register import (
+    build_payload,
+    deregister,
+    keep_registered,
+    register,
+    visible_gpus,
+)
 
 pytestmark = pytest.mark.integration
 

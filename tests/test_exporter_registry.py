@@ -7,14 +7,18 @@ import asyncio
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter import labels
-from exporter.collector import Exposition, render
-from exporter.hostnames import HostnameMapper
-from exporter.model import Gpu, RunKey, RunPlacement, SourceResult
-from exporter.registration import RegistrationError, RegistrationStore, parse_registration
-from exporter.registry import Registry, merge_gpus
-from exporter.server import poll_forever
-from exporter.sources.slurm import SlurmSource
+from wandb_infra.common import labels
+from wandb_infra.exporter.collector import Exposition, render
+from wandb_infra.exporter.hostnames import HostnameMapper
+from wandb_infra.exporter.model import Gpu, RunKey, RunPlacement, SourceResult
+from wandb_infra.exporter.registration import (
+    RegistrationError,
+    RegistrationStore,
+    parse_registration,
+)
+from wandb_infra.exporter.registry import Registry, merge_gpus
+from wandb_infra.exporter.server import poll_forever
+from wandb_infra.exporter.sources.slurm import SlurmSource
 
 RUN = RunKey("ent", "proj", "run1")
 

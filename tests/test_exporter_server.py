@@ -11,10 +11,9 @@ import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from demo.processes import wait_for
-from exporter import labels
-from tests.exporter_process import EXPORTER, metric_samples, metric_value, running_exporter
-from tests.services import prom_query, prometheus
+from harness.exporter_process import EXPORTER, metric_samples, metric_value, running_exporter
+from harness.processes import prom_query, prometheus, wait_for
+from wandb_infra.common import labels
 
 pytestmark = pytest.mark.integration
 

@@ -12,11 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from demo.processes import wait_for
-from exporter import labels
-from tests.exporter_process import metric_samples, metric_value, running_exporter
-from tests.services import free_port, prom_query, prometheus
+from harness.exporter_process import metric_samples, metric_value, running_exporter
+from harness.processes import free_port, prom_query, prometheus, wait_for
 from tests.slurm_cluster import slurm_cluster, unavailable_reason
+from wandb_infra.common import labels
 
 pytestmark = [pytest.mark.slurm,
               pytest.mark.skipif(unavailable_reason() is not None,

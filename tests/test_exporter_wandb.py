@@ -1,4 +1,4 @@
-"""The W&B source against the shared W&B stand-in (tests/wandb_standin.py)."""
+"""The W&B source against the shared W&B stand-in (harness/wandb_standin.py)."""
 
 from __future__ import annotations
 
@@ -6,12 +6,13 @@ import time
 
 import pytest
 
-from exporter import labels
-from exporter.configfile import ConfigError
-from exporter.model import Gpu, SourceError
-from exporter.sources.wandb_runs import WandbRunsSource
-from tests.exporter_process import metric_samples, metric_value, running_exporter
-from tests.wandb_standin import WandbStandin
+from harness.exporter_process import metric_samples, metric_value, running_exporter
+from harness.wandb_standin import WandbStandin
+from wandb_infra.common import labels
+from wandb_infra.common.commands import SourceError
+from wandb_infra.common.configfile import ConfigError
+from wandb_infra.exporter.model import Gpu
+from wandb_infra.exporter.sources.wandb_runs import WandbRunsSource
 
 pytestmark = pytest.mark.integration
 

@@ -14,9 +14,8 @@ import pytest
 import requests
 import yaml
 
-from demo.processes import free_port, wait_for
-from exporter import labels
-from tests.services import prom_query, prometheus
+from harness.processes import free_port, prom_query, prometheus, wait_for
+from wandb_infra.common import labels
 
 pytestmark = pytest.mark.integration
 EXPORTER = str(Path(sys.executable).parent / "wandb-infra-exporter")
@@ -104,7 +103,7 @@ def test_bad_web_config_is_one_line(tmp_path, web, message):
 
 
 def test_a_verified_password_is_not_hashed_again(monkeypatch):
-    from exporter.webconfig import WebConfig  # noqa: PLC0415 - the unit under test
+    from wandb_infra.exporter.webconfig import WebConfig  # noqa: PLC0415 - the unit under test
 
     config = WebConfig(users={"p": bcrypt.hashpw(b"ok", bcrypt.gensalt(rounds=4))})
     calls = []

@@ -15,13 +15,13 @@ import pytest
 import requests
 from prometheus_client import generate_latest
 
-from bridge import webhook
-from bridge.identity import IdentityReader, RunKey
-from bridge.payload import Alert, Notification
-from demo.processes import wait_for
-from tests.bridge_payloads import TOKEN, alert, make_context, notification, serve
+from harness.bridge_payloads import TOKEN, alert, make_context, notification, serve
+from harness.processes import wait_for
+from harness.wandb_standin import WandbStandin
 from tests.test_bridge_delivery import Clock, ingest, make_worker
-from tests.wandb_standin import WandbStandin
+from wandb_infra.bridge import webhook
+from wandb_infra.bridge.identity import IdentityReader, RunKey
+from wandb_infra.bridge.payload import Alert, Notification
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 

@@ -11,13 +11,13 @@ import requests
 import yaml
 from aiohttp import web
 
-from exporter.hostnames import HostnameMapper
-from exporter.registration import RegistrationStore
-from exporter.registry import Registry
-from exporter.server import HostToken, build_app
-from tests.bridge_payloads import serve_app
-from tests.exporter_process import EXPORTER, running_exporter
-from tests.services import free_port
+from harness.bridge_payloads import serve_app
+from harness.exporter_process import EXPORTER, running_exporter
+from harness.processes import free_port
+from wandb_infra.exporter.hostnames import HostnameMapper
+from wandb_infra.exporter.registration import RegistrationStore
+from wandb_infra.exporter.registry import Registry
+from wandb_infra.exporter.server import HostToken, build_app
 
 pytestmark = pytest.mark.integration
 

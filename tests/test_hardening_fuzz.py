@@ -21,12 +21,12 @@ import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bridge.delivery import DeliveryPolicy, DeliveryWorker
-from bridge.grafana import GrafanaLinks
-from bridge.metrics import BridgeMetrics
-from bridge.wandb_client import WandbClient
-from tests.bridge_payloads import TOKEN, make_context, serve
-from tests.wandb_standin import WandbStandin
+from harness.bridge_payloads import TOKEN, make_context, serve
+from harness.wandb_standin import WandbStandin
+from wandb_infra.bridge.delivery import DeliveryPolicy, DeliveryWorker
+from wandb_infra.bridge.grafana import GrafanaLinks
+from wandb_infra.bridge.metrics import BridgeMetrics
+from wandb_infra.bridge.wandb_client import WandbClient
 
 AUTH = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
 SUPPRESS = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]

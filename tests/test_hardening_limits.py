@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import requests
 
-from bridge.config import load
-from demo.processes import wait_for
-from exporter.configfile import ConfigError
-from tests.bridge_payloads import TOKEN, alert, notification
-from tests.reliability_bridge import bridge_env, start_bridge
+from harness.bridge_payloads import TOKEN, alert, notification
+from harness.bridge_process import bridge_env, start_bridge
+from harness.processes import wait_for
+from wandb_infra.bridge.config import load
+from wandb_infra.common.configfile import ConfigError
 
 pytestmark = pytest.mark.integration
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from bridge.diagnosis import AlertFact, diagnose
-from bridge.projection import plan_markers
-from tests.bridge_payloads import T0
+from harness.bridge_payloads import T0
+from wandb_infra.bridge.diagnosis import AlertFact, diagnose
+from wandb_infra.bridge.projection import plan_markers
 
 SETTLE = 75.0
 

@@ -12,20 +12,20 @@ from datetime import timedelta
 
 import pytest
 
-from bridge.delivery import DeliveryPolicy, DeliveryWorker
-from bridge.diagnosis import diagnose
-from bridge.explain import as_facts
-from bridge.grafana import GrafanaLinks
-from bridge.identity import IdentityReader, RunKey
-from bridge.metrics import BridgeMetrics
-from bridge.notes import BEGIN, render_section
-from bridge.pages import run_detail, run_summary
-from bridge.payload import parse_notification
-from bridge.report import render_run
-from bridge.store import Store
-from bridge.wandb_client import WandbClient
-from tests.bridge_payloads import T0, alert, notification
-from tests.wandb_standin import WandbStandin
+from harness.bridge_payloads import T0, alert, notification
+from harness.wandb_standin import WandbStandin
+from wandb_infra.bridge.delivery import DeliveryPolicy, DeliveryWorker
+from wandb_infra.bridge.diagnosis import diagnose
+from wandb_infra.bridge.explain import as_facts
+from wandb_infra.bridge.grafana import GrafanaLinks
+from wandb_infra.bridge.identity import IdentityReader, RunKey
+from wandb_infra.bridge.metrics import BridgeMetrics
+from wandb_infra.bridge.notes import BEGIN, render_section
+from wandb_infra.bridge.pages import run_detail, run_summary
+from wandb_infra.bridge.payload import parse_notification
+from wandb_infra.bridge.report import render_run
+from wandb_infra.bridge.store import Store
+from wandb_infra.bridge.wandb_client import WandbClient
 
 RUN = RunKey("team", "proj", "r1")
 HEAT = alert("GpuClocksThrottledThermal", category="gpu_thermal", host="h3", gpu="1", run="r1",

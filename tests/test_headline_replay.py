@@ -14,16 +14,16 @@ from datetime import timedelta
 import pytest
 import wandb
 
-from bridge.delivery import DeliveryPolicy, DeliveryWorker
-from bridge.grafana import GrafanaLinks
-from bridge.identity import IdentityReader
-from bridge.markers import SdkMarkerWriter
-from bridge.metrics import BridgeMetrics
-from bridge.payload import parse_notification
-from bridge.store import Store
-from bridge.wandb_client import WandbClient
-from tests.bridge_payloads import T0, alert, notification
-from tests.wandb_standin import WandbStandin
+from harness.bridge_payloads import T0, alert, notification
+from harness.wandb_standin import WandbStandin
+from wandb_infra.bridge.delivery import DeliveryPolicy, DeliveryWorker
+from wandb_infra.bridge.grafana import GrafanaLinks
+from wandb_infra.bridge.identity import IdentityReader
+from wandb_infra.bridge.markers import SdkMarkerWriter
+from wandb_infra.bridge.metrics import BridgeMetrics
+from wandb_infra.bridge.payload import parse_notification
+from wandb_infra.bridge.store import Store
+from wandb_infra.bridge.wandb_client import WandbClient
 
 SETTLE = 75.0
 HEAT = alert("GpuClocksThrottledThermal", category="gpu_thermal", host="h3", gpu="1", run="r1",

@@ -11,16 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from bridge.delivery import DeliveryPolicy, DeliveryWorker
-from bridge.grafana import GrafanaLinks
-from bridge.identity import IdentityReader, RunKey
-from bridge.markers import startup_checks
-from bridge.metrics import BridgeMetrics
-from bridge.payload import parse_notification
-from bridge.store import Store
-from bridge.wandb_client import WandbClient
-from tests.bridge_payloads import alert, notification
-from tests.wandb_standin import WandbStandin
+from harness.bridge_payloads import alert, notification
+from harness.wandb_standin import WandbStandin
+from wandb_infra.bridge.delivery import DeliveryPolicy, DeliveryWorker
+from wandb_infra.bridge.grafana import GrafanaLinks
+from wandb_infra.bridge.identity import IdentityReader, RunKey
+from wandb_infra.bridge.markers import startup_checks
+from wandb_infra.bridge.metrics import BridgeMetrics
+from wandb_infra.bridge.payload import parse_notification
+from wandb_infra.bridge.store import Store
+from wandb_infra.bridge.wandb_client import WandbClient
 
 pytestmark = pytest.mark.integration
 

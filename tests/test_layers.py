@@ -11,7 +11,7 @@ TESTS = Path(__file__).resolve().parent
 # Helpers and names that start a real binary or one of our services as a process.
 STARTS_BINARIES = re.compile(
     r"PROMTOOL|AMTOOL|JSONNET|VMALERT|CHROMIUM|\bprometheus\(|\balertmanager\(|slurm_cluster|"
-    r"cdp_browser|running_exporter|reliability_bridge|Popen|\bStack\(|\bsubprocess\b|"
+    r"cdp_browser|running_exporter|bridge_process|start_bridge|Popen|\bStack\(|\bsubprocess\b|"
     r"processes\.running")
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from alert_rules import generate
-from tests.services import PROMTOOL
+from harness.processes import PROMTOOL
+from wandb_infra.alert_rules import generate
 
 pytestmark = pytest.mark.integration
 

@@ -12,11 +12,11 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from alert_rules import generate
-from bridge.catalog.alerts import ALERTS
+from harness.processes import PROMTOOL
 from tests.rules import build
 from tests.rules.build import RUN_A, Case, Expect, Series
-from tests.services import PROMTOOL
+from wandb_infra.alert_rules import generate
+from wandb_infra.catalog.alerts import ALERTS
 
 pytestmark = pytest.mark.integration
 

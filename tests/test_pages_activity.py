@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from bridge import activity
-from bridge.explain import PrometheusHistory
-from bridge.identity import RunKey
-from bridge.timeline import seconds
-from tests.bridge_payloads import serve_app
-from tests.services import PROMETHEUS, prom_query, prometheus
+from harness.bridge_payloads import serve_app
+from harness.processes import PROMETHEUS, prom_query, prometheus
+from wandb_infra.bridge import activity
+from wandb_infra.bridge.explain import PrometheusHistory
+from wandb_infra.bridge.identity import RunKey
+from wandb_infra.bridge.timeline import seconds
 
 RUN = RunKey("team", "proj", "act1")
 JOIN = 'wandb_entity="team",wandb_project="proj",wandb_run_id="act1"'

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import requests
 
-from bridge.config import load
-from bridge.webhook import PAGE_COOKIE, PageAuth
-from exporter.configfile import ConfigError
-from tests.bridge_payloads import TOKEN, cascade, make_context, serve
+from harness.bridge_payloads import TOKEN, cascade, make_context, serve
 from tests.pages_helpers import AUTH, HTML, fake_worker, post_alerts
 from tests.test_pages_run import RUN_PATH
+from wandb_infra.bridge.config import load
+from wandb_infra.bridge.webhook import PAGE_COOKIE, PageAuth
+from wandb_infra.common.configfile import ConfigError
 
 PAGE_TOKEN = "page-token-0123456789abcdef"
 
@@ -114,7 +114,7 @@ def test_config_reads_the_page_token_and_validates_it(tmp_path):
 
 
 def test_service_wires_the_page_token(tmp_path):
-    from bridge.service import build  # noqa: PLC0415 - builds a whole service context
+    from wandb_infra.bridge.service import build  # noqa: PLC0415 - builds a whole service context
 
     env = _config(tmp_path, bearer_token=TOKEN, pages_token=PAGE_TOKEN)
     env["WANDB_INFRA_BRIDGE__STORE__PATH"] = str(tmp_path / "s.sqlite")

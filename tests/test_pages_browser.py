@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from bridge.explain import catalog_annotations
-from bridge.webhook import PageAuth
-from tests.bridge_payloads import T0, alert, cascade, make_context, serve, serve_app
+from harness.bridge_payloads import T0, alert, cascade, make_context, serve, serve_app
 from tests.cdp_browser import CHROMIUM, Browser
 from tests.pages_helpers import FakePrometheus, fake_worker, post_alerts
+from wandb_infra.bridge.explain import catalog_annotations
+from wandb_infra.bridge.webhook import PageAuth
 
 PAGE_TOKEN = "browser-page-token-0123456789"
 CASCADE = "/runs/team/proj/cascade1"

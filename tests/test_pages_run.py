@@ -11,12 +11,8 @@ import requests
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bridge.diagnosis import AlertFact, diagnose
-from bridge.identity import RunKey
-from bridge.pages import run_detail, run_html, runs_html, wandb_text
-from bridge.store import OutboxRow
-from bridge.timeline import MAX_HOST_LANES, lanes, offset_text, timeline_svg
-from tests.bridge_payloads import T0, alert, make_context, serve, serve_app
+from harness.bridge_payloads import T0, alert, make_context, serve, serve_app
+from harness.processes import free_port
 from tests.pages_helpers import (
     AUTH,
     HTML,
@@ -26,7 +22,11 @@ from tests.pages_helpers import (
     post_alerts,
     tags,
 )
-from tests.services import free_port
+from wandb_infra.bridge.diagnosis import AlertFact, diagnose
+from wandb_infra.bridge.identity import RunKey
+from wandb_infra.bridge.pages import run_detail, run_html, runs_html, wandb_text
+from wandb_infra.bridge.store import OutboxRow
+from wandb_infra.bridge.timeline import MAX_HOST_LANES, lanes, offset_text, timeline_svg
 
 RUN_PATH = "/runs/team/proj/cascade1"
 
@@ -160,7 +160,7 @@ def _outbox(**kw) -> OutboxRow:
 
 
 def test_wandb_status_is_truthful(tmp_path):
-    from bridge.pages import delivery_status  # noqa: PLC0415 - the function under test
+    from wandb_infra.bridge.pages import delivery_status  # noqa: PLC0415 - the function under test
 
     assert wandb_text(delivery_status(_outbox(), enabled=False))[0] == (
         "W&B: off (no API key configured)")

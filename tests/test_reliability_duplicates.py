@@ -11,12 +11,11 @@ from pathlib import Path
 import pytest
 import requests
 
-from bridge.notes import BEGIN
-from demo.processes import wait_for
-from tests.bridge_payloads import TOKEN
-from tests.reliability_bridge import bridge_env, section_blocks, start_bridge
-from tests.services import alertmanager
-from tests.wandb_standin import WandbStandin
+from harness.bridge_payloads import TOKEN
+from harness.bridge_process import bridge_env, section_blocks, start_bridge
+from harness.processes import alertmanager, wait_for
+from harness.wandb_standin import WandbStandin
+from wandb_infra.bridge.notes import BEGIN
 
 pytestmark = pytest.mark.integration
 

@@ -17,13 +17,13 @@ from typing import Any
 import pytest
 import requests
 
-from demo.processes import wait_for
-from exporter import labels
-from tests.exporter_process import metric_samples, metric_value, running_exporter
-from tests.k8s_standin import K8sStandin, make_pod
-from tests.reliability_bridge import raw_status
+from harness.bridge_process import raw_status
+from harness.exporter_process import metric_samples, metric_value, running_exporter
+from harness.k8s_standin import K8sStandin, make_pod
+from harness.processes import wait_for
+from harness.wandb_standin import WandbStandin
 from tests.test_exporter_wandb import env, wire_config
-from tests.wandb_standin import WandbStandin
+from wandb_infra.common import labels
 
 pytestmark = pytest.mark.integration
 
@@ -122,7 +122,7 @@ def test_sources_hanging_then_garbage_keep_mapping_for_grace_then_recover(tmp_pa
         assert wb.api_key not in log and k8s.token not in log
         assert "Traceback" not in log
         for source, error in (("wandb", "ReadTimeout"), ("kubernetes", "ReadTimeout"),
-                              ("wandb", "non-JSON"), ("kubernetes", "non-PodList")):
+                              ("wandb", "non-JSON"), ("kubernetes", "not a list of pods")):
             assert any(f'"source": "{source}"' in line and error in line
                        for line in log.splitlines()), (source, error)
 

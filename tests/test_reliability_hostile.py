@@ -20,7 +20,7 @@ import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.bridge_payloads import TOKEN, alert, make_context, notification, serve
+from harness.bridge_payloads import TOKEN, alert, make_context, notification, serve
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 MAX_BODY = 256 * 1024

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import requests
 
-from demo.processes import wait_for
-from tests.bridge_payloads import T0, TOKEN, alert, notification
-from tests.reliability_bridge import BridgeProcess, bridge_env, section_blocks, start_bridge
-from tests.wandb_standin import WandbStandin
+from harness.bridge_payloads import T0, TOKEN, alert, notification
+from harness.bridge_process import BridgeProcess, bridge_env, section_blocks, start_bridge
+from harness.processes import wait_for
+from harness.wandb_standin import WandbStandin
 
 pytestmark = pytest.mark.integration
 

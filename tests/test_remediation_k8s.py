@@ -15,21 +15,20 @@ from typing import Any
 
 import pytest
 
-from bridge.delivery import DeliveryPolicy, DeliveryWorker
-from bridge.grafana import GrafanaLinks
-from bridge.identity import IdentityReader, PrometheusRunLookup, RunKey
-from bridge.metrics import BridgeMetrics
-from bridge.payload import parse_notification
-from bridge.quarantine import check
-from bridge.remediation import NodeStateHistory, run_remediation
-from bridge.store import Store
-from bridge.wandb_client import WandbClient
-from demo.processes import wait_for
-from tests.bridge_payloads import alert, notification
-from tests.exporter_process import running_exporter
-from tests.k8s_standin import K8sStandin, make_node
-from tests.services import prom_query, prometheus
-from tests.wandb_standin import WandbStandin
+from harness.bridge_payloads import alert, notification
+from harness.exporter_process import running_exporter
+from harness.k8s_standin import K8sStandin, make_node
+from harness.processes import prom_query, prometheus, wait_for
+from harness.wandb_standin import WandbStandin
+from wandb_infra.bridge.delivery import DeliveryPolicy, DeliveryWorker
+from wandb_infra.bridge.grafana import GrafanaLinks
+from wandb_infra.bridge.identity import IdentityReader, PrometheusRunLookup, RunKey
+from wandb_infra.bridge.metrics import BridgeMetrics
+from wandb_infra.bridge.payload import parse_notification
+from wandb_infra.bridge.quarantine import check
+from wandb_infra.bridge.remediation import NodeStateHistory, run_remediation
+from wandb_infra.bridge.store import Store
+from wandb_infra.bridge.wandb_client import WandbClient
 
 pytestmark = pytest.mark.integration
 

@@ -6,21 +6,21 @@ import json
 
 import pytest
 
-from demo.processes import wait_for
-from exporter.cli import DEFAULTS, build
-from exporter.configfile import ConfigError
-from exporter.hostnames import HostnameMapper
-from exporter.model import SourceError
-from exporter.sources.nodestate import (
-    KubernetesNodeSource,
+from harness.exporter_process import metric_samples, metric_value, running_exporter
+from harness.k8s_standin import K8sStandin, make_node
+from harness.processes import wait_for
+from wandb_infra.common.commands import SourceError
+from wandb_infra.common.configfile import ConfigError
+from wandb_infra.common.nodestate import (
     NodeState,
     k8s_node_state,
     parse_scontrol_nodes,
     parse_sinfo_json,
     schedulable,
 )
-from tests.exporter_process import metric_samples, metric_value, running_exporter
-from tests.k8s_standin import K8sStandin, make_node
+from wandb_infra.exporter.cli import DEFAULTS, build
+from wandb_infra.exporter.hostnames import HostnameMapper
+from wandb_infra.exporter.sources.nodestate import KubernetesNodeSource
 
 pytestmark = pytest.mark.integration
 

@@ -11,19 +11,19 @@ from typing import Any
 
 import pytest
 
-from bridge.delivery import DeliveryPolicy, DeliveryWorker
-from bridge.diagnosis import Issue, diagnose
-from bridge.grafana import GrafanaLinks
-from bridge.identity import IdentityReader, RunKey
-from bridge.metrics import BridgeMetrics
-from bridge.payload import parse_notification
-from bridge.quarantine import KubernetesActions, Quarantine, check
-from bridge.store import Store
-from bridge.wandb_client import WandbClient
-from exporter.configfile import ConfigError
-from tests.bridge_payloads import alert, notification
-from tests.k8s_standin import K8sStandin, make_node
-from tests.wandb_standin import WandbStandin
+from harness.bridge_payloads import alert, notification
+from harness.k8s_standin import K8sStandin, make_node
+from harness.wandb_standin import WandbStandin
+from wandb_infra.bridge.delivery import DeliveryPolicy, DeliveryWorker
+from wandb_infra.bridge.diagnosis import Issue, diagnose
+from wandb_infra.bridge.grafana import GrafanaLinks
+from wandb_infra.bridge.identity import IdentityReader, RunKey
+from wandb_infra.bridge.metrics import BridgeMetrics
+from wandb_infra.bridge.payload import parse_notification
+from wandb_infra.bridge.quarantine import KubernetesActions, Quarantine, check
+from wandb_infra.bridge.store import Store
+from wandb_infra.bridge.wandb_client import WandbClient
+from wandb_infra.common.configfile import ConfigError
 
 START = datetime.now(UTC) - timedelta(minutes=2)
 

@@ -16,22 +16,21 @@ from functools import partial
 
 import pytest
 
-from bridge.delivery import DeliveryPolicy, DeliveryWorker
-from bridge.diagnosis import diagnose
-from bridge.grafana import GrafanaLinks
-from bridge.identity import IdentityReader, PrometheusRunLookup, RunKey
-from bridge.metrics import BridgeMetrics
-from bridge.payload import parse_notification
-from bridge.quarantine import Quarantine, SlurmActions
-from bridge.remediation import run_remediation
-from bridge.store import Store
-from bridge.wandb_client import WandbClient
-from demo.processes import wait_for
-from tests.bridge_payloads import alert, notification
-from tests.exporter_process import metric_samples, metric_value, running_exporter
-from tests.services import prometheus
+from harness.bridge_payloads import alert, notification
+from harness.exporter_process import metric_samples, metric_value, running_exporter
+from harness.processes import prometheus, wait_for
+from harness.wandb_standin import WandbStandin
 from tests.slurm_cluster import slurm_cluster, unavailable_reason
-from tests.wandb_standin import WandbStandin
+from wandb_infra.bridge.delivery import DeliveryPolicy, DeliveryWorker
+from wandb_infra.bridge.diagnosis import diagnose
+from wandb_infra.bridge.grafana import GrafanaLinks
+from wandb_infra.bridge.identity import IdentityReader, PrometheusRunLookup, RunKey
+from wandb_infra.bridge.metrics import BridgeMetrics
+from wandb_infra.bridge.payload import parse_notification
+from wandb_infra.bridge.quarantine import Quarantine, SlurmActions
+from wandb_infra.bridge.remediation import run_remediation
+from wandb_infra.bridge.store import Store
+from wandb_infra.bridge.wandb_client import WandbClient
 
 pytestmark = [pytest.mark.slurm,
               pytest.mark.skipif(unavailable_reason() is not None,

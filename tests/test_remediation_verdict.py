@@ -14,18 +14,18 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 import requests
 
-from bridge.delivery import DeliveryPolicy, DeliveryWorker
-from bridge.diagnosis import diagnose
-from bridge.grafana import GrafanaLinks
-from bridge.identity import IdentityReader, PrometheusRunLookup, RunKey
-from bridge.metrics import BridgeMetrics
-from bridge.notes import render_section
-from bridge.payload import parse_notification
-from bridge.remediation import NodeStateHistory, exclusion, run_remediation, signature
-from bridge.store import Store
-from bridge.wandb_client import WandbClient
-from tests.bridge_payloads import TOKEN, alert, make_context, notification, serve
-from tests.wandb_standin import WandbStandin
+from harness.bridge_payloads import TOKEN, alert, make_context, notification, serve
+from harness.wandb_standin import WandbStandin
+from wandb_infra.bridge.delivery import DeliveryPolicy, DeliveryWorker
+from wandb_infra.bridge.diagnosis import diagnose
+from wandb_infra.bridge.grafana import GrafanaLinks
+from wandb_infra.bridge.identity import IdentityReader, PrometheusRunLookup, RunKey
+from wandb_infra.bridge.metrics import BridgeMetrics
+from wandb_infra.bridge.notes import render_section
+from wandb_infra.bridge.payload import parse_notification
+from wandb_infra.bridge.remediation import NodeStateHistory, exclusion, run_remediation, signature
+from wandb_infra.bridge.store import Store
+from wandb_infra.bridge.wandb_client import WandbClient
 
 pytestmark = pytest.mark.integration
 

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from alert_rules import generate, tiers
-from bridge.catalog import panels
-from bridge.catalog.alerts import ALERTS, SCOPES, duration_seconds
-from bridge.catalog.vocabulary import CATEGORIES, REQUIRED_ANNOTATIONS, SEVERITIES
-from bridge.catalog.xid import XIDS, XidClass, codes
+from harness.processes import PROMTOOL
 from tests.rules import build
-from tests.services import PROMTOOL
+from wandb_infra.alert_rules import generate, tiers
+from wandb_infra.catalog import panels
+from wandb_infra.catalog.alerts import ALERTS, SCOPES, duration_seconds
+from wandb_infra.catalog.vocabulary import CATEGORIES, REQUIRED_ANNOTATIONS, SEVERITIES
+from wandb_infra.catalog.xid import XIDS, XidClass, codes
 
 pytestmark = pytest.mark.integration
 
@@ -44,7 +44,7 @@ def test_committed_files_equal_generator_output():
         assert (ROOT / rel).read_text() == text, f"{rel} is stale: run make generate"
     for name, text in build.files(build.default_cfg()).items():
         assert (ROOT / "tests" / "rules" / name).read_text() == text, \
-            f"tests/rules/{name} is stale: run python tests/rules/build.py"
+            f"tests/rules/{name} is stale: run python -m tests.rules.build"
 
 
 def test_generation_is_deterministic():

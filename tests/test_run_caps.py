@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from bridge.diagnosis import AlertFact, diagnose
-from bridge.notes import MAX_GROUPS, MAX_SECTION_CHARS, render_section
-from bridge.projection import MAX_INFRA_TAGS, TAG_PREFIX, infra_tags, merged_tags
-from exporter.sources import valid_run_key
-from tests.bridge_payloads import T0
+from harness.bridge_payloads import T0
+from wandb_infra.bridge.diagnosis import AlertFact, diagnose
+from wandb_infra.bridge.notes import MAX_GROUPS, MAX_SECTION_CHARS, render_section
+from wandb_infra.bridge.projection import MAX_INFRA_TAGS, TAG_PREFIX, infra_tags, merged_tags
+from wandb_infra.exporter.sources import valid_run_key
 
 
 def _facts(n: int) -> list[AlertFact]:

@@ -21,8 +21,8 @@ from demo.simulator import (
     prometheus_config,
     serve,
 )
-from exporter.sources.nodestate import parse_scontrol_nodes
-from tests.services import PROMTOOL, env_without_proxies, prom_query, prometheus
+from harness.processes import PROMTOOL, env_without_proxies, prom_query, prometheus
+from wandb_infra.common.nodestate import parse_scontrol_nodes
 
 pytestmark = pytest.mark.integration
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.model import Gpu, RunKey
-from exporter.sources.slurm import SlurmSource, parse_squeue_json
+from wandb_infra.exporter.model import Gpu, RunKey
+from wandb_infra.exporter.sources.slurm import SlurmSource, parse_squeue_json
 
 DATA = Path(__file__).parent / "data" / "slurm"
 RUN = RunKey("acme", "llm", "r1")

@@ -14,9 +14,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from exporter.configfile import ConfigError
-from exporter.model import SourceError, SourceResult
-from exporter.registration import RegistrationError, parse_registration
+from wandb_infra.common.commands import SourceError
+from wandb_infra.common.configfile import ConfigError
+from wandb_infra.exporter.model import SourceResult
+from wandb_infra.exporter.registration import RegistrationError, parse_registration
 
 MAX_FILE_BYTES = 1 << 20
 

@@ -16,11 +16,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from exporter import labels
-from exporter.configfile import ConfigError
-from exporter.model import Gpu, RunKey, RunPlacement, SourceResult
-from exporter.nodelist import NodeListError, expand_hostlist, gres_gpu_indices
-from exporter.sources import compile_regex, json_list, run_command, valid_run_key
+from wandb_infra.common import labels
+from wandb_infra.common.commands import json_list, run_command
+from wandb_infra.common.configfile import ConfigError
+from wandb_infra.exporter.model import Gpu, RunKey, RunPlacement, SourceResult
+from wandb_infra.exporter.nodelist import NodeListError, expand_hostlist, gres_gpu_indices
+from wandb_infra.exporter.sources import compile_regex, valid_run_key
 
 DEFAULT_COMMENT_REGEX = (
     r"wandb:(?P<entity>[^/\s]+)/(?P<project>[^/\s]+)/(?P<run_id>[A-Za-z0-9_.\-]+)"

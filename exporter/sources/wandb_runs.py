@@ -18,11 +18,13 @@ from typing import Any
 
 import requests
 
-from exporter import labels
-from exporter.configfile import ConfigError, read_secret
-from exporter.model import Gpu, RunKey, RunPlacement, SourceError, SourceResult
-from exporter.nodelist import NodeListError, expand_hostlist, gres_gpu_indices
-from exporter.sources import NAME_CHARS, valid_run_key
+from wandb_infra.common import labels
+from wandb_infra.common.commands import SourceError
+from wandb_infra.common.configfile import ConfigError, read_secret
+from wandb_infra.common.labels import NAME_CHARS
+from wandb_infra.exporter.model import Gpu, RunKey, RunPlacement, SourceResult
+from wandb_infra.exporter.nodelist import NodeListError, expand_hostlist, gres_gpu_indices
+from wandb_infra.exporter.sources import valid_run_key
 
 RUNS_QUERY = """
 query ExporterRunningRuns($entity: String!, $project: String!, $first: Int!, $after: String) {

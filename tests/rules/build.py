@@ -4,7 +4,7 @@ Every alert in the catalog gets a fault case (fires, with its exact labels and a
 healthy twin (stays silent); GPU cases run for both dcgm-exporter label spellings (``Hostname`` up
 to 4.8.2, ``hostname`` after). The attribution shapes of contract 2 (two runs on a host, replicated
 join series, several faulty GPUs or ports, runs with unknown GPUs, idle hosts) each get a case.
-``python tests/rules/build.py`` rewrites the files; a test checks they are current.
+``python -m tests.rules.build`` rewrites the files; a test checks they are current.
 """
 
 from __future__ import annotations
@@ -16,12 +16,10 @@ from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from wandb_infra.alert_rules import generate
+from wandb_infra.catalog.alerts import ALERTS
 
-from alert_rules import generate  # noqa: E402
-from bridge.catalog.alerts import ALERTS  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 HERE = Path(__file__).resolve().parent
 SPELLINGS = ("Hostname", "hostname")

@@ -17,8 +17,10 @@ from typing import Any
 
 import requests
 
-from tests.bridge_payloads import TOKEN
-from tests.services import env_without_proxies, free_port, wait_http
+from harness.bridge_payloads import TOKEN
+from harness.processes import env_without_proxies, free_port, wait_http
+
+BRIDGE_CLI = (sys.executable, "-m", "wandb_infra.bridge.cli")
 
 ROOT = Path(__file__).resolve().parent.parent
 AUTH = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
@@ -101,7 +103,7 @@ def start_bridge(tmp: Path, env: dict[str, str], port: int | None = None) -> Bri
     port = port or free_port()
     log = tmp / "bridge.log"
     with log.open("ab") as handle:
-        proc = subprocess.Popen([sys.executable, "-m", "bridge.cli", "serve", "--port", str(port)],
+        proc = subprocess.Popen([*BRIDGE_CLI, "serve", "--port", str(port)],
                                 stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     bridge = BridgeProcess(proc, f"http://127.0.0.1:{port}", port, log, env)
     try:

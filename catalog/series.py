@@ -21,7 +21,7 @@ contract-1 join metrics directly (see ``alert_rules/attribution.py``).
 
 from __future__ import annotations
 
-from exporter import labels as L
+from wandb_infra.common import labels as L
 
 # dcgm-exporter per-GPU fields: every name it has had (up to 4.8 / since 4.9) with the factor to
 # the normalised unit (utilisation 0..100 -> ratio, MiB -> bytes).

@@ -1,5 +1,7 @@
 """Contract 1: the join metrics' names and labels, shared by exporter, rules, dashboards, bridge."""
 
+import re
+
 NODE_INFO = "wandb_run_node_info"
 GPU_INFO = "wandb_run_gpu_info"
 # One series per Kubernetes pod of a run, so the rules can join dcgm-exporter's pod labels (which
@@ -27,3 +29,8 @@ GPU_INFO_LABELS: tuple[str, ...] = (ENTITY, PROJECT, RUN_ID, HOSTNAME, GPU, GPU_
 POD_INFO_LABELS: tuple[str, ...] = (ENTITY, PROJECT, RUN_ID, HOSTNAME, NAMESPACE, POD, SOURCE)
 
 SELF_METRIC_PREFIX = "wandb_infra_exporter_"
+
+# Acceptable values of the run labels: W&B run ids, and entity/project names that cannot break a
+# URL path or a log line. Matched with fullmatch (a trailing newline is not accepted).
+RUN_ID_CHARS = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
+NAME_CHARS = re.compile(r"[^\s/\\#?%:\x00-\x1f\x7f]{1,128}")

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bridge.catalog.vocabulary import (
+from wandb_infra.catalog.vocabulary import (
     ANNOTATION_DASHBOARD_UID,
     ANNOTATION_FOR_SECONDS,
     ANNOTATION_PANEL_ID,
 )
-from exporter import labels
+from wandb_infra.common import labels
 
 
 @dataclass(frozen=True)

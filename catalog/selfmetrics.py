@@ -4,7 +4,7 @@ that each name here is on their real ``/metrics``."""
 
 from __future__ import annotations
 
-from exporter import labels
+from wandb_infra.common import labels
 
 _EXPORTER = labels.SELF_METRIC_PREFIX
 BRIDGE_PREFIX = "wandb_infra_bridge_"

@@ -15,12 +15,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from bridge.catalog import selfmetrics as m
-from bridge.catalog import series as s
-from bridge.catalog.vocabulary import CATEGORY_DEFAULT_CAUSE, CauseClass
-from bridge.catalog.xid import XidClass, known_regex
-from bridge.catalog.xid import regex as xid_regex
-from exporter import labels as L
+from wandb_infra.catalog import selfmetrics as m
+from wandb_infra.catalog import series as s
+from wandb_infra.catalog.vocabulary import CATEGORY_DEFAULT_CAUSE, CauseClass
+from wandb_infra.catalog.xid import XidClass, known_regex
+from wandb_infra.catalog.xid import regex as xid_regex
+from wandb_infra.common import labels as L
 
 SCOPES: tuple[str, ...] = ("gpu", "host", "link", "run", "pipeline")
 
@@ -179,7 +179,7 @@ register(
         "A GPU reported an XID error the catalog does not know.",
         _XID_DESC,
         "Unknown: look the code up in NVIDIA's XID catalog; most unlisted XIDs end the job.",
-        "Look up the XID in NVIDIA's catalog and add it to bridge/catalog/xid.py.",
+        "Look up the XID in NVIDIA's catalog and add it to catalog/xid.py.",
         "xid_errors", f'{s.XID_EVENTS}{{xid!~"{known_regex()}"}}', copy_labels=("xid",),
         group="gpu-xid"),
     AlertDef(

@@ -15,12 +15,12 @@ from typing import Any
 
 from aiohttp import web
 
-from bridge.grafana import GrafanaLinks
-from bridge.identity import IdentityReader
-from bridge.metrics import BridgeMetrics
-from bridge.store import Store
-from bridge.webhook import BridgeContext, Credentials, create_app
-from tests.services import free_port
+from harness.processes import free_port
+from wandb_infra.bridge.grafana import GrafanaLinks
+from wandb_infra.bridge.identity import IdentityReader
+from wandb_infra.bridge.metrics import BridgeMetrics
+from wandb_infra.bridge.store import Store
+from wandb_infra.bridge.webhook import BridgeContext, Credentials, create_app
 
 T0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 TOKEN = "test-bridge-token-0123456789"

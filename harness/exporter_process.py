@@ -12,7 +12,7 @@ import requests
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from demo.processes import free_port, running
+from harness.processes import free_port, running
 
 EXPORTER = str(Path(sys.executable).parent / "wandb-infra-exporter")
 

@@ -1,0 +1,1 @@
+"""Generates the Grafana dashboards from the catalog's panel ids."""
