@@ -1,10 +1,10 @@
 """Generate the Grafana dashboards as code (grafana-foundation-sdk 11.6 builders) into JSON files.
 
 Why generated: every panel id, dashboard uid, variable name and series name comes from the shared
-catalog (``catalog/``: panels, series) and the join-metric contract (``exporter/labels``), so
+catalog (``catalog/``: panels, series) and the join-metric contract (``common/labels``), so
 the deep links the bridge builds and the alerts' ``panel_id`` annotations always land on a panel
-that exists. ``python -m wandb_infra.dashboards.generate`` rewrites the committed JSON; ``--check`` fails when
-the committed files differ from what this module produces.
+that exists. ``python -m wandb_infra.dashboards.generate`` rewrites the committed JSON;
+``--check`` fails when the committed files differ from what this module produces.
 
 Queries read the normalised series of ``alert_rules/`` (``hostname``/``gpu`` labels on every dcgm
 flavour) and take each range over ``$__rate_interval``: the ``*_over_time`` keeps a short spike
@@ -514,7 +514,7 @@ def main(argv: Iterable[str] | None = None) -> int:
     stale = stale_files(rendered)
     if args.check:
         for path in stale:
-            print(f"out of date: {path} (run python -m wandb_infra.dashboards.generate)", file=sys.stderr)
+            print(f"out of date: {path} (run: make generate)", file=sys.stderr)
         return 1 if stale else 0
     for path in stale:
         path.write_text(rendered[path])
