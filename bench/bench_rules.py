@@ -1,6 +1,7 @@
-"""Rule evaluation cost on a 2,000-host x 8-GPU cluster: a real Prometheus scrapes the cluster
-simulator (dcgm-exporter in three flavours, node_exporter with 8 IB ports per host, join metrics
-for 250 runs, a few faults) and evaluates every shipped group every 30 s.
+"""Rule evaluation cost on 1,000-, 2,000- and 4,000-host x 8-GPU clusters: a real Prometheus
+scrapes the cluster simulator (dcgm-exporter in three flavours, node_exporter with 8 IB ports
+per host, join metrics for one run per 8 hosts, a few faults) and evaluates every shipped group
+every 30 s.
 
 Figure: evaluation time per 30 s cycle and its ratio to the 30 s interval (the baseline; target
 < 5%). Groups run at four tiers (``alert_rules/tiers.py``): a group evaluated every 4 minutes
@@ -9,10 +10,14 @@ spends its last duration (``evaluationTime`` in ``/api/v1/rules``, the value of
 duration x 30 s / interval; the note also gives the plain sum of every group's last duration.
 Median over the cycles measured once every group has evaluated, while Prometheus scrapes the
 cluster. Windows of up to 1 h are only as full as the run is long, noted in the result.
-``WANDB_INFRA_BENCH_RULES_MINUTES`` sets the run's length (default 16; the cycles count once
-the 8-minute wear tier has evaluated),
-``WANDB_INFRA_BENCH_RULES_HOSTS`` the host count (default 2000; runs scale with it, one per 8
-hosts) for quicker iterations at a smaller scale (cost is about linear in hosts).
+``WANDB_INFRA_BENCH_RULES_MINUTES`` sets each size's run length (default 12; the cycles count
+once the 8-minute wear tier has evaluated), ``WANDB_INFRA_BENCH_RULES_HOSTS`` the host counts
+(default ``1000,2000,4000``; runs scale with them, one per 8 hosts).
+
+Growth: the cost per host at each size over the cost per host at the smallest size; at most 1
+means the rules cost grows at most linearly with the cluster (the target). The machine's load
+average is in each note: past 2 busy cores the simulator and Prometheus' scraping take the CPU the
+rules would use, and wall-clock durations grow for that reason alone.
 """
 
 from __future__ import annotations
@@ -36,26 +41,28 @@ from wandb_infra.catalog.alerts import duration_seconds
 
 ROOT = Path(__file__).resolve().parent.parent
 
-HOSTS = int(os.environ.get("WANDB_INFRA_BENCH_RULES_HOSTS", "2000"))
+SIZES = tuple(int(h) for h in
+              os.environ.get("WANDB_INFRA_BENCH_RULES_HOSTS", "1000,2000,4000").split(","))
 GPUS = 8
-RUNS = max(1, HOSTS // 8)
 INTERVAL_S = 30
 TARGET_RATIO = 0.05
 RULES = str(ROOT / "alert_rules" / RULES_FILE)
 METRIC = re.compile(r'^(prometheus_rule_[a-z_]+)\{rule_group="[^"]*;([^"]+)"\} (\S+)$', re.M)
 
 
-def _cluster() -> Cluster:
-    width = max(3, len(str(HOSTS)))
-    names = [f"gpu-node-{i:0{width}d}" for i in range(1, HOSTS + 1)]
+def _cluster(hosts: int) -> Cluster:
+    """``hosts`` x 8 GPUs in three dcgm-exporter flavours, one run per 8 hosts."""
+    runs = max(1, hosts // 8)
+    width = max(3, len(str(hosts)))
+    names = [f"gpu-node-{i:0{width}d}" for i in range(1, hosts + 1)]
     flavours = {n: ("Hostname" if i % 3 == 0 else "4.9" if i % 10 == 1 else "hostname")
                 for i, n in enumerate(names)}
     # Kubernetes mode (pod labels on every run's GPUs, a pod info series per run and host): the
     # pod join reads every held GPU, the costliest case for the rules.
-    cluster = Cluster(hosts=HOSTS, gpus_per_host=GPUS, host_flavours=flavours, xid_count=True,
+    cluster = Cluster(hosts=hosts, gpus_per_host=GPUS, host_flavours=flavours, xid_count=True,
                       kubernetes_pods=True, render_ttl=5.0)
-    per_run = HOSTS // RUNS
-    for r in range(RUNS):
+    per_run = hosts // runs
+    for r in range(runs):
         hosts = names[r * per_run:(r + 1) * per_run]
         gpus = None if r % 2 == 0 else range(GPUS)
         cluster.assign_run("bench", "cluster", f"run{r:03d}", hosts, gpus=gpus)
@@ -137,28 +144,29 @@ def _cpu_seconds(base_url: str) -> float:
     return float(match.group(1))
 
 
-def run() -> list[Result]:
+def _one_size(hosts: int, minutes: float) -> tuple[float, float, str]:
     """Start simulator + Prometheus, let the groups evaluate while the cluster is scraped every
-    30 s, read their durations.
+    30 s, read their durations: (evaluation s per 30 s, Prometheus CPU s per 30 s, note).
 
     The simulator (Python) shares the 2 cores with Prometheus, so the figure is pessimistic: a
     real Prometheus host does not also render the cluster. Stretching the scrape interval to
     isolate the rules was tried and dropped: the reload re-runs discovery and ages the data out
     of the lookback within the slow tier's interval, so that phase measured artefacts.
     """
-    minutes = float(os.environ.get("WANDB_INFRA_BENCH_RULES_MINUTES", "16"))
+    runs = max(1, hosts // 8)
     # every group evaluates at least once before the cycles that count
     phase = duration_seconds(tiers.WEAR) + 10 * INTERVAL_S
-    cluster = _cluster()
-    hosts = list(cluster.hosts)
+    cluster = _cluster(hosts)
+    names = list(cluster.hosts)
     with (tempfile.TemporaryDirectory(prefix="bench-rules-") as tmp, serve(cluster) as sim,
-          prometheus(_config(sim.address, hosts), Path(tmp)) as prom):
+          prometheus(_config(sim.address, names), Path(tmp)) as prom):
         time.sleep(90)
         _faults(cluster)
         cpu_before, wall_before = _cpu_seconds(prom.url), time.monotonic()
         load, per_group = _measure(prom.url, max(phase, minutes * 60 - 90))
         cpu = ((_cpu_seconds(prom.url) - cpu_before)
                / ((time.monotonic() - wall_before) / INTERVAL_S))
+        machine = ", ".join(f"{x:.1f}" for x in os.getloadavg())
         intervals = {g["name"]: g["interval"] for g in _groups(prom.url)}
         slowest = _slowest_rules(prom.url)
         metrics = _rule_metrics(prom.url)
@@ -168,36 +176,50 @@ def run() -> list[Result]:
         head = re.search(r"^prometheus_tsdb_head_series (\S+)$",
                          requests.get(prom.url + "/metrics", timeout=30).text, re.M)
     if not load:
-        raise RuntimeError("no rule evaluation cycles measured")
+        raise RuntimeError(f"no rule evaluation cycles measured at {hosts} hosts")
     groups = sorted(((statistics.median(v) * INTERVAL_S / intervals[k], k, intervals[k])
                      for k, v in per_group.items()), reverse=True)
     summed = sum(statistics.median(v) for v in per_group.values())
     fired = ", ".join(sorted(f"{r['metric']['alertname']}={r['value'][1]}" for r in firing))
     head_series = f"{float(head.group(1)):.0f}" if head else "?"
-    machine = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     note = (f"{len(load)} cycles while ingesting every 30 s next to the simulator; each group's "
             f"median duration once: {summed:.2f}s in all; per 30 s: "
             + ", ".join(f"{k.removeprefix('wandb-infra-')} {v:.2f}s (every {i:.0f}s)"
                         for v, k, i in groups[:6])
             + "; slowest rules (one evaluation): "
             + ", ".join(f"{k} {v:.2f}s" for v, k in slowest)
-            + f"; {HOSTS}x{GPUS} GPUs, {RUNS} runs, {len(groups)} groups, {failures:.0f} "
+            + f"; {hosts}x{GPUS} GPUs, {runs} runs, {len(groups)} groups, {failures:.0f} "
             f"evaluation failures, {missed:.0f} missed iterations; machine load average "
             f"{machine} on {os.cpu_count()} shared cores; windows up to 1h hold only "
             f"~{minutes:.0f} min of data; head series {head_series}; firing: {fired}")
-    print(note)
-    return [
-        Result(f"rules: evaluation per 30 s, {HOSTS}x{GPUS} GPUs, {RUNS} runs, while ingesting",
-               statistics.median(load), "s", float(INTERVAL_S), INTERVAL_S * TARGET_RATIO,
-               note=note),
-        Result("rules: Prometheus CPU seconds per 30 s (rules + ingesting 1.1 M series)", cpu,
-               "s", float(INTERVAL_S), None,
-               note="process_cpu_seconds_total over the measured phase, per 30 s: rule "
-                    "evaluation, scraping and ingesting the cluster, and the Go garbage "
-                    "collector's work on a ~0.9 M-series head"),
-    ]
+    print(note, flush=True)
+    return statistics.median(load), cpu, note
 
 
-if __name__ == "__main__":
-    for result in run():
-        print(result.as_dict())
+def run() -> list[Result]:
+    """Every size in turn, then the growth of the cost per host against the smallest size."""
+    minutes = float(os.environ.get("WANDB_INFRA_BENCH_RULES_MINUTES", "12"))
+    results, costs = [], {}
+    for hosts in SIZES:
+        cost, cpu, note = _one_size(hosts, minutes)
+        costs[hosts] = cost
+        results += [
+            Result(f"rules: evaluation per 30 s, {hosts}x{GPUS} GPUs, {max(1, hosts // 8)} "
+                   "runs, while ingesting", cost, "s", float(INTERVAL_S),
+                   INTERVAL_S * TARGET_RATIO, note=note),
+            Result(f"rules: Prometheus CPU seconds per 30 s, {hosts}x{GPUS} GPUs", cpu, "s",
+                   float(INTERVAL_S), None,
+                   note="process_cpu_seconds_total over the measured phase, per 30 s: rule "
+                        "evaluation, scraping and ingesting the cluster, and the Go garbage "
+                        "collector's work on the head"),
+        ]
+    smallest = min(costs)
+    for hosts in sorted(costs)[1:]:
+        per_host = costs[hosts] / hosts
+        results.append(Result(
+            f"rules: cost per host at {hosts} vs {smallest} hosts", per_host,
+            "s/host", costs[smallest] / smallest, costs[smallest] / smallest,
+            note=f"{costs[hosts]:.3f} s at {hosts} hosts, {costs[smallest]:.3f} s at "
+                 f"{smallest}; ratio <= 1 means the cost grows at most linearly (each size's "
+                 "load average is in its note)"))
+    return results
