@@ -17,7 +17,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
 from bench.common import Result, median_seconds
-from demo.simulator import GPU_METRICS, Cluster, prometheus_config, serve
+from demo.simulator.cluster import Cluster
+from demo.simulator.exposition import GPU_METRICS
+from demo.simulator.scrape import prometheus_config
+from demo.simulator.server import serve
 from harness.processes import prom_query, prometheus
 
 ROOT = Path(__file__).resolve().parent.parent

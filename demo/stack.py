@@ -20,7 +20,9 @@ from typing import Any
 import requests
 import yaml
 
-from demo.simulator import Cluster, SimulatorServer, target_groups
+from demo.simulator.cluster import Cluster
+from demo.simulator.scrape import target_groups
+from demo.simulator.server import SimulatorServer
 from harness import processes
 from wandb_infra.catalog.alerts import duration_seconds
 from wandb_infra.catalog.vocabulary import ANNOTATION_FOR_SECONDS

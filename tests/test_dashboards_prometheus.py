@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from demo.simulator import Cluster, prometheus_config, serve
+from demo.simulator.cluster import Cluster
+from demo.simulator.scrape import prometheus_config
+from demo.simulator.server import serve
 from demo.stack import scale_rules
 from harness.processes import prom_query, prometheus
 from wandb_infra.catalog import panels as catalog

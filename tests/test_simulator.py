@@ -14,13 +14,10 @@ import pytest
 import requests
 import yaml
 
-from demo.simulator import (
-    FAULT_KINDS,
-    Cluster,
-    SimulatorError,
-    prometheus_config,
-    serve,
-)
+from demo.simulator.cluster import FAULT_KINDS, Cluster
+from demo.simulator.model import SimulatorError
+from demo.simulator.scrape import prometheus_config
+from demo.simulator.server import serve
 from harness.processes import PROMTOOL, env_without_proxies, prom_query, prometheus
 from wandb_infra.common.nodestate import parse_scontrol_nodes
 
