@@ -24,8 +24,8 @@ from bench.common import Result, median_seconds
 from harness.processes import free_port
 from wandb_infra.common import labels
 from wandb_infra.exporter.model import Gpu, RunKey, RunPlacement, SourceResult
-from wandb_infra.exporter.registration import RegistrationStore
-from wandb_infra.exporter.registry import Registry
+from wandb_infra.exporter.placements import PlacementMerger
+from wandb_infra.exporter.pushed import RegistrationStore
 from wandb_infra.exporter.server import build_app
 
 RUNS, HOSTS_PER_RUN, GPUS_PER_HOST = 250, 8, 8
@@ -87,7 +87,7 @@ def run() -> list[Result]:
     session = requests.Session()
     session.trust_env = False
     data = placements()
-    registry = Registry()
+    registry = PlacementMerger()
     registry.record_success("slurm", SourceResult(data), 0.1)
     base, server = baseline_url(data)
     try:

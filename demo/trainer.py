@@ -20,7 +20,7 @@ from typing import Any
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from wandb_infra.exporter.register import register
+from wandb_infra.exporter.client import register
 
 TENSOR_METRICS = ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_PROF_TENSOR_UTIL_RATIO")
 CLOCK_METRICS = ("DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_SM_CLOCK_HZ")

@@ -15,13 +15,13 @@ from wandb_infra.common.configfile import ConfigError, check_section, load_confi
 from wandb_infra.common.logsetup import log_fields, setup_logging
 from wandb_infra.exporter import webconfig
 from wandb_infra.exporter.hostnames import HostnameMapper
-from wandb_infra.exporter.registration import RegistrationStore
-from wandb_infra.exporter.registry import Registry
+from wandb_infra.exporter.placements import PlacementMerger
+from wandb_infra.exporter.pushed import RegistrationStore
 from wandb_infra.exporter.server import REGISTRATION_SOURCE, HostToken, build_app
 from wandb_infra.exporter.sources import Source
+from wandb_infra.exporter.sources.files import RegistrationFilesSource
 from wandb_infra.exporter.sources.kubernetes import KubernetesSource
 from wandb_infra.exporter.sources.nodestate import KubernetesNodeSource, SlurmNodeSource
-from wandb_infra.exporter.sources.registrations import RegistrationFilesSource
 from wandb_infra.exporter.sources.slurm import SlurmSource
 from wandb_infra.exporter.sources.wandb_runs import WandbRunsSource
 
@@ -206,25 +206,25 @@ def build_sources(cfg: Mapping[str, Any], secrets: list[str]) -> list[Source]:
     return sources
 
 
-def node_state_sources(cfg: Mapping[str, Any], registry: Registry, grace: float,
+def node_state_sources(cfg: Mapping[str, Any], merger: PlacementMerger, grace: float,
                        secrets: list[str]) -> list[Source]:
-    """The enabled node-state pollers, each publishing through the registry."""
+    """The enabled node-state pollers, each publishing through the merger."""
     sections = cfg.get("node_state") or {}
     if not isinstance(sections, Mapping) or set(sections) - {"slurm", "kubernetes"}:
         raise ConfigError("node_state must be a mapping with slurm and/or kubernetes")
     out: list[SlurmNodeSource | KubernetesNodeSource] = []
     slurm = sections.get("slurm") or {}
     if slurm.get("enabled"):
-        out.append(SlurmNodeSource(slurm, registry.mapper, grace))
+        out.append(SlurmNodeSource(slurm, merger.mapper, grace))
     k8s = sections.get("kubernetes") or {}
     if k8s.get("enabled"):
         inherited = {k: v for k, v in ((cfg.get("sources") or {}).get("kubernetes") or {}).items()
                      if k in _K8S_CONNECTION}
-        k8s_source = KubernetesNodeSource({**inherited, **k8s}, registry.mapper, grace)
+        k8s_source = KubernetesNodeSource({**inherited, **k8s}, merger.mapper, grace)
         secrets.append(k8s_source.api.token or "")
         out.append(k8s_source)
     for source in out:
-        registry.add_node_states(source.states)
+        merger.add_node_states(source.states)
     return list(out)
 
 
@@ -261,16 +261,16 @@ def _build(cfg: Mapping[str, Any]) -> tuple[web.Application, list[str]]:
     store = RegistrationStore(max_entries=int(reg_cfg.get("max_entries", 100000)),
                               max_series=int(reg_cfg.get("max_series", 180000)))
     live = [(REGISTRATION_SOURCE, store.active)] if reg_cfg.get("enabled", True) else []
-    registry = Registry(HostnameMapper.from_config(cfg.get("hostnames") or {}),
-                        grace_seconds=grace, live_sources=live, live_version=store.version)
-    sources = build_sources(cfg, secrets) + node_state_sources(cfg, registry, grace, secrets)
+    merger = PlacementMerger(HostnameMapper.from_config(cfg.get("hostnames") or {}),
+                             grace_seconds=grace, live_sources=live, live_version=store.version)
+    sources = build_sources(cfg, secrets) + node_state_sources(cfg, merger, grace, secrets)
     if len({s.name for s in sources}) != len(sources):
         raise ConfigError("node_state source names must differ from the run sources' names")
     for source in sources:
         if not source.interval > 0:
             raise ConfigError(f"source {source.name}: interval_seconds must be > 0")
     require_token(str(cfg["listen"]), bool(token or bound), bool(reg_cfg.get("enabled", True)))
-    app = build_app(registry, store, sources, token=token, default_ttl=default_ttl,
+    app = build_app(merger, store, sources, token=token, default_ttl=default_ttl,
                     max_ttl=max_ttl, registrations=bool(reg_cfg.get("enabled", True)),
                     host_tokens=bound)
     return app, secrets

@@ -1,8 +1,8 @@
-"""Builds the exposition on each scrape from the registry's current snapshot.
+"""Builds the exposition on each scrape from the merged snapshot.
 
 The two join metrics are rendered straight to text format 0.0.4: prometheus_client's generic
 writer needs 150+ ms for the 18,000 series of a 2,000-host cluster (see bench/bench_exporter.py),
-too slow for a scrape target. Each scrape assembles the body from the registry's current snapshot;
+too slow for a scrape target. Each scrape assembles the body from the merged snapshot;
 the only thing remembered between scrapes is a memo from a series' label values to its text line
 (a pure function of them), pruned to the series of the last scrape. Self-metrics go through a
 prometheus_client custom collector. No gauges are mutated behind the scrape.
@@ -27,7 +27,7 @@ from prometheus_client.registry import Collector
 from wandb_infra.common import labels, nodestate
 from wandb_infra.common.nodestate import NodeState
 from wandb_infra.exporter import __version__
-from wandb_infra.exporter.registry import Registry, Snapshot
+from wandb_infra.exporter.placements import PlacementMerger, Snapshot
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 P = labels.SELF_METRIC_PREFIX
@@ -84,7 +84,7 @@ class _Lines:
 
 
 class Exposition:
-    """Builds /metrics bodies from a registry (one instance per server)."""
+    """Builds /metrics bodies from a merger (one instance per server)."""
 
     def __init__(self) -> None:
         self._nodes = _Lines(labels.NODE_INFO, labels.NODE_INFO_LABELS)
@@ -105,12 +105,12 @@ class Exposition:
             text = self._nodes.render(snapshot.nodes) + self._gpus.render(snapshot.gpus)
             return text + (self._pods.render(snapshot.pods) if snapshot.pods else "")
 
-    def render(self, registry: Registry) -> bytes:
-        """The whole /metrics body, built now from the registry's current snapshot."""
-        snap = registry.snapshot()
+    def render(self, merger: PlacementMerger) -> bytes:
+        """The whole /metrics body, built now from the merged snapshot."""
+        snap = merger.snapshot()
         self_registry = CollectorRegistry(auto_describe=False)
         self_registry.register(SelfMetrics(snap))
-        return (self.render_info(snap) + render_node_states(registry.node_states())).encode() \
+        return (self.render_info(snap) + render_node_states(merger.node_states())).encode() \
             + generate_latest(self_registry) + generate_latest(self._process)
 
 
@@ -179,6 +179,6 @@ class SelfMetrics(Collector):
 
 
 
-def render(registry: Registry) -> bytes:
+def render(merger: PlacementMerger) -> bytes:
     """A /metrics body without memo (tests, one-off dumps)."""
-    return Exposition().render(registry)
+    return Exposition().render(merger)

@@ -1,4 +1,4 @@
-"""Plain data shared by sources, registry and collector: where a run executes."""
+"""Plain data shared by sources, the placement merger and collector: where a run executes."""
 
 from __future__ import annotations
 

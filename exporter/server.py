@@ -20,14 +20,14 @@ from wandb_infra.common.commands import SourceError
 from wandb_infra.common.logsetup import log_fields
 from wandb_infra.exporter import __version__
 from wandb_infra.exporter.collector import CONTENT_TYPE, Exposition
-from wandb_infra.exporter.registration import (
+from wandb_infra.exporter.placements import PlacementMerger
+from wandb_infra.exporter.pushed import (
     HOST_CHARS,
     RegistrationError,
     RegistrationStore,
     parse_registration,
     run_key,
 )
-from wandb_infra.exporter.registry import Registry
 from wandb_infra.exporter.sources import Source
 
 log = logging.getLogger(__name__)
@@ -52,19 +52,19 @@ def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
 
 
-async def poll_forever(source: Source, registry: Registry) -> None:
+async def poll_forever(source: Source, merger: PlacementMerger) -> None:
     """Poll one source on its interval; nothing a source does can stop the loop."""
     loop = asyncio.get_running_loop()
     while True:
         started = time.monotonic()
         try:
             result = await loop.run_in_executor(None, source.poll)
-            registry.record_success(source.name, result, time.monotonic() - started)
+            merger.record_success(source.name, result, time.monotonic() - started)
         except SourceError as exc:
-            registry.record_failure(source.name, str(exc), time.monotonic() - started)
+            merger.record_failure(source.name, str(exc), time.monotonic() - started)
         except Exception as exc:  # a bug or garbage in one source must not kill the exporter
             log.exception("source crashed", extra=log_fields(source=source.name))
-            registry.record_failure(source.name, f"{type(exc).__name__}: {exc}",
+            merger.record_failure(source.name, f"{type(exc).__name__}: {exc}",
                                     time.monotonic() - started)
         await asyncio.sleep(max(0.05, source.interval - (time.monotonic() - started)))
 
@@ -90,12 +90,12 @@ def _digest(value: str) -> bytes:
 
 
 class Api:
-    """Handlers sharing the registry, the registration store and the auth tokens."""
+    """Handlers sharing the merger, the registration store and the auth tokens."""
 
-    def __init__(self, registry: Registry, store: RegistrationStore, token: str | None,
+    def __init__(self, merger: PlacementMerger, store: RegistrationStore, token: str | None,
                  default_ttl: float, max_ttl: float, *,
                  host_tokens: Sequence[HostToken] = ()) -> None:
-        self.registry, self.store = registry, store
+        self.merger, self.store = merger, store
         self.default_ttl, self.max_ttl = default_ttl, max_ttl
         self.exposition = Exposition()
         # (digest, None) grants every host; (digest, HostToken) only its hosts.
@@ -120,7 +120,7 @@ class Api:
         """The exposition, built now; gzipped when the scraper accepts it (Prometheus does), as
         a 2,000-host cluster's join metrics shrink about thirtyfold."""
         loop = asyncio.get_running_loop()
-        body = await loop.run_in_executor(None, self.exposition.render, self.registry)
+        body = await loop.run_in_executor(None, self.exposition.render, self.merger)
         headers = {"Content-Type": CONTENT_TYPE}
         if "gzip" in request.headers.get("Accept-Encoding", ""):
             body = await loop.run_in_executor(None, gzip.compress, body, GZIP_LEVEL)
@@ -133,7 +133,7 @@ class Api:
 
     async def healthz(self, request: web.Request) -> web.Response:
         """Liveness plus each source's state (the process is healthy even if a source is down)."""
-        snap = self.registry.snapshot()
+        snap = self.merger.snapshot()
         return web.json_response({
             "status": "ok", "runs": snap.runs, "hosts": snap.hosts,
             "sources": {s.name: {"up": s.up, "last_success": s.last_success,
@@ -156,18 +156,18 @@ class Api:
         try:
             data = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
-            self.registry.count_error(REGISTRATION_SOURCE)
+            self.merger.count_error(REGISTRATION_SOURCE)
             return _error(400, f"body is not valid JSON: {exc}")
         except RecursionError:
-            self.registry.count_error(REGISTRATION_SOURCE)
+            self.merger.count_error(REGISTRATION_SOURCE)
             return _error(400, "body is nested too deeply")
         try:
             placement, ttl = parse_registration(data, REGISTRATION_SOURCE, self.default_ttl,
                                                 self.max_ttl)
         except RegistrationError as exc:
-            self.registry.count_error(REGISTRATION_SOURCE)
+            self.merger.count_error(REGISTRATION_SOURCE)
             return _error(400, str(exc))
-        canonical = self.registry.canonical(placement)
+        canonical = self.merger.canonical(placement)
         if bound is not None and not bound.allows(placement.host, canonical.host):
             return _error(403, f"this token may not register runs on {placement.host!r}")
         placement = canonical
@@ -192,7 +192,7 @@ class Api:
         host = request.query.get("hostname")
         if host is not None and not HOST_CHARS.fullmatch(host):
             return _error(400, "'hostname' has invalid characters or length")
-        canonical = None if host is None else self.registry.mapper(host)
+        canonical = None if host is None else self.merger.mapper(host)
         if bound is not None and (host is None or not bound.allows(host, canonical or "")):
             return _error(403, "this token may delete runs only with ?hostname= of its hosts")
         deleted = self.store.delete(run, canonical)
@@ -200,12 +200,12 @@ class Api:
         return web.json_response({"deleted": deleted})
 
 
-def build_app(registry: Registry, store: RegistrationStore, sources: Sequence[Source] = (), *,
+def build_app(merger: PlacementMerger, store: RegistrationStore, sources: Sequence[Source] = (), *,
               token: str | None = None, default_ttl: float = 600.0,
               max_ttl: float = 30 * 86400.0, registrations: bool = True,
               host_tokens: Sequence[HostToken] = ()) -> web.Application:
     """The aiohttp application; pollers start and stop with it."""
-    api = Api(registry, store, token, default_ttl, max_ttl, host_tokens=host_tokens)
+    api = Api(merger, store, token, default_ttl, max_ttl, host_tokens=host_tokens)
     app = web.Application(client_max_size=MAX_BODY)
     app.router.add_get("/", api.landing)
     app.router.add_get("/metrics", api.metrics)
@@ -214,10 +214,10 @@ def build_app(registry: Registry, store: RegistrationStore, sources: Sequence[So
         app.router.add_post("/v1/runs", api.register)
         app.router.add_delete("/v1/runs/{entity}/{project}/{run_id}", api.deregister)
     for source in sources:
-        registry.add_source(source.name)
+        merger.add_source(source.name)
 
     async def pollers(_app: web.Application) -> AsyncIterator[None]:
-        tasks = [asyncio.create_task(poll_forever(s, registry)) for s in sources]
+        tasks = [asyncio.create_task(poll_forever(s, merger)) for s in sources]
         yield
         for task in tasks:
             task.cancel()

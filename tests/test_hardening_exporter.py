@@ -15,8 +15,8 @@ from harness.bridge_payloads import serve_app
 from harness.exporter_process import EXPORTER, running_exporter
 from harness.processes import free_port
 from wandb_infra.exporter.hostnames import HostnameMapper
-from wandb_infra.exporter.registration import RegistrationStore
-from wandb_infra.exporter.registry import Registry
+from wandb_infra.exporter.placements import PlacementMerger
+from wandb_infra.exporter.pushed import RegistrationStore
 from wandb_infra.exporter.server import HostToken, build_app
 
 pytestmark = pytest.mark.integration
@@ -110,9 +110,9 @@ def test_slurm_scripts_send_the_default_token_file(tmp_path):
 @pytest.fixture(scope="module")
 def api():
     store = RegistrationStore()
-    registry = Registry(HostnameMapper(), grace_seconds=300,
-                        live_sources=[("registrations", store.active)],
-                        live_version=store.version)
+    registry = PlacementMerger(HostnameMapper(), grace_seconds=300,
+                               live_sources=[("registrations", store.active)],
+                               live_version=store.version)
     with serve_app(build_app(registry, store, token=TOKEN), free_port()) as url:
         yield url, store
 
@@ -157,9 +157,9 @@ NODE = "node-token-gpu01-0123456789"
 @pytest.fixture(scope="module")
 def bound_api():
     store = RegistrationStore()
-    registry = Registry(HostnameMapper(), grace_seconds=300,
-                        live_sources=[("registrations", store.active)],
-                        live_version=store.version)
+    registry = PlacementMerger(HostnameMapper(), grace_seconds=300,
+                               live_sources=[("registrations", store.active)],
+                               live_version=store.version)
     app = build_app(registry, store, token=TOKEN,
                     host_tokens=[HostToken(NODE, ("gpu01",)), HostToken("rack-b-token",
                                                                         ("gpu1*",))])
@@ -203,9 +203,9 @@ def test_host_tokens_in_the_config(tmp_path):
 
 def test_registrations_are_bounded_in_the_series_they_publish():
     store = RegistrationStore(max_series=10)
-    registry = Registry(HostnameMapper(), grace_seconds=300,
-                        live_sources=[("registrations", store.active)],
-                        live_version=store.version)
+    registry = PlacementMerger(HostnameMapper(), grace_seconds=300,
+                               live_sources=[("registrations", store.active)],
+                               live_version=store.version)
     with serve_app(build_app(registry, store, token=TOKEN), free_port()) as url:
         def post(host: str, gpus: int) -> int:
             return requests.post(url + "/v1/runs", json={**REG, "hostname": host,

@@ -13,7 +13,7 @@ from wandb.sdk.wandb_run import Run
 from harness.exporter_process import metric_samples, running_exporter
 from harness.processes import env_without_proxies, free_port
 from wandb_infra.common import labels
-from wandb_infra.exporter.register import (
+from wandb_infra.exporter.client import (
     build_payload,
     deregister,
     keep_registered,

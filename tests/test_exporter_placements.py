@@ -11,12 +11,12 @@ from wandb_infra.common import labels
 from wandb_infra.exporter.collector import Exposition, render
 from wandb_infra.exporter.hostnames import HostnameMapper
 from wandb_infra.exporter.model import Gpu, RunKey, RunPlacement, SourceResult
-from wandb_infra.exporter.registration import (
+from wandb_infra.exporter.placements import PlacementMerger, merge_gpus
+from wandb_infra.exporter.pushed import (
     RegistrationError,
     RegistrationStore,
     parse_registration,
 )
-from wandb_infra.exporter.registry import Registry, merge_gpus
 from wandb_infra.exporter.server import poll_forever
 from wandb_infra.exporter.sources.slurm import SlurmSource
 
@@ -46,7 +46,7 @@ def series(registry):
 
 def test_merge_dedupes_sources_and_keeps_first_labels():
     clock = Clock()
-    reg = Registry(HostnameMapper(), clock=clock)
+    reg = PlacementMerger(HostnameMapper(), clock=clock)
     reg.record_success("slurm", SourceResult([place("gpu01.x", gpus=[Gpu("0")],
                                                     extra=[("slurm_job_id", "7")])]), 0.1)
     reg.record_success("wandb", SourceResult([place("GPU01", "wandb", [Gpu("0", "GPU-a")],
@@ -63,7 +63,7 @@ def test_merge_dedupes_sources_and_keeps_first_labels():
 
 
 def test_labels_stay_constant_while_run_lives():
-    reg = Registry(clock=Clock())
+    reg = PlacementMerger(clock=Clock())
     reg.record_success("wandb", SourceResult([place("h1", "wandb", name="first")]), 0)
     before, _ = series(reg)
     reg.record_success("slurm", SourceResult([place("h1", extra=[("slurm_job_id", "9")])]), 0)
@@ -78,7 +78,7 @@ def test_labels_stay_constant_while_run_lives():
 
 
 def test_gpu_labels_stay_constant_when_another_source_adds_uuid():
-    reg = Registry(clock=Clock())
+    reg = PlacementMerger(clock=Clock())
     reg.record_success("slurm", SourceResult([place("h1", gpus=[Gpu("0"), Gpu("1")])]), 0)
     before = series(reg)[0][labels.GPU_INFO]
     reg.record_success("wandb", SourceResult([place("h1", "wandb", [Gpu("0", "GPU-a"),
@@ -97,7 +97,7 @@ def test_gpu_labels_stay_constant_when_another_source_adds_uuid():
 
 def test_failed_source_keeps_mapping_for_grace_then_drops():
     clock = Clock()
-    reg = Registry(grace_seconds=60, clock=clock)
+    reg = PlacementMerger(grace_seconds=60, clock=clock)
     reg.add_source("slurm")
     _, fams = series(reg)
     up = {s.labels["source"]: s.value for s in fams["wandb_infra_exporter_source_up"].samples}
@@ -125,7 +125,7 @@ def test_failed_source_keeps_mapping_for_grace_then_drops():
 
 def test_two_runs_share_a_host_and_gpus_stay_apart():
     other = RunKey("ent", "proj", "run2")
-    reg = Registry(clock=Clock())
+    reg = PlacementMerger(clock=Clock())
     reg.record_success("slurm", SourceResult([place("h", gpus=[Gpu("0"), Gpu("1")]),
                                               place("h", gpus=[Gpu("2")], run=other)]), 0)
     got, fams = series(reg)
@@ -146,7 +146,7 @@ def test_merge_gpus():
 
 
 def test_exposition_escapes_and_never_emits_job_or_instance():
-    reg = Registry(clock=Clock())
+    reg = PlacementMerger(clock=Clock())
     reg.record_success("wandb", SourceResult([place("h", "wandb", name='a "quoted"\\ name\n')]),
                        0)
     text = render(reg).decode()
@@ -225,7 +225,7 @@ def test_poller_survives_crashing_and_garbage_sources():
         returncode, stdout, stderr = 0, "\x00\xff{not json", ""
 
     garbage = SlurmSource({"interval_seconds": 0.01}, runner=lambda *a, **k: Garbage())
-    reg = Registry(clock=Clock())
+    reg = PlacementMerger(clock=Clock())
     flaky = Flaky()
 
     async def main():
@@ -243,7 +243,7 @@ def test_poller_survives_crashing_and_garbage_sources():
 
 
 def test_memoised_exposition_equals_fresh_rendering():
-    reg = Registry(clock=Clock())
+    reg = PlacementMerger(clock=Clock())
     exposition = Exposition()
     steps = [
         [place("h1", gpus=[Gpu("0"), Gpu("1")]), place("h2", name='q"uote')],

@@ -1,7 +1,7 @@
 """Helper a training script calls on every rank right after ``wandb.init``::
 
     import wandb
-    from wandb_infra.exporter.register import register, keep_registered
+    from wandb_infra.exporter.client import register, keep_registered
     run = wandb.init(...)
     register(run)                      # once; or:
     beat = keep_registered(run)        # re-registers every ``interval`` s (heartbeat), and

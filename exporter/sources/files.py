@@ -17,7 +17,7 @@ from typing import Any
 from wandb_infra.common.commands import SourceError
 from wandb_infra.common.configfile import ConfigError
 from wandb_infra.exporter.model import SourceResult
-from wandb_infra.exporter.registration import RegistrationError, parse_registration
+from wandb_infra.exporter.pushed import RegistrationError, parse_registration
 
 MAX_FILE_BYTES = 1 << 20
 

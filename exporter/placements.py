@@ -77,8 +77,9 @@ def merge_gpus(gpus: Iterable[Gpu]) -> tuple[Gpu, ...]:
     return tuple(sorted(kept, key=lambda g: (not g.index, len(g.index), g.index, g.uuid)))
 
 
-class Registry:
-    """Thread-safe per-source mappings; ``snapshot()`` is cached until something changes."""
+class PlacementMerger:
+    """Every source's placements (polled, pushed, live) merged into the series to publish, with
+    each source's health. Thread-safe; ``snapshot()`` is cached until something changes."""
 
     def __init__(self, mapper: HostnameMapper | None = None, grace_seconds: float = 300.0,
                  clock: Callable[[], float] = time.time,
