@@ -21,7 +21,9 @@ import yaml
 from wandb_infra.alert_rules import normalise, tiers
 from wandb_infra.alert_rules.attribution import attributed, family_joins, faulty_joins
 from wandb_infra.catalog import panels
-from wandb_infra.catalog.alerts import ALERTS, AlertDef, duration_seconds
+from wandb_infra.catalog import series as s
+from wandb_infra.catalog.alerts import ALERTS, TEMPLATE_VALUES, AlertDef, duration_seconds
+from wandb_infra.catalog.template import Value, fill, placeholders
 from wandb_infra.catalog.xid import XIDS
 from wandb_infra.common.configfile import ConfigError, load_config
 
@@ -84,8 +86,10 @@ DCGM_COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("DCGM_EXP_XID_ERRORS_COUNT", "gauge", "Count of XID errors within the window set by "
      "--xid-count-window-size."),
 )
+# dcgm-exporter counts XIDs over s.XID_COUNT_WINDOW (its flag takes milliseconds).
+XID_COUNT_WINDOW_MS = round(duration_seconds(s.XID_COUNT_WINDOW) * 1000)
 DCGM_FLAGS = ("dcgm-exporter --collectors /etc/dcgm-exporter/wandb-infra-counters.csv "
-              "--xid-count-window-size 300000")
+              f"--xid-count-window-size {XID_COUNT_WINDOW_MS}")
 CONFIRM = {
     "gpu_hardware": "`nvidia-smi -q -d ECC,ROW_REMAPPER,PAGE_RETIREMENT` on the node; "
                     "`dmesg | grep -i xid`; `dcgmi health -c`.",
@@ -183,7 +187,7 @@ def family(alert: AlertDef) -> str:
 
 def _alert(alert: AlertDef, cfg: dict[str, Any], by_record: dict[str, str | None]
            ) -> dict[str, Any]:
-    source = fault_record(alert) or read_recorded(alert.expr, by_record)
+    source = fault_record(alert) or condition(alert, by_record)
     out: dict[str, Any] = {
         "alert": alert.name,
         "expr": attributed(alert.scope, source, alert.copy_labels, family_joins(family(alert))),
@@ -238,7 +242,8 @@ def record_tiers(violation_unit: str = DEFAULTS["violation_unit"]) -> dict[str, 
 
 
 def records_read(expr: str, records: Iterable[str]) -> list[str]:
-    """The records ``expr`` reads (whole names, not prefixes of longer ones)."""
+    """The records ``expr`` reads (whole names, not prefixes of longer ones); the runbook lists
+    them and the dashboards take their evaluation interval as the panels' step."""
     return [r for r in records if re.search(rf"(?<![\w:]){re.escape(r)}(?![\w:])", expr)]
 
 
@@ -260,16 +265,32 @@ def outlives_lookback(tier: str | None) -> bool:
     return _read_window(tier) > tiers.LOOKBACK_SECONDS
 
 
-def read_recorded(expr: str, by_record: dict[str, str | None]) -> str:
-    """``expr`` reading each record of a tier slower than the lookback allows as
-    ``last_over_time(record[interval + margin])``: the last evaluation's value, until the next
-    one has written (``tiers.py``). Range reads (``record[1h]``) see every sample already."""
-    for record in records_read(expr, by_record):
-        tier = by_record[record]
-        if outlives_lookback(tier):
-            expr = re.sub(rf"(?<![\w:]){re.escape(record)}(?:\{{[^}}]*\}})?(?![\w:{{\[])",
-                          rf"last_over_time(\g<0>[{_duration(_read_window(tier))}])", expr)
-    return expr
+def reading(record: str, tier: str | None) -> str:
+    """How another group reads ``record``: by name, or, when its tier is slower than the lookback
+    allows, as ``last_over_time(record[interval + margin])``, the last evaluation's value until
+    the next one has written (``tiers.py``)."""
+    if not outlives_lookback(tier):
+        return record
+    return f"last_over_time({record}[{_duration(_read_window(tier))}])"
+
+
+def condition(alert: AlertDef, by_record: dict[str, str | None]) -> str:
+    """An alert's condition template filled in for the rule files: thresholds as stated, each
+    record through ``reading``. A record read that way cannot take a selector after its name."""
+    values: dict[str, Value] = dict(TEMPLATE_VALUES)
+    for name in placeholders(alert.condition):
+        if name in s.RECORDS:
+            record = s.RECORDS[name]
+            values[name] = reading(record, by_record[record])
+            if values[name] != record and f"${{{name}}}{{" in alert.condition:
+                raise ValueError(f"{alert.name}: {name} is read through last_over_time, so it "
+                                 "cannot take a label selector in the template")
+    return fill(alert.condition, values)
+
+
+def _inputs(alert: AlertDef) -> list[str]:
+    """The records an alert's condition names."""
+    return [s.RECORDS[n] for n in placeholders(alert.condition) if n in s.RECORDS]
 
 
 def family_tier(alerts: list[AlertDef], by_record: dict[str, str | None]) -> str | None:
@@ -283,7 +304,7 @@ def family_tier(alerts: list[AlertDef], by_record: dict[str, str | None]) -> str
         return tiers.SLOW if any("DCGM_" in a.expr for a in alerts) else tiers.FAST
     if not any(a.scope == "gpu" for a in alerts):
         return tiers.FAST
-    inputs = [by_record[r] for a in alerts for r in records_read(a.expr, by_record)]
+    inputs = [by_record[r] for a in alerts for r in _inputs(a)]
     fastest = min(inputs, key=_tier_seconds, default=tiers.FAST)
     return min(fastest, tiers.SLOW, key=_tier_seconds)
 
@@ -310,7 +331,7 @@ def groups(cfg: dict[str, Any]) -> list[dict[str, Any]]:
     for name, alerts in members.items():
         faults = [a for a in alerts if fault_record(a)]
         family_rules: list[dict[str, Any]] = [
-            {"record": fault_record(a), "expr": read_recorded(a.expr, by_record)} for a in faults]
+            {"record": fault_record(a), "expr": condition(a, by_record)} for a in faults]
         joins = faulty_joins(family_joins(name),
                              [str(fault_record(a)) for a in faults if a.scope == "gpu"],
                              [str(fault_record(a)) for a in faults if a.scope != "gpu"])
@@ -366,7 +387,8 @@ def counters_text() -> str:
         "# Generated by alert_rules/generate.py; do not edit.",
         f"# Run: {DCGM_FLAGS}",
         "# (Helm chart: arguments [\"-f\", \"/etc/dcgm-exporter/wandb-infra-counters.csv\", "
-        "\"--xid-count-window-size\", \"300000\"] with this file mounted from a ConfigMap.)",
+        f"\"--xid-count-window-size\", \"{XID_COUNT_WINDOW_MS}\"] with this file mounted from a "
+        "ConfigMap.)",
         "# Set NODE_NAME to the node name the run registry uses, so hostnames join.",
         "# Format: DCGM field, Prometheus metric type, help message",
     ]

@@ -12,7 +12,8 @@ counters only need to be read a few times per 10-15 minute window.
 A recorded sample vanishes from plain reads after the 5-minute lookback. Records of a tier up to
 ``SLOW`` are read as they are (4 minutes + evaluation time < lookback); records of a slower tier
 are read by other groups and dashboards as ``last_over_time(record[interval + READ_MARGIN])``
-(``generate.read_recorded``): the last evaluation's value until the next one has written,
+(``generate.reading``, substituted for the record's placeholder in an alert's condition
+template): the last evaluation's value until the next one has written,
 without a gap that would reset the readers' ``for``. Those records are sparse (only faulty
 entities), so the range read costs nothing. Alert groups run at ``SLOW`` at most, so ``ALERTS``
 stays continuous for queries. Windows read at a tier are longer than its interval, so no counter

@@ -3,11 +3,15 @@
 This is the catalog the rule generator renders into ``alert_rules/`` and the bridge reads to rank
 root causes. Alerts not listed here (a user's own rules) fall back to their ``category`` label.
 
-``expr`` detects the fault per infrastructure entity only (a GPU, a host, a link); it reads the
-normalised series of ``series.py`` and returns just the faulty entities, valued with the measured
-figure. The generator wraps it with run attribution according to ``scope`` (contract 2), copying
-``copy_labels`` (e.g. ``xid``, ``device``/``port``) onto the attributed alert. Alerts of scope
-``run`` already carry the run labels.
+``condition`` is a PromQL template that detects the fault per infrastructure entity only (a GPU,
+a host, a link); it reads the normalised series of ``series.py`` and returns just the faulty
+entities, valued with the measured figure. Its placeholders (``${ECC_DBE}``,
+``${TEMP_WARNING_C}``) name a record of ``series.RECORDS`` or an entry of ``TEMPLATE_VALUES``
+(thresholds, clock bits, XID sets, this project's own metrics); the generator substitutes them and
+nothing else (``expr`` is that plain substitution, which the runbook shows). The generator wraps it
+with run attribution according to ``scope`` (contract 2), copying ``copy_labels`` (e.g. ``xid``,
+``device``/``port``) onto the attributed alert. Alerts of scope ``run`` already carry the run
+labels.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from dataclasses import dataclass, field
 
 from wandb_infra.catalog import selfmetrics as m
 from wandb_infra.catalog import series as s
+from wandb_infra.catalog.series import span
+from wandb_infra.catalog.template import fill
 from wandb_infra.catalog.vocabulary import CATEGORY_DEFAULT_CAUSE, CauseClass
 from wandb_infra.catalog.xid import XidClass, known_regex
 from wandb_infra.catalog.xid import regex as xid_regex
@@ -33,8 +39,10 @@ PCIE_REPLAYS_PER_MINUTE = 16
 NVLINK_CRC_FAIL_PER_SECOND = 100
 RETIRED_PAGES_LIMIT = 63
 UNCORRECTABLE_ROWS_LIMIT = 512
-SBE_STORM_PER_10M = 100
+SBE_STORM_PER_WINDOW = 100  # corrected single-bit errors per WEAR_WINDOW
 IB_PHYSICAL_ERRORS_PER_SECOND = 0.1
+IB_FLAPS_MIN = 2  # link downs or error recoveries per FLAP_WINDOW
+CARRIER_CHANGES_MIN = 4  # carrier changes per FLAP_WINDOW (one flap is a down and an up)
 STALL_ACTIVITY_MAX = 0.02
 STALL_PRIOR_ACTIVITY_MIN = 0.2
 STALL_FB_MIN_BYTES = 1024**3
@@ -43,7 +51,46 @@ STRAGGLER_RUN_BUSY_MIN = 0.5
 SOURCE_STALE_SECONDS = 900
 DELIVERY_BACKLOG_SECONDS = 600
 
-_ON_GPU = f"{L.HOSTNAME}, {L.GPU}"
+# Everything but the records that a template may name (records: ``series.RECORDS``).
+TEMPLATE_VALUES: dict[str, str | int | float] = {
+    "TEMP_WARNING_C": TEMP_WARNING_C,
+    "TEMP_CRITICAL_C": TEMP_CRITICAL_C,
+    "THERMAL_VIOLATION_RATIO": THERMAL_VIOLATION_RATIO,
+    "POWER_VIOLATION_RATIO": POWER_VIOLATION_RATIO,
+    "PCIE_REPLAYS_PER_MINUTE": PCIE_REPLAYS_PER_MINUTE,
+    "NVLINK_CRC_FAIL_PER_SECOND": NVLINK_CRC_FAIL_PER_SECOND,
+    "RETIRED_PAGES_LIMIT": RETIRED_PAGES_LIMIT,
+    "UNCORRECTABLE_ROWS_LIMIT": UNCORRECTABLE_ROWS_LIMIT,
+    "SBE_STORM_PER_WINDOW": SBE_STORM_PER_WINDOW,
+    "IB_PHYSICAL_ERRORS_PER_SECOND": IB_PHYSICAL_ERRORS_PER_SECOND,
+    "IB_FLAPS_MIN": IB_FLAPS_MIN,
+    "CARRIER_CHANGES_MIN": CARRIER_CHANGES_MIN,
+    "STALL_FB_MIN_MIB": STALL_FB_MIN_BYTES // 2**20,
+    "SOURCE_STALE_SECONDS": SOURCE_STALE_SECONDS,
+    "DELIVERY_BACKLOG_SECONDS": DELIVERY_BACKLOG_SECONDS,
+    "CLOCK_HW_SLOWDOWN": s.CLOCK_HW_SLOWDOWN,
+    "CLOCK_HW_THERMAL": s.CLOCK_HW_THERMAL,
+    "CLOCK_HW_POWER_BRAKE": s.CLOCK_HW_POWER_BRAKE,
+    "HISTORY_WINDOW": s.HISTORY_WINDOW,
+    "TARGET_LABEL": s.TARGET_LABEL,
+    "XID_HARDWARE": xid_regex(XidClass.HARDWARE),
+    "XID_APPLICATION": xid_regex(XidClass.APPLICATION),
+    "XID_INFORMATIONAL": xid_regex(XidClass.INFORMATIONAL),
+    "XID_KNOWN": known_regex(),
+    "NODE_INFO": L.NODE_INFO,
+    "EXPORTER_SOURCE_UP": m.EXPORTER_SOURCE_UP,
+    "EXPORTER_SOURCE_LAST_SUCCESS": m.EXPORTER_SOURCE_LAST_SUCCESS,
+    "EXPORTER_HOSTS": m.EXPORTER_HOSTS,
+    "BRIDGE_QUEUE_RUNS": m.BRIDGE_QUEUE_RUNS,
+    "BRIDGE_PARKED_RUNS": m.BRIDGE_PARKED_RUNS,
+    "BRIDGE_OLDEST_UNDELIVERED": m.BRIDGE_OLDEST_UNDELIVERED,
+    "BRIDGE_STORE_WRITABLE": m.BRIDGE_STORE_WRITABLE,
+}
+
+# What a condition's placeholders stand for when read as stated (the generator reads records of a
+# slow tier through ``last_over_time`` instead; ``alert_rules/tiers.py``).
+PLAIN_VALUES: dict[str, str | int | float] = {**s.RECORDS, **TEMPLATE_VALUES}
+
 _WHERE_GPU = "GPU {{ $labels.gpu }} on {{ $labels.hostname }}"
 _WHERE_LINK = "{{ $labels.device }} port {{ $labels.port }} on {{ $labels.hostname }}"
 # A whole-number reading (a count from increase(), a temperature, a state or bitmask), printed
@@ -51,10 +98,11 @@ _WHERE_LINK = "{{ $labels.device }} port {{ $labels.port }} on {{ $labels.hostna
 _WHOLE = '{{ $value | printf "%.0f" }}'
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class AlertDef:
-    """One alert. ``scope`` names the entity it is raised on: gpu, host, link, run, or pipeline
-    (this project's own exporter and bridge; never attributed to a run)."""
+    """One alert, stated with keywords. ``scope`` names the entity it is raised on: gpu, host,
+    link, run, or pipeline (this project's own exporter and bridge; never attributed to a run).
+    ``condition`` is the PromQL template described above, ``expr`` its plain text."""
 
     name: str
     severity: str
@@ -66,12 +114,17 @@ class AlertDef:
     impact: str
     remediation: str
     panel: str
-    expr: str = ""
+    condition: str
     for_: str = "0s"
     keep_firing_for: str = ""
     extra_labels: dict[str, str] = field(default_factory=dict)
     copy_labels: tuple[str, ...] = ()
     group: str = ""
+
+    @property
+    def expr(self) -> str:
+        """The condition as the catalog states it: records named, thresholds filled in."""
+        return fill(self.condition, PLAIN_VALUES)
 
     @property
     def for_seconds(self) -> int:
@@ -108,337 +161,458 @@ def cause_of(alertname: str, category: str | None) -> CauseClass:
     return CATEGORY_DEFAULT_CAUSE.get(category or "", CauseClass.SYMPTOM)
 
 
-def _xid(cls: XidClass) -> str:
-    return f'{s.XID_EVENTS}{{xid=~"{xid_regex(cls)}"}}'
-
-
+_XID_SPAN = (f"{span(s.XID_RECENT).split()[0]}-"
+             f"{round(duration_seconds(s.XID_RECENT) + duration_seconds(s.XID_COUNT_WINDOW)) // 60}"
+             " minutes")
 _XID_DESC = (f"XID {{{{ $labels.xid }}}} on {_WHERE_GPU} "
-             f"({_WHOLE} event(s) in the last 10-15 minutes).")
-
-
-def _down(selector: str = "") -> str:
-    """Hosts whose telemetry target is down now or gone within the hour (value 0, as ``up``)."""
-    return f"({s.TARGET_DOWN}{selector} or ({s.TARGET_VANISHED}{selector} * 0))"
-
-
-_DOWN, _DOWN_NODE = _down(), _down(f'{{{s.TARGET_LABEL}="node_exporter"}}')
-_H, _T, _I = "gpu_hardware", "gpu_thermal", "gpu_interconnect"
-_HW, _DEG, _LINK = CauseClass.HARDWARE, CauseClass.DEGRADATION, CauseClass.LINK_LOSS
+             f"({_WHOLE} event(s) in the last {_XID_SPAN}).")
+# The host's telemetry down now or gone within the hour (value 0, as ``up``), node_exporter's
+# first: one series per host, node_exporter's when both are down (the host itself), so the alert's
+# labels do not depend on which of two equal values topk keeps.
+_NODE_DOWN = """
+(
+  ${TARGET_DOWN}{${TARGET_LABEL}="node_exporter"}
+  or
+  (${TARGET_VANISHED}{${TARGET_LABEL}="node_exporter"} * 0)
+)
+or
+(
+  (${TARGET_DOWN} or (${TARGET_VANISHED} * 0))
+  unless on (hostname)
+  (
+    ${TARGET_DOWN}{${TARGET_LABEL}="node_exporter"}
+    or
+    (${TARGET_VANISHED}{${TARGET_LABEL}="node_exporter"} * 0)
+  )
+)
+"""
+_HOT = "{record} >= ${{TEMP_WARNING_C}} < ${{TEMP_CRITICAL_C}}"
 _CHECKPOINT = ("Restart the job from its last checkpoint on healthy nodes; exclude this node "
                "(Slurm --exclude, Kubernetes cordon) until the GPU is reset or replaced.")
+_CHECKPOINT_NOW = "Checkpoint now; move the job off the node and fix cooling before reuse."
 
 register(
     # --- XID errors -------------------------------------------------------------------------
     AlertDef(
-        "GpuXidError", "critical", _H, _HW, "gpu",
-        "A GPU reported a hardware XID error that ends training jobs.",
-        _XID_DESC,
-        "The GPU hit a hardware or firmware fault; a synchronous training job using it crashes "
-        "or hangs in its next collective.",
-        _CHECKPOINT + " Reset the GPU (nvidia-smi -r) or drain the node; repeated XIDs mean RMA.",
-        "xid_errors", _xid(XidClass.HARDWARE), copy_labels=("xid",), group="gpu-xid"),
+        name="GpuXidError", severity="critical", category="gpu_hardware",
+        cause=CauseClass.HARDWARE, scope="gpu",
+        summary="A GPU reported a hardware XID error that ends training jobs.",
+        description=_XID_DESC,
+        impact="The GPU hit a hardware or firmware fault; a synchronous training job using it "
+               "crashes or hangs in its next collective.",
+        remediation=_CHECKPOINT + " Reset the GPU (nvidia-smi -r) or drain the node; repeated "
+                                  "XIDs mean RMA.",
+        panel="xid_errors",
+        condition='${XID_EVENTS}{xid=~"${XID_HARDWARE}"}',
+        copy_labels=("xid",), group="gpu-xid"),
     AlertDef(
-        "GpuContainedEccError", "critical", _H, _HW, "gpu",
-        "A GPU had a contained ECC error (XID 94).",
-        f"Contained uncorrectable ECC error (XID 94) on {_WHERE_GPU} "
-        f"({_WHOLE} event(s)).",
-        "The process using the affected memory was killed, so the whole synchronous job fails "
-        "(other ranks then report NCCL errors). The GPU itself stays usable.",
-        "Restart the job from its last checkpoint; the node can stay in service. Reset the GPU "
-        "at the next opportunity to remap the row.",
-        "xid_errors", f'{s.XID_EVENTS}{{xid="94"}}', copy_labels=("xid",), group="gpu-xid"),
+        name="GpuContainedEccError", severity="critical", category="gpu_hardware",
+        cause=CauseClass.HARDWARE, scope="gpu",
+        summary="A GPU had a contained ECC error (XID 94).",
+        description=f"Contained uncorrectable ECC error (XID 94) on {_WHERE_GPU} "
+                    f"({_WHOLE} event(s)).",
+        impact="The process using the affected memory was killed, so the whole synchronous job "
+               "fails (other ranks then report NCCL errors). The GPU itself stays usable.",
+        remediation="Restart the job from its last checkpoint; the node can stay in service. "
+                    "Reset the GPU at the next opportunity to remap the row.",
+        panel="xid_errors",
+        condition='${XID_EVENTS}{xid="94"}',
+        copy_labels=("xid",), group="gpu-xid"),
     AlertDef(
-        "GpuUncontainedEccError", "critical", _H, _HW, "gpu",
-        "A GPU had an uncontained ECC error (XID 95).",
-        f"Uncontained uncorrectable ECC error (XID 95) on {_WHERE_GPU} "
-        f"({_WHOLE} event(s)).",
-        "Memory corruption could not be contained: every process on the GPU is killed and the "
-        "job crashes; the GPU is unusable until reset.",
-        _CHECKPOINT + " Reset the GPU before reuse.",
-        "xid_errors", f'{s.XID_EVENTS}{{xid="95"}}', copy_labels=("xid",), group="gpu-xid"),
+        name="GpuUncontainedEccError", severity="critical", category="gpu_hardware",
+        cause=CauseClass.HARDWARE, scope="gpu",
+        summary="A GPU had an uncontained ECC error (XID 95).",
+        description=f"Uncontained uncorrectable ECC error (XID 95) on {_WHERE_GPU} "
+                    f"({_WHOLE} event(s)).",
+        impact="Memory corruption could not be contained: every process on the GPU is killed "
+               "and the job crashes; the GPU is unusable until reset.",
+        remediation=_CHECKPOINT + " Reset the GPU before reuse.",
+        panel="xid_errors",
+        condition='${XID_EVENTS}{xid="95"}',
+        copy_labels=("xid",), group="gpu-xid"),
     AlertDef(
-        "GpuXidApplicationError", "warning", "workload", _DEG, "gpu",
-        "A GPU reported an application-caused XID error.",
-        _XID_DESC,
-        "The training process made an illegal GPU access or its kernel failed; the job usually "
-        "crashed. This points at the code or its inputs, not at the machine.",
-        "Check the job's logs for the failing kernel (illegal address, out-of-bounds); fix and "
-        "restart from the last checkpoint. No hardware action.",
-        "xid_errors", _xid(XidClass.APPLICATION), copy_labels=("xid",), group="gpu-xid"),
+        name="GpuXidApplicationError", severity="warning", category="workload",
+        cause=CauseClass.DEGRADATION, scope="gpu",
+        summary="A GPU reported an application-caused XID error.",
+        description=_XID_DESC,
+        impact="The training process made an illegal GPU access or its kernel failed; the job "
+               "usually crashed. This points at the code or its inputs, not at the machine.",
+        remediation="Check the job's logs for the failing kernel (illegal address, "
+                    "out-of-bounds); fix and restart from the last checkpoint. No hardware "
+                    "action.",
+        panel="xid_errors",
+        condition='${XID_EVENTS}{xid=~"${XID_APPLICATION}"}',
+        copy_labels=("xid",), group="gpu-xid"),
     AlertDef(
-        "GpuXidInformational", "info", _H, CauseClass.SYMPTOM, "gpu",
-        "A GPU reported an informational XID.",
-        _XID_DESC,
-        "None by itself: the driver recorded a handled event (row remap, SBE rate, cleanup "
-        "after another XID).",
-        "Nothing now. If it follows another XID, act on that one; reset the GPU at the next "
-        "maintenance window to apply pending remaps.",
-        "xid_errors", _xid(XidClass.INFORMATIONAL), copy_labels=("xid",), group="gpu-xid"),
+        name="GpuXidInformational", severity="info", category="gpu_hardware",
+        cause=CauseClass.SYMPTOM, scope="gpu",
+        summary="A GPU reported an informational XID.",
+        description=_XID_DESC,
+        impact="None by itself: the driver recorded a handled event (row remap, SBE rate, "
+               "cleanup after another XID).",
+        remediation="Nothing now. If it follows another XID, act on that one; reset the GPU at "
+                    "the next maintenance window to apply pending remaps.",
+        panel="xid_errors",
+        condition='${XID_EVENTS}{xid=~"${XID_INFORMATIONAL}"}',
+        copy_labels=("xid",), group="gpu-xid"),
     AlertDef(
-        "GpuXidUnclassified", "warning", _H, _HW, "gpu",
-        "A GPU reported an XID error the catalog does not know.",
-        _XID_DESC,
-        "Unknown: look the code up in NVIDIA's XID catalog; most unlisted XIDs end the job.",
-        "Look up the XID in NVIDIA's catalog and add it to catalog/xid.py.",
-        "xid_errors", f'{s.XID_EVENTS}{{xid!~"{known_regex()}"}}', copy_labels=("xid",),
-        group="gpu-xid"),
+        name="GpuXidUnclassified", severity="warning", category="gpu_hardware",
+        cause=CauseClass.HARDWARE, scope="gpu",
+        summary="A GPU reported an XID error the catalog does not know.",
+        description=_XID_DESC,
+        impact="Unknown: look the code up in NVIDIA's XID catalog; most unlisted XIDs end the "
+               "job.",
+        remediation="Look up the XID in NVIDIA's catalog and add it to catalog/xid.py.",
+        panel="xid_errors",
+        condition='${XID_EVENTS}{xid!~"${XID_KNOWN}"}',
+        copy_labels=("xid",), group="gpu-xid"),
     AlertDef(
-        "GpuFallenOffBus", "critical", _H, _HW, "gpu",
-        "A GPU has fallen off the bus.",
-        f"{_WHERE_GPU} stopped responding: XID 79, or its metrics vanished while the host "
-        "still reports other GPUs.",
-        "The GPU is gone from the PCIe bus: every process on it died and the job crashed or "
-        "hangs. Other GPUs of the node may follow.",
-        _CHECKPOINT + " Reboot the node; if it recurs, open a hardware ticket.",
-        "gpu_count",
-        f'max by ({_ON_GPU}, {L.GPU_UUID}) ({s.XID_EVENTS}{{xid="79"}}) or {s.GPU_VANISHED}',
+        name="GpuFallenOffBus", severity="critical", category="gpu_hardware",
+        cause=CauseClass.HARDWARE, scope="gpu",
+        summary="A GPU has fallen off the bus.",
+        description=f"{_WHERE_GPU} stopped responding: XID 79, or its metrics vanished while "
+                    "the host still reports other GPUs.",
+        impact="The GPU is gone from the PCIe bus: every process on it died and the job crashed "
+               "or hangs. Other GPUs of the node may follow.",
+        remediation=_CHECKPOINT + " Reboot the node; if it recurs, open a hardware ticket.",
+        panel="gpu_count",
+        condition="""
+max by (hostname, gpu, gpu_uuid) (${XID_EVENTS}{xid="79"})
+or
+${GPU_VANISHED}
+""",
         for_="1m", group="gpu-xid"),
     # --- memory ---------------------------------------------------------------------------
     AlertDef(
-        "GpuDoubleBitEccErrors", "critical", _H, _HW, "gpu",
-        "A GPU reported double-bit (uncorrectable) ECC errors.",
-        f"{_WHOLE} double-bit ECC error(s) on {_WHERE_GPU} in the last 10 minutes.",
-        "Uncorrectable memory errors kill the processes that touched the memory; the job "
-        "crashes.",
-        _CHECKPOINT,
-        "ecc_errors", f"{s.ECC_DBE} > 0", group="gpu-memory"),
-    AlertDef(
-        "GpuSingleBitEccStorm", "warning", _H, _DEG, "gpu",
-        "A GPU reports a storm of single-bit ECC errors.",
-        f"{_WHOLE} corrected single-bit ECC errors on {_WHERE_GPU} in 10 minutes.",
-        "Corrected errors do not stop the job, but a storm often precedes an uncorrectable "
-        "error.",
-        "Keep the job running, checkpoint more often; schedule a GPU reset and field diagnosis.",
-        "ecc_errors", f"{s.ECC_SBE} > {SBE_STORM_PER_10M}", for_="5m", group="gpu-memory"),
-    AlertDef(
-        "GpuMemoryRetirementLimit", "warning", _H, _HW, "gpu",
-        "A GPU has retired or remapped more memory than DCGM allows.",
-        f"{_WHERE_GPU} is over DCGM's memory retirement limit (value {_WHOLE}: "
-        f"retired pages >= {RETIRED_PAGES_LIMIT} or uncorrectable remapped rows >= "
-        f"{UNCORRECTABLE_ROWS_LIMIT}).",
-        "No immediate effect, but the GPU is likely to fail with uncorrectable errors.",
-        "Drain the node when the job ends and request a GPU replacement (RMA).",
-        "row_remap",
-        f"{s.RETIRED_PAGES} >= {RETIRED_PAGES_LIMIT} "
-        f"or {s.UNCORRECTABLE_ROWS} >= {UNCORRECTABLE_ROWS_LIMIT}", for_="5m",
+        name="GpuDoubleBitEccErrors", severity="critical", category="gpu_hardware",
+        cause=CauseClass.HARDWARE, scope="gpu",
+        summary="A GPU reported double-bit (uncorrectable) ECC errors.",
+        description=f"{_WHOLE} double-bit ECC error(s) on {_WHERE_GPU} in the last "
+                    f"{span(s.WEAR_WINDOW)}.",
+        impact="Uncorrectable memory errors kill the processes that touched the memory; the "
+               "job crashes.",
+        remediation=_CHECKPOINT,
+        panel="ecc_errors",
+        condition="${ECC_DBE} > 0",
         group="gpu-memory"),
     AlertDef(
-        "GpuRowRemapFailure", "critical", _H, _HW, "gpu",
-        "A GPU failed to remap a faulty memory row.",
-        f"Row remapping failed on {_WHERE_GPU} (value {_WHOLE}).",
-        "Faulty memory stays in use: uncorrectable errors and crashes are likely for any job on "
-        "this GPU.",
-        _CHECKPOINT + " Drain the node and request a GPU replacement.",
-        "row_remap", f"{s.ROW_REMAP_FAILURE} > 0", group="gpu-memory"),
+        name="GpuSingleBitEccStorm", severity="warning", category="gpu_hardware",
+        cause=CauseClass.DEGRADATION, scope="gpu",
+        summary="A GPU reports a storm of single-bit ECC errors.",
+        description=f"{_WHOLE} corrected single-bit ECC errors on {_WHERE_GPU} in "
+                    f"{span(s.WEAR_WINDOW)}.",
+        impact="Corrected errors do not stop the job, but a storm often precedes an "
+               "uncorrectable error.",
+        remediation="Keep the job running, checkpoint more often; schedule a GPU reset and "
+                    "field diagnosis.",
+        panel="ecc_errors",
+        condition="${ECC_SBE} > ${SBE_STORM_PER_WINDOW}",
+        for_="5m", group="gpu-memory"),
     AlertDef(
-        "GpuRowRemapPending", "warning", _H, _DEG, "gpu",
-        "A GPU needs a reset to apply pending row remaps or page retirements.",
-        f"{_WHOLE} pending row remap(s) or page retirement(s) on {_WHERE_GPU}.",
-        "None right now; the faulty memory is only fenced off after a GPU reset.",
-        "Let the job finish, then reset the GPU (nvidia-smi -r) or reboot the node.",
-        "row_remap", f"{s.ROW_REMAP_PENDING} > 0 or {s.RETIRED_PENDING} > 0", for_="5m",
+        name="GpuMemoryRetirementLimit", severity="warning", category="gpu_hardware",
+        cause=CauseClass.HARDWARE, scope="gpu",
+        summary="A GPU has retired or remapped more memory than DCGM allows.",
+        description=f"{_WHERE_GPU} is over DCGM's memory retirement limit (value {_WHOLE}: "
+                    f"retired pages >= {RETIRED_PAGES_LIMIT} or uncorrectable remapped rows >= "
+                    f"{UNCORRECTABLE_ROWS_LIMIT}).",
+        impact="No immediate effect, but the GPU is likely to fail with uncorrectable errors.",
+        remediation="Drain the node when the job ends and request a GPU replacement (RMA).",
+        panel="row_remap",
+        condition="""
+${RETIRED_PAGES} >= ${RETIRED_PAGES_LIMIT}
+or
+${UNCORRECTABLE_ROWS} >= ${UNCORRECTABLE_ROWS_LIMIT}
+""",
+        for_="5m", group="gpu-memory"),
+    AlertDef(
+        name="GpuRowRemapFailure", severity="critical", category="gpu_hardware",
+        cause=CauseClass.HARDWARE, scope="gpu",
+        summary="A GPU failed to remap a faulty memory row.",
+        description=f"Row remapping failed on {_WHERE_GPU} (value {_WHOLE}).",
+        impact="Faulty memory stays in use: uncorrectable errors and crashes are likely for any "
+               "job on this GPU.",
+        remediation=_CHECKPOINT + " Drain the node and request a GPU replacement.",
+        panel="row_remap",
+        condition="${ROW_REMAP_FAILURE} > 0",
         group="gpu-memory"),
+    AlertDef(
+        name="GpuRowRemapPending", severity="warning", category="gpu_hardware",
+        cause=CauseClass.DEGRADATION, scope="gpu",
+        summary="A GPU needs a reset to apply pending row remaps or page retirements.",
+        description=f"{_WHOLE} pending row remap(s) or page retirement(s) on {_WHERE_GPU}.",
+        impact="None right now; the faulty memory is only fenced off after a GPU reset.",
+        remediation="Let the job finish, then reset the GPU (nvidia-smi -r) or reboot the node.",
+        panel="row_remap",
+        condition="${ROW_REMAP_PENDING} > 0 or ${RETIRED_PENDING} > 0",
+        for_="5m", group="gpu-memory"),
     # --- thermal and power -------------------------------------------------------------------
     AlertDef(
-        "GpuThermalViolation", "warning", _T, _DEG, "gpu",
-        "A GPU is being throttled for heat.",
-        f"{_WHERE_GPU} was thermally throttled {{{{ $value | humanizePercentage }}}} of the "
-        "last 5 minutes (100% when read from the HW thermal/slowdown clock-event bits).",
-        "The GPU runs at reduced clocks, and in synchronous training every other GPU waits for "
-        "it: throughput (MFU) of the whole job drops.",
-        "Check the node's cooling (fans, inlet temperature, airflow); move the job off the node "
-        "if it persists.",
-        "thermal_violation",
-        f"{s.THERMAL_VIOLATION} > {THERMAL_VIOLATION_RATIO} "
-        f"or ((floor({s.CLOCK_EVENT_REASONS} / 64) % 2 == 1 "
-        f"or floor({s.CLOCK_EVENT_REASONS} / 8) % 2 == 1) "
-        f"unless on ({_ON_GPU}) {s.THERMAL_VIOLATION})",
+        name="GpuThermalViolation", severity="warning", category="gpu_thermal",
+        cause=CauseClass.DEGRADATION, scope="gpu",
+        summary="A GPU is being throttled for heat.",
+        description=f"{_WHERE_GPU} was thermally throttled {{{{ $value | humanizePercentage }}}}"
+                    f" of the last {span(s.VIOLATION_WINDOW)} (100% when read from the HW "
+                    "thermal/slowdown clock-event bits).",
+        impact="The GPU runs at reduced clocks, and in synchronous training every other GPU "
+               "waits for it: throughput (MFU) of the whole job drops.",
+        remediation="Check the node's cooling (fans, inlet temperature, airflow); move the job "
+                    "off the node if it persists.",
+        panel="thermal_violation",
+        # The violation counter when dcgm-exporter exports it, else the HW thermal or HW
+        # slowdown bit of the clock-event reasons.
+        condition="""
+${THERMAL_VIOLATION} > ${THERMAL_VIOLATION_RATIO}
+or
+(
+  (
+    floor(${CLOCK_EVENT_REASONS} / ${CLOCK_HW_THERMAL}) % 2 == 1
+    or
+    floor(${CLOCK_EVENT_REASONS} / ${CLOCK_HW_SLOWDOWN}) % 2 == 1
+  )
+  unless on (hostname, gpu)
+  ${THERMAL_VIOLATION}
+)
+""",
         for_="5m", group="gpu-thermal"),
     AlertDef(
-        "GpuPowerBrake", "warning", _T, _DEG, "gpu",
-        "A GPU is slowed by the hardware power brake.",
-        f"The HW power brake clock-event bit is set on {_WHERE_GPU} (bitmask "
-        f"{_WHOLE}).",
-        "An external power-brake signal (PSU or rack power problem) cuts the GPU's clocks: the "
-        "whole job slows down.",
-        "Check the node's power supplies and rack power; move the job if it persists.",
-        "clock_events",
-        f"{s.CLOCK_EVENT_REASONS} and floor({s.CLOCK_EVENT_REASONS} / 128) % 2 == 1", for_="1m",
-        group="gpu-thermal"),
+        name="GpuPowerBrake", severity="warning", category="gpu_thermal",
+        cause=CauseClass.DEGRADATION, scope="gpu",
+        summary="A GPU is slowed by the hardware power brake.",
+        description=f"The HW power brake clock-event bit is set on {_WHERE_GPU} (bitmask "
+                    f"{_WHOLE}).",
+        impact="An external power-brake signal (PSU or rack power problem) cuts the GPU's "
+               "clocks: the whole job slows down.",
+        remediation="Check the node's power supplies and rack power; move the job if it "
+                    "persists.",
+        panel="clock_events",
+        condition="""
+${CLOCK_EVENT_REASONS}
+and
+floor(${CLOCK_EVENT_REASONS} / ${CLOCK_HW_POWER_BRAKE}) % 2 == 1
+""",
+        for_="1m", group="gpu-thermal"),
     AlertDef(
-        "GpuPowerThrottled", "info", _T, _DEG, "gpu",
-        "A GPU spends much of its time at its power limit.",
-        f"{_WHERE_GPU} was power-throttled {{{{ $value | humanizePercentage }}}} of the last "
-        "5 minutes.",
-        "The GPU runs below its maximum clocks; expected for some workloads, a slowdown if new.",
-        "Nothing unless throughput dropped; then check power capping (nvidia-smi -q -d POWER).",
-        "power_violation", f"{s.POWER_VIOLATION} > {POWER_VIOLATION_RATIO}", for_="10m",
-        group="gpu-thermal"),
+        name="GpuPowerThrottled", severity="info", category="gpu_thermal",
+        cause=CauseClass.DEGRADATION, scope="gpu",
+        summary="A GPU spends much of its time at its power limit.",
+        description=f"{_WHERE_GPU} was power-throttled {{{{ $value | humanizePercentage }}}} of "
+                    f"the last {span(s.VIOLATION_WINDOW)}.",
+        impact="The GPU runs below its maximum clocks; expected for some workloads, a slowdown "
+               "if new.",
+        remediation="Nothing unless throughput dropped; then check power capping (nvidia-smi -q "
+                    "-d POWER).",
+        panel="power_violation",
+        condition="${POWER_VIOLATION} > ${POWER_VIOLATION_RATIO}",
+        for_="10m", group="gpu-thermal"),
     AlertDef(
-        "GpuTemperatureHigh", "warning", _T, _DEG, "gpu",
-        "A GPU is running hot.",
-        f"{_WHERE_GPU} is at {_WHOLE} C (warning at {TEMP_WARNING_C} C).",
-        "Close to throttling: the job may slow down soon.",
-        "Check cooling and inlet temperature; no action on the job yet.",
-        "gpu_temperature", f"{s.GPU_TEMP_HOT} >= {TEMP_WARNING_C} < {TEMP_CRITICAL_C}", for_="5m",
-        group="gpu-thermal"),
-    AlertDef(
-        "GpuTemperatureCritical", "critical", _T, _DEG, "gpu",
-        "A GPU is critically hot.",
-        f"{_WHERE_GPU} is at {_WHOLE} C (critical at {TEMP_CRITICAL_C} C).",
-        "The GPU is throttling hard and may shut down to protect itself, crashing the job.",
-        "Checkpoint now; move the job off the node and fix cooling before reuse.",
-        "gpu_temperature", f"{s.GPU_TEMP_HOT} >= {TEMP_CRITICAL_C}", for_="1m",
-        group="gpu-thermal"),
-    AlertDef(
-        "GpuMemoryTemperatureHigh", "warning", _T, _DEG, "gpu",
-        "A GPU's HBM memory is running hot.",
-        f"HBM of {_WHERE_GPU} is at {_WHOLE} C (warning at {TEMP_WARNING_C} C).",
-        "Hot HBM throttles memory bandwidth and raises the ECC error rate.",
-        "Check cooling and inlet temperature.",
-        "hbm_temperature", f"{s.MEMORY_TEMP_HOT} >= {TEMP_WARNING_C} < {TEMP_CRITICAL_C}",
+        name="GpuTemperatureHigh", severity="warning", category="gpu_thermal",
+        cause=CauseClass.DEGRADATION, scope="gpu",
+        summary="A GPU is running hot.",
+        description=f"{_WHERE_GPU} is at {_WHOLE} C (warning at {TEMP_WARNING_C} C).",
+        impact="Close to throttling: the job may slow down soon.",
+        remediation="Check cooling and inlet temperature; no action on the job yet.",
+        panel="gpu_temperature",
+        condition=_HOT.format(record="${GPU_TEMP_HOT}"),
         for_="5m", group="gpu-thermal"),
     AlertDef(
-        "GpuMemoryTemperatureCritical", "critical", _T, _DEG, "gpu",
-        "A GPU's HBM memory is critically hot.",
-        f"HBM of {_WHERE_GPU} is at {_WHOLE} C (critical at {TEMP_CRITICAL_C} C).",
-        "Memory errors and a protective shutdown are likely; the job may crash.",
-        "Checkpoint now; move the job off the node and fix cooling before reuse.",
-        "hbm_temperature", f"{s.MEMORY_TEMP_HOT} >= {TEMP_CRITICAL_C}", for_="1m",
-        group="gpu-thermal"),
+        name="GpuTemperatureCritical", severity="critical", category="gpu_thermal",
+        cause=CauseClass.DEGRADATION, scope="gpu",
+        summary="A GPU is critically hot.",
+        description=f"{_WHERE_GPU} is at {_WHOLE} C (critical at {TEMP_CRITICAL_C} C).",
+        impact="The GPU is throttling hard and may shut down to protect itself, crashing the "
+               "job.",
+        remediation=_CHECKPOINT_NOW,
+        panel="gpu_temperature",
+        condition="${GPU_TEMP_HOT} >= ${TEMP_CRITICAL_C}",
+        for_="1m", group="gpu-thermal"),
+    AlertDef(
+        name="GpuMemoryTemperatureHigh", severity="warning", category="gpu_thermal",
+        cause=CauseClass.DEGRADATION, scope="gpu",
+        summary="A GPU's HBM memory is running hot.",
+        description=f"HBM of {_WHERE_GPU} is at {_WHOLE} C (warning at {TEMP_WARNING_C} C).",
+        impact="Hot HBM throttles memory bandwidth and raises the ECC error rate.",
+        remediation="Check cooling and inlet temperature.",
+        panel="hbm_temperature",
+        condition=_HOT.format(record="${MEMORY_TEMP_HOT}"),
+        for_="5m", group="gpu-thermal"),
+    AlertDef(
+        name="GpuMemoryTemperatureCritical", severity="critical", category="gpu_thermal",
+        cause=CauseClass.DEGRADATION, scope="gpu",
+        summary="A GPU's HBM memory is critically hot.",
+        description=f"HBM of {_WHERE_GPU} is at {_WHOLE} C (critical at {TEMP_CRITICAL_C} C).",
+        impact="Memory errors and a protective shutdown are likely; the job may crash.",
+        remediation=_CHECKPOINT_NOW,
+        panel="hbm_temperature",
+        condition="${MEMORY_TEMP_HOT} >= ${TEMP_CRITICAL_C}",
+        for_="1m", group="gpu-thermal"),
     # --- interconnect ----------------------------------------------------------------------
     AlertDef(
-        "GpuNvlinkErrors", "warning", _I, _DEG, "gpu",
-        "A GPU's NVLink shows CRC errors.",
-        f"NVLink CRC errors on {_WHERE_GPU}: {{{{ $value | humanize }}}}/s.",
-        "Packets are retransmitted: collectives over NVLink slow down; a degrading link may "
-        "fail.",
-        "Watch it; if it persists, drain the node after the job and run the NVLink diagnosis "
-        "(dcgmi diag -r 3).",
-        "nvlink_errors",
-        f"{s.NVLINK_CRC_RATE} > 0 unless on ({_ON_GPU}) "
-        f"({s.NVLINK_REPLAY_RECOVERY} > 0 or {s.NVLINK_CRC_RATE} >= {NVLINK_CRC_FAIL_PER_SECOND})",
+        name="GpuNvlinkErrors", severity="warning", category="gpu_interconnect",
+        cause=CauseClass.DEGRADATION, scope="gpu",
+        summary="A GPU's NVLink shows CRC errors.",
+        description=f"NVLink CRC errors on {_WHERE_GPU}: {{{{ $value | humanize }}}}/s.",
+        impact="Packets are retransmitted: collectives over NVLink slow down; a degrading link "
+               "may fail.",
+        remediation="Watch it; if it persists, drain the node after the job and run the NVLink "
+                    "diagnosis (dcgmi diag -r 3).",
+        panel="nvlink_errors",
+        # CRC errors below the failure level; GpuNvlinkFailure covers the rest.
+        condition="""
+${NVLINK_CRC_RATE} > 0
+unless on (hostname, gpu)
+(
+  ${NVLINK_REPLAY_RECOVERY} > 0
+  or
+  ${NVLINK_CRC_RATE} >= ${NVLINK_CRC_FAIL_PER_SECOND}
+)
+""",
         for_="2m", group="gpu-interconnect"),
     AlertDef(
-        "GpuNvlinkFailure", "critical", _I, _LINK, "gpu",
-        "A GPU's NVLink is failing (replay or recovery errors).",
-        f"NVLink replay/recovery errors or a CRC storm on {_WHERE_GPU} (value "
-        "{{ $value | humanize }}).",
-        "NVLink replays and recoveries stall collectives; NCCL jobs hang or crash.",
-        _CHECKPOINT + " Run the NVLink diagnosis; reseat or replace the GPU/NVSwitch tray.",
-        "nvlink_errors",
-        f"{s.NVLINK_REPLAY_RECOVERY} > 0 or {s.NVLINK_CRC_RATE} >= {NVLINK_CRC_FAIL_PER_SECOND}",
+        name="GpuNvlinkFailure", severity="critical", category="gpu_interconnect",
+        cause=CauseClass.LINK_LOSS, scope="gpu",
+        summary="A GPU's NVLink is failing (replay or recovery errors).",
+        description=f"NVLink replay/recovery errors or a CRC storm on {_WHERE_GPU} (value "
+                    "{{ $value | humanize }}).",
+        impact="NVLink replays and recoveries stall collectives; NCCL jobs hang or crash.",
+        remediation=_CHECKPOINT + " Run the NVLink diagnosis; reseat or replace the GPU/NVSwitch "
+                                  "tray.",
+        panel="nvlink_errors",
+        condition="""
+${NVLINK_REPLAY_RECOVERY} > 0
+or
+${NVLINK_CRC_RATE} >= ${NVLINK_CRC_FAIL_PER_SECOND}
+""",
         group="gpu-interconnect"),
     AlertDef(
-        "GpuPcieReplayRate", "warning", _I, _DEG, "gpu",
-        "A GPU's PCIe link replays packets too often.",
-        f"{_WHERE_GPU} replays {{{{ $value | humanize }}}} PCIe packets per minute "
-        f"(DCGM warns above {PCIE_REPLAYS_PER_MINUTE}).",
-        "Host-device transfers (data loading, offload) slow down; the link may fail and the GPU "
-        "fall off the bus.",
-        "Drain the node after the job; check the riser/slot and link speed (nvidia-smi -q).",
-        "pcie_replays", f"{s.PCIE_REPLAY_RATE} * 60 > {PCIE_REPLAYS_PER_MINUTE}", for_="5m",
-        group="gpu-interconnect"),
+        name="GpuPcieReplayRate", severity="warning", category="gpu_interconnect",
+        cause=CauseClass.DEGRADATION, scope="gpu",
+        summary="A GPU's PCIe link replays packets too often.",
+        description=f"{_WHERE_GPU} replays {{{{ $value | humanize }}}} PCIe packets per minute "
+                    f"(DCGM warns above {PCIE_REPLAYS_PER_MINUTE}).",
+        impact="Host-device transfers (data loading, offload) slow down; the link may fail and "
+               "the GPU fall off the bus.",
+        remediation="Drain the node after the job; check the riser/slot and link speed "
+                    "(nvidia-smi -q).",
+        panel="pcie_replays",
+        # The record is per second; DCGM's limit is per minute.
+        condition="${PCIE_REPLAY_RATE} * 60 > ${PCIE_REPLAYS_PER_MINUTE}",
+        for_="5m", group="gpu-interconnect"),
     # --- network ----------------------------------------------------------------------------
     AlertDef(
-        "InfinibandLinkDown", "critical", "network", _LINK, "link",
-        "An InfiniBand port that was active went down.",
-        f"InfiniBand {_WHERE_LINK} is in state {_WHOLE} (4 = active) after being "
-        "active within the last hour.",
-        "Inter-node collectives over this port fail: multi-node jobs on the node hang until "
-        "the NCCL timeout, then crash.",
-        _CHECKPOINT + " Check the cable, transceiver and switch port.",
-        "ib_link_state",
-        f"{s.IB_PORT_DOWN} unless on ({L.HOSTNAME}, device, port) {s.IB_PORT_IDLE_1H}",
+        name="InfinibandLinkDown", severity="critical", category="network",
+        cause=CauseClass.LINK_LOSS, scope="link",
+        summary="An InfiniBand port that was active went down.",
+        description=f"InfiniBand {_WHERE_LINK} is in state {_WHOLE} ({s.IB_STATE_ACTIVE} = "
+                    f"active) after being active within the last {span(s.HISTORY_WINDOW)}.",
+        impact="Inter-node collectives over this port fail: multi-node jobs on the node hang "
+               "until the NCCL timeout, then crash.",
+        remediation=_CHECKPOINT + " Check the cable, transceiver and switch port.",
+        panel="ib_link_state",
+        condition="${IB_PORT_DOWN} unless on (hostname, device, port) ${IB_PORT_IDLE_1H}",
         for_="1m", copy_labels=("device", "port"), group="network"),
     AlertDef(
-        "InfinibandLinkFlapping", "warning", "network", _LINK, "link",
-        "An InfiniBand port is flapping.",
-        f"InfiniBand {_WHERE_LINK} went down or recovered {{{{ $value | humanize }}}} times in "
-        "15 minutes.",
-        "Each flap stalls inter-node collectives; NCCL may time out and crash the job.",
-        "Check the cable and transceiver; drain the node if it keeps flapping.",
-        "ib_errors", f"{s.IB_FLAPS} >= 2", copy_labels=("device", "port"), group="network"),
-    AlertDef(
-        "InfinibandPhysicalErrors", "warning", "network", _DEG, "link",
-        "An InfiniBand port shows physical-layer errors.",
-        f"InfiniBand {_WHERE_LINK}: {{{{ $value | humanize }}}} symbol/link-integrity/remote "
-        "physical errors per second.",
-        "Retransmissions slow inter-node collectives; the link may go down.",
-        "Check or replace the cable and transceiver at the next opportunity.",
-        "ib_errors", f"{s.IB_PHYSICAL_ERRORS} > {IB_PHYSICAL_ERRORS_PER_SECOND}", for_="5m",
+        name="InfinibandLinkFlapping", severity="warning", category="network",
+        cause=CauseClass.LINK_LOSS, scope="link",
+        summary="An InfiniBand port is flapping.",
+        description=f"InfiniBand {_WHERE_LINK} went down or recovered "
+                    f"{{{{ $value | humanize }}}} times in {span(s.FLAP_WINDOW)}.",
+        impact="Each flap stalls inter-node collectives; NCCL may time out and crash the job.",
+        remediation="Check the cable and transceiver; drain the node if it keeps flapping.",
+        panel="ib_errors",
+        condition="${IB_FLAPS} >= ${IB_FLAPS_MIN}",
         copy_labels=("device", "port"), group="network"),
     AlertDef(
-        "NetworkInterfaceDown", "critical", "network", _LINK, "link",
-        "A network interface that was up went down.",
-        "Interface {{ $labels.device }} on {{ $labels.hostname }} is down (was up within the "
-        f"last hour; value {_WHOLE}).",
-        "Traffic over this interface (RoCE collectives, storage, data loading) stops; the job "
-        "may hang or crash.",
-        _CHECKPOINT + " Check the cable, NIC and switch port.",
-        "net_interfaces",
-        f"{s.NET_DOWN} unless on ({L.HOSTNAME}, device) {s.NET_IDLE_1H}",
+        name="InfinibandPhysicalErrors", severity="warning", category="network",
+        cause=CauseClass.DEGRADATION, scope="link",
+        summary="An InfiniBand port shows physical-layer errors.",
+        description=f"InfiniBand {_WHERE_LINK}: {{{{ $value | humanize }}}} symbol/link-"
+                    "integrity/remote physical errors per second.",
+        impact="Retransmissions slow inter-node collectives; the link may go down.",
+        remediation="Check or replace the cable and transceiver at the next opportunity.",
+        panel="ib_errors",
+        condition="${IB_PHYSICAL_ERRORS} > ${IB_PHYSICAL_ERRORS_PER_SECOND}",
+        for_="5m", copy_labels=("device", "port"), group="network"),
+    AlertDef(
+        name="NetworkInterfaceDown", severity="critical", category="network",
+        cause=CauseClass.LINK_LOSS, scope="link",
+        summary="A network interface that was up went down.",
+        description="Interface {{ $labels.device }} on {{ $labels.hostname }} is down (was up "
+                    f"within the last {span(s.HISTORY_WINDOW)}; value {_WHOLE}).",
+        impact="Traffic over this interface (RoCE collectives, storage, data loading) stops; "
+               "the job may hang or crash.",
+        remediation=_CHECKPOINT + " Check the cable, NIC and switch port.",
+        panel="net_interfaces",
+        condition="${NET_DOWN} unless on (hostname, device) ${NET_IDLE_1H}",
         for_="1m", copy_labels=("device",), group="network"),
     AlertDef(
-        "NetworkInterfaceFlapping", "warning", "network", _LINK, "link",
-        "A network interface's carrier is flapping.",
-        "Interface {{ $labels.device }} on {{ $labels.hostname }} changed carrier "
-        "{{ $value | humanize }} times in 15 minutes.",
-        "Each flap interrupts RoCE/Ethernet traffic; collectives may time out.",
-        "Check the cable, transceiver and switch port.",
-        "net_interfaces", f"{s.NET_CARRIER_CHANGES} >= 4", copy_labels=("device",),
-        group="network"),
+        name="NetworkInterfaceFlapping", severity="warning", category="network",
+        cause=CauseClass.LINK_LOSS, scope="link",
+        summary="A network interface's carrier is flapping.",
+        description="Interface {{ $labels.device }} on {{ $labels.hostname }} changed carrier "
+                    f"{{{{ $value | humanize }}}} times in {span(s.FLAP_WINDOW)}.",
+        impact="Each flap interrupts RoCE/Ethernet traffic; collectives may time out.",
+        remediation="Check the cable, transceiver and switch port.",
+        panel="net_interfaces",
+        condition="${NET_CARRIER_CHANGES} >= ${CARRIER_CHANGES_MIN}",
+        copy_labels=("device",), group="network"),
     # --- node -------------------------------------------------------------------------------
     AlertDef(
-        "NodeDown", "critical", "node", CauseClass.NODE_LOSS, "host",
-        "A node's telemetry target is down.",
-        "The {{ $labels.exporter }} target of {{ $labels.hostname }} is down or gone "
-        f"(up = {_WHOLE}).",
-        "The node is unreachable or its telemetry died: if the node is down, the job's ranks "
-        "on it are gone and the job crashes or hangs; silence here is not health.",
-        "Check whether the node is alive (ping, BMC). If it is down, restart the job from its "
-        "last checkpoint without it; if only the exporter died, restart the exporter.",
-        "targets_up",
-        # one series per host: node_exporter's when both are down (the host itself), so the
-        # alert's labels do not depend on which of two equal values topk keeps
-        f"{_DOWN_NODE} or ({_DOWN} unless on ({L.HOSTNAME}) {_DOWN_NODE})",
+        name="NodeDown", severity="critical", category="node",
+        cause=CauseClass.NODE_LOSS, scope="host",
+        summary="A node's telemetry target is down.",
+        description="The {{ $labels.exporter }} target of {{ $labels.hostname }} is down or gone "
+                    f"(up = {_WHOLE}).",
+        impact="The node is unreachable or its telemetry died: if the node is down, the job's "
+               "ranks on it are gone and the job crashes or hangs; silence here is not health.",
+        remediation="Check whether the node is alive (ping, BMC). If it is down, restart the job "
+                    "from its last checkpoint without it; if only the exporter died, restart the "
+                    "exporter.",
+        panel="targets_up",
+        condition=_NODE_DOWN,
         for_="2m", copy_labels=(s.TARGET_LABEL,), group="node"),
     AlertDef(
-        "NodeGpuCountDropped", "critical", _H, _HW, "host",
-        "A node reports fewer GPUs than it had.",
-        f"{{{{ $labels.hostname }}}} reports {_WHOLE} GPU(s) fewer than in the last hour.",
-        "A GPU disappeared (fallen off the bus or failed): jobs using it crashed; new jobs "
-        "get fewer GPUs.",
-        _CHECKPOINT + " Reboot the node; open a hardware ticket if the GPU does not return.",
-        "gpu_count",
-        s.HOST_GPU_COUNT_DROP, for_="2m",
-        group="node"),
+        name="NodeGpuCountDropped", severity="critical", category="gpu_hardware",
+        cause=CauseClass.HARDWARE, scope="host",
+        summary="A node reports fewer GPUs than it had.",
+        description=f"{{{{ $labels.hostname }}}} reports {_WHOLE} GPU(s) fewer than in the last "
+                    f"{span(s.HISTORY_WINDOW)}.",
+        impact="A GPU disappeared (fallen off the bus or failed): jobs using it crashed; new "
+               "jobs get fewer GPUs.",
+        remediation=_CHECKPOINT + " Reboot the node; open a hardware ticket if the GPU does not "
+                                  "return.",
+        panel="gpu_count",
+        condition="${HOST_GPU_COUNT_DROP}",
+        for_="2m", group="node"),
     # --- workload ---------------------------------------------------------------------------
     AlertDef(
-        "TrainingStalled", "warning", "workload", CauseClass.SYMPTOM, "run",
-        "A training run stopped computing on a node while holding GPU memory.",
-        "Tensor activity of the run's GPUs on {{ $labels.hostname }} fell to "
-        "{{ $value | humanizePercentage }} while their memory stays allocated, after being "
-        "active in the last hour.",
-        "The job is hung (typically a collective waiting for a dead or slow peer: the NCCL-hang "
-        "signature); it burns GPU hours without progress until the NCCL watchdog kills it.",
-        "Look for a hardware or network alert on the run's other nodes (the likely cause); if "
-        "none, dump stacks (py-spy) and restart from the last checkpoint.",
-        "tensor_activity",
-        s.RUN_HOST_STALLED,
+        name="TrainingStalled", severity="warning", category="workload",
+        cause=CauseClass.SYMPTOM, scope="run",
+        summary="A training run stopped computing on a node while holding GPU memory.",
+        description="Tensor activity of the run's GPUs on {{ $labels.hostname }} fell to "
+                    "{{ $value | humanizePercentage }} while their memory stays allocated, after "
+                    f"being active in the last {span(s.HISTORY_WINDOW)}.",
+        impact="The job is hung (typically a collective waiting for a dead or slow peer: the "
+               "NCCL-hang signature); it burns GPU hours without progress until the NCCL "
+               "watchdog kills it.",
+        remediation="Look for a hardware or network alert on the run's other nodes (the likely "
+                    "cause); if none, dump stacks (py-spy) and restart from the last checkpoint.",
+        panel="tensor_activity",
+        condition="${RUN_HOST_STALLED}",
         for_="5m", group="workload"),
     AlertDef(
-        "TrainingStraggler", "warning", "workload", CauseClass.SYMPTOM, "run",
-        "A GPU of a training run is much less busy than the run's others.",
-        "GPU {{ $labels.gpu }} on {{ $labels.hostname }} averaged "
-        "{{ $value | humanizePercentage }} utilisation over 2 minutes, more than "
-        f"{int(STRAGGLER_GAP * 100)} points below the run's busiest GPU.",
-        "The run's GPUs are out of step: synchronous training runs at the pace of the slowest "
-        "rank.",
-        "Look for thermal, power, PCIe or NVLink alerts on that GPU; if none, check the data "
-        "loader and CPU of that rank.",
-        "gpu_util_spread",
-        s.RUN_GPU_STRAGGLING,
+        name="TrainingStraggler", severity="warning", category="workload",
+        cause=CauseClass.SYMPTOM, scope="run",
+        summary="A GPU of a training run is much less busy than the run's others.",
+        description="GPU {{ $labels.gpu }} on {{ $labels.hostname }} averaged "
+                    "{{ $value | humanizePercentage }} utilisation over "
+                    f"{span(s.UTIL_WINDOW)}, more than {STRAGGLER_GAP * 100:g} points below the "
+                    "run's busiest GPU.",
+        impact="The run's GPUs are out of step: synchronous training runs at the pace of the "
+               "slowest rank.",
+        remediation="Look for thermal, power, PCIe or NVLink alerts on that GPU; if none, check "
+                    "the data loader and CPU of that rank.",
+        panel="gpu_util_spread",
+        condition="${RUN_GPU_STRAGGLING}",
         for_="3m", group="workload"),
 )
 
@@ -446,9 +620,7 @@ register(
 # --- pipeline: this project's own path from scheduler to W&B -------------------------------------
 # A target that exposed the exporter's (or the bridge's) own metrics within the hour and is down
 # now: found by what it served, so no scrape job name has to be configured.
-def _down_target(served: str) -> str:
-    return f"up == 0 and on (instance, job) max_over_time({served}[1h])"
-
+_DOWN_TARGET = "up == 0 and on (instance, job) max_over_time(${{{served}}}[${{HISTORY_WINDOW}}])"
 
 register(
     AlertDef(
@@ -462,7 +634,7 @@ register(
         remediation="Read the exporter's log for the source's error (permissions, command "
                     "missing, API unreachable) and fix it; the source recovers by itself.",
         panel="pipeline_sources",
-        expr=f"max by (instance, job, source) ({m.EXPORTER_SOURCE_UP}) == 0",
+        condition="max by (instance, job, source) (${EXPORTER_SOURCE_UP}) == 0",
         for_="5m", group="pipeline"),
     AlertDef(
         name="WandbInfraExporterSourceStale", severity="warning", category="pipeline",
@@ -477,8 +649,10 @@ register(
         panel="pipeline_sources",
         # 0 = never polled: a polled source is down until its first success, and the
         # registration API is pushed to, not polled.
-        expr=f"time() - max by (instance, job, source) ({m.EXPORTER_SOURCE_LAST_SUCCESS} > 0) "
-             f"> {SOURCE_STALE_SECONDS}",
+        condition="""
+time() - max by (instance, job, source) (${EXPORTER_SOURCE_LAST_SUCCESS} > 0)
+> ${SOURCE_STALE_SECONDS}
+""",
         for_="5m", group="pipeline"),
     AlertDef(
         name="WandbInfraExporterDown", severity="critical", category="pipeline",
@@ -486,24 +660,28 @@ register(
         summary="Prometheus cannot scrape the run-to-host exporter.",
         description="The exporter target {{ $labels.instance }} (job {{ $labels.job }}) is down "
                     f"(up = {_WHOLE}).",
-        impact="The join metrics go stale within 5 minutes: every fault then alerts without run "
-               "labels and no W&B run gets its issues.",
+        impact=f"The join metrics go stale within {span(s.LOOKBACK)}: every fault then alerts "
+               "without run labels and no W&B run gets its issues.",
         remediation="Restart the exporter (its registrations survive in its state file); check "
                     "its port, TLS and the scrape config.",
         panel="pipeline_targets",
-        expr=_down_target(m.EXPORTER_HOSTS),
+        condition=_DOWN_TARGET.format(served="EXPORTER_HOSTS"),
         for_="2m", group="pipeline"),
     AlertDef(
         name="WandbInfraJoinMetricsMissing", severity="warning", category="pipeline",
         cause=CauseClass.SYMPTOM, scope="pipeline",
         summary="GPUs are busy but no W&B run is mapped to any host.",
-        description=f"{_WHOLE} GPUs hold memory, and no wandb_run_node_info series exists.",
+        description=f"{_WHOLE} GPUs hold memory, and no {L.NODE_INFO} series exists.",
         impact="Faults are detected but attributed to no run: W&B users see nothing.",
         remediation="Check that the exporter runs, is scraped, and that its sources find the "
                     "jobs (the Slurm comment or Kubernetes label convention in the README).",
         panel="pipeline_targets",
-        expr=f"count({s.dcgm_raw(s.DCGM_FB_USED, cut=f' > {STALL_FB_MIN_BYTES}')}) > 0 "
-             f"and on () absent({L.NODE_INFO})",
+        # dcgm-exporter reports framebuffer memory in MiB.
+        condition="""
+count(DCGM_FI_DEV_FB_USED > ${STALL_FB_MIN_MIB}) > 0
+and on ()
+absent(${NODE_INFO})
+""",
         for_="15m", group="pipeline-coverage"),
     AlertDef(
         name="WandbInfraBridgeDown", severity="critical", category="pipeline",
@@ -516,18 +694,19 @@ register(
         remediation="Restart the bridge; its store keeps what it acknowledged. Check its volume "
                     "and the bearer token file.",
         panel="pipeline_targets",
-        expr=_down_target(m.BRIDGE_QUEUE_RUNS),
+        condition=_DOWN_TARGET.format(served="BRIDGE_QUEUE_RUNS"),
         for_="2m", group="pipeline"),
     AlertDef(
         name="WandbInfraRunsParked", severity="warning", category="pipeline",
         cause=CauseClass.SYMPTOM, scope="pipeline",
         summary="The bridge parked runs it cannot write to W&B.",
         description=f"{_WHOLE} run(s) parked by the bridge at {{{{ $labels.instance }}}}.",
-        impact="Those runs' issues are kept and shown on the bridge's /runs page but not in W&B.",
+        impact="Those runs' issues are kept and shown on the bridge's /runs page but not in "
+               "W&B.",
         remediation="Open the bridge's /runs page for each run's reason (key revoked, run "
                     "deleted, permission) and fix it; parked runs are retried after.",
         panel="pipeline_delivery",
-        expr=f"max by (instance, job) ({m.BRIDGE_PARKED_RUNS}) > 0",
+        condition="max by (instance, job) (${BRIDGE_PARKED_RUNS}) > 0",
         for_="10m", group="pipeline"),
     AlertDef(
         name="WandbInfraDeliveryBacklog", severity="warning", category="pipeline",
@@ -539,8 +718,10 @@ register(
         remediation="Check W&B reachability and rate limits (429s in the bridge's log and "
                     "metrics) and the bridge's CPU.",
         panel="pipeline_delivery",
-        expr=f"max by (instance, job) ({m.BRIDGE_OLDEST_UNDELIVERED}) "
-             f"> {DELIVERY_BACKLOG_SECONDS}",
+        condition="""
+max by (instance, job) (${BRIDGE_OLDEST_UNDELIVERED})
+> ${DELIVERY_BACKLOG_SECONDS}
+""",
         for_="5m", group="pipeline"),
     AlertDef(
         name="WandbInfraBridgeStoreNotWritable", severity="critical", category="pipeline",
@@ -553,6 +734,6 @@ register(
         remediation="Free or remount the bridge's volume (full, read-only or missing); it heals "
                     "by itself once writes succeed.",
         panel="pipeline_delivery",
-        expr=f"min by (instance, job) ({m.BRIDGE_STORE_WRITABLE}) == 0",
+        condition="min by (instance, job) (${BRIDGE_STORE_WRITABLE}) == 0",
         for_="1m", group="pipeline"),
 )

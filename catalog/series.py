@@ -45,17 +45,44 @@ DCGM_RETIRED_PENDING: Field = (("DCGM_FI_DEV_RETIRED_PENDING", ""),
 DCGM_CLOCK_EVENT_REASONS: Field = (("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", ""),
                                    ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", ""))
 
+# Windows the records are computed over; the record names, the alert descriptions and the
+# dashboards print these, so a window is changed here once.
+VIOLATION_WINDOW = "5m"  # throttling counters: the share of time throttled
+WEAR_WINDOW = "10m"  # memory and interconnect error counters
+FLAP_WINDOW = "15m"  # link flaps and carrier changes
+UTIL_WINDOW = "2m"  # utilisation averaged before comparing a run's GPUs
+HISTORY_WINDOW = "1h"  # "was it healthy/active/present within the hour"
+XID_RECENT = "10m"  # how long a new XID code stays an event
+# dcgm-exporter's --xid-count-window-size: DCGM_EXP_XID_ERRORS_COUNT counts XIDs over this.
+XID_COUNT_WINDOW = "5m"
+# Prometheus' lookback: a series not scraped (or recorded) for this long is gone.
+LOOKBACK = "5m"
+
+# dcgm's clock-event reasons bitmask (DCGM_FI_DEV_CLOCKS_EVENT_REASONS), the bits read here.
+CLOCK_SW_POWER_CAP = 0x4
+CLOCK_HW_SLOWDOWN = 0x8
+CLOCK_SW_THERMAL = 0x20
+CLOCK_HW_THERMAL = 0x40
+CLOCK_HW_POWER_BRAKE = 0x80
+CLOCK_EVENT_NAMES: dict[int, str] = {
+    CLOCK_HW_THERMAL: "HW thermal", CLOCK_HW_SLOWDOWN: "HW slowdown",
+    CLOCK_HW_POWER_BRAKE: "HW power brake", CLOCK_SW_THERMAL: "SW thermal",
+    CLOCK_SW_POWER_CAP: "SW power cap",
+}
+# node_infiniband_state_id of a working port (1 down, 2 init, 3 armed, 4 active).
+IB_STATE_ACTIVE = 4
+
 GPU_PRESENT = "gpu:dcgm_gpu:present"
 GPU_TEMP_HOT = "gpu:dcgm_gpu_temp:celsius_hot"
 MEMORY_TEMP_HOT = "gpu:dcgm_memory_temp:celsius_hot"
-THERMAL_VIOLATION = "gpu:dcgm_thermal_violation:ratio_rate5m"
-POWER_VIOLATION = "gpu:dcgm_power_violation:ratio_rate5m"
+THERMAL_VIOLATION = f"gpu:dcgm_thermal_violation:ratio_rate{VIOLATION_WINDOW}"
+POWER_VIOLATION = f"gpu:dcgm_power_violation:ratio_rate{VIOLATION_WINDOW}"
 CLOCK_EVENT_REASONS = "gpu:dcgm_clock_event_reasons:bitmask"
-PCIE_REPLAY_RATE = "gpu:dcgm_pcie_replay:rate10m"
-NVLINK_CRC_RATE = "gpu:dcgm_nvlink_crc_errors:rate10m"
-NVLINK_REPLAY_RECOVERY = "gpu:dcgm_nvlink_replay_recovery_errors:increase10m"
-ECC_DBE = "gpu:dcgm_ecc_dbe_volatile:increase10m"
-ECC_SBE = "gpu:dcgm_ecc_sbe_volatile:increase10m"
+PCIE_REPLAY_RATE = f"gpu:dcgm_pcie_replay:rate{WEAR_WINDOW}"
+NVLINK_CRC_RATE = f"gpu:dcgm_nvlink_crc_errors:rate{WEAR_WINDOW}"
+NVLINK_REPLAY_RECOVERY = f"gpu:dcgm_nvlink_replay_recovery_errors:increase{WEAR_WINDOW}"
+ECC_DBE = f"gpu:dcgm_ecc_dbe_volatile:increase{WEAR_WINDOW}"
+ECC_SBE = f"gpu:dcgm_ecc_sbe_volatile:increase{WEAR_WINDOW}"
 RETIRED_PAGES = "gpu:dcgm_retired_pages:sum"
 RETIRED_PENDING = "gpu:dcgm_retired_pending:max"
 ROW_REMAP_FAILURE = "gpu:dcgm_row_remap_failure:max"
@@ -66,34 +93,50 @@ XID_EVENTS = "gpu_xid:dcgm_xid_errors:recent"
 HOST_GPU_COUNT = "hostname:dcgm_gpus:count"
 NODE_EXPORTER_TARGET = "instance:node_exporter_hostname:info"
 DCGM_EXPORTER_TARGET = "instance:dcgm_exporter_hostname:info"
-TARGET_HOSTS = "instance:telemetry_target_hostname:info_1h"
+TARGET_HOSTS = f"instance:telemetry_target_hostname:info_{HISTORY_WINDOW}"
 TARGET_DOWN = "hostname:telemetry_target:down"
-TARGET_VANISHED = "hostname:telemetry_target:vanished_1h"
-HOST_GPU_COUNT_DROP = "hostname:dcgm_gpus:dropped_1h"
+TARGET_VANISHED = f"hostname:telemetry_target:vanished_{HISTORY_WINDOW}"
+HOST_GPU_COUNT_DROP = f"hostname:dcgm_gpus:dropped_{HISTORY_WINDOW}"
 TARGET_LABEL = "exporter"
 
 IB_PORT_DOWN = "link:node_infiniband_state_id:not_active"
-IB_PORT_IDLE_1H = "link:node_infiniband_state_id:not_active_1h"
-IB_FLAPS = "link:node_infiniband_link_flaps:increase15m"
-IB_PHYSICAL_ERRORS = "link:node_infiniband_physical_errors:rate10m"
+IB_PORT_IDLE_1H = f"link:node_infiniband_state_id:not_active_{HISTORY_WINDOW}"
+IB_FLAPS = f"link:node_infiniband_link_flaps:increase{FLAP_WINDOW}"
+IB_PHYSICAL_ERRORS = f"link:node_infiniband_physical_errors:rate{WEAR_WINDOW}"
 NET_DOWN = "interface:node_network_up:down"
-NET_IDLE_1H = "interface:node_network_up:down_1h"
-NET_CARRIER_CHANGES = "interface:node_network_carrier_changes:increase15m"
+NET_IDLE_1H = f"interface:node_network_up:down_{HISTORY_WINDOW}"
+NET_CARRIER_CHANGES = f"interface:node_network_carrier_changes:increase{FLAP_WINDOW}"
 
-GPU_VANISHED = "gpu:dcgm_gpu:vanished_1h"
+GPU_VANISHED = f"gpu:dcgm_gpu:vanished_{HISTORY_WINDOW}"
 GPU_STALLED = "gpu:dcgm_tensor_active:stalled"
-GPU_IDLE_1H = "gpu:dcgm_tensor_active:idle_1h"
+GPU_IDLE_1H = f"gpu:dcgm_tensor_active:idle_{HISTORY_WINDOW}"
 POD_GPU_ROWS = "wandb_run_gpu:dcgm_exporter_pod:info"
 RUN_GPUS_STALLED = "wandb_run_gpu:wandb_run_gpu_info:on_stalled_hosts"
 RUN_HOST_STALLED = "wandb_run_hostname:dcgm_tensor_active:stalled"
 RUN_HOSTS_GPUS_UNKNOWN = "wandb_run_hostname:wandb_run_gpus_unknown:max"
 RUN_HOSTS_SOLE_GPULESS = "wandb_run_hostname:wandb_run_gpus_unknown:sole"
-GPU_UTIL_LAGGING = "gpu:dcgm_gpu_util:lagging_avg2m"
-RUN_GPUS_LAGGING = "wandb_run_gpu:dcgm_gpu_util:lagging_avg2m"
+GPU_UTIL_LAGGING = f"gpu:dcgm_gpu_util:lagging_avg{UTIL_WINDOW}"
+RUN_GPUS_LAGGING = f"wandb_run_gpu:dcgm_gpu_util:lagging_avg{UTIL_WINDOW}"
 LAGGING_RUN_GPU_ROWS = "wandb_run_gpu:wandb_run_gpu_info:of_lagging_runs"
-GPU_UTIL_LAGGING_RUN_HOSTS = "gpu:dcgm_gpu_util:avg2m_on_lagging_run_hosts"
-RUN_GPU_UTIL_BUSIEST = "wandb_run:dcgm_gpu_util:max_avg2m"
-RUN_GPU_STRAGGLING = "wandb_run_gpu:dcgm_gpu_util:straggling_avg2m"
+GPU_UTIL_LAGGING_RUN_HOSTS = f"gpu:dcgm_gpu_util:avg{UTIL_WINDOW}_on_lagging_run_hosts"
+RUN_GPU_UTIL_BUSIEST = f"wandb_run:dcgm_gpu_util:max_avg{UTIL_WINDOW}"
+RUN_GPU_STRAGGLING = f"wandb_run_gpu:dcgm_gpu_util:straggling_avg{UTIL_WINDOW}"
+
+# Every record above by its constant's name: the placeholders the catalog's PromQL templates use
+# (``${ECC_DBE}``).
+RECORDS: dict[str, str] = {
+    name: value for name, value in dict(globals()).items()
+    if name.isupper() and isinstance(value, str) and value.count(":") == 2
+}
+
+
+def span(duration: str) -> str:
+    """A window as prose: ``10m`` -> ``10 minutes``, ``1h`` -> ``hour`` ("in the last hour")."""
+    number, unit = int(duration[:-1]), duration[-1]
+    word = {"s": "second", "m": "minute", "h": "hour", "d": "day"}[unit]
+    if number == 1:
+        return word
+    return f"{number} {word}s"
 
 
 def dcgm_raw(field: Field, *, matchers: str = "", fn: str = "", window: str = "",

@@ -37,7 +37,16 @@ from wandb_infra.alert_rules.generate import record_tiers, records_read
 from wandb_infra.catalog import panels as catalog
 from wandb_infra.catalog import selfmetrics as m
 from wandb_infra.catalog import series
-from wandb_infra.catalog.alerts import duration_seconds
+from wandb_infra.catalog.alerts import (
+    PCIE_REPLAYS_PER_MINUTE,
+    RETIRED_PAGES_LIMIT,
+    STRAGGLER_GAP,
+    TEMP_CRITICAL_C,
+    TEMP_WARNING_C,
+    UNCORRECTABLE_ROWS_LIMIT,
+    duration_seconds,
+)
+from wandb_infra.catalog.series import span
 from wandb_infra.common import labels
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,12 +80,10 @@ ROWS: dict[int, tuple[int, str]] = {
 }
 
 # Clock-event reason bits worth a line (dcgm bitmask, gpu-faults.md).
-CLOCK_BITS: tuple[tuple[int, str], ...] = (
-    (0x40, "HW thermal"), (0x8, "HW slowdown"), (0x80, "HW power brake"), (0x20, "SW thermal"),
-    (0x4, "SW power cap"),
-)
+VIOLATION_RATE = f"{span(series.VIOLATION_WINDOW).split()[0]}-minute rate"
+CLOCK_BITS: tuple[tuple[int, str], ...] = tuple(series.CLOCK_EVENT_NAMES.items())
 IB_STATES = {"1": ("Down", "red"), "2": ("Init", "orange"), "3": ("Armed", "yellow"),
-             "4": ("Active", "green")}
+             str(series.IB_STATE_ACTIVE): ("Active", "green")}
 
 
 @dataclass(frozen=True)
@@ -157,21 +164,22 @@ def specs(alert_selector: str, scope: str) -> dict[str, PanelSpec]:
             mappings={"1": ("Firing", "red")}),
         "gpu_temperature": PanelSpec(
             "timeseries", "celsius",
-            "GPU die temperature (max over the interval). 85 C is a warning, 95 C critical; "
-            "clocks are cut before that.",
+            f"GPU die temperature (max over the interval). {TEMP_WARNING_C} C is a warning, "
+            f"{TEMP_CRITICAL_C} C critical; clocks are cut before that.",
             (dcgm_q("max", series.DCGM_GPU_TEMP),)),
         "hbm_temperature": PanelSpec(
             "timeseries", "celsius",
-            "HBM (memory) temperature (max over the interval). 85 C is a warning, 95 C critical.",
+            f"HBM (memory) temperature (max over the interval). {TEMP_WARNING_C} C is a warning, "
+            f"{TEMP_CRITICAL_C} C critical.",
             (dcgm_q("max", series.DCGM_MEMORY_TEMP),)),
         "thermal_violation": PanelSpec(
             "timeseries", "percentunit",
-            "Share of time the GPU was throttled for temperature (5-minute rate of dcgm's "
+            f"Share of time the GPU was throttled for temperature ({VIOLATION_RATE} of dcgm's "
             "violation counter, normalised to a fraction). Above a few percent the run slows.",
             (gpu_q("max", series.THERMAL_VIOLATION),), max_value=1, sparse=True),
         "power_violation": PanelSpec(
             "timeseries", "percentunit",
-            "Share of time the GPU was throttled by its power limit (5-minute rate of dcgm's "
+            f"Share of time the GPU was throttled by its power limit ({VIOLATION_RATE} of dcgm's "
             "violation counter, normalised to a fraction).",
             (gpu_q("max", series.POWER_VIOLATION),), max_value=1, sparse=True),
         "clock_events": PanelSpec(
@@ -195,16 +203,19 @@ def specs(alert_selector: str, scope: str) -> dict[str, PanelSpec]:
                    f"{GPU_LEGEND} XID {{{{xid}}}}"),), sparse=True),
         "ecc_errors": PanelSpec(
             "timeseries", "short",
-            "Double- and single-bit ECC errors in the last 10 minutes, pages retired and pages "
-            "pending retirement. Any double-bit error kills the process on that GPU.",
-            (gpu_q("max", series.ECC_DBE, " DBE 10m"), gpu_q("max", series.ECC_SBE, " SBE 10m"),
+            f"Double- and single-bit ECC errors in the last {span(series.WEAR_WINDOW)}, pages "
+            "retired and pages pending retirement. Any double-bit error kills the process on "
+            "that GPU.",
+            (gpu_q("max", series.ECC_DBE, f" DBE {series.WEAR_WINDOW}"),
+             gpu_q("max", series.ECC_SBE, f" SBE {series.WEAR_WINDOW}"),
              gpu_q("max", series.RETIRED_PAGES, " retired pages"),
              gpu_q("max", series.RETIRED_PENDING, " retirement pending")), sparse=True),
         "row_remap": PanelSpec(
             "timeseries", "short",
             "HBM row remapping: a pending remap is applied at the next GPU reset; a failed "
-            "remap or many uncorrectable rows (512) means the GPU should be replaced. Retired "
-            "pages, the older GPUs' equivalent, count against the same limit (63).",
+            f"remap or many uncorrectable rows ({UNCORRECTABLE_ROWS_LIMIT}) means the GPU should "
+            "be replaced. Retired pages, the older GPUs' equivalent, count against the same "
+            f"limit ({RETIRED_PAGES_LIMIT}).",
             (gpu_q("max", series.ROW_REMAP_PENDING, " pending"),
              gpu_q("max", series.ROW_REMAP_FAILURE, " failed"),
              gpu_q("max", series.UNCORRECTABLE_ROWS, " uncorrectable rows"),
@@ -216,15 +227,18 @@ def specs(alert_selector: str, scope: str) -> dict[str, PanelSpec]:
             (Query(over("min", series.HOST_GPU_COUNT, HOST_SELECTOR), HOST_LEGEND),)),
         "nvlink_errors": PanelSpec(
             "timeseries", "short",
-            "NVLink CRC errors per second and replay/recovery errors in the last 10 minutes. "
-            "Any replay or recovery error degrades collectives on that host.",
+            f"NVLink CRC errors per second and replay/recovery errors in the last "
+            f"{span(series.WEAR_WINDOW)}. Any replay or recovery error degrades collectives on "
+            "that host.",
             (gpu_q("max", series.NVLINK_CRC_RATE, " CRC/s"),
-             gpu_q("max", series.NVLINK_REPLAY_RECOVERY, " replay+recovery 10m")),
+             gpu_q("max", series.NVLINK_REPLAY_RECOVERY,
+                   f" replay+recovery {series.WEAR_WINDOW}")),
             sparse=True),
         "pcie_replays": PanelSpec(
             "timeseries", "cps",
-            "PCIe replays per second (5-minute rate). DCGM warns above ~16 per minute on Gen4 "
-            "x16 and ~31 on Gen5: a bad riser, slot or cable.",
+            f"PCIe replays per second ({span(series.WEAR_WINDOW).split()[0]}-minute rate). DCGM "
+            f"warns above {PCIE_REPLAYS_PER_MINUTE} per minute on Gen4 x16 and about twice that "
+            "on Gen5: a bad riser, slot or cable.",
             (gpu_q("max", series.PCIE_REPLAY_RATE),), sparse=True),
         "tensor_activity": PanelSpec(
             "timeseries", "percentunit",
@@ -239,8 +253,8 @@ def specs(alert_selector: str, scope: str) -> dict[str, PanelSpec]:
             (dcgm_q("max", series.DCGM_FB_USED),)),
         "gpu_util_spread": PanelSpec(
             "timeseries", "percentunit",
-            "Max minus min GPU utilisation across the run's GPUs. Above ~10% for minutes means "
-            "a straggler holds the others back.",
+            f"Max minus min GPU utilisation across the run's GPUs. Above {STRAGGLER_GAP:.0%} for "
+            "minutes means a straggler holds the others back.",
             (Query(f"max({util('max')}) - min({util('min')})", "spread"),), max_value=1),
         "ib_link_state": PanelSpec(
             "state", "none",
@@ -251,19 +265,21 @@ def specs(alert_selector: str, scope: str) -> dict[str, PanelSpec]:
         "ib_errors": PanelSpec(
             "timeseries", "short",
             "InfiniBand physical errors per second (symbol, link integrity, remote physical) "
-            "and link-down events in the last 15 minutes: flapping links stall NCCL.",
+            f"and link-down events in the last {span(series.FLAP_WINDOW)}: flapping links stall "
+            "NCCL.",
             (Query(over("max", series.IB_PHYSICAL_ERRORS, HOST_SELECTOR),
                    f"{LINK_LEGEND} errors/s"),
-             Query(over("max", series.IB_FLAPS, HOST_SELECTOR), f"{LINK_LEGEND} flaps 15m")),
+             Query(over("max", series.IB_FLAPS, HOST_SELECTOR),
+                   f"{LINK_LEGEND} flaps {series.FLAP_WINDOW}")),
             sparse=True),
         "net_interfaces": PanelSpec(
             "timeseries", "short",
-            "Ethernet/RoCE interfaces: up (1) or down (0), and carrier changes in the last 15 "
-            "minutes.",
+            "Ethernet/RoCE interfaces: up (1) or down (0), and carrier changes in the last "
+            f"{span(series.FLAP_WINDOW)}.",
             (Query(node_q("min", f"node_network_up{{{series.PHYSICAL_INTERFACES}}}", "device"),
                    f"{HOST_LEGEND} {{{{device}}}} up"),
              Query(over("max", series.NET_CARRIER_CHANGES, HOST_SELECTOR),
-                   f"{HOST_LEGEND} {{{{device}}}} carrier changes 15m"))),
+                   f"{HOST_LEGEND} {{{{device}}}} carrier changes {series.FLAP_WINDOW}"))),
         "pipeline_targets": PanelSpec(
             "timeseries", "short",
             "Whether Prometheus scrapes the exporter and the bridge (1 up, 0 down), found by the "
