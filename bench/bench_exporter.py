@@ -23,7 +23,8 @@ from prometheus_client import CollectorRegistry, Gauge, start_http_server
 from bench.common import Result, median_seconds
 from harness.processes import free_port
 from wandb_infra.common import labels
-from wandb_infra.exporter.model import Gpu, RunKey, RunPlacement, SourceResult
+from wandb_infra.common.runkey import RunKey
+from wandb_infra.exporter.model import Gpu, RunPlacement, SourceResult
 from wandb_infra.exporter.placements import PlacementMerger
 from wandb_infra.exporter.pushed import RegistrationStore
 from wandb_infra.exporter.server import build_app

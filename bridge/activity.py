@@ -19,9 +19,9 @@ from wandb_infra.bridge.explain import (
     _regex_literal,
     find_placement,
 )
-from wandb_infra.bridge.identity import RunKey
 from wandb_infra.bridge.timeline import onset, seconds
 from wandb_infra.catalog import series as S
+from wandb_infra.common.runkey import RunKey
 
 POINTS = 240  # samples per series: enough for a 1,100 px plot
 MIN_PAD = 120.0  # seconds of context before and after the incident

@@ -25,7 +25,7 @@ from typing import Any
 
 from wandb_infra.bridge.diagnosis import AlertFact, Diagnosis, diagnose
 from wandb_infra.bridge.grafana import GrafanaLinks
-from wandb_infra.bridge.identity import PrometheusRunLookup, RunKey
+from wandb_infra.bridge.identity import PrometheusRunLookup
 from wandb_infra.bridge.markers import MARKER_SETTLE, MISSING_SDK, MarkerWriter
 from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.notes import LinkFn, render_section, replace_section
@@ -35,6 +35,7 @@ from wandb_infra.bridge.remediation import NodeStateHistory, Remediation, signat
 from wandb_infra.bridge.store import OutboxRow, Store, StoreError, from_iso
 from wandb_infra.bridge.wandb_client import PermanentError, TransientError, WandbClient, WandbError
 from wandb_infra.common.logsetup import log_fields
+from wandb_infra.common.runkey import RunKey
 
 log = logging.getLogger(__name__)
 

@@ -22,11 +22,11 @@ from typing import Any
 import requests
 
 from wandb_infra.bridge.diagnosis import AlertFact
-from wandb_infra.bridge.identity import RunKey
 from wandb_infra.bridge.payload import Alert, Notification
 from wandb_infra.catalog import panels as P
 from wandb_infra.catalog.alerts import ALERTS
 from wandb_infra.common import labels as L
+from wandb_infra.common.runkey import RunKey
 
 MAX_POINTS = 10_000  # Prometheus refuses range queries over 11,000 points per series
 _TEMPLATE = re.compile(r"\{\{\s*\$labels\.([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")

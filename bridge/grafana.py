@@ -14,11 +14,11 @@ from datetime import datetime, timedelta
 from urllib.parse import urlencode
 
 from wandb_infra.bridge.diagnosis import AlertFact
-from wandb_infra.bridge.identity import RunKey
 from wandb_infra.catalog import panels as P
 from wandb_infra.catalog.alerts import ALERTS
 from wandb_infra.catalog.vocabulary import ANNOTATION_DASHBOARD_UID, ANNOTATION_PANEL_ID
 from wandb_infra.common import labels as L
+from wandb_infra.common.runkey import RunKey
 
 _BY_UID = {d.uid: d for d in P.DASHBOARDS.values()}
 _BY_ID = {p.id: p for p in P.PANELS.values()}

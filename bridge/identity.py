@@ -20,6 +20,7 @@ from jsonpath_ng.exceptions import JsonPathParserError
 
 from wandb_infra.common import labels as L
 from wandb_infra.common.configfile import ConfigError
+from wandb_infra.common.runkey import RunKey
 
 log = logging.getLogger(__name__)
 
@@ -30,24 +31,6 @@ DEFAULT_PATHS: dict[str, str] = {
     "hostname": f"$.labels.{L.HOSTNAME}",
     "gpu": f"$.labels.{L.GPU}",
 }
-
-
-@dataclass(frozen=True, order=True)
-class RunKey:
-    """A W&B run's address. The empty key stands for "unattributed"."""
-
-    entity: str = ""
-    project: str = ""
-    run_id: str = ""
-
-    @property
-    def attributed(self) -> bool:
-        """True when all three parts are known."""
-        return bool(self.entity and self.project and self.run_id)
-
-    def path(self) -> str:
-        """``entity/project/run_id`` (for logs and URLs)."""
-        return f"{self.entity}/{self.project}/{self.run_id}"
 
 
 UNATTRIBUTED = RunKey()

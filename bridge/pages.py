@@ -16,7 +16,6 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from wandb_infra.bridge.diagnosis import AlertFact, Diagnosis, Issue
-from wandb_infra.bridge.identity import RunKey
 from wandb_infra.bridge.notes import LinkFn
 from wandb_infra.bridge.store import OutboxRow
 from wandb_infra.bridge.timeline import (
@@ -28,6 +27,7 @@ from wandb_infra.bridge.timeline import (
     parse_ts,
     timeline_svg,
 )
+from wandb_infra.common.runkey import RunKey
 
 _STYLE = (
     "body{font-family:system-ui,sans-serif;margin:0;color:#1d2127;background:#f4f5f7}"

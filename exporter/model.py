@@ -5,16 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-
-class RunKey(NamedTuple):
-    """A W&B run's identity: entity/project/run_id (a tuple: hashing and ordering run in C)."""
-
-    entity: str
-    project: str
-    run_id: str
-
-    def __str__(self) -> str:
-        return f"{self.entity}/{self.project}/{self.run_id}"
+from wandb_infra.common.runkey import RunKey
 
 
 class Gpu(NamedTuple):

@@ -21,8 +21,9 @@ from typing import Any
 
 from wandb_infra.common import labels
 from wandb_infra.common.logsetup import log_fields
+from wandb_infra.common.runkey import RunKey
 from wandb_infra.exporter.hostnames import HostnameMapper
-from wandb_infra.exporter.model import Gpu, RunKey, RunPlacement, SourceResult
+from wandb_infra.exporter.model import Gpu, RunPlacement, SourceResult
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 from wandb_infra.common import labels
 from wandb_infra.common.labels import NAME_CHARS, RUN_ID_CHARS
-from wandb_infra.exporter.model import Gpu, RunKey, RunPlacement
+from wandb_infra.common.runkey import RunKey
+from wandb_infra.exporter.model import Gpu, RunPlacement
 
 # Always applied with ``fullmatch``: ``$`` also matches before a trailing newline, so "run\n" would
 # pass ``match`` and be published as a label value of its own.

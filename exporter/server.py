@@ -176,7 +176,7 @@ class Api:
         except OverflowError as exc:
             return _error(503, str(exc))
         log.log(logging.INFO if new else logging.DEBUG, "run registered" if new else
-                "run refreshed", extra=log_fields(run=str(placement.run), host=placement.host))
+                "run refreshed", extra=log_fields(run=placement.run.path(), host=placement.host))
         return web.json_response({"status": "registered" if new else "refreshed",
                                   "expires_in": ttl}, status=201 if new else 200)
 
@@ -196,7 +196,7 @@ class Api:
         if bound is not None and (host is None or not bound.allows(host, canonical or "")):
             return _error(403, "this token may delete runs only with ?hostname= of its hosts")
         deleted = self.store.delete(run, canonical)
-        log.info("run deregistered", extra=log_fields(run=str(run), host=host, deleted=deleted))
+        log.info("run deregistered", extra=log_fields(run=run.path(), host=host, deleted=deleted))
         return web.json_response({"deleted": deleted})
 
 

@@ -12,13 +12,14 @@ from harness.bridge_payloads import T0, alert, cascade, notification
 from harness.wandb_standin import WandbStandin
 from wandb_infra.bridge.delivery import DeliveryPolicy, DeliveryWorker
 from wandb_infra.bridge.grafana import GrafanaLinks
-from wandb_infra.bridge.identity import IdentityReader, RunKey
+from wandb_infra.bridge.identity import IdentityReader
 from wandb_infra.bridge.markers import SdkMarkerWriter
 from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.notes import BEGIN, END
 from wandb_infra.bridge.payload import parse_notification
 from wandb_infra.bridge.store import Store
 from wandb_infra.bridge.wandb_client import WandbClient
+from wandb_infra.common.runkey import RunKey
 
 RUN = RunKey("team", "proj", "r1")
 

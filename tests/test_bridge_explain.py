@@ -22,9 +22,9 @@ from wandb_infra.bridge.explain import (
     pick_step,
 )
 from wandb_infra.bridge.grafana import GrafanaLinks
-from wandb_infra.bridge.identity import RunKey
 from wandb_infra.catalog.alerts import ALERTS
 from wandb_infra.catalog.panels import link_annotations
+from wandb_infra.common.runkey import RunKey
 
 RUN = RunKey("e", "p", "r1")
 PLACEMENT = Placement(frozenset({"h1", "h2"}), {"h1": frozenset({"0", "1"})}, 0.0, 100.0)

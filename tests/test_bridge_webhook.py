@@ -17,10 +17,11 @@ from hypothesis import strategies as st
 
 from harness.bridge_payloads import T0, TOKEN, alert, make_context, notification, serve
 from wandb_infra.bridge.config import load
-from wandb_infra.bridge.identity import IdentityReader, RunKey
+from wandb_infra.bridge.identity import IdentityReader
 from wandb_infra.bridge.store import Store
 from wandb_infra.bridge.webhook import Credentials
 from wandb_infra.common.configfile import ConfigError
+from wandb_infra.common.runkey import RunKey
 
 BRIDGE_CLI = (sys.executable, "-m", "wandb_infra.bridge.cli")
 

@@ -14,9 +14,9 @@ import yaml
 
 from wandb_infra.bridge.diagnosis import AlertFact
 from wandb_infra.bridge.grafana import GrafanaLinks
-from wandb_infra.bridge.identity import RunKey
 from wandb_infra.catalog import panels as catalog
 from wandb_infra.catalog.alerts import ALERTS
+from wandb_infra.common.runkey import RunKey
 from wandb_infra.dashboards import generate
 
 ROOT = Path(__file__).resolve().parent.parent

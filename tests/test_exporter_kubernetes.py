@@ -15,7 +15,7 @@ from harness.k8s_standin import K8sStandin, make_pod
 from wandb_infra.common import labels
 from wandb_infra.common.commands import SourceError
 from wandb_infra.common.configfile import ConfigError
-from wandb_infra.exporter.model import RunKey
+from wandb_infra.common.runkey import RunKey
 from wandb_infra.exporter.sources.kubernetes import KubernetesSource
 
 pytestmark = pytest.mark.integration
@@ -49,7 +49,7 @@ def src(server, **extra):
 
 def test_pods_with_run_ids_map_to_nodes(k8s):
     result = src(k8s).poll()
-    got = {(str(p.run), p.host, dict(p.extra).get("pod")) for p in result.placements}
+    got = {(p.run.path(), p.host, dict(p.extra).get("pod")) for p in result.placements}
     assert got == {("team/llm/abc123", "node-a", "launch-0"),
                    ("team/vision/lab1", "node-b", "labelled-0"),
                    ("team/vision/lab1", "node-c.example.com", "labelled-1"),

@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 
 from wandb_infra.common.commands import SourceError
 from wandb_infra.common.configfile import ConfigError
+from wandb_infra.common.runkey import RunKey
 from wandb_infra.exporter.hostnames import HostnameMapper
-from wandb_infra.exporter.model import Gpu, RunKey
+from wandb_infra.exporter.model import Gpu
 from wandb_infra.exporter.nodelist import NodeListError, expand_hostlist, gres_gpu_indices
 from wandb_infra.exporter.sources.slurm import (
     DEFAULT_COMMENT_REGEX,
@@ -85,7 +86,7 @@ def test_squeue_json_2205_real_capture():
     jobs, problems = parse_squeue_json((DATA / "squeue-22.05.json").read_text())
     assert problems == []
     placements, _ = placements_from_jobs(jobs, NAMING)
-    got = {(str(p.run), p.host, p.gpus, dict(p.extra)["slurm_job_id"]) for p in placements}
+    got = {(p.run.path(), p.host, p.gpus, dict(p.extra)["slurm_job_id"]) for p in placements}
     assert got == {("e/p/r", "vm", (Gpu("0"),), "1"), ("e/p/r2", "vm", (Gpu("1"),), "2")}
 
 
@@ -110,7 +111,7 @@ def test_squeue_json_newer_schema():
     jobs, problems = parse_squeue_json(json.dumps(doc))
     assert len(problems) == 1
     placements, _ = placements_from_jobs(jobs, NAMING)
-    got = {(str(p.run), p.host, len(p.gpus)) for p in placements}
+    got = {(p.run.path(), p.host, len(p.gpus)) for p in placements}
     assert got == {("team/llm/run77", "gpu01", 8), ("team/llm/run77", "gpu02", 4),
                    ("team/llm/r80", "gpu04", 0)}
     assert [g.index for g in placements[1].gpus] == ["4", "5", "6", "7"]

@@ -8,9 +8,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from wandb_infra.common import labels
+from wandb_infra.common.runkey import RunKey
 from wandb_infra.exporter.collector import Exposition, render
 from wandb_infra.exporter.hostnames import HostnameMapper
-from wandb_infra.exporter.model import Gpu, RunKey, RunPlacement, SourceResult
+from wandb_infra.exporter.model import Gpu, RunPlacement, SourceResult
 from wandb_infra.exporter.placements import PlacementMerger, merge_gpus
 from wandb_infra.exporter.pushed import (
     RegistrationError,

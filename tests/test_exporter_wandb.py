@@ -54,7 +54,7 @@ def test_running_runs_placed_on_hosts_and_gpus(standin):
     standin.add_run("team", "llm", "nohost", config={"lr": {"value": 1}})
     standin.add_run("team", "other", "elsewhere", config=wire_config(env("gpu09", 1)))
     result = source(standin).poll()
-    got = {(str(p.run), p.host): p for p in result.placements}
+    got = {(p.run.path(), p.host): p for p in result.placements}
     assert set(got) == {("team/llm/single", "gpu01"), ("team/llm/multi", "gpu02.cluster"),
                         ("team/llm/multi", "gpu03"), ("team/llm/multi", "gpu04"),
                         ("team/llm/sharedmode", "gpu05"), ("team/llm/sharedmode", "gpu06")}

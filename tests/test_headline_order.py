@@ -18,7 +18,7 @@ from wandb_infra.bridge.delivery import DeliveryPolicy, DeliveryWorker
 from wandb_infra.bridge.diagnosis import diagnose
 from wandb_infra.bridge.explain import as_facts
 from wandb_infra.bridge.grafana import GrafanaLinks
-from wandb_infra.bridge.identity import IdentityReader, RunKey
+from wandb_infra.bridge.identity import IdentityReader
 from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.notes import BEGIN, render_section
 from wandb_infra.bridge.pages import run_detail, run_summary
@@ -26,6 +26,7 @@ from wandb_infra.bridge.payload import parse_notification
 from wandb_infra.bridge.report import render_run
 from wandb_infra.bridge.store import Store
 from wandb_infra.bridge.wandb_client import WandbClient
+from wandb_infra.common.runkey import RunKey
 
 RUN = RunKey("team", "proj", "r1")
 HEAT = alert("GpuClocksThrottledThermal", category="gpu_thermal", host="h3", gpu="1", run="r1",

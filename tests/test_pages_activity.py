@@ -14,8 +14,8 @@ from harness.bridge_payloads import serve_app
 from harness.processes import PROMETHEUS, prom_query, prometheus
 from wandb_infra.bridge import activity
 from wandb_infra.bridge.explain import PrometheusHistory
-from wandb_infra.bridge.identity import RunKey
 from wandb_infra.bridge.timeline import seconds
+from wandb_infra.common.runkey import RunKey
 
 RUN = RunKey("team", "proj", "act1")
 JOIN = 'wandb_entity="team",wandb_project="proj",wandb_run_id="act1"'

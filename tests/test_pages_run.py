@@ -23,10 +23,10 @@ from tests.pages_helpers import (
     tags,
 )
 from wandb_infra.bridge.diagnosis import AlertFact, diagnose
-from wandb_infra.bridge.identity import RunKey
 from wandb_infra.bridge.pages import run_detail, run_html, runs_html, wandb_text
 from wandb_infra.bridge.store import OutboxRow
 from wandb_infra.bridge.timeline import MAX_HOST_LANES, lanes, offset_text, timeline_svg
+from wandb_infra.common.runkey import RunKey
 
 RUN_PATH = "/runs/team/proj/cascade1"
 

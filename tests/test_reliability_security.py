@@ -26,12 +26,13 @@ from harness.wandb_standin import WandbStandin
 from wandb_infra.bridge.delivery import DeliveryPolicy, DeliveryWorker
 from wandb_infra.bridge.diagnosis import AlertFact, diagnose
 from wandb_infra.bridge.grafana import GrafanaLinks
-from wandb_infra.bridge.identity import IdentityReader, RunKey
+from wandb_infra.bridge.identity import IdentityReader
 from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.notes import BEGIN, END, TITLE, render_section
 from wandb_infra.bridge.pages import run_detail, run_html, run_summary, runs_html
 from wandb_infra.bridge.payload import parse_notification
 from wandb_infra.bridge.wandb_client import WandbClient
+from wandb_infra.common.runkey import RunKey
 
 pytestmark = pytest.mark.integration
 

@@ -22,13 +22,14 @@ from harness.processes import prom_query, prometheus, wait_for
 from harness.wandb_standin import WandbStandin
 from wandb_infra.bridge.delivery import DeliveryPolicy, DeliveryWorker
 from wandb_infra.bridge.grafana import GrafanaLinks
-from wandb_infra.bridge.identity import IdentityReader, PrometheusRunLookup, RunKey
+from wandb_infra.bridge.identity import IdentityReader, PrometheusRunLookup
 from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.payload import parse_notification
 from wandb_infra.bridge.quarantine import check
 from wandb_infra.bridge.remediation import NodeStateHistory, run_remediation
 from wandb_infra.bridge.store import Store
 from wandb_infra.bridge.wandb_client import WandbClient
+from wandb_infra.common.runkey import RunKey
 
 pytestmark = pytest.mark.integration
 

@@ -17,13 +17,14 @@ from harness.wandb_standin import WandbStandin
 from wandb_infra.bridge.delivery import DeliveryPolicy, DeliveryWorker
 from wandb_infra.bridge.diagnosis import Issue, diagnose
 from wandb_infra.bridge.grafana import GrafanaLinks
-from wandb_infra.bridge.identity import IdentityReader, RunKey
+from wandb_infra.bridge.identity import IdentityReader
 from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.payload import parse_notification
 from wandb_infra.bridge.quarantine import KubernetesActions, Quarantine, check
 from wandb_infra.bridge.store import Store
 from wandb_infra.bridge.wandb_client import WandbClient
 from wandb_infra.common.configfile import ConfigError
+from wandb_infra.common.runkey import RunKey
 
 START = datetime.now(UTC) - timedelta(minutes=2)
 

@@ -24,13 +24,14 @@ from tests.slurm_cluster import slurm_cluster, unavailable_reason
 from wandb_infra.bridge.delivery import DeliveryPolicy, DeliveryWorker
 from wandb_infra.bridge.diagnosis import diagnose
 from wandb_infra.bridge.grafana import GrafanaLinks
-from wandb_infra.bridge.identity import IdentityReader, PrometheusRunLookup, RunKey
+from wandb_infra.bridge.identity import IdentityReader, PrometheusRunLookup
 from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.payload import parse_notification
 from wandb_infra.bridge.quarantine import Quarantine, SlurmActions
 from wandb_infra.bridge.remediation import run_remediation
 from wandb_infra.bridge.store import Store
 from wandb_infra.bridge.wandb_client import WandbClient
+from wandb_infra.common.runkey import RunKey
 
 pytestmark = [pytest.mark.slurm,
               pytest.mark.skipif(unavailable_reason() is not None,

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from wandb_infra.exporter.model import Gpu, RunKey
+from wandb_infra.common.runkey import RunKey
+from wandb_infra.exporter.model import Gpu
 from wandb_infra.exporter.sources.slurm import SlurmSource, parse_squeue_json
 
 DATA = Path(__file__).parent / "data" / "slurm"

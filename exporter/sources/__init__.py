@@ -8,7 +8,8 @@ from typing import Protocol
 
 from wandb_infra.common.configfile import ConfigError
 from wandb_infra.common.labels import NAME_CHARS, RUN_ID_CHARS
-from wandb_infra.exporter.model import RunKey, SourceResult
+from wandb_infra.common.runkey import RunKey
+from wandb_infra.exporter.model import SourceResult
 
 
 class Source(Protocol):

@@ -19,7 +19,8 @@ from typing import Any
 from wandb_infra.common import labels
 from wandb_infra.common.commands import json_list, run_command
 from wandb_infra.common.configfile import ConfigError
-from wandb_infra.exporter.model import Gpu, RunKey, RunPlacement, SourceResult
+from wandb_infra.common.runkey import RunKey
+from wandb_infra.exporter.model import Gpu, RunPlacement, SourceResult
 from wandb_infra.exporter.nodelist import NodeListError, expand_hostlist, gres_gpu_indices
 from wandb_infra.exporter.sources import compile_regex, valid_run_key
 

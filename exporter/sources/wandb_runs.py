@@ -22,7 +22,8 @@ from wandb_infra.common import labels
 from wandb_infra.common.commands import SourceError
 from wandb_infra.common.configfile import ConfigError, read_secret
 from wandb_infra.common.labels import NAME_CHARS
-from wandb_infra.exporter.model import Gpu, RunKey, RunPlacement, SourceResult
+from wandb_infra.common.runkey import RunKey
+from wandb_infra.exporter.model import Gpu, RunPlacement, SourceResult
 from wandb_infra.exporter.nodelist import NodeListError, expand_hostlist, gres_gpu_indices
 from wandb_infra.exporter.sources import valid_run_key
 
@@ -199,5 +200,5 @@ class WandbRunsSource:
                     try:
                         result.placements.extend(run_placements(run, node, self.name))
                     except (TypeError, ValueError, AttributeError) as exc:
-                        result.problems.append(f"run {run}: unreadable config ({exc})")
+                        result.problems.append(f"run {run.path()}: unreadable config ({exc})")
         return result
