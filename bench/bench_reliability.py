@@ -1,7 +1,7 @@
 """Load held: sustained alerts/s with durable commits and acknowledgement latency (p50, p99)
 under concurrent senders, each next to the null receiver of bench_bridge measured in the same run;
 and limits held by the real bridge process with its default configuration: peak memory under 30
-concurrent 7.4 MB notifications, and descriptors held under 2,000 idle sockets.
+concurrent 7.7 MB notifications, and descriptors held under 2,000 idle sockets.
 
 Eight senders (Alertmanager sends one notification per group concurrently) each POST 64-alert
 notifications with fresh fingerprints as fast as they are acknowledged. The bridge commits every
@@ -111,9 +111,26 @@ def _status(pid: int, field: str) -> float:
     raise RuntimeError(f"{field} not in /proc/{pid}/status")
 
 
-def _large_notifications(tmp: Path) -> tuple[float, int, float]:
-    """(peak RSS MB, 503 answers, size MB) for LARGE concurrent large notifications, each re-sent
-    after a 503 as Alertmanager would, until all are stored."""
+def _inflight_max(url: str, stop: threading.Event) -> list[float]:
+    """Sample the bridge's ``inflight_body_bytes`` gauge until ``stop``; returns [max seen]."""
+    seen = [0.0]
+
+    def poll() -> None:
+        session = requests.Session()
+        while not stop.is_set():
+            for line in session.get(url + "/metrics", timeout=10).text.splitlines():
+                if line.startswith("wandb_infra_bridge_inflight_body_bytes "):
+                    seen[0] = max(seen[0], float(line.split()[1]))
+            time.sleep(0.005)
+
+    threading.Thread(target=poll, daemon=True).start()
+    return seen
+
+
+def _large_notifications(tmp: Path) -> tuple[float, float, int, float, float]:
+    """(peak RSS MB, RSS MB before the senders, 503 answers, size MB, most bytes in flight at
+    once in MB) for LARGE concurrent large notifications, each re-sent after a 503 as
+    Alertmanager would, until all are stored."""
     counter = _Counter()
     bodies = [_large_body(counter) for _ in range(LARGE)]
     bridge = start_bridge(tmp, bridge_env(tmp))
@@ -132,16 +149,21 @@ def _large_notifications(tmp: Path) -> tuple[float, int, float]:
             busy.append(1)
             time.sleep(0.2)
 
+    stop = threading.Event()
     try:
+        idle = _status(bridge.proc.pid, "VmRSS")
+        inflight = _inflight_max(bridge.url, stop)
         threads = [threading.Thread(target=sender, args=(b,)) for b in bodies]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
+        stop.set()
         peak = _status(bridge.proc.pid, "VmHWM")
     finally:
+        stop.set()
         bridge.stop()
-    return peak, len(busy), len(bodies[0]) / 1e6
+    return peak, idle, len(busy), len(bodies[0]) / 1e6, inflight[0] / 1e6
 
 
 def _idle_sockets(tmp: Path) -> tuple[int, int, float]:
@@ -248,15 +270,23 @@ def _limits() -> list[Result]:
     with tempfile.TemporaryDirectory(prefix="bench-limits-") as tmp:
         for part in ("memory", "idle", "exporter"):
             (Path(tmp) / part).mkdir()
-        peak, busy, size = _large_notifications(Path(tmp) / "memory")
+        peak, idle, busy, size, inflight = _large_notifications(Path(tmp) / "memory")
         fds, kept, answered = _idle_sockets(Path(tmp) / "idle")
         exporter_peak, scrape, exposition = _exporter_at_cap(Path(tmp) / "exporter")
+    held = inflight / size  # notifications in flight at once (bounded by max_inflight_bytes)
     return [
         Result(f"reliability: bridge peak RSS, {LARGE} concurrent {size:.1f} MB notifications",
                peak, "MB", None, 1024.0,
                note=f"real process, default limits (32 MiB of bodies in flight); {busy} "
                     "answers were 503 + Retry-After and re-sent until all were stored; "
                     "target: the shipped Kubernetes limit (1 Gi)"),
+        Result("reliability: bridge memory per in-flight notification", (peak - idle) / held,
+               "MB", size, 3 * size,
+               note=f"(peak RSS {peak:.1f} MB - RSS before the senders {idle:.1f} MB) / "
+                    f"{held:.1f} notifications in flight at once (most seen in "
+                    f"inflight_body_bytes: {inflight:.1f} MB); baseline: one notification's "
+                    f"size ({size:.2f} MB), so ratio is memory per notification / its size; "
+                    "target: 3x its size"),
         Result(f"reliability: sockets kept open under {IDLE} idle connections", kept,
                "sockets", None, 512.0,
                note=f"real process, default limits; older idle ones evicted; {fds} descriptors "

@@ -12,7 +12,9 @@ match the whole value (``fullmatch``: ``$`` would accept a trailing newline).
 
 from __future__ import annotations
 
+import operator
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache
@@ -168,8 +170,75 @@ def _alert(item: object) -> Alert:
                  item)
 
 
+def _fields(items: list[Any], name: str) -> list[Any]:
+    """One field of every alert (``None`` where absent), gathered in one C-speed pass."""
+    return list(map(operator.methodcaller("get", name), items))
+
+
+def _all_strings(values: Iterable[object]) -> bool:
+    """Whether every value is a string (one C loop)."""
+    return all(map(str.__instancecheck__, values))
+
+
+def _string_maps(maps: list[Any]) -> bool:
+    """Whether every map is a dict of strings within ``MAX_LABEL_BYTES``: joining a map's
+    keys and its values raises on a value that is not a string and measures both."""
+    if not all(map(dict.__instancecheck__, maps)):
+        return False
+    try:
+        sizes = map(operator.add, map(len, map("".join, maps)),
+                    map(len, map("".join, map(dict.values, maps))))
+        return max(sizes, default=0) <= MAX_LABEL_BYTES
+    except TypeError:
+        return False
+
+
+def _bulk(items: list[object]) -> list[Alert] | None:
+    """Every alert, validated field by field across the whole notification (C loops over
+    lists rather than a Python call per alert: a storm brings tens of thousands), or None when
+    any check fails; ``_alert`` then names the culprit. Accepts exactly what ``_alert`` accepts,
+    except that missing annotations also take the per-alert path."""
+    if not all(map(dict.__instancecheck__, items)):
+        return None
+    statuses = _fields(items, "status")
+    fingerprints = _fields(items, "fingerprint")
+    if not (_all_strings(statuses) and set(statuses) <= {"firing", "resolved"}
+            and _all_strings(fingerprints) and all(map(_FINGERPRINT.fullmatch, fingerprints))):
+        return None
+    labels, annotations = _fields(items, "labels"), _fields(items, "annotations")
+    if not (_string_maps(labels) and all(labels) and _string_maps(annotations)):
+        return None
+    panels = [p for p in map(operator.methodcaller("get", ANNOTATION_PANEL_ID), annotations) if p]
+    if not all(map(_PANEL_ID.fullmatch, panels)):
+        return None
+    starts_text, ends_text = _fields(items, "startsAt"), _fields(items, "endsAt")
+    generators = list(map(operator.methodcaller("get", "generatorURL", ""), items))
+    if not (_all_strings(starts_text) and _all_strings(generators)
+            and set(map(type, ends_text)) <= {str, type(None)}):
+        return None
+    try:
+        instants = {text: _instant(text) for text in set(starts_text)}
+        ends_at = {text: None if text is None or _ZERO_TIME.fullmatch(text) else _instant(text)
+                   for text in set(ends_text)}
+    except ValueError:
+        return None
+    starts = list(map(instants.__getitem__, starts_text))
+    ends = list(map(ends_at.__getitem__, ends_text))
+    if "resolved" in statuses or any(ends):
+        for start, end, status in zip(starts, ends, statuses, strict=True):
+            if (end is None and status == "resolved") or (end is not None and end < start):
+                return None
+        ends = [end if status == "resolved" else None for end, status in zip(ends, statuses,
+                                                                              strict=True)]
+    return list(map(Alert, map(str.lower, fingerprints), statuses, starts, ends, labels,
+                    annotations, generators, items))
+
+
 def _alerts(items: list[object]) -> list[Alert]:
     """Every alert, or a ``PayloadError`` naming the first unusable one."""
+    fast = _bulk(items)
+    if fast is not None:
+        return fast
     try:
         return [_alert(item) for item in items]
     except _Invalid:
@@ -181,7 +250,7 @@ def _alerts(items: list[object]) -> list[Alert]:
         raise
 
 
-def parse_notification(body: bytes) -> Notification:
+def parse_notification(body: bytes | bytearray) -> Notification:
     """Decode and validate a webhook body; raises ``PayloadError`` with the reason."""
     # orjson: a third of the stdlib's decode time on a 1,536-alert body, and strict where the
     # bridge wants it (invalid UTF-8, lone surrogates, NaN, nesting past 1,024 levels raise).

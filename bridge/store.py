@@ -13,11 +13,12 @@ it into a 503 so Alertmanager keeps the notification and retries.
 from __future__ import annotations
 
 import json
+import operator
 import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -26,21 +27,25 @@ from pathlib import Path
 import orjson
 
 from wandb_infra.bridge.diagnosis import AlertFact
-from wandb_infra.bridge.identity import Identity, IdentityReader, RunKey
-from wandb_infra.bridge.payload import Alert, Notification
+from wandb_infra.bridge.identity import Identity, IdentityReader
+from wandb_infra.bridge.payload import Notification
+from wandb_infra.common.runkey import RunKey
 
-SCHEMA = """
+# Alerts are clustered by run, then start time, then fingerprint (WITHOUT ROWID: the primary key is
+# the table, one b-tree written per alert). A notification's alerts land next to each other at
+# the end of their run's range, so a commit writes few pages; keyed by fingerprint first (a
+# hash), they landed all over the table and a 1,536-alert commit dirtied most of it. The same
+# order answers every per-run read (facts, /runs) without a second index. The alert's name,
+# severity and category are read from its labels (they were copies in columns of their own).
+ALERTS_TABLE = """
 CREATE TABLE IF NOT EXISTS alerts (
     fingerprint TEXT NOT NULL,
     starts_at TEXT NOT NULL,
     entity TEXT NOT NULL,
     project TEXT NOT NULL,
     run_id TEXT NOT NULL,
-    alertname TEXT NOT NULL,
     status TEXT NOT NULL,
     ends_at TEXT,
-    severity TEXT NOT NULL,
-    category TEXT NOT NULL,
     hostname TEXT NOT NULL,
     gpu TEXT NOT NULL,
     labels TEXT NOT NULL,
@@ -48,10 +53,11 @@ CREATE TABLE IF NOT EXISTS alerts (
     received_at REAL NOT NULL,
     updated_at REAL NOT NULL,
     lookup_done INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (fingerprint, starts_at, entity, project, run_id)
-);
-CREATE INDEX IF NOT EXISTS alerts_by_run ON alerts (entity, project, run_id);
-CREATE TABLE IF NOT EXISTS outbox (
+    PRIMARY KEY (entity, project, run_id, starts_at, fingerprint)
+) WITHOUT ROWID
+"""
+OTHER_TABLES = (
+    """CREATE TABLE IF NOT EXISTS outbox (
     entity TEXT NOT NULL,
     project TEXT NOT NULL,
     run_id TEXT NOT NULL,
@@ -69,20 +75,38 @@ CREATE TABLE IF NOT EXISTS outbox (
     next_state_check REAL,
     delivered_at REAL,
     PRIMARY KEY (entity, project, run_id)
-);
-CREATE TABLE IF NOT EXISTS markers (
+)""",
+    """CREATE TABLE IF NOT EXISTS markers (
     entity TEXT NOT NULL,
     project TEXT NOT NULL,
     run_id TEXT NOT NULL,
     marker TEXT NOT NULL,
     written_at REAL NOT NULL,
     PRIMARY KEY (entity, project, run_id, marker)
-);
-CREATE TABLE IF NOT EXISTS probe (id INTEGER PRIMARY KEY, at REAL NOT NULL, pad BLOB);
-"""
+)""",
+    "CREATE TABLE IF NOT EXISTS probe (id INTEGER PRIMARY KEY, at REAL NOT NULL, pad BLOB)",
+    # Copies attributed by a Prometheus lookup, found from their unattributed original; the
+    # webhook's rows (lookup_done 0) are not in it, so ingest writes no second b-tree.
+    "CREATE INDEX IF NOT EXISTS alerts_looked_up ON alerts (fingerprint, starts_at) "
+    "WHERE lookup_done=1 AND entity!=''",
+)
+# PRAGMA user_version: 0 is a store written before the clustered alerts table (a rowid table
+# keyed by fingerprint first, plus an alerts_by_run index, with alertname, severity and category
+# columns); it is rewritten once when opened.
+SCHEMA_VERSION = 1
 
-_ALERT_COLUMNS = ("fingerprint, starts_at, entity, project, run_id, alertname, status, ends_at, "
-                  "severity, category, hostname, gpu, labels, annotations")
+_ALERT_COLUMNS = ("fingerprint, starts_at, entity, project, run_id, status, ends_at, hostname, "
+                  "gpu, labels, annotations")
+# Columns in primary-key order; ?12 binds the same time to received_at and updated_at.
+_INSERT = ("INSERT OR IGNORE INTO alerts (entity, project, run_id, starts_at, fingerprint, status, "
+           "ends_at, hostname, gpu, labels, annotations, received_at, updated_at) "
+           "VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?12)")
+_RESOLVE = ("UPDATE alerts SET status='resolved', ends_at=?, updated_at=? WHERE entity=? AND "
+            "project=? AND run_id=? AND starts_at=? AND fingerprint=? AND status='firing'")
+# The unattributed alerts: the empty run key, a prefix of the primary key.
+_UNATTRIBUTED = "entity='' AND project='' AND run_id=''"
+_RUN = operator.attrgetter("run")
+_STARTS_AT = operator.attrgetter("starts_at")
 
 
 def _sorted_json(value: dict[str, str]) -> str:
@@ -158,14 +182,42 @@ def from_iso(value: str) -> datetime:
 
 
 def _fact(row: sqlite3.Row) -> AlertFact:
+    labels = json.loads(row["labels"])
     return AlertFact(
-        fingerprint=row["fingerprint"], alertname=row["alertname"],
+        fingerprint=row["fingerprint"], alertname=labels.get("alertname", ""),
         starts_at=from_iso(row["starts_at"]),
         ends_at=from_iso(row["ends_at"]) if row["ends_at"] else None,
-        severity=row["severity"], category=row["category"], hostname=row["hostname"],
-        gpu=row["gpu"], labels=json.loads(row["labels"]),
+        severity=labels.get("severity", ""), category=labels.get("category", ""),
+        hostname=row["hostname"], gpu=row["gpu"], labels=labels,
         annotations=json.loads(row["annotations"]),
     )
+
+
+def _prepare(conn: sqlite3.Connection) -> None:
+    """Create the tables, or bring an older store up to ``SCHEMA_VERSION``, in one transaction
+    (a crash mid-way leaves the old store as it was)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version < SCHEMA_VERSION:
+            old = conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND "
+                               "name='alerts'").fetchone()
+            if old:
+                conn.execute("ALTER TABLE alerts RENAME TO alerts_v0")
+            conn.execute(ALERTS_TABLE)
+            if old:
+                conn.execute(f"INSERT OR IGNORE INTO alerts ({_ALERT_COLUMNS}, received_at, "  # noqa: S608 - constant column list
+                             f"updated_at, lookup_done) SELECT {_ALERT_COLUMNS}, received_at, "
+                             "updated_at, lookup_done FROM alerts_v0")
+                conn.execute("DROP TABLE alerts_v0")
+            conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        for table in OTHER_TABLES:
+            conn.execute(table)
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
 
 
 class Store:
@@ -198,7 +250,7 @@ class Store:
                 conn.execute("PRAGMA synchronous=FULL")
                 conn.execute("PRAGMA foreign_keys=ON")
                 if not self._schema_ready:
-                    conn.executescript(SCHEMA)
+                    _prepare(conn)
                     self._schema_ready = True
             except sqlite3.Error as exc:
                 conn.close()
@@ -260,55 +312,54 @@ class Store:
         """Store a notification in one durable transaction; returns what changed.
         ``identities`` are the alerts' identities when the caller already read them."""
         now = time.time() if now is None else now
-        new = resolved = 0
-        changed: set[RunKey] = set()
+        alerts = notification.alerts
         if identities is None:
-            identities = [reader.read(alert.raw) for alert in notification.alerts]
-        # Alerts grouped by run and written with executemany (one C loop per run rather than one
-        # Python call per alert) from generators, so rows are built one at a time; a run changed
-        # when its inserts or resolutions changed a row. Inserts go first, so a resolution in
-        # the same body closes an alert inserted firing.
-        by_run: dict[RunKey, list[int]] = {}
-        for index, ident in enumerate(identities):
-            by_run.setdefault(ident.run, []).append(index)
-        texts: dict[datetime, str] = {}  # a storm's alerts share a few timestamps
+            identities = [reader.read(alert.raw) for alert in alerts]
+        # Alerts grouped by run and written with one executemany per run from a generator, so
+        # rows are built one at a time; a run changed when its inserts or resolutions changed a
+        # row. Inserts go first, so a resolution in the same body closes an alert inserted firing.
+        runs = list(map(_RUN, identities))
+        by_run: Mapping[RunKey, Sequence[int]]
+        if len(set(runs)) <= 1:  # the usual notification: one run
+            by_run = {runs[0]: range(len(runs))} if runs else {}
+        else:
+            groups: dict[RunKey, list[int]] = {}
+            for index, run in enumerate(runs):
+                groups.setdefault(run, []).append(index)
+            by_run = groups
+        texts = {start: iso(start) for start in set(map(_STARTS_AT, alerts))}
+        resolving = any(alert.status == "resolved" for alert in alerts)
 
-        def key(alert: Alert, run: RunKey) -> tuple[str, str, str, str, str]:
-            starts = texts.get(alert.starts_at) or texts.setdefault(alert.starts_at,
-                                                                    iso(alert.starts_at))
-            return alert.fingerprint, starts, run.entity, run.project, run.run_id
-
-        def inserts(indices: list[int]) -> Iterator[tuple]:
+        def inserts(run: RunKey, indices: Sequence[int]) -> Iterator[tuple]:
+            entity, project, run_id = run
             for i in indices:
-                alert, ident = notification.alerts[i], identities[i]
-                yield (*key(alert, ident.run), alert.alertname, alert.status,
-                       iso(alert.ends_at) if alert.ends_at else None,
-                       alert.labels.get("severity", ""), alert.labels.get("category", ""),
+                alert, ident = alerts[i], identities[i]
+                yield (entity, project, run_id, texts[alert.starts_at], alert.fingerprint,
+                       alert.status, iso(alert.ends_at) if alert.ends_at else None,
                        ident.hostname, ident.gpu, _sorted_json(alert.labels),
-                       _sorted_json(alert.annotations), now, now)
+                       _sorted_json(alert.annotations), now)
 
-        def resolutions(indices: list[int]) -> Iterator[tuple]:
+        def resolutions(run: RunKey, indices: Sequence[int]) -> Iterator[tuple]:
             for i in indices:
-                alert = notification.alerts[i]
+                alert = alerts[i]
                 if alert.status == "resolved" and alert.ends_at is not None:
-                    yield (iso(alert.ends_at), now, *key(alert, identities[i].run))
+                    yield (iso(alert.ends_at), now, *run, texts[alert.starts_at],
+                           alert.fingerprint)
 
+        new = resolved = 0
+        changed: list[RunKey] = []
         with self._tx() as conn:
             for run, indices in by_run.items():
-                added = conn.executemany(
-                    f"INSERT OR IGNORE INTO alerts ({_ALERT_COLUMNS}, received_at, updated_at) "  # noqa: S608 - constant column list
-                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", inserts(indices)).rowcount
-                closed = conn.executemany(
-                    "UPDATE alerts SET status='resolved', ends_at=?, updated_at=? "
-                    "WHERE fingerprint=? AND starts_at=? AND entity=? AND project=? "
-                    "AND run_id=? AND status='firing'", resolutions(indices)).rowcount
+                added = conn.executemany(_INSERT, inserts(run, indices)).rowcount
+                closed = conn.executemany(_RESOLVE, resolutions(run, indices)).rowcount \
+                    if resolving else 0
                 new += added
                 resolved += max(closed, 0)
                 if added or closed > 0:
-                    changed.add(run)
+                    changed.append(run)
             for run in changed:
                 self._bump(conn, run, now)
-        received = len(notification.alerts)
+        received = len(alerts)
         return IngestResult(received, new, resolved, received - new - resolved,
                             tuple(sorted(changed)))
 
@@ -327,7 +378,7 @@ class Store:
     def unattributed_for_lookup(self, limit: int = 200) -> list[AlertFact]:
         """Unattributed alerts not yet looked up in Prometheus."""
         rows = self._read(
-            f"SELECT {_ALERT_COLUMNS} FROM alerts WHERE entity='' AND lookup_done=0 "  # noqa: S608 - constant column list
+            f"SELECT {_ALERT_COLUMNS} FROM alerts WHERE {_UNATTRIBUTED} AND lookup_done=0 "  # noqa: S608 - constant column list
             "ORDER BY starts_at LIMIT ?", (limit,))
         return [_fact(r) for r in rows]
 
@@ -339,14 +390,14 @@ class Store:
             for run in runs:
                 cur = conn.execute(
                     f"INSERT OR IGNORE INTO alerts ({_ALERT_COLUMNS}, received_at, updated_at, "  # noqa: S608 - constant column list
-                    "lookup_done) SELECT fingerprint, starts_at, ?, ?, ?, alertname, status, "
-                    "ends_at, severity, category, hostname, gpu, labels, annotations, ?, ?, 1 "
-                    "FROM alerts WHERE fingerprint=? AND starts_at=? AND entity=''",
+                    "lookup_done) SELECT fingerprint, starts_at, ?, ?, ?, status, ends_at, "
+                    "hostname, gpu, labels, annotations, ?, ?, 1 "
+                    f"FROM alerts WHERE fingerprint=? AND starts_at=? AND {_UNATTRIBUTED}",
                     (run.entity, run.project, run.run_id, now, now, fact.fingerprint, start))
                 if cur.rowcount:
                     self._bump(conn, run, now)
-            conn.execute("UPDATE alerts SET lookup_done=1 WHERE fingerprint=? AND starts_at=? "
-                         "AND entity=''", (fact.fingerprint, start))
+            conn.execute("UPDATE alerts SET lookup_done=1 WHERE fingerprint=? AND starts_at=? "  # noqa: S608 - constant condition
+                         f"AND {_UNATTRIBUTED}", (fact.fingerprint, start))
 
     def propagate_resolutions(self, now: float | None = None) -> int:
         """Close looked-up copies whose unattributed original has since resolved."""
@@ -354,9 +405,10 @@ class Store:
         with self._tx() as conn:
             rows = conn.execute(
                 "SELECT c.entity, c.project, c.run_id, c.fingerprint, c.starts_at, o.ends_at "
-                "FROM alerts c JOIN alerts o ON o.fingerprint=c.fingerprint AND "
-                "o.starts_at=c.starts_at AND o.entity='' WHERE c.entity!='' AND "
-                "c.status='firing' AND o.status='resolved'").fetchall()
+                "FROM alerts o JOIN alerts c ON c.fingerprint=o.fingerprint AND "
+                "c.starts_at=o.starts_at AND c.lookup_done=1 AND c.entity!='' "
+                "WHERE o.entity='' AND o.project='' AND o.run_id='' AND o.status='resolved' "
+                "AND c.status='firing'").fetchall()
             for r in rows:
                 conn.execute(
                     "UPDATE alerts SET status='resolved', ends_at=?, updated_at=? WHERE "
@@ -396,7 +448,7 @@ class Store:
 
     def unattributed_count(self) -> int:
         """Number of stored alerts no run could be found for."""
-        return self._read("SELECT COUNT(*) FROM alerts WHERE entity=''")[0][0]
+        return self._read(f"SELECT COUNT(*) FROM alerts WHERE {_UNATTRIBUTED}")[0][0]  # noqa: S608 - constant condition
 
     def alert_count(self) -> int:
         """Number of stored alert rows (tests and metrics)."""
