@@ -170,9 +170,9 @@ def _alert(item: object) -> Alert:
                  item)
 
 
-def _fields(items: list[Any], name: str) -> list[Any]:
-    """One field of every alert (``None`` where absent), gathered in one C-speed pass."""
-    return list(map(operator.methodcaller("get", name), items))
+# The fields of an alert the bulk path reads, in the order ``_bulk`` unpacks them.
+_FIELDS = operator.itemgetter("status", "fingerprint", "labels", "annotations", "startsAt",
+                              "endsAt", "generatorURL")
 
 
 def _all_strings(values: Iterable[object]) -> bool:
@@ -180,7 +180,7 @@ def _all_strings(values: Iterable[object]) -> bool:
     return all(map(str.__instancecheck__, values))
 
 
-def _string_maps(maps: list[Any]) -> bool:
+def _string_maps(maps: tuple[Any, ...]) -> bool:
     """Whether every map is a dict of strings within ``MAX_LABEL_BYTES``: joining a map's
     keys and its values raises on a value that is not a string and measures both."""
     if not all(map(dict.__instancecheck__, maps)):
@@ -193,26 +193,26 @@ def _string_maps(maps: list[Any]) -> bool:
         return False
 
 
-def _bulk(items: list[object]) -> list[Alert] | None:
+def _bulk(items: list[Any]) -> list[Alert] | None:
     """Every alert, validated field by field across the whole notification (C loops over
     lists rather than a Python call per alert: a storm brings tens of thousands), or None when
     any check fails; ``_alert`` then names the culprit. Accepts exactly what ``_alert`` accepts,
-    except that missing annotations also take the per-alert path."""
-    if not all(map(dict.__instancecheck__, items)):
+    except that absent fields and missing annotations also take the per-alert path."""
+    if not items or not all(map(dict.__instancecheck__, items)):
         return None
-    statuses = _fields(items, "status")
-    fingerprints = _fields(items, "fingerprint")
+    try:  # every field of every alert in one C pass, then transposed into columns
+        (statuses, fingerprints, labels, annotations, starts_text, ends_text,
+         generators) = zip(*map(_FIELDS, items), strict=True)
+    except KeyError:
+        return None
     if not (_all_strings(statuses) and set(statuses) <= {"firing", "resolved"}
             and _all_strings(fingerprints) and all(map(_FINGERPRINT.fullmatch, fingerprints))):
         return None
-    labels, annotations = _fields(items, "labels"), _fields(items, "annotations")
     if not (_string_maps(labels) and all(labels) and _string_maps(annotations)):
         return None
     panels = [p for p in map(operator.methodcaller("get", ANNOTATION_PANEL_ID), annotations) if p]
     if not all(map(_PANEL_ID.fullmatch, panels)):
         return None
-    starts_text, ends_text = _fields(items, "startsAt"), _fields(items, "endsAt")
-    generators = list(map(operator.methodcaller("get", "generatorURL", ""), items))
     if not (_all_strings(starts_text) and _all_strings(generators)
             and set(map(type, ends_text)) <= {str, type(None)}):
         return None

@@ -22,6 +22,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import lru_cache
+from itertools import chain, islice
 from pathlib import Path
 
 import orjson
@@ -97,10 +99,23 @@ SCHEMA_VERSION = 1
 
 _ALERT_COLUMNS = ("fingerprint, starts_at, entity, project, run_id, status, ends_at, hostname, "
                   "gpu, labels, annotations")
-# Columns in primary-key order; ?12 binds the same time to received_at and updated_at.
-_INSERT = ("INSERT OR IGNORE INTO alerts (entity, project, run_id, starts_at, fingerprint, status, "
-           "ends_at, hostname, gpu, labels, annotations, received_at, updated_at) "
-           "VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?12)")
+# Alerts are inserted INSERT_ROWS at a time by one statement whose rows share the run and the
+# time (bound once, as ?1-?4): a third less binding and stepping than one row per execution.
+INSERT_ROWS = 100
+_ROW_FIELDS = 8  # starts_at, fingerprint, status, ends_at, hostname, gpu, labels, annotations
+
+
+@lru_cache(maxsize=INSERT_ROWS)
+def _insert(rows: int) -> str:
+    """The INSERT of ``rows`` alerts of one run (columns in primary-key order)."""
+    values = ",".join(
+        "(?1,?2,?3," + ",".join(f"?{5 + k * _ROW_FIELDS + f}" for f in range(_ROW_FIELDS))
+        + ",?4,?4)" for k in range(rows))
+    return ("INSERT OR IGNORE INTO alerts (entity, project, run_id, starts_at, fingerprint, "
+            "status, ends_at, hostname, gpu, labels, annotations, received_at, updated_at) "
+            "VALUES " + values)
+
+
 _RESOLVE = ("UPDATE alerts SET status='resolved', ends_at=?, updated_at=? WHERE entity=? AND "
             "project=? AND run_id=? AND starts_at=? AND fingerprint=? AND status='firing'")
 # The unattributed alerts: the empty run key, a prefix of the primary key.
@@ -315,9 +330,9 @@ class Store:
         alerts = notification.alerts
         if identities is None:
             identities = [reader.read(alert.raw) for alert in alerts]
-        # Alerts grouped by run and written with one executemany per run from a generator, so
-        # rows are built one at a time; a run changed when its inserts or resolutions changed a
-        # row. Inserts go first, so a resolution in the same body closes an alert inserted firing.
+        # Alerts grouped by run and written from a generator, so rows are built a chunk at a
+        # time; a run changed when its inserts or resolutions changed a row. Inserts go first,
+        # so a resolution in the same body closes an alert inserted firing.
         runs = list(map(_RUN, identities))
         by_run: Mapping[RunKey, Sequence[int]]
         if len(set(runs)) <= 1:  # the usual notification: one run
@@ -330,14 +345,20 @@ class Store:
         texts = {start: iso(start) for start in set(map(_STARTS_AT, alerts))}
         resolving = any(alert.status == "resolved" for alert in alerts)
 
-        def inserts(run: RunKey, indices: Sequence[int]) -> Iterator[tuple]:
-            entity, project, run_id = run
+        def rows(indices: Sequence[int]) -> Iterator[tuple]:
             for i in indices:
                 alert, ident = alerts[i], identities[i]
-                yield (entity, project, run_id, texts[alert.starts_at], alert.fingerprint,
-                       alert.status, iso(alert.ends_at) if alert.ends_at else None,
-                       ident.hostname, ident.gpu, _sorted_json(alert.labels),
-                       _sorted_json(alert.annotations), now)
+                yield (texts[alert.starts_at], alert.fingerprint, alert.status,
+                       iso(alert.ends_at) if alert.ends_at else None, ident.hostname, ident.gpu,
+                       _sorted_json(alert.labels), _sorted_json(alert.annotations))
+
+        def inserts(conn: sqlite3.Connection, run: RunKey, indices: Sequence[int]) -> int:
+            """Insert the run's alerts, INSERT_ROWS at a time; returns how many were new."""
+            added, pending = 0, rows(indices)
+            while chunk := list(islice(pending, INSERT_ROWS)):
+                added += conn.execute(_insert(len(chunk)),
+                                      (*run, now, *chain.from_iterable(chunk))).rowcount
+            return added
 
         def resolutions(run: RunKey, indices: Sequence[int]) -> Iterator[tuple]:
             for i in indices:
@@ -350,7 +371,7 @@ class Store:
         changed: list[RunKey] = []
         with self._tx() as conn:
             for run, indices in by_run.items():
-                added = conn.executemany(_INSERT, inserts(run, indices)).rowcount
+                added = inserts(conn, run, indices)
                 closed = conn.executemany(_RESOLVE, resolutions(run, indices)).rowcount \
                     if resolving else 0
                 new += added

@@ -330,10 +330,10 @@ class Handlers:
 
     def _store(self, handed: list[bytearray]) -> tuple[IngestResult, Notification]:
         """On the write thread: parse, check and store the body ``handed`` over (emptied here,
-        so the body is freed once parsed). Returns the notification without its
-        alerts, for the log line. The cyclic garbage collector is paused meanwhile: the
-        notification's objects are acyclic and freed by reference counting, and its passes
-        over tens of thousands of new objects cost a fifth of the parse."""
+        so the body is freed once parsed). Returns the notification without its alerts, for
+        the log line. The cyclic garbage collector is paused meanwhile: the notification's
+        objects are acyclic and freed by reference counting, and its passes over tens of
+        thousands of new objects cost a fifth of the parse."""
         with _collector_paused():
             notification = parse_notification(handed.pop())
             identities = check_runs(notification, self.ctx.reader)

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from harness.bridge_payloads import T0, TOKEN, alert, make_context, notification, serve
 from wandb_infra.bridge.config import load
 from wandb_infra.bridge.identity import IdentityReader
-from wandb_infra.bridge.store import Store
+from wandb_infra.bridge.payload import parse_notification
+from wandb_infra.bridge.store import INSERT_ROWS, Store
 from wandb_infra.bridge.webhook import Credentials
 from wandb_infra.common.configfile import ConfigError
 from wandb_infra.common.runkey import RunKey
@@ -278,3 +279,24 @@ def test_cli_help_and_refusal(tmp_path):
                              env=env, capture_output=True, text=True, timeout=60, check=False,
                              cwd=tmp_path)
     assert refused.returncode == 2 and "refusing to start" in refused.stderr
+
+
+def test_large_notification_over_several_runs_is_stored_exactly(tmp_path):
+    """Alerts are written in chunks of INSERT_ROWS per statement and grouped by run: counts,
+    duplicates and same-body resolutions come out exact across chunk and run boundaries."""
+    store = Store(tmp_path / "s.sqlite")
+    alerts = [alert("GpuXidError", category="gpu_hardware", host=f"h{i}", gpu=str(i % 8),
+                    run=f"r{i % 3}" if i % 10 else None) for i in range(2 * INSERT_ROWS + 55)]
+    ended = [alert("GpuXidError", category="gpu_hardware", host=f"h{i}", gpu=str(i % 8),
+                   run=f"r{i % 3}", end=T0 + timedelta(minutes=1)) for i in range(1, 40, 2)]
+    body = json.dumps(notification(alerts + ended)).encode()
+    first = store.ingest(parse_notification(body), IdentityReader())
+    assert (first.received, first.new, first.resolved) == (len(alerts) + 20, len(alerts), 20)
+    assert first.runs == (RunKey(), *(RunKey("team", "proj", f"r{k}") for k in range(3)))
+    again = store.ingest(parse_notification(body), IdentityReader())
+    assert (again.new, again.resolved, again.duplicates) == (0, 0, len(alerts) + 20)
+    per_run = {run.run_id: (n, firing) for run, n, firing, _ in store.runs()}
+    unattributed = sum(1 for i in range(len(alerts)) if i % 10 == 0)
+    assert per_run[""] == (unattributed, unattributed)
+    assert sum(n for n, _ in per_run.values()) == len(alerts)
+    assert sum(n - firing for n, firing in per_run.values()) == 20
