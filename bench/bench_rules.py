@@ -33,7 +33,9 @@ import requests
 import yaml
 
 from bench.common import Result
-from demo.simulator import Cluster, prometheus_config, serve
+from demo.simulator.cluster import Cluster
+from demo.simulator.scrape import prometheus_config
+from demo.simulator.server import serve
 from harness.processes import prom_query, prometheus
 from wandb_infra.alert_rules import tiers
 from wandb_infra.alert_rules.generate import RULES_FILE
