@@ -329,7 +329,7 @@ class Store:
         now = time.time() if now is None else now
         alerts = notification.alerts
         if identities is None:
-            identities = [reader.read(alert.raw) for alert in alerts]
+            identities = reader.read_all([alert.raw for alert in alerts])
         # Alerts grouped by run and written from a generator, so rows are built a chunk at a
         # time; a run changed when its inserts or resolutions changed a row. Inserts go first,
         # so a resolution in the same body closes an alert inserted firing.

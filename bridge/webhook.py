@@ -207,7 +207,7 @@ def check_runs(notification: Notification, reader: IdentityReader) -> list[Ident
     """Each alert's identity (read once, for ``Store.ingest`` too), rejecting run addresses the
     exporter could never have published (``fullmatch``, so a trailing newline or a slash cannot
     make a second run or an unreachable /runs page)."""
-    identities = [reader.read(alert.raw) for alert in notification.alerts]
+    identities = reader.read_all([alert.raw for alert in notification.alerts])
     # A notification names few runs: each distinct address is checked once.
     runs = [ident.run for ident in identities]
     bad = {run for run in set(runs) if run.attributed and not (
@@ -331,14 +331,17 @@ class Handlers:
     def _store(self, handed: list[bytearray]) -> tuple[IngestResult, Notification]:
         """On the write thread: parse, check and store the body ``handed`` over (emptied here,
         so the body is freed once parsed). Returns the notification without its alerts, for
-        the log line. The cyclic garbage collector is paused meanwhile: the notification's
-        objects are acyclic and freed by reference counting, and its passes over tens of
+        the log line. The cyclic garbage collector is paused until the decoded alerts are
+        freed: they are acyclic and freed by reference counting, and its passes over tens of
         thousands of new objects cost a fifth of the parse."""
         with _collector_paused():
-            notification = parse_notification(handed.pop())
-            identities = check_runs(notification, self.ctx.reader)
-            result = self.ctx.store.ingest(notification, self.ctx.reader, identities=identities)
-            return result, replace(notification, alerts=[])
+            return self._parse_and_store(handed)
+
+    def _parse_and_store(self, handed: list[bytearray]) -> tuple[IngestResult, Notification]:
+        notification = parse_notification(handed.pop())
+        identities = check_runs(notification, self.ctx.reader)
+        result = self.ctx.store.ingest(notification, self.ctx.reader, identities=identities)
+        return result, replace(notification, alerts=[])
 
     async def healthz(self, _request: web.Request) -> web.Response:
         """Liveness: the process answers."""

@@ -254,6 +254,12 @@ def test_fast_identity_paths_agree_with_jsonpath_ng(alert_obj):
     slow = IdentityReader(exprs)
     slow._simple = {k: None for k in slow._simple}
     assert fast.read(alert_obj) == slow.read(alert_obj)
+    # The bulk reader (one part at a time across a notification) gives the same answers, with
+    # custom paths and with the defaults.
+    assert fast.read_all([alert_obj, {}, alert_obj]) == [fast.read(alert_obj), fast.read({}),
+                                                         fast.read(alert_obj)]
+    default = IdentityReader()
+    assert default.read_all([alert_obj]) == [default.read(alert_obj)]
 
 
 def test_example_config_is_valid(tmp_path):
