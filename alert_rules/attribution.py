@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from wandb_infra.alert_rules.normalise import run_gpu_rows, run_host_rows
+from wandb_infra.alert_rules.normalise import Recording, promql, run_gpu_rows, run_host_rows
 from wandb_infra.common import labels as L
 
 RUN = ", ".join(L.RUN_LABELS)
@@ -42,21 +42,38 @@ def family_joins(family: str) -> Joins:
                  f"wandb_run_hostname:wandb_run_node_info:{suffix}")
 
 
+GPUS_UNKNOWN_ON = """
+${RUN_HOSTS}
+unless on (hostname, ${RUN})
+${RUN_GPUS}
+"""
+
+
 def faulty_joins(joins: Joins, gpu_faults: list[str], host_faults: list[str]
-                 ) -> list[tuple[str, str]]:
-    """(record, expr) of the join rows on hosts with a fault among the given fault records.
+                 ) -> list[Recording]:
+    """The join rows on hosts with a fault among the given fault records.
 
     The GPU rows come first: the runs with unknown GPUs are those of the faulty hosts' runs
     that have no row there.
     """
     out = []
     if gpu_faults:
-        on_gpu = " or ".join(gpu_faults)
-        out += [(joins.run_gpus, run_gpu_rows(on_gpu)),
-                (joins.gpus_unknown,
-                 f"{run_host_rows(on_gpu)} unless on ({L.HOSTNAME}, {RUN}) {joins.run_gpus}")]
+        on_gpu = "\nor\n".join(gpu_faults)
+        out += [
+            Recording(joins.run_gpus, run_gpu_rows(on_gpu),
+                      "The run rows (run, host, GPU) of the hosts with a fault of this family, "
+                      "usually none: the join metrics are read once here, and the alerts below "
+                      "join these few rows instead of every GPU of every run."),
+            Recording(joins.gpus_unknown,
+                      promql(GPUS_UNKNOWN_ON, RUN_HOSTS=run_host_rows(on_gpu),
+                             RUN_GPUS=joins.run_gpus),
+                      "The runs on those hosts whose GPUs there are unknown (no GPU row): "
+                      "a GPU fault reaches them by host, never a run holding another GPU."),
+        ]
     if host_faults:
-        out.append((joins.run_hosts, run_host_rows(" or ".join(host_faults))))
+        out.append(Recording(joins.run_hosts, run_host_rows("\nor\n".join(host_faults)),
+                             "The runs on the hosts with a host or link fault of this family "
+                             "(usually none), read once for the alerts below."))
     return out
 
 

@@ -12,6 +12,7 @@ import argparse
 import json
 import re
 import sys
+import textwrap
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -317,29 +318,57 @@ def _group(name: str, tier: str | None, rules: list[dict[str, Any]]) -> dict[str
     return group
 
 
-def groups(cfg: dict[str, Any]) -> list[dict[str, Any]]:
-    """All rule groups: normalisation first, then one group per alert family."""
-    prefix = cfg["group_prefix"]
-    out: list[dict[str, Any]] = []
-    for name, tier, rules in recording_groups(cfg["violation_unit"], cfg["strip_domain"]):
-        for gname, chunk in _chunks([_recording(r) for r in rules], f"{prefix}-{name}"):
-            out.append(_group(gname, tier, chunk))
+def fault_recording(alert: AlertDef, by_record: dict[str, str | None]) -> normalise.Recording:
+    """The recording rule of an alert's per-entity faults (``fault_record``)."""
+    entity = {"gpu": "GPU", "host": "host", "link": "link"}[alert.scope]
+    return normalise.Recording(
+        str(fault_record(alert)), condition(alert, by_record),
+        f"The {entity}s where {alert.name} holds now, valued with the measured figure: "
+        f"{alert.summary} Recorded once, so the join rows and the alert below read these few "
+        f"series instead of every {entity} again.")
+
+
+def recordings(cfg: dict[str, Any]) -> list[tuple[str, str | None, list[normalise.Recording]]]:
+    """Every recording rule by group (name without prefix, tier): normalisation first, then each
+    alert family's fault records and the join rows of its faulty hosts."""
+    out = list(recording_groups(cfg["violation_unit"], cfg["strip_domain"]))
     by_record = record_tiers(cfg["violation_unit"])
+    for name, alerts in families().items():
+        faults = [fault_recording(a, by_record) for a in alerts if fault_record(a)]
+        gpu = [f.record for a, f in zip([a for a in alerts if fault_record(a)], faults,
+                                        strict=True) if a.scope == "gpu"]
+        other = [f.record for f in faults if f.record not in gpu]
+        out.append((name, family_tier(alerts, by_record),
+                    faults + faulty_joins(family_joins(name), gpu, other)))
+    return out
+
+
+def families() -> dict[str, list[AlertDef]]:
+    """The alerts of each family, in catalog order."""
     members: dict[str, list[AlertDef]] = {}
     for alert in ALERTS.values():
         members.setdefault(family(alert), []).append(alert)
-    for name, alerts in members.items():
-        faults = [a for a in alerts if fault_record(a)]
-        family_rules: list[dict[str, Any]] = [
-            {"record": fault_record(a), "expr": condition(a, by_record)} for a in faults]
-        joins = faulty_joins(family_joins(name),
-                             [str(fault_record(a)) for a in faults if a.scope == "gpu"],
-                             [str(fault_record(a)) for a in faults if a.scope != "gpu"])
-        family_rules += [{"record": record, "expr": expr} for record, expr in joins]
-        family_rules += [_alert(a, cfg, by_record) for a in alerts]
-        for gname, chunk in _chunks(family_rules, f"{prefix}-{name}"):
-            out.append(_group(gname, family_tier(alerts, by_record), chunk))
+    return members
+
+
+def groups(cfg: dict[str, Any]) -> list[dict[str, Any]]:
+    """All rule groups: normalisation first, then one group per alert family (its recording
+    rules, then its alerts)."""
+    prefix = cfg["group_prefix"]
+    by_record = record_tiers(cfg["violation_unit"])
+    alerts = families()
+    out: list[dict[str, Any]] = []
+    for name, tier, records in recordings(cfg):
+        rules = [_recording(r) for r in records]
+        rules += [_alert(a, cfg, by_record) for a in alerts.get(name, [])]
+        for gname, chunk in _chunks(rules, f"{prefix}-{name}"):
+            out.append(_group(gname, tier, chunk))
     return out
+
+
+def comments(cfg: dict[str, Any]) -> dict[str, str]:
+    """What each recorded series holds and why, by record name (printed above the rule)."""
+    return {r.record: r.help for _, _, records in recordings(cfg) for r in records}
 
 
 class _Dumper(yaml.SafeDumper):
@@ -354,14 +383,45 @@ def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
 _Dumper.add_representer(str, _str)
 
 
+# Long prose (annotations) folds at spaces onto lines of about this width; YAML reads it back
+# as the same single line.
+YAML_WIDTH = 96
+
+
 def dump(data: object) -> str:
-    """Deterministic YAML (insertion order, no wrapping)."""
-    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, width=10_000, allow_unicode=True)
+    """Deterministic YAML (insertion order); long plain strings fold at spaces."""
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, width=YAML_WIDTH, allow_unicode=True)
+
+
+COMMENT_WIDTH = 100
+
+
+def _comment(text: str, indent: str) -> list[str]:
+    return [f"{indent}# {line}"
+            for line in textwrap.wrap(text, COMMENT_WIDTH - len(indent) - 2)]
+
+
+def groups_yaml(groups: list[dict[str, Any]], notes: dict[str, str], indent: str = "") -> str:
+    """``groups:`` as YAML at ``indent``, a comment above each recording rule saying what it
+    holds and why, a blank line between groups. PyYAML writes no comments, so each group's
+    header and each rule are dumped on their own and laid out here."""
+    out = [f"{indent}groups:"]
+    for i, group in enumerate(groups):
+        if i:
+            out.append("")
+        head = {k: v for k, v in group.items() if k != "rules"}
+        out += [indent + line for line in dump([head]).splitlines()]
+        out.append(f"{indent}  rules:")
+        for rule in group["rules"]:
+            if "record" in rule:
+                out += _comment(notes[rule["record"]], indent + "  ")
+            out += [indent + "  " + line for line in dump([rule]).splitlines()]
+    return "\n".join(out) + "\n"
 
 
 def rules_text(cfg: dict[str, Any]) -> str:
     """The Prometheus rule file."""
-    return HEADER + dump({"groups": groups(cfg)})
+    return HEADER + groups_yaml(groups(cfg), comments(cfg))
 
 
 def manifest_text(cfg: dict[str, Any]) -> str:
@@ -375,9 +435,8 @@ def manifest_text(cfg: dict[str, Any]) -> str:
             "labels": {"app.kubernetes.io/name": "wandb-infra-issues",
                        "app.kubernetes.io/component": "alert-rules"},
         },
-        "spec": {"groups": groups(cfg)},
     }
-    return HEADER + dump(manifest)
+    return HEADER + dump(manifest) + "spec:\n" + groups_yaml(groups(cfg), comments(cfg), "  ")
 
 
 def counters_text() -> str:

@@ -6,6 +6,11 @@ fraction of time. node_exporter: ``hostname`` from ``node_uname_info{nodename}``
 (instance, job). Every output is aggregated with ``max by`` so exporter replicas and per-job copies
 (HPC mode, Kubernetes pod labels) collapse into one series per entity.
 
+Each record is a PromQL template (``catalog/template.py``): literal PromQL with ``${NAME}``
+placeholders for record names, thresholds, windows and the shared relabelling steps below, so the
+rule file shows the same text indented the same way. ``help`` says what the record holds and why;
+the generator prints it as a comment above the rule.
+
 Cost model (Prometheus 2.42, measured on 16,000 GPUs): selecting a series costs ~7 us whatever
 its samples, so a rule's price is the number of series its selectors touch. Hence: every raw
 family is read once per evaluation of its tier (``tiers.py``), outputs are sparse (only faulty
@@ -26,33 +31,97 @@ from wandb_infra.catalog.alerts import (
     STRAGGLER_RUN_BUSY_MIN,
     TEMP_WARNING_C,
 )
+from wandb_infra.catalog.template import Value, fill
 from wandb_infra.common import labels as L
 
-GPU_KEYS = f"{L.HOSTNAME}, {L.GPU}, {L.GPU_UUID}"
 RUN = ", ".join(L.RUN_LABELS)
 VIOLATION_DIVISORS = {"ns": "1e9", "us": "1e6"}
-# Clock-event bits the alerts read: HW slowdown (8), HW thermal (64), HW power brake (128); any
-# bitmask holding one is >= 8, so smaller ones (idle, app clocks, SW power cap) are not recorded.
-CLOCK_BITS_OF_INTEREST = 8
+# Clock-event bits the alerts read: HW slowdown, HW thermal, HW power brake; any bitmask holding
+# one is at least the smallest of them, so smaller ones (idle, app clocks, SW power cap) are not
+# recorded.
+CLOCK_BITS_OF_INTEREST = min(s.CLOCK_HW_SLOWDOWN, s.CLOCK_HW_THERMAL, s.CLOCK_HW_POWER_BRAKE)
 # Labels of a raw dcgm-exporter series that identify one GPU of one target.
 DCGM_SERIES = "instance, job, Hostname, hostname, gpu, UUID"
 LINK = "device, port"
-IFACE = s.PHYSICAL_INTERFACES
-
-
-@dataclass(frozen=True)
-class Recording:
-    """One recording rule."""
-
-    record: str
-    expr: str
-
-
 # A host name whose first label is not all digits (so not an IPv4 address), with a domain: the
 # first label is the host. dcgm-exporter reports Kubernetes node names (``spec.nodeName``, e.g.
 # ``ip-10-0-1-23.us-west-2.compute.internal`` on EKS) and node_exporter the kernel's nodename,
 # both often FQDNs; the exporter strips domains by default, so the rules do the same.
 FQDN = "([^.]*[^0-9.][^.]*)[.].+"
+# Which GPUs each run holds: the exporter's per-GPU join metric, or, on Kubernetes, the pod that
+# dcgm-exporter says holds the GPU joined to that pod's run.
+RUN_GPUS = f"({L.GPU_INFO} or {s.POD_GPU_ROWS})"
+XID_GAUGE = '{__name__=~"DCGM_FI_DEV_XID_ERRORS|DCGM_FI_DEV_XID_ERROR",err_code!="0"}'
+
+# Names every template may use besides its own: records, windows, thresholds, label lists.
+COMMON: dict[str, Value] = {
+    **s.RECORDS,
+    "RUN": RUN, "RUN_GPUS": RUN_GPUS, "NODE_INFO": L.NODE_INFO, "GPU_INFO": L.GPU_INFO,
+    "POD_INFO": L.POD_INFO, "TARGET_LABEL": s.TARGET_LABEL, "FQDN": FQDN,
+    "DCGM_SERIES": DCGM_SERIES, "LINK": LINK, "IFACE": s.PHYSICAL_INTERFACES,
+    "VIOLATION_WINDOW": s.VIOLATION_WINDOW, "WEAR_WINDOW": s.WEAR_WINDOW,
+    "FLAP_WINDOW": s.FLAP_WINDOW, "HISTORY_WINDOW": s.HISTORY_WINDOW,
+    "XID_RECENT": s.XID_RECENT, "XID_GAUGE": XID_GAUGE, "IB_STATE_ACTIVE": s.IB_STATE_ACTIVE,
+    "STRAGGLER_GAP": STRAGGLER_GAP, "STRAGGLER_RUN_BUSY_MIN": STRAGGLER_RUN_BUSY_MIN,
+}
+
+
+def promql(template: str, **values: Value) -> str:
+    """A template filled with ``COMMON`` and the given values."""
+    return fill(template, {**COMMON, **values})
+
+
+@dataclass(frozen=True)
+class Recording:
+    """One recording rule: its name, its PromQL, and what it holds and why (the comment)."""
+
+    record: str
+    expr: str
+    help: str
+
+
+# --- shared relabelling steps ----------------------------------------------------------------
+
+DCGM_HOST = """
+label_replace(
+  ${EXPR},
+  "hostname", "$1", "Hostname", "(.+)"
+)
+"""
+STRIP_DOMAIN = """
+label_replace(
+  ${EXPR},
+  "hostname", "$1", "hostname", "${FQDN}"
+)
+"""
+GPU_UUID = """
+label_replace(
+  ${EXPR},
+  "gpu_uuid", "$1", "UUID", "(.+)"
+)
+"""
+# One series per GPU, keyed (hostname, gpu, gpu_uuid): the inner max strips every other label
+# first, so the relabelling works on small label sets.
+PER_GPU = """
+max by (hostname, gpu, gpu_uuid) (
+  ${RENAMED}
+)
+"""
+DCGM_GPU_KEYS = """
+max by (Hostname, hostname, gpu, UUID) (
+  ${INNER}
+)
+"""
+PER_HOST_GPU = """
+max by (hostname, gpu) (
+  ${RENAMED}
+)
+"""
+DCGM_HOST_GPU_KEYS = """
+max by (Hostname, hostname, gpu) (
+  ${INNER}
+)
+"""
 
 
 @dataclass(frozen=True)
@@ -69,7 +138,7 @@ class HostKey:
         """``expr`` with its ``hostname`` label reduced to the canonical key."""
         if not self.strip_domain:
             return expr
-        return f'label_replace({expr}, "{L.HOSTNAME}", "$1", "{L.HOSTNAME}", "{FQDN}")'
+        return promql(STRIP_DOMAIN, EXPR=expr)
 
 
 DEFAULT_HOST_KEY = HostKey()
@@ -78,23 +147,38 @@ DEFAULT_HOST_KEY = HostKey()
 def _from_dcgm_host(expr: str, host: HostKey) -> str:
     """dcgm-exporter's host label, ``Hostname`` (<= 4.8.2) or ``hostname``, as the canonical
     ``hostname``."""
-    return host.canonical(f'label_replace({expr}, "{L.HOSTNAME}", "$1", "Hostname", "(.+)")')
+    return host.canonical(promql(DCGM_HOST, EXPR=expr))
+
+
+def _gpu_labels(expr: str, host: HostKey) -> str:
+    """``expr`` with dcgm's host and UUID labels renamed (no aggregation)."""
+    return promql(GPU_UUID, EXPR=_from_dcgm_host(expr, host))
 
 
 def _gpu(inner: str, host: HostKey) -> str:
-    """Rename the dcgm host/UUID labels and collapse duplicates into one series per GPU.
-
-    The inner ``max by`` first strips every other label, so the relabelling works on small label
-    sets.
-    """
-    renamed = _gpu_labels(f"max by (Hostname, {L.HOSTNAME}, {L.GPU}, UUID) ({inner})", host)
-    return f"max by ({GPU_KEYS}) ({renamed})"
+    """Rename the dcgm host/UUID labels and collapse duplicates into one series per GPU."""
+    keyed = promql(DCGM_GPU_KEYS, INNER=inner)
+    return promql(PER_GPU, RENAMED=_gpu_labels(keyed, host))
 
 
 def _host_label(inner: str, host: HostKey) -> str:
     """dcgm series reduced to (hostname, gpu), whichever host label spelling they carry."""
-    renamed = _from_dcgm_host(f"max by (Hostname, {L.HOSTNAME}, {L.GPU}) ({inner})", host)
-    return f"max by ({L.HOSTNAME}, {L.GPU}) ({renamed})"
+    keyed = promql(DCGM_HOST_GPU_KEYS, INNER=inner)
+    return promql(PER_HOST_GPU, RENAMED=_from_dcgm_host(keyed, host))
+
+
+def _paren(expr: str) -> str:
+    """``expr`` in parentheses, on lines of their own when it spans several."""
+    if "\n" not in expr:
+        return f"({expr})"
+    return promql("(\n  ${EXPR}\n)", EXPR=expr)
+
+
+def _either(*variants: str) -> str:
+    """Old-or-new metric names (4.9 renames): the first present wins per series."""
+    if len(variants) == 1:
+        return variants[0]
+    return "\nor\n".join(_paren(v) for v in variants)
 
 
 def _sparse(host: HostKey, *variants: str) -> str:
@@ -103,92 +187,135 @@ def _sparse(host: HostKey, *variants: str) -> str:
     Each variant is filtered before the ``or`` and the relabelling, so those touch the handful of
     faulty GPUs instead of every GPU of the cluster.
     """
-    return _gpu(_either(*(f"({v}) > 0" for v in variants)), host)
+    return _gpu(_either(*(f"{v} > 0" if "\n" not in v else f"{_paren(v)} > 0"
+                          for v in variants)), host)
 
 
-def _either(*variants: str) -> str:
-    """Old-or-new metric names (4.9 renames): the first present wins per series."""
-    return " or ".join(f"({v})" for v in variants)
+TAGGED_PART = 'label_replace(${FN}(${METRIC}[${WINDOW}]) > 0, "counter", "${TAG}", "", "")'
+TAGGED_SUM = """
+sum by (${BY}) (
+  ${PARTS}
+)
+"""
 
 
-def _rate(metric: str, window: str, fn: str = "rate") -> str:
-    return f"{fn}({metric}[{window}])"
-
-
-def _tagged_sum(metrics: tuple[str, ...], fn: str, window: str, by: str,
-                sparse: bool = False) -> str:
-    """Sum a function of several counters without duplicate label sets (names are dropped).
-
-    ``sparse``: only non-zero terms are kept (before the ``or``), for error counters.
-    """
-    cut = " > 0" if sparse else ""
-    parts = " or ".join(
-        f'label_replace({fn}({m}[{window}]){cut}, "counter", "{i}", "", "")'
-        for i, m in enumerate(metrics))
-    return f"sum by ({by}) ({parts})"
+def _tagged_sum(metrics: tuple[str, ...], fn: str, window: str, by: str) -> str:
+    """The non-zero ``fn(counter[window])`` of several counters summed; each is tagged with a
+    ``counter`` label first, so the ``or`` keeps them all although their names are dropped."""
+    parts = "\nor\n".join(promql(TAGGED_PART, FN=fn, METRIC=m, WINDOW=window, TAG=str(i))
+                          for i, m in enumerate(metrics))
+    return promql(TAGGED_SUM, BY=by, PARTS=parts)
 
 
 def _sparse_sums(host: HostKey, fn: str, window: str, *names: tuple[str, ...]) -> str:
     """Several error counters of a GPU summed (``_tagged_sum``), under their pre-4.9 or 4.9
     names (one tuple each), non-zero only."""
-    return _sparse(host, *(_tagged_sum(n, fn, window, DCGM_SERIES, sparse=True) for n in names))
+    return _sparse(host, *(_tagged_sum(n, fn, window, DCGM_SERIES) for n in names))
 
 
-XID_GAUGE = '{__name__=~"DCGM_FI_DEV_XID_ERRORS|DCGM_FI_DEV_XID_ERROR",err_code!="0"}'
-# How long a new XID code stays an event (the record says "recent", the alerts fire on it).
-XID_RECENT = "10m"
+# --- XIDs (fast tier) --------------------------------------------------------------------------
+
+XID_COUNTED = """
+max by (hostname, gpu, gpu_uuid, xid) (
+  ${RELABELLED}
+)
+"""
+# count_values keys on the gauge's value (the code), not on err_code, which versions before 3.3
+# do not have.
+XID_CODES = """
+max by (hostname, gpu, gpu_uuid, xid) (
+  clamp(
+    ${RELABELLED},
+    1, 1
+  )
+)
+"""
+XID_CODE_VALUES = """
+count_values by (Hostname, hostname, gpu, UUID) (
+  "xid",
+  ${GAUGE} > 0
+)
+"""
+XID_NEW_CODES = """
+${NOW}
+unless on (hostname, gpu, xid)
+${BEFORE}
+"""
 
 
 def _xid_codes(gauge: str, host: HostKey) -> str:
     """The code each GPU's last-XID gauge holds, as an ``xid`` label, one series per
-    (hostname, gpu, xid) whatever else the series carries.
-
-    ``count_values`` keys on the gauge's value (the code), not on ``err_code``, which versions
-    before 3.3 do not have. Everything volatile is dropped here: Kubernetes pod labels, HPC
-    ``hpc_job``, ``instance``/``job`` of a restarted exporter, the driver version, the
-    ``Hostname``/``hostname`` spelling.
-    """
-    codes = f'count_values by (Hostname, {L.HOSTNAME}, {L.GPU}, UUID) ("xid", {gauge} > 0)'
-    return f"max by ({GPU_KEYS}, xid) (clamp({_gpu_labels(codes, host)}, 1, 1))"
-
-
-def _gpu_labels(expr: str, host: HostKey) -> str:
-    """``expr`` with dcgm's host and UUID labels renamed (no aggregation)."""
-    return f'label_replace({_from_dcgm_host(expr, host)}, "{L.GPU_UUID}", "$1", "UUID", "(.+)")'
+    (hostname, gpu, xid) whatever else the series carries."""
+    codes = promql(XID_CODE_VALUES, GAUGE=gauge)
+    return promql(XID_CODES, RELABELLED=_gpu_labels(codes, host))
 
 
 def xid_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
-    """XID events of the last 10-15 minutes, per GPU and code (fast tier).
+    """XID events of the last 10-15 minutes, per GPU and code (fast tier)."""
+    counts = promql("max_over_time(DCGM_EXP_XID_ERRORS_COUNT[${XID_RECENT}]) > 0")
+    counted = promql(XID_COUNTED, RELABELLED=_gpu_labels(counts, host))
+    gauge_events = promql(XID_NEW_CODES, NOW=_xid_codes(XID_GAUGE, host),
+                          BEFORE=_xid_codes(f"{XID_GAUGE} offset {s.XID_RECENT}", host))
+    return [Recording(
+        s.XID_EVENTS, _either(counted, gauge_events),
+        "XID events per (GPU, code), valued 1 or the count: DCGM_EXP_XID_ERRORS_COUNT when "
+        "dcgm-exporter counts them, else a code the last-XID gauge holds now and did not hold "
+        f"{s.XID_RECENT} earlier. The gauge keeps its code until DCGM restarts, so only a change "
+        "is an event; compared on (hostname, gpu, xid) alone, so a new pod, job or exporter "
+        "replica on a GPU with an old XID is no event (dcgm-exporter#500). err_code!=\"0\" "
+        "selects only GPUs that ever had an XID.")]
 
-    ``DCGM_EXP_XID_ERRORS_COUNT`` counts them when enabled. Otherwise the last-XID gauge is all
-    there is, and it keeps its code until DCGM restarts: an event is a code a GPU holds now and
-    did not hold 10 minutes earlier, compared on (hostname, gpu, xid) only, so a new pod, Slurm
-    job or exporter replica on a GPU with an old XID is not a new event (upstream
-    dcgm-exporter#500). The gauge cannot show the same code again; the counter can. The
-    ``err_code!="0"`` matcher reads only GPUs that ever had an XID, not the whole cluster.
-    """
-    counts = f"max_over_time(DCGM_EXP_XID_ERRORS_COUNT[{XID_RECENT}]) > 0"
-    counted = f"max by ({GPU_KEYS}, xid) ({_gpu_labels(counts, host)})"
-    gauge_events = (f"{_xid_codes(XID_GAUGE, host)} unless on ({L.HOSTNAME}, {L.GPU}, xid) "
-                    f"{_xid_codes(XID_GAUGE + ' offset ' + XID_RECENT, host)}")
-    return [Recording(s.XID_EVENTS, _either(counted, gauge_events))]
 
+# --- GPU telemetry past a threshold (medium tier) ----------------------------------------------
 
 def dcgm_telemetry_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
-    """GPUs past a temperature or clock-event threshold (medium tier, sparse).
+    """GPUs past a temperature or clock-event threshold (medium tier, sparse)."""
+    def hot(field: s.Field) -> str:
+        return _gpu(s.dcgm_raw(field, cut=f" >= {TEMP_WARNING_C}"), host)
 
-    Temperatures are recorded from the warning threshold up, clock-event bitmasks only with a
-    hardware slowdown bit.
-    """
     return [
-        Recording(s.GPU_TEMP_HOT,
-                  _gpu(s.dcgm_raw(s.DCGM_GPU_TEMP, cut=f" >= {TEMP_WARNING_C}"), host)),
-        Recording(s.MEMORY_TEMP_HOT,
-                  _gpu(s.dcgm_raw(s.DCGM_MEMORY_TEMP, cut=f" >= {TEMP_WARNING_C}"), host)),
+        Recording(s.GPU_TEMP_HOT, hot(s.DCGM_GPU_TEMP),
+                  f"GPU die temperature (C) of the GPUs at or above the {TEMP_WARNING_C} C "
+                  "warning, one series per GPU whatever the dcgm-exporter version; sparse, so "
+                  "the temperature alerts read a handful of GPUs."),
+        Recording(s.MEMORY_TEMP_HOT, hot(s.DCGM_MEMORY_TEMP),
+                  f"HBM temperature (C) of the GPUs at or above the {TEMP_WARNING_C} C "
+                  "warning (sparse, as the die temperature)."),
         Recording(s.CLOCK_EVENT_REASONS,
                   _gpu(s.dcgm_raw(s.DCGM_CLOCK_EVENT_REASONS,
-                                  cut=f" >= {CLOCK_BITS_OF_INTEREST}"), host)),
+                                  cut=f" >= {CLOCK_BITS_OF_INTEREST}"), host),
+                  "Clock-event reasons bitmask of the GPUs that may have a hardware slowdown "
+                  f"bit set (bitmask >= {CLOCK_BITS_OF_INTEREST}: HW slowdown, HW thermal, HW "
+                  "power brake); the thermal and power-brake alerts test the bits."),
     ]
+
+
+# --- GPU presence and violation rates (slow tier) ----------------------------------------------
+
+PRESENT = """
+clamp(
+  ${GPU},
+  1, 1
+)
+"""
+GPUS_DROPPED = """
+max_over_time(${HOST_GPU_COUNT}[${HISTORY_WINDOW}]) - ${HOST_GPU_COUNT} > 0
+"""
+GPU_VANISHED = """
+(
+  max_over_time(${GPU_PRESENT}[${HISTORY_WINDOW}])
+  unless on (hostname, gpu)
+  ${GPU_PRESENT}
+)
+and on (hostname)
+${HOST_GPU_COUNT}
+"""
+VIOLATION_RATIO = """
+clamp_max(
+  ${RATE} / ${DIVISOR},
+  1
+)
+"""
 
 
 def dcgm_state_rules(violation_unit: str, host: HostKey = DEFAULT_HOST_KEY
@@ -199,271 +326,511 @@ def dcgm_state_rules(violation_unit: str, host: HostKey = DEFAULT_HOST_KEY
     and the GPUs that vanished within the hour derive from it, in this group's order). Every
     rate's window is longer than the tier's interval, so no increase falls between evaluations.
     """
-    div = VIOLATION_DIVISORS[violation_unit]
+    def ratio(metric: str) -> str:
+        rate = _sparse(host, promql("rate(${METRIC}[${VIOLATION_WINDOW}])", METRIC=metric))
+        return promql(VIOLATION_RATIO, RATE=rate, DIVISOR=VIOLATION_DIVISORS[violation_unit])
+
+    why = (f"violation counter over {s.VIOLATION_WINDOW} as a fraction of time ({violation_unit} "
+           "per second / 1 s, capped at 1), GPUs with a non-zero rate only")
     return [
-        Recording(s.GPU_PRESENT, f"clamp({_gpu(s.dcgm_raw(s.DCGM_GPU_TEMP), host)}, 1, 1)"),
-        Recording(s.HOST_GPU_COUNT, f"count by ({L.HOSTNAME}) ({s.GPU_PRESENT})"),
-        Recording(s.HOST_GPU_COUNT_DROP,
-                  f"max_over_time({s.HOST_GPU_COUNT}[1h]) - {s.HOST_GPU_COUNT} > 0"),
-        Recording(s.GPU_VANISHED,
-                  f"(max_over_time({s.GPU_PRESENT}[1h]) unless on ({L.HOSTNAME}, {L.GPU}) "
-                  f"{s.GPU_PRESENT}) and on ({L.HOSTNAME}) {s.HOST_GPU_COUNT}"),
-        *(Recording(record, f"clamp_max({_sparse(host, _rate(metric, '5m'))} / {div}, 1)")
-          for record, metric in ((s.THERMAL_VIOLATION, "DCGM_FI_DEV_THERMAL_VIOLATION"),
-                                 (s.POWER_VIOLATION, "DCGM_FI_DEV_POWER_VIOLATION"))),
+        Recording(s.GPU_PRESENT, promql(PRESENT, GPU=_gpu(s.dcgm_raw(s.DCGM_GPU_TEMP), host)),
+                  "1 for every GPU dcgm-exporter reports (read from its temperature, which every "
+                  "version exports): the only dense per-GPU record; dashboards list GPUs from "
+                  "it and the GPU count and vanished GPUs below derive from it."),
+        Recording(s.HOST_GPU_COUNT, promql("count by (hostname) (${GPU_PRESENT})"),
+                  "Number of GPUs each host reports now."),
+        Recording(s.HOST_GPU_COUNT_DROP, promql(GPUS_DROPPED),
+                  f"How many GPUs fewer a host reports than its most within the last "
+                  f"{s.span(s.HISTORY_WINDOW)} (hosts with a drop only), for "
+                  "NodeGpuCountDropped."),
+        Recording(s.GPU_VANISHED, promql(GPU_VANISHED),
+                  f"GPUs present within the last {s.span(s.HISTORY_WINDOW)} and gone now while "
+                  "their host still reports GPUs (a GPU fallen off the bus without an XID 79); "
+                  "a host gone entirely is NodeDown instead."),
+        Recording(s.THERMAL_VIOLATION, ratio("DCGM_FI_DEV_THERMAL_VIOLATION"),
+                  "Share of time each GPU was throttled for heat: the thermal " + why + "."),
+        Recording(s.POWER_VIOLATION, ratio("DCGM_FI_DEV_POWER_VIOLATION"),
+                  "Share of time each GPU was throttled at its power limit: the power " + why
+                  + "."),
     ]
 
+
+# --- memory and interconnect wear (wear tier) --------------------------------------------------
 
 def dcgm_wear_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
     """Memory and interconnect error counters and health gauges (wear tier, sparse).
 
     Their job-ending forms arrive as XIDs (48, 63/64, 74, 79, 94/95) on the fast path; these
-    records say how worn a part is, which 10-minute windows read every 8 minutes still tell.
+    records say how worn a part is, which windows longer than the tier's interval still tell.
     """
+    def counter(fn: str, *metrics: str) -> str:
+        return _sparse(host, *(promql("${FN}(${METRIC}[${WEAR_WINDOW}])", FN=fn, METRIC=m)
+                               for m in metrics))
+
+    retired = promql("""
+sum by (${DCGM_SERIES}) (
+  label_replace(${SBE} > 0, "counter", "sbe", "", "")
+  or
+  label_replace(${DBE} > 0, "counter", "dbe", "", "")
+)
+""", SBE=s.dcgm_raw(s.DCGM_RETIRED_SBE), DBE=s.dcgm_raw(s.DCGM_RETIRED_DBE))
+    window = s.WEAR_WINDOW
+    sparse = "GPUs with a non-zero value only; the 4.9 names read too"
     return [
-        Recording(s.PCIE_REPLAY_RATE, _sparse(host, _rate("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "10m"),
-                                              _rate("DCGM_FI_DEV_PCIE_REPLAY_TOTAL", "10m"))),
+        Recording(s.PCIE_REPLAY_RATE,
+                  counter("rate", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+                          "DCGM_FI_DEV_PCIE_REPLAY_TOTAL"),
+                  f"PCIe replays per second over {window} per GPU ({sparse})."),
         Recording(s.NVLINK_CRC_RATE, _sparse_sums(
-            host, "rate", "10m",
+            host, "rate", window,
             ("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
              "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL"),
             ("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_TOTAL",
-             "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_TOTAL"))),
+             "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_TOTAL")),
+                  f"NVLink flit and data CRC errors per second over {window}, summed per GPU "
+                  f"({sparse})."),
         Recording(s.NVLINK_REPLAY_RECOVERY, _sparse_sums(
-            host, "increase", "10m",
+            host, "increase", window,
             ("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
              "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL"),
             ("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_TOTAL",
-             "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_TOTAL"))),
-        *(Recording(record, _sparse(host, _rate(metric, "10m", "increase")))
-          for record, metric in ((s.ECC_DBE, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"),
-                                 (s.ECC_SBE, "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"))),
-        Recording(s.RETIRED_PAGES, _sparse(
-            host,
-            f"sum by ({DCGM_SERIES}) "
-            f'(label_replace({s.dcgm_raw(s.DCGM_RETIRED_SBE)} > 0, "counter", "sbe", "", "") '
-            f'or label_replace({s.dcgm_raw(s.DCGM_RETIRED_DBE)} > 0, "counter", "dbe", "", ""))')),
-        Recording(s.RETIRED_PENDING, _sparse(host, s.dcgm_raw(s.DCGM_RETIRED_PENDING))),
-        Recording(s.ROW_REMAP_FAILURE, _sparse(host, "DCGM_FI_DEV_ROW_REMAP_FAILURE",
-                                               "DCGM_FI_DEV_ROW_REMAP_FAILED")),
-        Recording(s.ROW_REMAP_PENDING, _sparse(host, "DCGM_FI_DEV_ROW_REMAP_PENDING")),
-        Recording(s.UNCORRECTABLE_ROWS, _sparse(host, "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
-                                                "DCGM_FI_DEV_ROW_REMAP_UNCORRECTABLE_TOTAL")),
+             "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_TOTAL")),
+                  f"NVLink replay and recovery errors in the last {window}, summed per GPU "
+                  f"({sparse})."),
+        Recording(s.ECC_DBE, counter("increase", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"),
+                  f"Double-bit (uncorrectable) volatile ECC errors in the last {window} per GPU "
+                  "(non-zero only)."),
+        Recording(s.ECC_SBE, counter("increase", "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"),
+                  f"Single-bit (corrected) volatile ECC errors in the last {window} per GPU "
+                  "(non-zero only)."),
+        Recording(s.RETIRED_PAGES, _sparse(host, retired),
+                  "Pages retired for single- and double-bit errors, summed per GPU (non-zero "
+                  "only; the legacy and current names read), against DCGM's retirement limit."),
+        Recording(s.RETIRED_PENDING, _sparse(host, s.dcgm_raw(s.DCGM_RETIRED_PENDING)),
+                  "Pages waiting for a GPU reset to be retired, per GPU (non-zero only)."),
+        Recording(s.ROW_REMAP_FAILURE,
+                  _sparse(host, "DCGM_FI_DEV_ROW_REMAP_FAILURE", "DCGM_FI_DEV_ROW_REMAP_FAILED"),
+                  f"1 on GPUs whose row remapping failed ({sparse})."),
+        Recording(s.ROW_REMAP_PENDING, _sparse(host, "DCGM_FI_DEV_ROW_REMAP_PENDING"),
+                  "Row remaps waiting for a GPU reset, per GPU (non-zero only)."),
+        Recording(s.UNCORRECTABLE_ROWS,
+                  _sparse(host, "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+                          "DCGM_FI_DEV_ROW_REMAP_UNCORRECTABLE_TOTAL"),
+                  f"Rows remapped for uncorrectable errors per GPU ({sparse})."),
     ]
+
+
+# --- which host each telemetry target reports (slow tier) --------------------------------------
+
+NODE_EXPORTER_TARGET = """
+topk by (instance, job) (1,
+  max by (instance, job, hostname) (
+    ${UNAME_HOST}
+  )
+)
+"""
+DCGM_EXPORTER_TARGET = """
+topk by (instance, job) (1,
+  clamp_max(
+    count by (instance, job, hostname) (
+      ${GPU_HOSTS}
+    ),
+    1
+  )
+)
+"""
+TARGET_OF = """
+label_replace(
+  topk by (instance, job) (1, max_over_time(${TARGET}[${HISTORY_WINDOW}])),
+  "${TARGET_LABEL}", "${EXPORTER}", "", ""
+)
+"""
+TARGET_VANISHED = """
+(
+  max by (hostname, ${TARGET_LABEL}) (${TARGET_HOSTS} unless on (instance, job) up)
+  unless on (hostname, ${TARGET_LABEL})
+  max by (hostname, ${TARGET_LABEL}) (${TARGET_HOSTS} and on (instance, job) up)
+)
+and on (hostname)
+${NODE_INFO}
+"""
 
 
 def target_map_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
     """Which host each telemetry target reports, remembered for an hour, and the hosts whose
-    target is gone (slow tier).
-
-    node_exporter names its host in ``node_uname_info``; a dcgm-exporter target in the host
-    label of its GPUs 0 and 1 (two GPUs, so one fallen off the bus does not hide the host, and
-    a quarter of an 8-GPU host's series to read). The hour's memory lets a target that went down or
-    vanished still name its host; the result carries the ``exporter`` it maps. A target is gone
-    when the hour knew one for the host and exporter and none is scraped now (removed from
-    discovery); that matters only on a host a run is on. Per host, so a target that moved to a
-    new address is not gone.
-    """
+    target is gone (slow tier)."""
     first_gpus = s.dcgm_raw(s.DCGM_GPU_TEMP, matchers='gpu=~"0|1"')
-    targets = " or ".join(
-        f'label_replace(topk by (instance, job) (1, max_over_time({target}[1h])), '
-        f'"{s.TARGET_LABEL}", "{exporter}", "", "")'
+    uname_host = host.canonical(
+        'label_replace(node_uname_info, "hostname", "$1", "nodename", "(.+)")')
+    gpu_hosts = _from_dcgm_host(
+        promql("count by (instance, job, Hostname, hostname) (${FIRST})", FIRST=first_gpus), host)
+    targets = "\nor\n".join(
+        promql(TARGET_OF, TARGET=target, EXPORTER=exporter)
         for exporter, target in (("node_exporter", s.NODE_EXPORTER_TARGET),
                                  ("dcgm_exporter", s.DCGM_EXPORTER_TARGET)))
-    by_host = f"max by ({L.HOSTNAME}, {s.TARGET_LABEL})"
-    uname_host = host.canonical(
-        f'label_replace(node_uname_info, "{L.HOSTNAME}", "$1", "nodename", "(.+)")')
-    dcgm_host = _from_dcgm_host(
-        f"count by (instance, job, Hostname, {L.HOSTNAME}) ({first_gpus})", host)
     return [
-        Recording(s.NODE_EXPORTER_TARGET,
-                  f"topk by (instance, job) (1, max by (instance, job, {L.HOSTNAME}) "
-                  f"({uname_host}))"),
-        Recording(s.DCGM_EXPORTER_TARGET,
-                  f"topk by (instance, job) (1, clamp_max(count by (instance, job, {L.HOSTNAME}) "
-                  f"({dcgm_host}), 1))"),
-        Recording(s.TARGET_HOSTS, targets),
-        Recording(s.TARGET_VANISHED,
-                  f"({by_host} ({s.TARGET_HOSTS} unless on (instance, job) up) "
-                  f"unless on ({L.HOSTNAME}, {s.TARGET_LABEL}) "
-                  f"{by_host} ({s.TARGET_HOSTS} and on (instance, job) up)) "
-                  f"and on ({L.HOSTNAME}) {L.NODE_INFO}"),
+        Recording(s.NODE_EXPORTER_TARGET, promql(NODE_EXPORTER_TARGET, UNAME_HOST=uname_host),
+                  "The host each node_exporter target (instance, job) reports, from "
+                  "node_uname_info's nodename: node_exporter series carry no host name, so "
+                  "every node record joins this."),
+        Recording(s.DCGM_EXPORTER_TARGET, promql(DCGM_EXPORTER_TARGET, GPU_HOSTS=gpu_hosts),
+                  "The host each dcgm-exporter target reports, from the host label of its GPUs "
+                  "0 and 1 (two, so one fallen off the bus does not hide the host; a quarter of "
+                  "an 8-GPU host's series to read)."),
+        Recording(s.TARGET_HOSTS, targets,
+                  f"Both target maps remembered for {s.span(s.HISTORY_WINDOW)}, labelled with "
+                  f"the {s.TARGET_LABEL} they map: a target that went down or vanished still "
+                  "names its host."),
+        Recording(s.TARGET_VANISHED, promql(TARGET_VANISHED),
+                  f"Hosts (with a run) whose {s.TARGET_LABEL} target the last "
+                  f"{s.span(s.HISTORY_WINDOW)} knew and none is scraped now (removed from "
+                  "discovery), valued 1; per host, so a target that moved to a new address is "
+                  "not gone. NodeDown reads it as up = 0."),
     ]
+
+
+TARGET_DOWN = """
+min by (hostname, ${TARGET_LABEL}) (
+  (up == 0)
+  * on (instance, job) group_left (hostname, ${TARGET_LABEL})
+  ${TARGET_HOSTS}
+)
+"""
 
 
 def target_rules() -> list[Recording]:
-    """The hosts with a telemetry target down now (NodeDown), by ``exporter`` (fast tier, sparse:
-    value 0, the target's ``up``).
+    """The hosts with a telemetry target down now (fast tier, sparse)."""
+    return [Recording(
+        s.TARGET_DOWN, promql(TARGET_DOWN),
+        f"Hosts with a telemetry target down now, by {s.TARGET_LABEL}, valued 0 (its up). up is "
+        "read once for both exporters (their target maps never share an instance and job).")]
 
-    ``up`` is read once for both exporters (the target maps never share an (instance, job)).
-    """
-    return [
-        Recording(s.TARGET_DOWN,
-                  f"min by ({L.HOSTNAME}, {s.TARGET_LABEL}) ((up == 0) * on (instance, job) "
-                  f"group_left ({L.HOSTNAME}, {s.TARGET_LABEL}) {s.TARGET_HOSTS})"),
-    ]
+
+# --- links (medium, slow and wear tiers) -------------------------------------------------------
+
+# The physical interfaces' up gauge (the selector of virtual ones is long, so on its own line).
+PHYSICAL_UP = "node_network_up{\n  ${IFACE}\n}"
 
 
 def link_down_rules() -> list[Recording]:
     """InfiniBand ports not active and interfaces down, now (medium tier, sparse)."""
     return [
-        Recording(s.IB_PORT_DOWN, s.node_with_host("node_infiniband_state_id != 4", LINK)),
-        Recording(s.NET_DOWN, s.node_with_host(f"node_network_up{{{IFACE}}} == 0", "device")),
+        Recording(s.IB_PORT_DOWN, s.node_with_host(
+            promql("node_infiniband_state_id != ${IB_STATE_ACTIVE}"), LINK),
+                  f"InfiniBand ports not active now (state != {s.IB_STATE_ACTIVE}), valued with "
+                  "their state, named by host."),
+        Recording(s.NET_DOWN, s.node_with_host(promql("${UP} == 0", UP=promql(PHYSICAL_UP)),
+                                               "device"),
+                  "Physical network interfaces down now (virtual ones excluded), named by host."),
     ]
 
 
 def node_history_rules() -> list[Recording]:
-    """The links idle for the whole last hour (slow tier, sparse).
-
-    A port or interface that was never up within the hour is unused (no cable, spare NIC), so
-    its being down now is not a fault; the link-down alerts subtract these.
-    """
+    """The links idle for the whole last hour (slow tier, sparse)."""
+    hour = s.span(s.HISTORY_WINDOW)
     return [
-        Recording(s.IB_PORT_IDLE_1H,
-                  s.node_with_host("max_over_time(node_infiniband_state_id[1h]) != 4", LINK)),
-        Recording(s.NET_IDLE_1H, s.node_with_host(
-            f"max_over_time(node_network_up{{{IFACE}}}[1h]) == 0", "device")),
+        Recording(s.IB_PORT_IDLE_1H, s.node_with_host(promql(
+            "max_over_time(node_infiniband_state_id[${HISTORY_WINDOW}]) != ${IB_STATE_ACTIVE}"),
+            LINK),
+                  f"InfiniBand ports not active at any time in the last {hour}: unused (no "
+                  "cable, spare HCA), so their being down is no fault; InfinibandLinkDown "
+                  "subtracts them."),
+        Recording(s.NET_IDLE_1H, s.node_with_host(promql(
+            "max_over_time(\n  ${UP}[${HISTORY_WINDOW}]\n) == 0", UP=promql(PHYSICAL_UP)),
+            "device"),
+                  f"Interfaces down for the whole last {hour} (unused); NetworkInterfaceDown "
+                  "subtracts them."),
     ]
 
 
 def link_wear_rules() -> list[Recording]:
-    """InfiniBand flaps and physical errors, Ethernet carrier changes (wear tier, sparse).
-
-    A link that went down shows on the fast path; these say a link is degrading.
-    """
+    """InfiniBand flaps and physical errors, Ethernet carrier changes (wear tier, sparse)."""
+    by = f"instance, job, {LINK}"
     return [
         Recording(s.IB_FLAPS, s.node_with_host(_tagged_sum(
             ("node_infiniband_link_downed_total", "node_infiniband_link_error_recovery_total"),
-            "increase", "15m", f"instance, job, {LINK}", sparse=True), LINK)),
+            "increase", s.FLAP_WINDOW, by), LINK),
+                  f"InfiniBand link-down and error-recovery events in the last {s.FLAP_WINDOW} "
+                  "per port (non-zero only): a link going down shows on the fast path, these "
+                  "say it is degrading."),
         Recording(s.IB_PHYSICAL_ERRORS, s.node_with_host(_tagged_sum(
             ("node_infiniband_symbol_error_total",
              "node_infiniband_local_link_integrity_errors_total",
              "node_infiniband_port_receive_remote_physical_errors_total"),
-            "rate", "10m", f"instance, job, {LINK}", sparse=True), LINK)),
-        Recording(s.NET_CARRIER_CHANGES, s.node_with_host(
-            f"increase(node_network_carrier_changes_total{{{IFACE}}}[15m]) > 0", "device")),
+            "rate", s.WEAR_WINDOW, by), LINK),
+                  f"InfiniBand symbol, link-integrity and remote physical errors per second "
+                  f"over {s.WEAR_WINDOW}, summed per port (non-zero only)."),
+        Recording(s.NET_CARRIER_CHANGES, s.node_with_host(promql(
+            "increase(\n  ${CHANGES}[${FLAP_WINDOW}]\n) > 0",
+            CHANGES=promql("node_network_carrier_changes_total{\n  ${IFACE}\n}")),
+            "device"),
+                  f"Carrier changes per physical interface in the last {s.FLAP_WINDOW} "
+                  "(non-zero only)."),
     ]
 
 
-# Which GPUs each run holds: the exporter's per-GPU join metric, or, on Kubernetes, the pod that
-# dcgm-exporter says holds the GPU joined to that pod's run.
-RUN_GPUS = f"({L.GPU_INFO} or {s.POD_GPU_ROWS})"
+# --- runs on GPUs (slow tier) ------------------------------------------------------------------
+
+POD_EXPORTED = """
+label_replace(
+  label_replace(
+    ${SCRAPED},
+    "pod", "$1", "exported_pod", "(.+)"
+  ),
+  "namespace", "$1", "exported_namespace", "(.+)"
+)
+"""
+POD_HELD = """
+max by (Hostname, hostname, gpu, namespace, pod) (
+  ${EXPORTED}
+  or
+  ${HONOURED}
+)
+"""
+# One run per pod even if two registrations claim it, so the join can never fail.
+POD_GPU_ROWS = """
+max by (hostname, gpu, ${RUN}) (
+  clamp(
+    ${HELD},
+    1, 1
+  )
+  * on (namespace, pod) group_left (${RUN})
+  topk by (namespace, pod) (1,
+    max by (namespace, pod, ${RUN}) (${POD_INFO})
+  )
+)
+"""
 
 
 def pod_gpu_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
-    """The run on each GPU that a Kubernetes pod holds (slow tier).
-
-    dcgm-exporter in Kubernetes mode labels each GPU's series with the pod holding it
-    (``pod``/``namespace``, or ``exported_pod``/``exported_namespace`` when a ServiceMonitor
-    without ``honorLabels`` keeps its own target labels); the exporter's pod info metric says
-    which run each pod belongs to. A GPU fault then goes to the run whose pod holds the GPU
-    instead of every run on the node. Pods change slowly, so the slow tier suffices; until a
-    new pod's row exists its run is attributed by host.
-    """
-    scraped = s.dcgm_raw(s.DCGM_GPU_TEMP, matchers='exported_pod!=""')
-    exported = (f'label_replace(label_replace({scraped}, "{L.POD}", "$1", "exported_pod", "(.+)"),'
-                f' "{L.NAMESPACE}", "$1", "exported_namespace", "(.+)")')
+    """The run on each GPU that a Kubernetes pod holds (slow tier)."""
+    exported = promql(POD_EXPORTED,
+                      SCRAPED=s.dcgm_raw(s.DCGM_GPU_TEMP, matchers='exported_pod!=""'))
     honoured = s.dcgm_raw(s.DCGM_GPU_TEMP, matchers='pod!="",exported_pod=""')
-    by = f"Hostname, {L.HOSTNAME}, {L.GPU}, {L.NAMESPACE}, {L.POD}"
-    held = f"max by ({by}) ({exported} or {honoured})"
-    # One run per pod even if two registrations claim it, so the join can never fail.
-    pods = f"topk by ({L.NAMESPACE}, {L.POD}) (1, max by ({L.NAMESPACE}, {L.POD}, {RUN}) " \
-           f"({L.POD_INFO}))"
-    return [Recording(s.POD_GPU_ROWS,
-                      f"max by ({L.HOSTNAME}, {L.GPU}, {RUN}) "
-                      f"(clamp({_from_dcgm_host(held, host)}, 1, 1) "
-                      f"* on ({L.NAMESPACE}, {L.POD}) group_left ({RUN}) {pods})")]
+    held = _from_dcgm_host(promql(POD_HELD, EXPORTED=exported, HONOURED=honoured), host)
+    return [Recording(
+        s.POD_GPU_ROWS, promql(POD_GPU_ROWS, HELD=held),
+        "The run on each GPU a Kubernetes pod holds: dcgm-exporter's pod labels on the GPU "
+        "(pod/namespace, or exported_pod/exported_namespace behind a ServiceMonitor without "
+        f"honorLabels) joined to the exporter's {L.POD_INFO}. A GPU fault then goes to the run "
+        "whose pod holds the GPU instead of every run on the node; read wherever "
+        f"{L.GPU_INFO} is.")]
+
+
+RUN_GPU_ROWS = """
+max by (hostname, gpu, ${RUN}) (
+  ${INFO}
+)
+"""
+RUN_GPU_ROWS_OF = """
+max by (hostname, gpu, ${RUN}) (
+  ${RUN_GPUS}
+  and on (${ON})
+  ${HOSTS}
+)
+"""
+RUN_HOST_ROWS = """
+max by (hostname, ${RUN}) (
+  ${NODE_INFO}
+  and on (hostname)
+  ${HOSTS}
+)
+"""
 
 
 def run_gpu_rows(hosts: str = "", on: str = L.HOSTNAME) -> str:
     """The run on each GPU, one series per (host, GPU, run) whatever the exporter replicas;
     with ``hosts``, only rows matching it ``on`` the given labels (filtered before the ``max``,
     so the aggregation touches those rows only)."""
-    info = f"{RUN_GPUS} and on ({on}) ({hosts})" if hosts else RUN_GPUS
-    return f"max by ({L.HOSTNAME}, {L.GPU}, {RUN}) ({info})"
+    if not hosts:
+        return promql(RUN_GPU_ROWS, INFO=RUN_GPUS)
+    return promql(RUN_GPU_ROWS_OF, ON=on, HOSTS=_paren(hosts))
 
 
-def run_host_rows(hosts: str = "") -> str:
-    """The runs on each host, one series per (host, run); with ``hosts``, only those hosts."""
-    info = f"{L.NODE_INFO} and on ({L.HOSTNAME}) ({hosts})" if hosts else L.NODE_INFO
-    return f"max by ({L.HOSTNAME}, {RUN}) ({info})"
+def run_host_rows(hosts: str) -> str:
+    """The runs on each of ``hosts``, one series per (host, run)."""
+    return promql(RUN_HOST_ROWS, HOSTS=_paren(hosts))
+
+
+# --- stalls (medium tier) ----------------------------------------------------------------------
+
+# MIG: a GPU's instances (GPU_I_ID) are separate series; the GPU counts as stalled only when none
+# of them computes, since the join metrics do not say which run holds which instance. The last
+# selector matches MIG series only, so it costs nothing on other clusters.
+IDLE_WITH_MEMORY = """
+(${IDLE})
+and on (Hostname, hostname, gpu, GPU_I_ID)
+(${MEMORY_HELD})
+unless on (Hostname, hostname, gpu)
+(${BUSY_INSTANCE})
+"""
+RUN_HOST_STALLED = """
+(
+  max by (${RUN}, hostname) (
+    ${RUN_GPUS_STALLED} * on (hostname, gpu) group_left () ${GPU_STALLED}
+  )
+  unless on (${RUN}, hostname)
+  (${RUN_GPUS_STALLED} unless on (hostname, gpu) ${GPU_STALLED})
+  and on (${RUN}, hostname)
+  (${RUN_GPUS_STALLED} unless on (hostname, gpu) ${GPU_IDLE_1H})
+)
+or
+(
+  (${RUN_HOSTS_SOLE_GPULESS} and on (hostname) ${GPU_STALLED})
+  * on (hostname) group_left ()
+  (
+    max by (hostname) (${GPU_STALLED})
+    and on (hostname)
+    (count by (hostname) (${GPU_STALLED}) == on (hostname) ${HOST_GPU_COUNT})
+    and on (hostname)
+    (${GPU_STALLED} unless on (hostname, gpu) ${GPU_IDLE_1H})
+  )
+)
+"""
 
 
 def stall_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
-    """Runs that stopped computing on a host while holding its GPUs' memory (medium tier).
-
-    Sparse from the start: the GPUs idle with memory held (matched on the raw series, before any
-    relabelling), then the runs on their hosts. A run is stalled on a host when every GPU it
-    holds there is stalled and one of them was active within the hour (GPUs idle all hour, from
-    ``workload_history_rules``, are an idle allocation, not a hang). A run whose GPUs are
-    unknown, alone on the host, holds all of them.
-    """
-    raw_gpu = "on (Hostname, hostname, gpu)"
-    # MIG: a GPU's instances (GPU_I_ID) are separate series; the GPU counts as stalled only when
-    # none of them computes, since the join metrics do not say which run holds which instance.
-    # The second selector matches MIG series only, so it costs nothing on other clusters.
-    busy_instance = s.dcgm_raw(s.DCGM_TENSOR_ACTIVE, matchers='GPU_I_ID!=""',
-                               cut=f" >= {STALL_ACTIVITY_MAX}")
-    idle = (f"({s.dcgm_raw(s.DCGM_TENSOR_ACTIVE, cut=f' < {STALL_ACTIVITY_MAX}')}) and "
-            "on (Hostname, hostname, gpu, GPU_I_ID) "
-            f"({s.dcgm_raw(s.DCGM_FB_USED, cut=f' > {STALL_FB_MIN_BYTES}')}) "
-            f"unless {raw_gpu} ({busy_instance})")
-    rows, stalled = s.RUN_GPUS_STALLED, s.GPU_STALLED
-    on_gpu, on_run_host = f"on ({L.HOSTNAME}, {L.GPU})", f"on ({RUN}, {L.HOSTNAME})"
-    on_host = f"on ({L.HOSTNAME})"
+    """Runs that stopped computing on a host while holding its GPUs' memory (medium tier)."""
+    idle = promql(
+        IDLE_WITH_MEMORY,
+        IDLE=s.dcgm_raw(s.DCGM_TENSOR_ACTIVE, cut=f" < {STALL_ACTIVITY_MAX}"),
+        MEMORY_HELD=s.dcgm_raw(s.DCGM_FB_USED, cut=f" > {STALL_FB_MIN_BYTES}"),
+        BUSY_INSTANCE=s.dcgm_raw(s.DCGM_TENSOR_ACTIVE, matchers='GPU_I_ID!=""',
+                                 cut=f" >= {STALL_ACTIVITY_MAX}"))
     return [
-        Recording(stalled, _host_label(idle, host)),
-        Recording(rows, run_gpu_rows(stalled)),
-        Recording(s.RUN_HOST_STALLED, _either(
-            f"max by ({RUN}, {L.HOSTNAME}) ({rows} * {on_gpu} group_left () {stalled}) "
-            f"unless {on_run_host} ({rows} unless {on_gpu} {stalled}) "
-            f"and {on_run_host} ({rows} unless {on_gpu} {s.GPU_IDLE_1H})",
-            f"({s.RUN_HOSTS_SOLE_GPULESS} and {on_host} {stalled}) * {on_host} group_left () "
-            f"(max by ({L.HOSTNAME}) ({stalled}) "
-            f"and {on_host} (count by ({L.HOSTNAME}) ({stalled}) == {on_host} "
-            f"{s.HOST_GPU_COUNT}) "
-            f"and {on_host} ({stalled} unless {on_gpu} {s.GPU_IDLE_1H}))")),
+        Recording(s.GPU_STALLED, _host_label(idle, host),
+                  f"Tensor activity of the GPUs idle (< {STALL_ACTIVITY_MAX}) while holding "
+                  f"more than {STALL_FB_MIN_BYTES // 2**20} MiB of memory, matched on the raw "
+                  "series before any relabelling so it stays sparse; a MIG GPU only when none "
+                  "of its instances computes."),
+        Recording(s.RUN_GPUS_STALLED, run_gpu_rows(s.GPU_STALLED),
+                  "The run rows (run, host, GPU) of the hosts with a stalled GPU: the join rows "
+                  "the stall below needs, read once."),
+        Recording(s.RUN_HOST_STALLED, promql(RUN_HOST_STALLED),
+                  "Runs stalled on a host, valued with the stalled GPUs' activity: every GPU the "
+                  f"run holds there is stalled and one was active within the last "
+                  f"{s.span(s.HISTORY_WINDOW)} (GPUs idle all that time are an idle allocation, "
+                  "not a hang). A run whose GPUs are unknown and alone on the host holds all "
+                  "of them. TrainingStalled fires on it."),
     ]
+
+
+# --- workload history and stragglers (slow tier) -----------------------------------------------
+
+GPUS_UNKNOWN = """
+max by (hostname, ${RUN}) (
+  ${NODE_INFO}
+  unless on (hostname, ${RUN})
+  ${RUN_GPUS}
+)
+"""
+SOLE_GPULESS = """
+${RUN_HOSTS_GPUS_UNKNOWN}
+and on (hostname)
+(count by (hostname) (${RUN_HOSTS_GPUS_UNKNOWN}) == 1)
+"""
+RUN_GPUS_LAGGING = """
+(
+  ${LAGGING_ROWS}
+  * on (hostname, gpu) group_left ()
+  ${GPU_UTIL_LAGGING}
+)
+or
+(
+  ${GPU_UTIL_LAGGING}
+  * on (hostname) group_left (${RUN})
+  ${RUN_HOSTS_SOLE_GPULESS}
+)
+"""
+SOLE_LAGGING = """
+(
+  ${RUN_HOSTS_SOLE_GPULESS}
+  and on (${RUN})
+  ${RUN_GPUS_LAGGING}
+)
+"""
+UTIL_ON_LAGGING_RUN_HOSTS = """
+${UTIL}
+and on (hostname)
+(
+  max by (hostname) (${LAGGING_RUN_GPU_ROWS})
+  or
+  max by (hostname) ${SOLE_LAGGING}
+)
+"""
+RUN_BUSIEST = """
+max by (${RUN}) (
+  (
+    ${LAGGING_RUN_GPU_ROWS}
+    * on (hostname, gpu) group_left ()
+    ${GPU_UTIL_LAGGING_RUN_HOSTS}
+  )
+  or
+  (
+    ${GPU_UTIL_LAGGING_RUN_HOSTS}
+    * on (hostname) group_left (${RUN})
+    ${SOLE_LAGGING}
+  )
+)
+"""
+STRAGGLING = """
+${RUN_GPUS_LAGGING}
+< on (${RUN}) group_left ()
+(
+  (${RUN_GPU_UTIL_BUSIEST} > ${STRAGGLER_RUN_BUSY_MIN}) - ${STRAGGLER_GAP}
+)
+"""
 
 
 def workload_history_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
     """What the workload alerts compare against, over minutes to an hour (slow tier).
 
-    GPUs whose tensor pipes stayed idle all hour; the runs whose GPUs are unknown, and those
-    alone on their host (they own its GPUs); straggling GPUs. A straggler is more than the gap
-    below its run's busiest GPU, so below ``1 - gap`` in any case: those lagging GPUs are found
-    first (sparse), then the GPU rows of their runs; utilisation is relabelled to the canonical
-    host (the exporters' host names may be FQDNs) and kept for those runs' hosts only.
+    A straggler is more than the gap below its run's busiest GPU, so below ``1 - gap`` in any
+    case: those lagging GPUs are found first (sparse), then the GPU rows of their runs;
+    utilisation is relabelled to the canonical host (the exporters' host names may be FQDNs) and
+    kept for those runs' hosts only.
     """
-    tensor_idle = _host_label(s.dcgm_raw(s.DCGM_TENSOR_ACTIVE, fn="max_over_time", window="1h",
+    tensor_idle = _host_label(s.dcgm_raw(s.DCGM_TENSOR_ACTIVE, fn="max_over_time",
+                                         window=s.HISTORY_WINDOW,
                                          cut=f" <= {STALL_PRIOR_ACTIVITY_MIN}"), host)
 
     def util(cut: str = "") -> str:
-        return s.dcgm_raw(s.DCGM_GPU_UTIL, fn="avg_over_time", window="2m", cut=cut)
+        return s.dcgm_raw(s.DCGM_GPU_UTIL, fn="avg_over_time", window=s.UTIL_WINDOW, cut=cut)
 
-    unknown, sole = s.RUN_HOSTS_GPUS_UNKNOWN, s.RUN_HOSTS_SOLE_GPULESS
-    lagging, lagging_runs = s.GPU_UTIL_LAGGING, s.RUN_GPUS_LAGGING
-    rows, run_util = s.LAGGING_RUN_GPU_ROWS, s.GPU_UTIL_LAGGING_RUN_HOSTS
-    on_gpu, on_host, on_run = (f"on ({L.HOSTNAME}, {L.GPU})", f"on ({L.HOSTNAME})",
-                               f"on ({RUN})")
-    sole_lagging = f"({sole} and {on_run} {lagging_runs})"
-    hosts = f"max by ({L.HOSTNAME}) ({rows}) or max by ({L.HOSTNAME}) {sole_lagging}"
+    lagging_below = f"{1 - STRAGGLER_GAP:g}"
+    sole_lagging = promql(SOLE_LAGGING)
+    hour, window = s.span(s.HISTORY_WINDOW), s.span(s.UTIL_WINDOW)
     return [
-        Recording(s.GPU_IDLE_1H, tensor_idle),
-        Recording(unknown, f"max by ({L.HOSTNAME}, {RUN}) ({L.NODE_INFO} "
-                           f"unless on ({L.HOSTNAME}, {RUN}) {RUN_GPUS})"),
-        Recording(sole, f"{unknown} and {on_host} (count by ({L.HOSTNAME}) ({unknown}) == 1)"),
-        Recording(lagging, _host_label(util(f" < {1 - STRAGGLER_GAP:g}"), host)),
-        Recording(lagging_runs,
-                  f"({run_gpu_rows(lagging, f'{L.HOSTNAME}, {L.GPU}')} * {on_gpu} "
-                  f"group_left () {lagging}) "
-                  f"or ({lagging} * {on_host} group_left ({RUN}) {sole})"),
-        Recording(rows, run_gpu_rows(lagging_runs, RUN)),
-        Recording(run_util, f"{_host_label(util(), host)} and {on_host} ({hosts})"),
-        Recording(s.RUN_GPU_UTIL_BUSIEST,
-                  f"max by ({RUN}) (({rows} * {on_gpu} group_left () {run_util}) "
-                  f"or ({run_util} * {on_host} group_left ({RUN}) {sole_lagging}))"),
-        Recording(s.RUN_GPU_STRAGGLING,
-                  f"{lagging_runs} < {on_run} group_left () "
-                  f"(({s.RUN_GPU_UTIL_BUSIEST} > {STRAGGLER_RUN_BUSY_MIN}) - {STRAGGLER_GAP})"),
+        Recording(s.GPU_IDLE_1H, tensor_idle,
+                  f"Peak tensor activity of the GPUs that stayed at or below "
+                  f"{STALL_PRIOR_ACTIVITY_MIN} for the whole last {hour}: an idle allocation, "
+                  "which the stall record does not call a hang."),
+        Recording(s.RUN_HOSTS_GPUS_UNKNOWN, promql(GPUS_UNKNOWN),
+                  "Runs on a host whose GPUs there are unknown (no per-GPU or pod row): GPU "
+                  "faults reach them by host."),
+        Recording(s.RUN_HOSTS_SOLE_GPULESS, promql(SOLE_GPULESS),
+                  "Those runs when they are alone on the host, so they hold all its GPUs."),
+        Recording(s.GPU_UTIL_LAGGING, _host_label(util(f" < {lagging_below}"), host),
+                  f"GPU utilisation averaged over {window}, of the GPUs below {lagging_below} "
+                  "(a straggler is always below that): the sparse start of the straggler "
+                  "search."),
+        Recording(s.RUN_GPUS_LAGGING,
+                  promql(RUN_GPUS_LAGGING,
+                         LAGGING_ROWS=run_gpu_rows(s.GPU_UTIL_LAGGING, "hostname, gpu")),
+                  "Those GPUs with the run holding them (by GPU row, or the sole run of the "
+                  "host), valued with their utilisation."),
+        Recording(s.LAGGING_RUN_GPU_ROWS, run_gpu_rows(s.RUN_GPUS_LAGGING, RUN),
+                  "Every GPU row of the runs with a lagging GPU: the runs whose busiest GPU is "
+                  "needed."),
+        Recording(s.GPU_UTIL_LAGGING_RUN_HOSTS,
+                  promql(UTIL_ON_LAGGING_RUN_HOSTS, UTIL=_host_label(util(), host),
+                         SOLE_LAGGING=sole_lagging),
+                  f"GPU utilisation averaged over {window} on the hosts of those runs only, "
+                  "relabelled to the canonical host name."),
+        Recording(s.RUN_GPU_UTIL_BUSIEST, promql(RUN_BUSIEST, SOLE_LAGGING=sole_lagging),
+                  f"Utilisation of each such run's busiest GPU (averaged over {window})."),
+        Recording(s.RUN_GPU_STRAGGLING, promql(STRAGGLING),
+                  f"GPUs more than {STRAGGLER_GAP * 100:g} points below their run's busiest "
+                  f"GPU while that one is above {STRAGGLER_RUN_BUSY_MIN:.0%} busy, valued with "
+                  "their utilisation; TrainingStraggler fires on it."),
     ]

@@ -8,6 +8,10 @@ Levels: ``gpu`` = (hostname, gpu, gpu_uuid); ``gpu_xid`` adds ``xid``; ``hostnam
 (hostname, device, port) for InfiniBand; ``interface`` = (hostname, device); ``instance`` keeps the
 scrape target's (instance, job); ``wandb_run_gpu`` = run labels + hostname + gpu;
 ``wandb_run_hostname`` = run labels + hostname; ``wandb_run`` = run labels.
+The operations part says what was done: ``max`` (one series per entity whatever the exporter
+replicas), ``sum`` (counters added), ``rate10m``/``increase10m``/``avg2m`` (over that window),
+``ratio_rate5m`` (a rate as a fraction of time), ``from_warning``/``with_hw_bits`` (kept only
+from a threshold up), ``count``; a suffix such as ``_1h`` or ``not_active`` names the selection.
 
 Almost every record is sparse: only entities with a fault or past a threshold have a series
 (error counters, violation rates, temperatures from the warning threshold, clock-event bitmasks
@@ -21,6 +25,7 @@ contract-1 join metrics directly (see ``alert_rules/attribution.py``).
 
 from __future__ import annotations
 
+from wandb_infra.catalog.template import fill
 from wandb_infra.common import labels as L
 
 # dcgm-exporter per-GPU fields: every name it has had (up to 4.8 / since 4.9) with the factor to
@@ -73,11 +78,11 @@ CLOCK_EVENT_NAMES: dict[int, str] = {
 IB_STATE_ACTIVE = 4
 
 GPU_PRESENT = "gpu:dcgm_gpu:present"
-GPU_TEMP_HOT = "gpu:dcgm_gpu_temp:celsius_hot"
-MEMORY_TEMP_HOT = "gpu:dcgm_memory_temp:celsius_hot"
+GPU_TEMP_HOT = "gpu:dcgm_gpu_temp:max_from_warning"
+MEMORY_TEMP_HOT = "gpu:dcgm_memory_temp:max_from_warning"
 THERMAL_VIOLATION = f"gpu:dcgm_thermal_violation:ratio_rate{VIOLATION_WINDOW}"
 POWER_VIOLATION = f"gpu:dcgm_power_violation:ratio_rate{VIOLATION_WINDOW}"
-CLOCK_EVENT_REASONS = "gpu:dcgm_clock_event_reasons:bitmask"
+CLOCK_EVENT_REASONS = "gpu:dcgm_clock_event_reasons:max_with_hw_bits"
 PCIE_REPLAY_RATE = f"gpu:dcgm_pcie_replay:rate{WEAR_WINDOW}"
 NVLINK_CRC_RATE = f"gpu:dcgm_nvlink_crc_errors:rate{WEAR_WINDOW}"
 NVLINK_REPLAY_RECOVERY = f"gpu:dcgm_nvlink_replay_recovery_errors:increase{WEAR_WINDOW}"
@@ -176,6 +181,17 @@ VIRTUAL_INTERFACES = ("lo|docker.*|veth.*|cali.*|flannel.*|cni.*|virbr.*|br-.*|t
 PHYSICAL_INTERFACES = f'device!~"{VIRTUAL_INTERFACES}"'
 
 
+NODE_WITH_HOST = """
+max by (hostname, ${BY}) (
+  max by (instance, job, ${BY}) (
+    ${INNER}
+  )
+  * on (instance, job) group_left (hostname)
+  ${TARGET}
+)
+"""
+
+
 def node_with_host(inner: str, by: str, host_re: str = "") -> str:
     """node_exporter series (which carry no host name) with the ``hostname`` of their target,
     one series per host and ``by`` labels; ``host_re`` keeps only matching hosts.
@@ -183,5 +199,4 @@ def node_with_host(inner: str, by: str, host_re: str = "") -> str:
     Other labels are dropped before the join, so it builds small label sets.
     """
     target = NODE_EXPORTER_TARGET + (f'{{{L.HOSTNAME}=~"{host_re}"}}' if host_re else "")
-    return (f"max by ({L.HOSTNAME}, {by}) (max by (instance, job, {by}) ({inner}) "
-            f"* on (instance, job) group_left ({L.HOSTNAME}) {target})")
+    return fill(NODE_WITH_HOST, {"BY": by, "INNER": inner, "TARGET": target})

@@ -4,11 +4,13 @@ Every alert in the catalog gets a fault case (fires, with its exact labels and a
 healthy twin (stays silent); GPU cases run for both dcgm-exporter label spellings (``Hostname`` up
 to 4.8.2, ``hostname`` after). The attribution shapes of contract 2 (two runs on a host, replicated
 join series, several faulty GPUs or ports, runs with unknown GPUs, idle hosts) each get a case.
-``python -m tests.rules.build`` rewrites the files; a test checks they are current.
+``python -m tests.rules.build`` rewrites the files (``--check`` compares);
+``tests/test_generated.py`` checks they are current.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -726,11 +728,27 @@ def default_cfg() -> dict[str, Any]:
     return generate.options(generate.parse_args([]))
 
 
-def main() -> int:
-    """Rewrite every test file."""
-    for name, text in files(default_cfg()).items():
-        (HERE / name).write_text(text, encoding="utf-8")
-        print(f"wrote tests/rules/{name}")
+def stale(files_: dict[str, str]) -> list[Path]:
+    """The test files whose committed text differs from ``files_``."""
+    return [HERE / name for name, text in files_.items()
+            if not (HERE / name).exists() or (HERE / name).read_text(encoding="utf-8") != text]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Rewrite every test file, or with --check exit 1 if a committed one is stale."""
+    parser = argparse.ArgumentParser(description="Build the promtool unit tests in tests/rules/.")
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing; exit 1 if a committed file differs")
+    args = parser.parse_args(argv)
+    built = files(default_cfg())
+    out_of_date = stale(built)
+    if args.check:
+        for path in out_of_date:
+            print(f"out of date: tests/rules/{path.name} (run: make generate)", file=sys.stderr)
+        return 1 if out_of_date else 0
+    for path in out_of_date:
+        path.write_text(built[path.name], encoding="utf-8")
+        print(f"wrote tests/rules/{path.name}")
     return 0
 
 
