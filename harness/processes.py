@@ -52,6 +52,21 @@ def wait_for(check: Callable[[], T | None], timeout: float = 30.0, what: str = "
         time.sleep(interval)
 
 
+def stays_true(check: Callable[[], object], seconds: float, what: str,
+               interval: float = 0.2) -> None:
+    """Poll ``check`` for ``seconds`` and fail as soon as it is falsy. A negative check ("nothing
+    more arrives") has no event to wait for, only a quiet period; the caller says why ``seconds``
+    is long enough for the thing that must not happen to have happened."""
+    start = time.monotonic()
+    while True:
+        if not check():
+            raise AssertionError(f"{what} stopped holding after "
+                                 f"{time.monotonic() - start:.1f}s of {seconds:g}s")
+        if time.monotonic() - start >= seconds:
+            return
+        time.sleep(interval)
+
+
 def wait_http(url: str, timeout: float = 30.0, proc: subprocess.Popen | None = None) -> None:
     """Poll ``url`` until it answers 200; fail early if ``proc`` died."""
     deadline = time.monotonic() + timeout

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from harness.processes import wait_for
 from wandb_infra.common import labels
 from wandb_infra.common.runkey import RunKey
 from wandb_infra.exporter.collector import Exposition, render
@@ -229,9 +230,16 @@ def test_poller_survives_crashing_and_garbage_sources():
     reg = PlacementMerger(clock=Clock())
     flaky = Flaky()
 
+    def polled() -> bool:
+        status = {s.name: s for s in reg.snapshot().sources}
+        return (status.get("flaky") is not None and status["flaky"].up
+                and status.get("slurm") is not None and status["slurm"].errors_total >= 2)
+
     async def main():
         tasks = [asyncio.create_task(poll_forever(s, reg)) for s in (flaky, garbage)]
-        await asyncio.sleep(0.3)
+        # the pollers run on this loop, so the wait runs beside it, in a thread
+        await asyncio.to_thread(wait_for, polled, 10, "flaky up again and slurm failed twice",
+                                0.01)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -241,6 +249,22 @@ def test_poller_survives_crashing_and_garbage_sources():
     assert status["flaky"].up and status["flaky"].errors_total == 1
     assert not status["slurm"].up and status["slurm"].errors_total >= 2
     assert [dict(s)["hostname"] for s in series(reg)[0][labels.NODE_INFO]] == ["h9"]
+
+
+# Read from the OS and the garbage collector at each render: two renders a moment apart differ
+# whenever a CPU tick, a page of resident memory or a collection falls between them.
+LIVE_FAMILIES = ("process_", "python_gc_")
+
+
+def _without_live_families(body: bytes) -> list[str]:
+    """The body's lines but the process and GC self-metrics, which two renders need not
+    share."""
+    out = []
+    for line in body.decode().splitlines():
+        name = line.split(" ", 3)[2] if line.startswith("# ") else line
+        if not name.startswith(LIVE_FAMILIES):
+            out.append(line)
+    return out
 
 
 def test_memoised_exposition_equals_fresh_rendering():
@@ -254,4 +278,6 @@ def test_memoised_exposition_equals_fresh_rendering():
     ]
     for placements in steps:
         reg.record_success("slurm", SourceResult(placements), 0)
-        assert exposition.render(reg) == render(reg)
+        memoised, fresh = exposition.render(reg), render(reg)
+        assert LIVE_FAMILIES[0].encode() in memoised, "the process self-metrics are served"
+        assert _without_live_families(memoised) == _without_live_families(fresh)
