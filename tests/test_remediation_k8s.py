@@ -62,8 +62,10 @@ def test_quarantine_cordons_and_the_verdict_flips_through_prometheus(tmp_path):
                 links=GrafanaLinks(""), metrics=BridgeMetrics(), policy=policy,
                 lookup=PrometheusRunLookup(prom.url))
             worker._next_refresh = float("inf")  # first: the verdict before any action
-            wait_for(lambda: len(prom_query(prom.url, "wandb_infra_node_state")) == 4)
-            time.sleep(2)  # a history to read, not only the first scrape
+            # a history to read, not only the first scrape: three samples of every node
+            wait_for(lambda: prom_query(prom.url, "count(count_over_time("
+                                                  "wandb_infra_node_state[1m]) >= 3) == 4"),
+                     what="three scrapes of the four nodes' state")
             fault = alert("GpuFallenOffBus", category="gpu_hardware", host="gpu-02", gpu="5",
                           run="r1", start=datetime.now(UTC) - timedelta(seconds=30))
             store.ingest(parse_notification(json.dumps(notification([fault])).encode()),
