@@ -18,7 +18,7 @@ import pytest
 
 from harness.bridge_payloads import alert, notification
 from harness.exporter_process import metric_samples, metric_value, running_exporter
-from harness.processes import prometheus, wait_for
+from harness.processes import prometheus, stays_true, wait_for
 from harness.wandb_standin import WandbStandin
 from tests.slurm_cluster import slurm_cluster, unavailable_reason
 from wandb_infra.bridge.delivery import DeliveryPolicy, DeliveryWorker
@@ -135,10 +135,9 @@ def test_verdict_flips_when_the_node_is_drained_and_resumed(slurm, tmp_path):
                 # a state change is one more projection, not one per refresh
                 assert upserts() - before <= 2
                 settled = upserts()
-                for _ in range(5):
-                    worker.run_once()
-                    time.sleep(0.3)
-                assert upserts() == settled
+                # five passes, each due a node-state refresh (every 0.3 s): none re-projects
+                stays_true(lambda: worker.run_once() >= 0 and upserts() == settled, 1.5,
+                           "no projection while nothing changes", interval=0.3)
             finally:
                 slurm.run("scontrol", "update", f"NodeName={slurm.node}", "State=RESUME")
             # Back in service while the fault still fires: unsafe again, history kept.
