@@ -11,7 +11,7 @@ import pytest
 from wandb.sdk.wandb_run import Run
 
 from harness.exporter_process import metric_samples, running_exporter
-from harness.processes import env_without_proxies, free_port
+from harness.processes import env_without_proxies, free_port, stays_true, wait_for
 from wandb_infra.common import labels
 from wandb_infra.exporter.client import (
     build_payload,
@@ -89,11 +89,12 @@ def test_heartbeat_keeps_registration_alive(exporter):
     env = {"WANDB_INFRA_EXPORTER_TOKEN_FILE": token_file, "WANDB_INFRA_HOSTNAME": "gpu12"}
     beat = keep_registered(RUN, interval=0.4, url=url, environ=env)
     try:
-        deadline = time.monotonic() + 3
-        while time.monotonic() < deadline:  # TTL is 1.2 s: alive only thanks to the beats
-            time.sleep(0.3)
-            assert beat.ok is False or metric_samples(url, labels.NODE_INFO)
-        assert beat.ok and metric_samples(url, labels.NODE_INFO)
+        wait_for(lambda: beat.ok and metric_samples(url, labels.NODE_INFO), 10,
+                 "the first registration")
+        # TTL is 1.2 s: over 3 s the registration is alive only thanks to the beats
+        stays_true(lambda: metric_samples(url, labels.NODE_INFO), 3,
+                   "the registration kept alive by the heartbeat", interval=0.3)
+        assert beat.ok
     finally:
         beat.stop()
     assert metric_samples(url, labels.NODE_INFO) == []
