@@ -210,7 +210,7 @@ def _alert(alert: AlertDef, cfg: dict[str, Any], by_record: dict[str, str | None
     return out
 
 
-def _chunks(rules: list[dict[str, Any]], name: str) -> Iterable[tuple[str, list]]:
+def _chunks(rules: list[Any], name: str) -> Iterable[tuple[str, list]]:
     for i in range(0, len(rules), MAX_GROUP_RULES):
         suffix = "" if i == 0 else f"-{i // MAX_GROUP_RULES + 1}"
         yield name + suffix, rules[i:i + MAX_GROUP_RULES]
@@ -321,10 +321,11 @@ def _group(name: str, tier: str | None, rules: list[dict[str, Any]]) -> dict[str
 def fault_recording(alert: AlertDef, by_record: dict[str, str | None]) -> normalise.Recording:
     """The recording rule of an alert's per-entity faults (``fault_record``)."""
     entity = {"gpu": "GPU", "host": "host", "link": "link"}[alert.scope]
+    what = alert.summary[0].lower() + alert.summary[1:].rstrip(".")
     return normalise.Recording(
         str(fault_record(alert)), condition(alert, by_record),
-        f"The {entity}s where {alert.name} holds now, valued with the measured figure: "
-        f"{alert.summary} Recorded once, so the join rows and the alert below read these few "
+        f"{alert.name} per {entity} ({what}): the faulty {entity}s only, valued with the "
+        f"measured figure. Recorded once, so the join rows and the alert below read these few "
         f"series instead of every {entity} again.")
 
 
@@ -366,6 +367,54 @@ def groups(cfg: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+# What each normalisation group records (printed above the group).
+NORMALISE_NOTES = {
+    "normalise-fast": "Job-ending signals, read every cycle: telemetry targets down now and XID "
+                      "events.",
+    "normalise-gpu": "GPU telemetry past a threshold (temperatures, clock-event bits) and links "
+                     "down now.",
+    "normalise-stall": "Runs whose GPUs stopped computing while holding memory (TrainingStalled).",
+    "normalise-targets": "Which host each telemetry target reports and which run each Kubernetes "
+                         "pod's GPUs belong to.",
+    "normalise-gpu-state": "GPU presence and counts, and the thermal and power violation rates.",
+    "normalise-node": "Links idle for the whole hour, which are no fault when down.",
+    "normalise-workload": "What the workload alerts compare against: GPUs idle all hour, runs "
+                          "with unknown GPUs, and the straggler search.",
+    "normalise-gpu-wear": "Memory and interconnect error counters and health gauges: how worn a "
+                          "GPU is (their job-ending forms arrive as XIDs on the fast path).",
+    "normalise-link-wear": "InfiniBand flaps and physical errors, Ethernet carrier changes: a "
+                           "link degrading (one going down shows on the fast path).",
+}
+
+
+def _tier_note(tier: str | None) -> str:
+    if tier is None:
+        return "No interval: evaluated every global evaluation_interval (30 s recommended)."
+    note = f"Evaluated every {tier} (alert_rules/tiers.py)."
+    if outlives_lookback(tier):
+        note += (" Its records can be older than the lookback "
+                 f"({_duration(tiers.LOOKBACK_SECONDS)}), so other groups read them as "
+                 f"last_over_time(record[{_duration(_read_window(tier))}]).")
+    return note
+
+
+def group_comments(cfg: dict[str, Any]) -> dict[str, str]:
+    """What each rule group holds and how often it runs, by group name (printed above it)."""
+    alerts = families()
+    out = {}
+    for name, tier, records in recordings(cfg):
+        if name in alerts:
+            what = (f"The {name} alerts ({', '.join(a.name for a in alerts[name])}): each "
+                    "alert's faulty entities recorded once, the join rows of the hosts with such "
+                    "a fault, then the alerts attributing each fault to the runs on it.")
+        else:
+            what = NORMALISE_NOTES[name]
+        rules = len(records) + len(alerts.get(name, []))
+        for gname, _ in _chunks(list(range(rules)), f"{cfg['group_prefix']}-{name}"):
+            out[gname] = f"{what} {_tier_note(tier)}"
+    return out
+
+
 def comments(cfg: dict[str, Any]) -> dict[str, str]:
     """What each recorded series holds and why, by record name (printed above the rule)."""
     return {r.record: r.help for _, _, records in recordings(cfg) for r in records}
@@ -401,14 +450,17 @@ def _comment(text: str, indent: str) -> list[str]:
             for line in textwrap.wrap(text, COMMENT_WIDTH - len(indent) - 2)]
 
 
-def groups_yaml(groups: list[dict[str, Any]], notes: dict[str, str], indent: str = "") -> str:
-    """``groups:`` as YAML at ``indent``, a comment above each recording rule saying what it
-    holds and why, a blank line between groups. PyYAML writes no comments, so each group's
-    header and each rule are dumped on their own and laid out here."""
+def groups_yaml(groups: list[dict[str, Any]], notes: dict[str, str],
+                group_notes: dict[str, str], indent: str = "") -> str:
+    """``groups:`` as YAML at ``indent``, a comment above each group (what it holds, how often it
+    runs) and above each recording rule (what it holds and why), a blank line between groups.
+    PyYAML writes no comments, so each group's header and each rule are dumped on their own and
+    laid out here."""
     out = [f"{indent}groups:"]
     for i, group in enumerate(groups):
         if i:
             out.append("")
+        out += _comment(group_notes[group["name"]], indent)
         head = {k: v for k, v in group.items() if k != "rules"}
         out += [indent + line for line in dump([head]).splitlines()]
         out.append(f"{indent}  rules:")
@@ -421,7 +473,7 @@ def groups_yaml(groups: list[dict[str, Any]], notes: dict[str, str], indent: str
 
 def rules_text(cfg: dict[str, Any]) -> str:
     """The Prometheus rule file."""
-    return HEADER + groups_yaml(groups(cfg), comments(cfg))
+    return HEADER + groups_yaml(groups(cfg), comments(cfg), group_comments(cfg))
 
 
 def manifest_text(cfg: dict[str, Any]) -> str:
@@ -436,7 +488,8 @@ def manifest_text(cfg: dict[str, Any]) -> str:
                        "app.kubernetes.io/component": "alert-rules"},
         },
     }
-    return HEADER + dump(manifest) + "spec:\n" + groups_yaml(groups(cfg), comments(cfg), "  ")
+    return HEADER + dump(manifest) + "spec:\n" + groups_yaml(groups(cfg), comments(cfg),
+                                                             group_comments(cfg), "  ")
 
 
 def counters_text() -> str:
