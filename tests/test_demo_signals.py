@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -41,10 +40,9 @@ def test_signal_stops_everything_the_demo_started(tmp_path, signum):
     demo = subprocess.Popen([sys.executable, "-m", "demo", "--workdir", str(workdir)], cwd=ROOT,
                             stdout=log, stderr=subprocess.STDOUT, env=env_without_proxies())
     try:
-        # the stack is up once Prometheus (started last) writes its data directory
-        wait_for(lambda: (workdir / "prometheus" / "data").exists() or demo.poll() is not None,
-                 120, "the demo's Prometheus")
-        time.sleep(2)
+        # the demo prints the services' addresses once every one answered its readiness check
+        wait_for(lambda: "  Prometheus   http" in (tmp_path / "demo.log").read_text()
+                 or demo.poll() is not None, 120, "the demo's stack to be up")
         assert demo.poll() is None, (tmp_path / "demo.log").read_text()
         services = [p for p in _started_from(workdir) if p != demo.pid]
         assert len(services) >= 4, services  # exporter, bridge, Alertmanager, Prometheus
