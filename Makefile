@@ -32,6 +32,8 @@ lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/mypy $(foreach p,$(PACKAGED),-p wandb_infra.$(p)) -p demo
 
+# Every generated file, in dependency order (the Kubernetes copies read the rule manifest and the
+# dashboards); tests/test_generated.py checks in one test that all of them are current.
 generate: venv
 	$(BIN)/python -m wandb_infra.alert_rules.generate
 	$(BIN)/python -m wandb_infra.dashboards.generate

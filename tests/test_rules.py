@@ -16,6 +16,7 @@ from tests.rules import build
 from wandb_infra.alert_rules import generate, tiers
 from wandb_infra.catalog import panels
 from wandb_infra.catalog.alerts import ALERTS, SCOPES, duration_seconds
+from wandb_infra.catalog.template import fill, placeholders
 from wandb_infra.catalog.vocabulary import CATEGORIES, REQUIRED_ANNOTATIONS, SEVERITIES
 from wandb_infra.catalog.xid import XIDS, XidClass, codes
 
@@ -239,3 +240,39 @@ def test_env_override_and_check_mode(tmp_path, monkeypatch):
     assert generate.main(["--out-dir", str(tmp_path), "--check"]) == 0
     monkeypatch.delenv("WANDB_INFRA_RULES__RUNBOOK_BASE")
     assert generate.main(["--out-dir", str(tmp_path), "--check"]) == 1
+
+
+def test_fault_records_ship_the_catalog_condition():
+    """A fault record is the catalog's condition as stated, but for slow-tier records read through
+    ``last_over_time`` (a substitution, no rewriting of the PromQL around them)."""
+    faults = {r["record"]: r["expr"] for g in _groups() for r in g["rules"] if "record" in r}
+    by_record = generate.record_tiers()
+    verbatim = wrapped = 0
+    for alert in ALERTS.values():
+        record = generate.fault_record(alert)
+        if record is None:
+            continue
+        shipped = alert.expr
+        for read in generate.records_read(alert.expr, by_record):
+            if generate.outlives_lookback(by_record[read]):
+                shipped = shipped.replace(read, generate.reading(read, by_record[read]))
+        assert faults[record] == shipped, alert.name
+        if shipped == alert.expr:
+            verbatim += 1
+        else:
+            wrapped += 1
+    assert verbatim >= 15 and wrapped >= 8, (verbatim, wrapped)
+
+
+def test_templates_substitute_names_and_indent_nested_values():
+    inner = "max by (hostname) (\n  up\n)"
+    assert fill("""
+        sum(
+          ${INNER}
+        ) > ${LIMIT}
+    """, {"INNER": inner, "LIMIT": 0.5}) == "sum(\n  max by (hostname) (\n    up\n  )\n) > 0.5"
+    assert fill('label_replace(x, "a", "$1", "b", "(.+)")', {}) == \
+        'label_replace(x, "a", "$1", "b", "(.+)")'
+    assert placeholders("${A} or ${B} or ${A}") == ["A", "B"]
+    with pytest.raises(KeyError):
+        fill("${UNKNOWN} > 0", {})
