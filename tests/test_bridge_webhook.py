@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from harness.bridge_payloads import T0, TOKEN, alert, make_context, notification, serve
 from wandb_infra.bridge.config import load
 from wandb_infra.bridge.identity import IdentityReader
-from wandb_infra.bridge.payload import parse_notification
+from wandb_infra.bridge.payload import PayloadError, _alert, _bulk, _Invalid, parse_notification
 from wandb_infra.bridge.store import INSERT_ROWS, Store
 from wandb_infra.bridge.webhook import Credentials
 from wandb_infra.common.configfile import ConfigError
@@ -306,3 +306,56 @@ def test_large_notification_over_several_runs_is_stored_exactly(tmp_path):
     assert per_run[""] == (unattributed, unattributed)
     assert sum(n for n, _ in per_run.values()) == len(alerts)
     assert sum(n - firing for n, firing in per_run.values()) == 20
+
+
+def test_label_size_cap_is_exact_past_the_bulk_bound():
+    """The bulk check bounds every map by entries x (longest key + longest value); past that
+    bound each map is measured, so only a map over MAX_LABEL_BYTES is refused."""
+    wide = alert("NodeDown", category="node", host="h1", run="r1",
+                 extra={f"k{i}": "v" for i in range(30)})
+    long = alert("NodeDown", category="node", host="h2", run="r1", extra={"x": "y" * 40_000})
+    parsed = parse_notification(json.dumps(notification([wide, long])).encode())
+    assert [len(a.labels) for a in parsed.alerts] == [len(wide["labels"]), len(long["labels"])]
+    over = alert("NodeDown", category="node", host="h3", run="r1",
+                 extra={"x": "y" * 33_000, "z": "y" * 33_000})
+    with pytest.raises(PayloadError, match=r"alerts\[1\]\.labels is larger than"):
+        parse_notification(json.dumps(notification([wide, over])).encode())
+
+
+_TEXT = st.one_of(st.sampled_from(["firing", "resolved", "", "1", "ab12", "AB12", "x\n"]),
+                  st.text(max_size=5))
+_VALUE = st.one_of(_TEXT, st.none(), st.integers(), st.lists(st.integers(), max_size=1),
+                   st.dictionaries(st.sampled_from(["a", "panel_id"]), _TEXT, max_size=2))
+_TIME = st.sampled_from(["2026-11-29T12:00:00Z", "2026-11-29T11:00:00.5+01:00",
+                         "0001-01-01T00:00:00Z", "2026-11-29T11:59:00Z", "0999-01-01T00:00:00Z",
+                         "yesterday"])
+
+
+_FIELD_NAMES = ["status", "fingerprint", "labels", "annotations", "startsAt", "endsAt",
+                "generatorURL"]
+
+
+@st.composite
+def _alert_objects(draw) -> dict:
+    """A real alert with up to two fields replaced, removed or retyped."""
+    item = alert("GpuXidError", category="gpu_hardware", host="h1", gpu="0", run="r1",
+                 end=draw(st.sampled_from([None, T0 + timedelta(minutes=1)])),
+                 annotations=draw(st.sampled_from([None, {"panel_id": "12"}])))
+    for name in draw(st.lists(st.sampled_from(_FIELD_NAMES), max_size=2)):
+        if draw(st.booleans()):
+            item.pop(name, None)
+        else:
+            item[name] = draw(st.one_of(_VALUE, _TIME))
+    return item
+
+
+@given(st.lists(_alert_objects(), min_size=1, max_size=4))
+@settings(max_examples=400, deadline=None)
+def test_bulk_validation_accepts_exactly_what_the_per_alert_check_accepts(items):
+    fast = _bulk(items)
+    try:
+        slow = [_alert(item) for item in items]
+    except _Invalid:
+        assert fast is None
+    else:
+        assert fast is None or fast == slow
