@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,7 @@ import yaml
 
 from harness.exporter_process import metric_samples, running_exporter
 from harness.k8s_standin import K8sStandin, make_pod
+from harness.processes import wait_for
 from wandb_infra.common import labels
 from wandb_infra.common.commands import SourceError
 from wandb_infra.common.configfile import ConfigError
@@ -153,9 +153,8 @@ def test_exporter_process_with_kubernetes(k8s, tmp_path):
         "enabled": True, "api_server": k8s.url, "token": "env:K8S_TOKEN",
         "default_entity": "team", "default_project": "misc", "interval_seconds": 0.3}}}
     with running_exporter(config, tmp_path / "exporter", env={"K8S_TOKEN": k8s.token}) as url:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and len(metric_samples(url, labels.NODE_INFO)) < 4:
-            time.sleep(0.2)
+        wait_for(lambda: len(metric_samples(url, labels.NODE_INFO)) >= 4, 20,
+                 "four node-info series")
         nodes = {(s["wandb_run_id"], s["hostname"], s["source"])
                  for s in metric_samples(url, labels.NODE_INFO)}
         assert nodes == {("abc123", "node-a", "kubernetes"), ("lab1", "node-b", "kubernetes"),
@@ -179,9 +178,8 @@ def test_every_pod_of_a_run_on_a_node_is_published(k8s, tmp_path):
         "enabled": True, "api_server": k8s.url, "token": "env:K8S_TOKEN",
         "default_entity": "team", "default_project": "misc", "interval_seconds": 0.3}}}
     with running_exporter(config, tmp_path / "exporter", env={"K8S_TOKEN": k8s.token}) as url:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and len(metric_samples(url, labels.POD_INFO)) < 3:
-            time.sleep(0.2)
+        wait_for(lambda: len(metric_samples(url, labels.POD_INFO)) >= 3, 20,
+                 "three pod-info series")
         assert sorted(s["pod"] for s in metric_samples(url, labels.POD_INFO)) == [
             "rank-0", "rank-1", "rank-2"]
         assert len(metric_samples(url, labels.NODE_INFO)) == 1

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from harness.exporter_process import metric_samples, metric_value, running_exporter
+from harness.processes import wait_for
 from harness.wandb_standin import WandbStandin
 from wandb_infra.common import labels
 from wandb_infra.common.commands import SourceError
@@ -99,19 +98,14 @@ def test_exporter_publishes_wandb_runs_and_survives_outage(standin, tmp_path):
                                     "api_key_file": str(key_file), "projects": ["team/llm"],
                                     "interval_seconds": 0.3, "timeout_seconds": 2}}}
     with running_exporter(config, tmp_path / "exporter") as url:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and not metric_samples(url, labels.GPU_INFO):
-            time.sleep(0.2)
-        gpus = metric_samples(url, labels.GPU_INFO)
+        gpus = wait_for(lambda: metric_samples(url, labels.GPU_INFO), 20, "the run's GPUs")
         assert sorted((g["hostname"], g["gpu"], g["gpu_uuid"], g["source"]) for g in gpus) == [
             ("gpu01", "0", "GPU-gpu01.example.com-0", "wandb"),
             ("gpu01", "1", "GPU-gpu01.example.com-1", "wandb")]
         assert metric_samples(url, labels.NODE_INFO)[0]["wandb_run_name"] == "live-run"
         standin.fail(503, times=None)
-        while time.monotonic() < deadline and metric_value(
-                url, "wandb_infra_exporter_source_up", source="wandb") != 0.0:
-            time.sleep(0.2)
-        assert metric_value(url, "wandb_infra_exporter_source_up", source="wandb") == 0.0
+        wait_for(lambda: metric_value(url, "wandb_infra_exporter_source_up",
+                                      source="wandb") == 0.0, 20, "source_up 0 during the outage")
         assert len(metric_samples(url, labels.GPU_INFO)) == 2
     log = (tmp_path / "exporter" / "exporter.log").read_text()
     assert "source failed" in log
