@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from harness.bridge_payloads import alert, notification
-from harness.processes import free_port, prom_query, prometheus
+from harness.processes import free_port, prom_query, prometheus, wait_for
 from wandb_infra.bridge.delivery import DeliveryPolicy, DeliveryWorker
 from wandb_infra.bridge.grafana import GrafanaLinks
 from wandb_infra.bridge.identity import IdentityReader, PrometheusRunLookup
@@ -48,9 +47,7 @@ scrape_configs:
 """
     try:
         with prometheus(config, tmp_path / "prom") as prom:
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and not prom_query(prom.url, L.GPU_INFO):
-                time.sleep(0.3)
+            wait_for(lambda: prom_query(prom.url, L.GPU_INFO), 30, "the join metrics scraped")
             now = datetime.now(UTC)
             store = Store(tmp_path / "bridge.sqlite")
             alerts = [alert("GpuXidError", category="gpu_hardware", host="h1", gpu="5",

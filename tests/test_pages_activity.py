@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 
 from harness.bridge_payloads import serve_app
-from harness.processes import PROMETHEUS, prom_query, prometheus
+from harness.processes import PROMETHEUS, prom_query, prometheus, wait_for
 from wandb_infra.bridge import activity
 from wandb_infra.bridge.explain import PrometheusHistory
 from wandb_infra.bridge.timeline import seconds
@@ -46,10 +46,8 @@ def test_activity_averages_the_runs_gpus_in_real_prometheus(tmp_path):
         config = ("global: {scrape_interval: 1s}\nscrape_configs:\n  - job_name: fake\n"
                   f"    static_configs: [{{targets: ['{target.removeprefix('http://')}']}}]\n")
         with prometheus(config, tmp_path / "prom") as prom:
-            deadline = time.monotonic() + 60
-            while not prom_query(prom.url, "count_over_time(wandb_run_gpu_info[1m]) >= 4"):
-                assert time.monotonic() < deadline, "Prometheus did not scrape"
-                time.sleep(0.5)
+            wait_for(lambda: prom_query(prom.url, "count_over_time(wandb_run_gpu_info[1m]) >= 4"),
+                     60, "four scrapes of the join metrics", 0.5)
             now = time.time()
             found = activity.fetch(PrometheusHistory(prom.url, 5.0), RUN, now - 20, now)
             missing = activity.fetch(PrometheusHistory(prom.url, 5.0),

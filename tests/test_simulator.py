@@ -7,7 +7,6 @@ import json
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,13 @@ from demo.simulator.cluster import FAULT_KINDS, Cluster
 from demo.simulator.model import SimulatorError
 from demo.simulator.scrape import prometheus_config
 from demo.simulator.server import serve
-from harness.processes import PROMTOOL, env_without_proxies, prom_query, prometheus
+from harness.processes import (
+    PROMTOOL,
+    env_without_proxies,
+    prom_query,
+    prometheus,
+    wait_for,
+)
 from wandb_infra.common.nodestate import parse_scontrol_nodes
 
 pytestmark = pytest.mark.integration
@@ -417,12 +422,12 @@ def test_real_prometheus_scrapes_both_flavours(tmp_path: Path):
         assert check.returncode == 0, check.stdout + check.stderr
         assert yaml.safe_load(config)["scrape_configs"][0]["file_sd_configs"]
         with prometheus(config, tmp_path / "prom") as prom:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
+            def scraped() -> list[dict] | None:
                 up = prom_query(prom.url, "up")
-                if len(up) == 9 and prom_query(prom.url, "DCGM_FI_DEV_GPU_TEMP_CELSIUS"):
-                    break
-                time.sleep(0.5)
+                return up if len(up) == 9 and prom_query(
+                    prom.url, "DCGM_FI_DEV_GPU_TEMP_CELSIUS") else None
+
+            up = wait_for(scraped, 60, "all nine targets and the DCGM temperatures scraped", 0.5)
             ups = {(r["metric"]["job"], r["metric"]["instance"]): r["value"][1] for r in up}
             assert ups[("dcgm", "gpu-node-001:9400")] == "1"
             assert ups[("dcgm", "gpu-node-002:9400")] == "0"
