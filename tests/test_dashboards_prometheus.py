@@ -20,7 +20,7 @@ from demo.simulator.cluster import Cluster
 from demo.simulator.scrape import prometheus_config
 from demo.simulator.server import serve
 from demo.stack import scale_rules
-from harness.processes import prom_query, prometheus
+from harness.processes import prom_query, prometheus, wait_for
 from wandb_infra.catalog import panels as catalog
 from wandb_infra.catalog.alerts import ALERTS
 from wandb_infra.dashboards import generate
@@ -171,14 +171,9 @@ def stack(tmp_path_factory) -> Iterator[tuple[Cluster, str]]:
             yield cluster, prom.url
 
 
-def _wait(url: str, expr: str, timeout: float = DEADLINE_S) -> list[dict]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = prom_query(url, expr)
-        if result:
-            return result
-        time.sleep(0.5)
-    raise AssertionError(f"no data for {expr} after {timeout}s")
+def _wait(url: str, expr: str) -> list[dict]:
+    """The first non-empty answer to ``expr`` (rules and rates need a few evaluations)."""
+    return wait_for(lambda: prom_query(url, expr), DEADLINE_S, f"data for {expr}", 0.5)
 
 
 def run_values(hosts: list[str], gpus: list[str]) -> dict:
@@ -251,13 +246,13 @@ def test_linked_panel_shows_the_fault(stack, alertname):
     assert matching, f"{alertname}: panel {panel.key} shows nothing for {fault}"
     if alertname in MUST_REACH_ALERTS:
         alerts_expr = panel_targets(boards()["run"])[catalog.panel("alerts").id][0]
-        rows = _wait(url, substitute(alerts_expr, values) + ' and on () vector(1)')
-        names = {(r["metric"]["alertname"], r["metric"].get("hostname")) for r in rows}
-        while (alertname, fault.host) not in names and time.monotonic() < deadline:
-            time.sleep(0.5)
+
+        def in_alerts_panel() -> bool:
             rows = prom_query(url, substitute(alerts_expr, values))
-            names = {(r["metric"]["alertname"], r["metric"].get("hostname")) for r in rows}
-        assert (alertname, fault.host) in names, f"{alertname} not in the run's alerts panel"
+            return (alertname, fault.host) in {
+                (r["metric"]["alertname"], r["metric"].get("hostname")) for r in rows}
+
+        wait_for(in_alerts_panel, DEADLINE_S, f"{alertname} in the run's alerts panel", 0.5)
 
 
 def test_every_catalog_alert_is_exercised():
