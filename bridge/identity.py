@@ -129,16 +129,12 @@ class IdentityReader:
     def read_all(self, alerts: Sequence[dict[str, Any]]) -> list[Identity]:
         """``read`` of every alert, one part at a time across them (a storm's notification has
         thousands), with one RunKey per distinct run."""
-        parts = [self._column(key, alerts) for key in _PARTS]
-        runs: dict[tuple[str, str, str], RunKey] = {}
-        identities = []
-        for entity, project, run_id, hostname, gpu in zip(*parts, strict=True):
-            run = runs.get((entity, project, run_id))
-            if run is None:
-                run = runs[(entity, project, run_id)] = RunKey(entity, project, run_id) \
-                    if entity and project and run_id else UNATTRIBUTED
-            identities.append(Identity(run, hostname, gpu))
-        return identities
+        entities, projects, run_ids, hostnames, gpus = (self._column(key, alerts)
+                                                        for key in _PARTS)
+        keys = list(zip(entities, projects, run_ids, strict=True))
+        runs = {key: RunKey(*key) if all(key) else UNATTRIBUTED for key in set(keys)}
+        return list(map(Identity._make, zip(map(runs.__getitem__, keys), hostnames, gpus,
+                                            strict=True)))
 
     def _column(self, key: str, alerts: Sequence[dict[str, Any]]) -> list[str]:
         """``_first(key, alert)`` of every alert; the two-step path of every default inlined."""
