@@ -132,7 +132,8 @@ def thermal_slowdown(stack: Stack, hosts: list[str], timeout: float = 240,
     neighbour = RunRef(ENTITY, "eval-sweep", "neighbour")
     job = start_job(stack, run, hosts, HALF_A)
     other = start_job(stack, neighbour, hosts, HALF_B)
-    time.sleep(5 * job.period)
+    # a healthy baseline for the drop window: six MFU samples (five periods) before the fault
+    wait_for(lambda: len(job.samples) >= 6, 60, f"six MFU samples of {run.path}", 0.2)
     for gpu in HALF_A:
         stack.cluster.inject("thermal", hosts[0], gpu=gpu)
 
@@ -142,7 +143,9 @@ def thermal_slowdown(stack: Stack, hosts: list[str], timeout: float = 240,
 
     try:
         view = wait_for(thermal_issue, timeout, "GpuThermalViolation in the bridge", 2.0)
-        time.sleep(2 * job.period)
+        seen = len(job.samples)  # two more samples, so the drop window has an end
+        wait_for(lambda: len(job.samples) >= seen + 2, 60, f"two more MFU samples of {run.path}",
+                 0.2)
     finally:
         job.stop()
         other.stop()
