@@ -27,6 +27,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from wandb_infra.bridge import activity
+from wandb_infra.bridge import runbook as runbook_page
 from wandb_infra.bridge.delivery import DeliveryWorker
 from wandb_infra.bridge.diagnosis import DEFAULT_GAP, AlertFact, diagnose
 from wandb_infra.bridge.explain import PrometheusHistory
@@ -45,6 +46,7 @@ from wandb_infra.bridge.pages import (
 from wandb_infra.bridge.payload import Notification, PayloadError, parse_notification
 from wandb_infra.bridge.remediation import run_remediation
 from wandb_infra.bridge.store import IngestResult, OutboxRow, RunIndexEntry, Store, StoreError
+from wandb_infra.catalog import runbook
 from wandb_infra.common.labels import NAME_CHARS, RUN_ID_CHARS
 from wandb_infra.common.logsetup import log_fields
 from wandb_infra.common.runkey import RunKey
@@ -582,6 +584,7 @@ def create_app(ctx: BridgeContext) -> web.Application:
     app.router.add_get("/unattributed", h.run)
     app.router.add_get("/login", h.login_form)
     app.router.add_get("/favicon.ico", h.favicon)
+    app.router.add_get(runbook.PATH, runbook_page.handle)
     app.router.add_post("/login", h.login)
 
     async def _close(_app: web.Application) -> None:

@@ -24,6 +24,7 @@ from demo.simulator.cluster import Cluster
 from demo.simulator.scrape import target_groups
 from demo.simulator.server import SimulatorServer
 from harness import processes
+from wandb_infra.catalog import runbook
 from wandb_infra.catalog.alerts import duration_seconds
 from wandb_infra.catalog.vocabulary import ANNOTATION_FOR_SECONDS
 
@@ -53,6 +54,17 @@ def scale_rules(text: str, scale: float, minimum_seconds: int = 0,
             if ANNOTATION_FOR_SECONDS in rule.get("annotations", {}):
                 rule["annotations"][ANNOTATION_FOR_SECONDS] = str(
                     round(duration_seconds(rule["for"])))
+    return yaml.safe_dump(data, sort_keys=False, width=1000)
+
+
+def point_runbook(text: str, base: str) -> str:
+    """The rule file with every ``runbook_url`` under the shipped default base (the bridge's
+    in-cluster Service) moved to ``base``, so the stack's links open its own bridge's runbook."""
+    data = yaml.safe_load(text)
+    for rule in (r for g in data["groups"] for r in g["rules"]):
+        url = rule.get("annotations", {}).get("runbook_url", "")
+        if url.startswith(runbook.DEFAULT_BASE + "/"):
+            rule["annotations"]["runbook_url"] = base + url.removeprefix(runbook.DEFAULT_BASE)
     return yaml.safe_dump(data, sort_keys=False, width=1000)
 
 
@@ -223,8 +235,8 @@ class Stack:
         assert self.simulator and self.exporter and self.bridge and self.alertmanager
         (promdir / "rules").mkdir(parents=True, exist_ok=True)
         (promdir / "targets").mkdir(parents=True, exist_ok=True)
-        (promdir / "rules" / RULES_FILE.name).write_text(
-            scale_rules(RULES_FILE.read_text(), self.config.for_scale))
+        (promdir / "rules" / RULES_FILE.name).write_text(point_runbook(
+            scale_rules(RULES_FILE.read_text(), self.config.for_scale), self.bridge.url))
         hosts = list(self.cluster.hosts)
         for exporter in ("dcgm", "node"):
             groups = target_groups(self.simulator.address, hosts, exporter)

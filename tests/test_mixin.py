@@ -57,7 +57,7 @@ def test_config_overrides_runbooks_and_labels():
     for rule in rules:
         assert rule["labels"]["team"] == "ml-infra"
         assert rule["annotations"]["runbook_url"].startswith(
-            "https://runbooks.example/wi/docs/runbook.md#"), rule["alert"]
+            "https://runbooks.example/wi/runbook#"), rule["alert"]
 
 
 @pytest.mark.parametrize("field", ["prometheusRules", "prometheusAlerts"])

@@ -236,7 +236,7 @@ def test_env_override_and_check_mode(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_INFRA_RULES__RUNBOOK_BASE", "https://example.test/repo/")
     assert generate.main(["--out-dir", str(tmp_path)]) == 0
     text = (tmp_path / "alert_rules" / generate.RULES_FILE).read_text()
-    assert "https://example.test/repo/docs/runbook.md#gpuxiderror" in text
+    assert "https://example.test/repo/runbook#gpuxiderror" in text
     assert generate.main(["--out-dir", str(tmp_path), "--check"]) == 0
     monkeypatch.delenv("WANDB_INFRA_RULES__RUNBOOK_BASE")
     assert generate.main(["--out-dir", str(tmp_path), "--check"]) == 1
