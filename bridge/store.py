@@ -58,7 +58,7 @@ CREATE TABLE IF NOT EXISTS alerts (
     PRIMARY KEY (entity, project, run_id, starts_at, fingerprint)
 ) WITHOUT ROWID
 """
-OTHER_TABLES = (
+OTHER_SCHEMA = (
     """CREATE TABLE IF NOT EXISTS outbox (
     entity TEXT NOT NULL,
     project TEXT NOT NULL,
@@ -226,8 +226,8 @@ def _prepare(conn: sqlite3.Connection) -> None:
                              "updated_at, lookup_done FROM alerts_v0")
                 conn.execute("DROP TABLE alerts_v0")
             conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-        for table in OTHER_TABLES:
-            conn.execute(table)
+        for statement in OTHER_SCHEMA:
+            conn.execute(statement)
         conn.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:
