@@ -14,7 +14,6 @@ Each returns the bridge's view of the affected run (JSON, as ``GET /runs/<e>/<p>
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,7 +91,9 @@ def xid94_cascade(stack: Stack, hosts: list[str], timeout: float = 240,
     job = start_job(stack, run, hosts, GPUS)
     faulty_host, faulty_gpu = hosts[faulty], 3
     stack.cluster.inject("xid", faulty_host, gpu=faulty_gpu, code=94)
-    time.sleep(3 * stack.config.interval_seconds)
+    # the root cause's alert is active (so its start is set) before the cascade begins
+    xid = f'ALERTS{{alertname="GpuContainedEccError",hostname="{faulty_host}"}}'
+    wait_for(lambda: stack.query(xid), 60, f"{xid} in Prometheus", 0.5)
     for host in hosts:
         stack.cluster.inject("stall", host)
 
