@@ -186,7 +186,6 @@ or
   )
 )
 """
-_HOT = "{record} >= ${{TEMP_WARNING_C}} < ${{TEMP_CRITICAL_C}}"
 _CHECKPOINT = ("Restart the job from its last checkpoint on healthy nodes; exclude this node "
                "(Slurm --exclude, Kubernetes cordon) until the GPU is reset or replaced.")
 _CHECKPOINT_NOW = "Checkpoint now; move the job off the node and fix cooling before reuse."
@@ -412,7 +411,7 @@ floor(${CLOCK_EVENT_REASONS} / ${CLOCK_HW_POWER_BRAKE}) % 2 == 1
         impact="Close to throttling: the job may slow down soon.",
         remediation="Check cooling and inlet temperature; no action on the job yet.",
         panel="gpu_temperature",
-        condition=_HOT.format(record="${GPU_TEMP_HOT}"),
+        condition="${GPU_TEMP_HOT} >= ${TEMP_WARNING_C} < ${TEMP_CRITICAL_C}",
         for_="5m", group="gpu-thermal"),
     AlertDef(
         name="GpuTemperatureCritical", severity="critical", category="gpu_thermal",
@@ -433,7 +432,7 @@ floor(${CLOCK_EVENT_REASONS} / ${CLOCK_HW_POWER_BRAKE}) % 2 == 1
         impact="Hot HBM throttles memory bandwidth and raises the ECC error rate.",
         remediation="Check cooling and inlet temperature.",
         panel="hbm_temperature",
-        condition=_HOT.format(record="${MEMORY_TEMP_HOT}"),
+        condition="${MEMORY_TEMP_HOT} >= ${TEMP_WARNING_C} < ${TEMP_CRITICAL_C}",
         for_="5m", group="gpu-thermal"),
     AlertDef(
         name="GpuMemoryTemperatureCritical", severity="critical", category="gpu_thermal",
@@ -618,9 +617,8 @@ ${NVLINK_CRC_RATE} >= ${NVLINK_CRC_FAIL_PER_SECOND}
 
 
 # --- pipeline: this project's own path from scheduler to W&B -------------------------------------
-# A target that exposed the exporter's (or the bridge's) own metrics within the hour and is down
-# now: found by what it served, so no scrape job name has to be configured.
-_DOWN_TARGET = "up == 0 and on (instance, job) max_over_time(${{{served}}}[${{HISTORY_WINDOW}}])"
+# The exporter or bridge is down: a target that exposed its own metrics within the hour and is
+# down now, found by what it served, so no scrape job name has to be configured.
 
 register(
     AlertDef(
@@ -665,7 +663,11 @@ time() - max by (instance, job, source) (${EXPORTER_SOURCE_LAST_SUCCESS} > 0)
         remediation="Restart the exporter (its registrations survive in its state file); check "
                     "its port, TLS and the scrape config.",
         panel="pipeline_targets",
-        condition=_DOWN_TARGET.format(served="EXPORTER_HOSTS"),
+        condition="""
+up == 0
+and on (instance, job)
+max_over_time(${EXPORTER_HOSTS}[${HISTORY_WINDOW}])
+""",
         for_="2m", group="pipeline"),
     AlertDef(
         name="WandbInfraJoinMetricsMissing", severity="warning", category="pipeline",
@@ -694,7 +696,11 @@ absent(${NODE_INFO})
         remediation="Restart the bridge; its store keeps what it acknowledged. Check its volume "
                     "and the bearer token file.",
         panel="pipeline_targets",
-        condition=_DOWN_TARGET.format(served="BRIDGE_QUEUE_RUNS"),
+        condition="""
+up == 0
+and on (instance, job)
+max_over_time(${BRIDGE_QUEUE_RUNS}[${HISTORY_WINDOW}])
+""",
         for_="2m", group="pipeline"),
     AlertDef(
         name="WandbInfraRunsParked", severity="warning", category="pipeline",
