@@ -21,9 +21,10 @@ class XidClass(StrEnum):
     INFORMATIONAL = "informational"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Xid:
-    """One XID: ``job_survives`` is about a synchronous multi-GPU training job."""
+    """One XID, stated with keywords: ``job_survives`` is about a synchronous multi-GPU training
+    job."""
 
     code: int
     meaning: str
@@ -32,47 +33,68 @@ class Xid:
     job_survives: str
 
 
-_H = XidClass.HARDWARE
 XIDS: dict[int, Xid] = {
     x.code: x
     for x in (
-        Xid(13, "Graphics engine exception", XidClass.APPLICATION, "restart the application",
-            "no"),
-        Xid(31, "GPU memory page fault", XidClass.APPLICATION, "restart the application", "no"),
-        Xid(43, "GPU stopped processing", XidClass.APPLICATION,
-            "none (the process was killed)", "no"),
-        Xid(45, "Preemptive cleanup after another error", XidClass.INFORMATIONAL,
-            "follow the root XID", "depends"),
-        Xid(48, "Double-bit ECC error", _H, "reset the GPU, drain if it repeats", "no"),
-        Xid(62, "Internal micro-controller halt", _H, "reset the GPU", "no"),
-        Xid(63, "Row remap or page retirement recorded", XidClass.INFORMATIONAL,
-            "none now; reset the GPU later to apply", "yes"),
-        Xid(64, "Row remap or page retirement recording failed", _H, "reset the GPU", "no"),
-        Xid(68, "NVDEC0 exception", XidClass.APPLICATION, "restart the application", "no"),
-        Xid(69, "Graphics engine class error", XidClass.APPLICATION, "restart the application",
-            "no"),
-        Xid(74, "NVLink error", _H, "run the NVLink diagnosis; contact support", "no"),
-        Xid(79, "GPU has fallen off the bus", XidClass.FALLEN_OFF_BUS,
-            "reboot the node; contact support", "no (node level)"),
-        Xid(92, "High single-bit ECC error rate", XidClass.INFORMATIONAL, "none", "yes"),
-        Xid(94, "Contained ECC error", XidClass.CONTAINED_ECC,
-            "restart the application; the GPU stays usable", "no (the process dies)"),
-        Xid(95, "Uncontained ECC error", XidClass.UNCONTAINED_ECC, "reset the GPU", "no"),
-        Xid(109, "Context-switch timeout", _H, "reset the GPU", "no"),
-        Xid(119, "GSP RPC timeout", _H, "reset the GPU", "no"),
-        Xid(120, "GSP error", _H, "reset the GPU", "no"),
-        Xid(121, "C2C link error", XidClass.INFORMATIONAL, "none", "yes"),
-        Xid(136, "Link training failed", _H, "reset the GPU", "no"),
-        Xid(140, "Unrecovered ECC error", _H, "reset the GPU", "no"),
-        Xid(143, "GPU initialisation failure", _H, "reset the GPU", "no (GPU unusable)"),
-        *(Xid(c, "NVLink5 error", _H, "run the NVLink5 diagnosis", "no")
+        Xid(code=13, meaning="Graphics engine exception", cls=XidClass.APPLICATION,
+            action="restart the application", job_survives="no"),
+        Xid(code=31, meaning="GPU memory page fault", cls=XidClass.APPLICATION,
+            action="restart the application", job_survives="no"),
+        Xid(code=43, meaning="GPU stopped processing", cls=XidClass.APPLICATION,
+            action="none (the process was killed)", job_survives="no"),
+        Xid(code=45, meaning="Preemptive cleanup after another error",
+            cls=XidClass.INFORMATIONAL, action="follow the root XID", job_survives="depends"),
+        Xid(code=48, meaning="Double-bit ECC error", cls=XidClass.HARDWARE,
+            action="reset the GPU, drain if it repeats", job_survives="no"),
+        Xid(code=62, meaning="Internal micro-controller halt", cls=XidClass.HARDWARE,
+            action="reset the GPU", job_survives="no"),
+        Xid(code=63, meaning="Row remap or page retirement recorded",
+            cls=XidClass.INFORMATIONAL, action="none now; reset the GPU later to apply",
+            job_survives="yes"),
+        Xid(code=64, meaning="Row remap or page retirement recording failed",
+            cls=XidClass.HARDWARE, action="reset the GPU", job_survives="no"),
+        Xid(code=68, meaning="NVDEC0 exception", cls=XidClass.APPLICATION,
+            action="restart the application", job_survives="no"),
+        Xid(code=69, meaning="Graphics engine class error", cls=XidClass.APPLICATION,
+            action="restart the application", job_survives="no"),
+        Xid(code=74, meaning="NVLink error", cls=XidClass.HARDWARE,
+            action="run the NVLink diagnosis; contact support", job_survives="no"),
+        Xid(code=79, meaning="GPU has fallen off the bus", cls=XidClass.FALLEN_OFF_BUS,
+            action="reboot the node; contact support", job_survives="no (node level)"),
+        Xid(code=92, meaning="High single-bit ECC error rate", cls=XidClass.INFORMATIONAL,
+            action="none", job_survives="yes"),
+        Xid(code=94, meaning="Contained ECC error", cls=XidClass.CONTAINED_ECC,
+            action="restart the application; the GPU stays usable",
+            job_survives="no (the process dies)"),
+        Xid(code=95, meaning="Uncontained ECC error", cls=XidClass.UNCONTAINED_ECC,
+            action="reset the GPU", job_survives="no"),
+        Xid(code=109, meaning="Context-switch timeout", cls=XidClass.HARDWARE,
+            action="reset the GPU", job_survives="no"),
+        Xid(code=119, meaning="GSP RPC timeout", cls=XidClass.HARDWARE,
+            action="reset the GPU", job_survives="no"),
+        Xid(code=120, meaning="GSP error", cls=XidClass.HARDWARE,
+            action="reset the GPU", job_survives="no"),
+        Xid(code=121, meaning="C2C link error", cls=XidClass.INFORMATIONAL,
+            action="none", job_survives="yes"),
+        Xid(code=136, meaning="Link training failed", cls=XidClass.HARDWARE,
+            action="reset the GPU", job_survives="no"),
+        Xid(code=140, meaning="Unrecovered ECC error", cls=XidClass.HARDWARE,
+            action="reset the GPU", job_survives="no"),
+        Xid(code=143, meaning="GPU initialisation failure", cls=XidClass.HARDWARE,
+            action="reset the GPU", job_survives="no (GPU unusable)"),
+        *(Xid(code=c, meaning="NVLink5 error", cls=XidClass.HARDWARE,
+              action="run the NVLink5 diagnosis", job_survives="no")
           for c in range(144, 151)),
-        Xid(154, "Recovery action changed", XidClass.INFORMATIONAL,
-            "follow the recovery action it carries", "-"),
-        Xid(155, "NVLink software-defined error", _H, "reset the GPU", "no"),
-        Xid(156, "Recovery action required", _H, "reset the GPU", "no"),
-        Xid(158, "GPU fatal error", _H, "reset the GPU", "no"),
-        Xid(167, "PCIe fatal timeout", _H, "reboot the node", "no"),
+        Xid(code=154, meaning="Recovery action changed", cls=XidClass.INFORMATIONAL,
+            action="follow the recovery action it carries", job_survives="-"),
+        Xid(code=155, meaning="NVLink software-defined error", cls=XidClass.HARDWARE,
+            action="reset the GPU", job_survives="no"),
+        Xid(code=156, meaning="Recovery action required", cls=XidClass.HARDWARE,
+            action="reset the GPU", job_survives="no"),
+        Xid(code=158, meaning="GPU fatal error", cls=XidClass.HARDWARE,
+            action="reset the GPU", job_survives="no"),
+        Xid(code=167, meaning="PCIe fatal timeout", cls=XidClass.HARDWARE,
+            action="reboot the node", job_survives="no"),
     )
 }
 
