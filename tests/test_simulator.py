@@ -24,6 +24,13 @@ from harness.processes import (
     prometheus,
     wait_for,
 )
+from wandb_infra.catalog.alerts import RETIRED_PAGES_LIMIT, SBE_STORM_PER_WINDOW
+from wandb_infra.catalog.series import (
+    CLOCK_HW_POWER_BRAKE,
+    CLOCK_HW_SLOWDOWN,
+    CLOCK_HW_THERMAL,
+    IB_STATE_ACTIVE,
+)
 from wandb_infra.common.nodestate import parse_scontrol_nodes
 
 pytestmark = pytest.mark.integration
@@ -200,7 +207,7 @@ def test_thermal_fault_throttles(clock):
     fraction = (v1 - v0) / 60 / 1e9
     assert 0.5 < fraction <= 1.0  # nanoseconds of throttling per second of wall time
     reasons = int(one(cluster, "dcgm", host, "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", gpu="2"))
-    assert reasons & 0x40 and reasons & 0x8
+    assert reasons & CLOCK_HW_THERMAL and reasons & CLOCK_HW_SLOWDOWN
     assert one(cluster, "dcgm", host, "DCGM_FI_DEV_SM_CLOCK", gpu="2") < before_clock * 0.7
     tensor = one(cluster, "dcgm", host, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", gpu="2")
     assert tensor < before_tensor / 2
@@ -233,12 +240,14 @@ def test_stall_keeps_memory_and_drops_activity(clock):
 def test_link_faults(clock):
     cluster = make(clock)
     host = "gpu-node-001"
-    assert one(cluster, "node", host, "node_infiniband_state_id", device="mlx5_1") == 4
+    assert one(cluster, "node", host, "node_infiniband_state_id",
+               device="mlx5_1") == IB_STATE_ACTIVE
     cluster.inject("ib_down", host, device="mlx5_1")
     assert one(cluster, "node", host, "node_infiniband_state_id", device="mlx5_1") == 1
     assert one(cluster, "node", host, "node_infiniband_physical_state_id", device="mlx5_1") != 5
     assert one(cluster, "node", host, "node_infiniband_link_downed_total", device="mlx5_1") == 1
-    assert one(cluster, "node", host, "node_infiniband_state_id", device="mlx5_0") == 4
+    assert one(cluster, "node", host, "node_infiniband_state_id",
+               device="mlx5_0") == IB_STATE_ACTIVE
     cluster.inject("ib_flap", host, device="mlx5_2")
     states = set()
     for _ in range(30):
@@ -248,7 +257,8 @@ def test_link_faults(clock):
     assert one(cluster, "node", host, "node_infiniband_link_downed_total", device="mlx5_2") >= 2
     assert one(cluster, "node", host, "node_infiniband_symbol_error_total", device="mlx5_2") > 0
     cluster.clear(host, kind="ib_down")
-    assert one(cluster, "node", host, "node_infiniband_state_id", device="mlx5_1") == 4
+    assert one(cluster, "node", host, "node_infiniband_state_id",
+               device="mlx5_1") == IB_STATE_ACTIVE
     assert one(cluster, "node", host, "node_infiniband_link_downed_total", device="mlx5_1") == 1
 
 
@@ -284,7 +294,7 @@ def test_power_brake_and_ethernet_faults(clock):
     cluster.inject("power_brake", host, gpu=5)
     clock.now += 10
     reasons = int(one(cluster, "dcgm", host, "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", gpu="5"))
-    assert reasons & 0x80 and not reasons & 0x40
+    assert reasons & CLOCK_HW_POWER_BRAKE and not reasons & CLOCK_HW_THERMAL
     assert (one(cluster, "dcgm", host, "DCGM_FI_DEV_POWER_VIOLATION", gpu="5") - v0) / 10 > 0.25e9
     assert one(cluster, "dcgm", host, "DCGM_FI_DEV_SM_CLOCK", gpu="5") < 1500
     assert one(cluster, "node", host, "node_network_up", device="eth0") == 1
@@ -326,8 +336,9 @@ def test_row_remap_failure_and_sbe_storm(clock):
     clock.now += 60
     assert one(cluster, "dcgm", host, "DCGM_FI_DEV_ROW_REMAP_FAILURE", gpu="2") == 1
     assert one(cluster, "dcgm", host, "DCGM_FI_DEV_ROW_REMAP_FAILURE", gpu="3") == 0
-    assert one(cluster, "dcgm", host, "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", gpu="3") > 100
-    assert one(cluster, "dcgm", host, "DCGM_FI_DEV_RETIRED_SBE", gpu="3") >= 63
+    sbe = one(cluster, "dcgm", host, "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", gpu="3")
+    assert sbe > SBE_STORM_PER_WINDOW
+    assert one(cluster, "dcgm", host, "DCGM_FI_DEV_RETIRED_SBE", gpu="3") >= RETIRED_PAGES_LIMIT
     cluster.clear(host, gpu=2)
     assert one(cluster, "dcgm", host, "DCGM_FI_DEV_ROW_REMAP_FAILURE", gpu="2") == 0
 

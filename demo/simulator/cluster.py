@@ -9,7 +9,7 @@ cheap to scrape.
 Faults (``Cluster.inject`` or ``POST /control/fault``): xid, thermal, stall, ib_flap, ib_down,
 host_lost, nvlink, pcie, ecc_dbe, row_remap_pending, power_brake, eth_flap, eth_down, straggler
 (a GPU that keeps up less: lower utilisation and activity), row_remap_failure, sbe_storm
-(single-bit errors at a high rate, 64 pages retired); ``clear`` removes them.
+(single-bit errors at a high rate, pages retired past DCGM's limit); ``clear`` removes them.
 """
 
 from __future__ import annotations
@@ -44,6 +44,8 @@ from demo.simulator.model import (
     apply_rates,
     stable_int,
 )
+from wandb_infra.catalog.alerts import RETIRED_PAGES_LIMIT
+from wandb_infra.catalog.xid import XidClass, codes
 from wandb_infra.common.logsetup import log_fields
 
 log = logging.getLogger("demo.simulator")
@@ -64,7 +66,7 @@ ETH_DEVICES: tuple[str, ...] = ("eth0",)
 HOST_PREFIX = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]{0,50}")
 
 ECC_DBE_XIDS = frozenset({48, 94, 95})
-FALLEN_OFF_BUS_XID = 79
+FALLEN_OFF_BUS_XIDS = frozenset(codes(XidClass.FALLEN_OFF_BUS))
 
 
 class Cluster:
@@ -234,7 +236,7 @@ class Cluster:
             if code in ECC_DBE_XIDS:
                 for key in ("ecc_dbe_vol", "ecc_dbe_agg"):
                     gpu.counters[key].base += 1
-            if code == FALLEN_OFF_BUS_XID:
+            if code in FALLEN_OFF_BUS_XIDS:
                 gpu.faults.add("fallen_off_bus")
         elif kind == "ecc_dbe":
             for key in ("ecc_dbe_vol", "ecc_dbe_agg", "retired_dbe"):
@@ -248,7 +250,7 @@ class Cluster:
             if kind == "row_remap_failure":
                 gpu.counters["uncorrectable_remapped"].base += 1
             if kind == "sbe_storm":
-                gpu.counters["retired_sbe"].base += 64
+                gpu.counters["retired_sbe"].base += RETIRED_PAGES_LIMIT + 1
         apply_rates(gpu, now)
 
     def clear(self, host: str | None = None, gpu: int | None = None, kind: str | None = None,

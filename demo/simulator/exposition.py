@@ -25,11 +25,14 @@ from demo.simulator.model import (
     gauges,
     port_state,
 )
+from wandb_infra.catalog.alerts import duration_seconds
+from wandb_infra.catalog.series import XID_COUNT_WINDOW
 from wandb_infra.common import labels
 
 FLAVOURS: tuple[str, ...] = ("Hostname", "hostname", "4.9")
 EXPOSITION_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-XID_WINDOW_MS = 300_000
+# dcgm-exporter's --xid-count-window-size, the window the rules assume.
+XID_WINDOW_MS = round(duration_seconds(XID_COUNT_WINDOW) * 1000)
 MODEL_NAME = "NVIDIA H100 80GB HBM3"
 DRIVER_VERSION = "570.133.20"
 

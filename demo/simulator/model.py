@@ -14,16 +14,21 @@ import hashlib
 import math
 from dataclasses import dataclass, field
 
+from wandb_infra.catalog.series import (
+    CLOCK_HW_POWER_BRAKE,
+    CLOCK_HW_SLOWDOWN,
+    CLOCK_HW_THERMAL,
+    IB_STATE_ACTIVE,
+)
+
 POD_NAMESPACE = "ml"
 FB_TOTAL_MIB = 81_559
 IB_FLAP_PERIOD_S = 15.0
 IB_FLAP_DOWN_S = 3.0
 
-# Bits of DCGM_FI_DEV_CLOCKS_EVENT_REASONS (gpu-faults.md).
+# The GPU-idle bit of DCGM_FI_DEV_CLOCKS_EVENT_REASONS; the hardware bits the rules read come from
+# the catalog (gpu-faults.md).
 CLOCK_IDLE = 0x1
-CLOCK_HW_SLOWDOWN = 0x8
-CLOCK_HW_THERMAL = 0x40
-CLOCK_HW_POWER_BRAKE = 0x80
 
 
 class SimulatorError(ValueError):
@@ -225,9 +230,9 @@ def eth_up(eth: EthPort, now: float) -> int:
 
 
 def port_state(port: IbPort, now: float) -> tuple[int, int]:
-    """(state_id, physical_state_id): 4/5 active, 1/2 down (polling)."""
+    """(state_id, physical_state_id): active and LinkUp (5), or down (1) and polling (2)."""
     if port.fault == "ib_down":
         return 1, 2
     if port.fault == "ib_flap" and (now - port.fault_since) % IB_FLAP_PERIOD_S < IB_FLAP_DOWN_S:
         return 1, 2
-    return 4, 5
+    return IB_STATE_ACTIVE, 5
