@@ -9,16 +9,15 @@ that exists. ``python -m wandb_infra.dashboards.generate`` rewrites the committe
 Queries read the normalised series of ``alert_rules/`` (``hostname``/``gpu`` labels on every dcgm
 flavour) and take each range over ``$__rate_interval``: the ``*_over_time`` keeps a short spike
 (a temperature peak, a link that was down for one scrape) visible when Grafana's step is wider
-than the scrape interval. A query over records evaluated every few minutes (the slower tiers of
-``alert_rules/tiers.py``) gets that interval as its minimum step, so its graph does not break
-between two evaluations.
+than the scrape interval. Each query names the records it reads at every step; one reading records
+evaluated every few minutes (the slower tiers of ``alert_rules/tiers.py``) gets the slowest one's
+interval as its minimum step, so its graph does not break between two evaluations.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ from grafana_foundation_sdk.models import common as common_model
 from grafana_foundation_sdk.models import dashboard as model
 from grafana_foundation_sdk.models import prometheus as prom_model
 
-from wandb_infra.alert_rules.generate import record_tiers, records_read
+from wandb_infra.alert_rules.generate import record_tiers
 from wandb_infra.catalog import panels as catalog
 from wandb_infra.catalog import selfmetrics as m
 from wandb_infra.catalog import series
@@ -88,10 +87,12 @@ IB_STATES = {"1": ("Down", "red"), "2": ("Init", "orange"), "3": ("Armed", "yell
 
 @dataclass(frozen=True)
 class Query:
-    """One PromQL target and its legend."""
+    """One PromQL target, its legend, and the records it reads at every step (not those read over
+    the whole ``$__range``, always found): they set the target's minimum step."""
 
     expr: str
     legend: str
+    records: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -110,14 +111,14 @@ class PanelSpec:
     sparse: bool = False
 
 
-def over(fn: str, name: str, selector: str) -> str:
-    """``fn_over_time(name{selector}[$__rate_interval])``."""
-    return f"{fn}_over_time({name}{{{selector}}}[$__rate_interval])"
+def record_q(fn: str, record: str, selector: str, legend: str) -> Query:
+    """``fn_over_time(record{selector}[$__rate_interval])``."""
+    return Query(f"{fn}_over_time({record}{{{selector}}}[$__rate_interval])", legend, (record,))
 
 
-def gpu_q(fn: str, name: str, legend_suffix: str = "") -> Query:
-    """A per-GPU series, aggregated over the rate interval."""
-    return Query(over(fn, name, GPU_SELECTOR), GPU_LEGEND + legend_suffix)
+def gpu_q(fn: str, record: str, legend_suffix: str = "") -> Query:
+    """A per-GPU record, aggregated over the rate interval."""
+    return record_q(fn, record, GPU_SELECTOR, GPU_LEGEND + legend_suffix)
 
 
 def dcgm_q(fn: str, field: series.Field, legend_suffix: str = "") -> Query:
@@ -133,10 +134,12 @@ def util(fn: str) -> str:
                            f"{fn}_over_time", "$__rate_interval")
 
 
-def node_q(fn: str, metric: str, by: str) -> str:
-    """A node_exporter series of the selected hosts, named by host (joined at query time)."""
-    return series.node_with_host(f"{fn}_over_time({metric}[$__rate_interval])", by,
-                                 f"${labels.HOSTNAME}")
+def node_q(fn: str, metric: str, by: str, legend: str) -> Query:
+    """A node_exporter series of the selected hosts, named by host (joined at query time to the
+    node_exporter target map)."""
+    return Query(series.node_with_host(f"{fn}_over_time({metric}[$__rate_interval])", by,
+                                       f"${labels.HOSTNAME}"),
+                 legend, (series.NODE_EXPORTER_TARGET,))
 
 
 def alerts_table(alert_selector: str) -> Query:
@@ -199,8 +202,8 @@ def specs(alert_selector: str, scope: str) -> dict[str, PanelSpec]:
             "timeseries", "short",
             "XID errors reported by the driver, one line per GPU and XID code. 48, 94, 95 and "
             "79 are hardware faults; 13, 31, 43 usually come from the application.",
-            (Query(over("max", series.XID_EVENTS, GPU_SELECTOR),
-                   f"{GPU_LEGEND} XID {{{{xid}}}}"),), sparse=True),
+            (record_q("max", series.XID_EVENTS, GPU_SELECTOR, f"{GPU_LEGEND} XID {{{{xid}}}}"),),
+            sparse=True),
         "ecc_errors": PanelSpec(
             "timeseries", "short",
             f"Double- and single-bit ECC errors in the last {span(series.WEAR_WINDOW)}, pages "
@@ -224,7 +227,7 @@ def specs(alert_selector: str, scope: str) -> dict[str, PanelSpec]:
             "timeseries", "short",
             "GPUs dcgm-exporter reports per host (min over the interval). Fewer than the host "
             "has means a GPU fell off the bus or the driver lost it.",
-            (Query(over("min", series.HOST_GPU_COUNT, HOST_SELECTOR), HOST_LEGEND),)),
+            (record_q("min", series.HOST_GPU_COUNT, HOST_SELECTOR, HOST_LEGEND),)),
         "nvlink_errors": PanelSpec(
             "timeseries", "short",
             f"NVLink CRC errors per second and replay/recovery errors in the last "
@@ -260,26 +263,25 @@ def specs(alert_selector: str, scope: str) -> dict[str, PanelSpec]:
             "state", "none",
             "InfiniBand port state per host and HCA (min over the interval, so a short drop "
             "shows): Active is healthy, Down or Init breaks the job's collectives.",
-            (Query(node_q("min", "node_infiniband_state_id", "device, port"), LINK_LEGEND),),
+            (node_q("min", "node_infiniband_state_id", "device, port", LINK_LEGEND),),
             mappings=IB_STATES),
         "ib_errors": PanelSpec(
             "timeseries", "short",
             "InfiniBand physical errors per second (symbol, link integrity, remote physical) "
             f"and link-down events in the last {span(series.FLAP_WINDOW)}: flapping links stall "
             "NCCL.",
-            (Query(over("max", series.IB_PHYSICAL_ERRORS, HOST_SELECTOR),
-                   f"{LINK_LEGEND} errors/s"),
-             Query(over("max", series.IB_FLAPS, HOST_SELECTOR),
-                   f"{LINK_LEGEND} flaps {series.FLAP_WINDOW}")),
+            (record_q("max", series.IB_PHYSICAL_ERRORS, HOST_SELECTOR, f"{LINK_LEGEND} errors/s"),
+             record_q("max", series.IB_FLAPS, HOST_SELECTOR,
+                      f"{LINK_LEGEND} flaps {series.FLAP_WINDOW}")),
             sparse=True),
         "net_interfaces": PanelSpec(
             "timeseries", "short",
             "Ethernet/RoCE interfaces: up (1) or down (0), and carrier changes in the last "
             f"{span(series.FLAP_WINDOW)}.",
-            (Query(node_q("min", f"node_network_up{{{series.PHYSICAL_INTERFACES}}}", "device"),
-                   f"{HOST_LEGEND} {{{{device}}}} up"),
-             Query(over("max", series.NET_CARRIER_CHANGES, HOST_SELECTOR),
-                   f"{HOST_LEGEND} {{{{device}}}} carrier changes {series.FLAP_WINDOW}"))),
+            (node_q("min", f"node_network_up{{{series.PHYSICAL_INTERFACES}}}", "device",
+                    f"{HOST_LEGEND} {{{{device}}}} up"),
+             record_q("max", series.NET_CARRIER_CHANGES, HOST_SELECTOR,
+                      f"{HOST_LEGEND} {{{{device}}}} carrier changes {series.FLAP_WINDOW}"))),
         "pipeline_targets": PanelSpec(
             "timeseries", "short",
             "Whether Prometheus scrapes the exporter and the bridge (1 up, 0 down), found by the "
@@ -380,25 +382,21 @@ def node_variables() -> list[Any]:
 
 # ---- panels ----------------------------------------------------------------------------------
 
-RECORD_TIERS = {record: tier for record, tier in record_tiers().items() if tier is not None}
+RECORD_TIERS = record_tiers()
 
 
-# A record read over the dashboard's whole range: its last known value at every step.
-LAST_KNOWN = re.compile(r"[\w:]+(?:\{[^}]*\})?\[\$__range\]")
-
-
-def min_interval(expr: str) -> str | None:
-    """The slowest evaluation interval of the records ``expr`` reads at each step: a shorter
-    step or ``$__rate_interval`` would break the graph between two evaluations (records read
-    over ``$__range`` are always found)."""
-    found = [RECORD_TIERS[r] for r in records_read(LAST_KNOWN.sub("", expr), RECORD_TIERS)]
-    return max(found, key=duration_seconds, default=None)
+def min_interval(query: Query) -> str | None:
+    """The slowest evaluation interval of the records ``query`` reads at each step (None: every
+    cycle): a shorter step or ``$__rate_interval`` would break the graph between two
+    evaluations. A name that is no record is a KeyError."""
+    tiers = [tier for r in query.records if (tier := RECORD_TIERS[r]) is not None]
+    return max(tiers, key=duration_seconds, default=None)
 
 
 def _target(query: Query, ref: str, *, instant: bool = False) -> prometheus.Dataquery:
     target = (prometheus.Dataquery().expr(query.expr).ref_id(ref).datasource(DS)
               .legend_format(query.legend or "__auto"))
-    interval = min_interval(query.expr)
+    interval = min_interval(query)
     if interval and not instant:
         target = target.interval(interval)
     if instant:
