@@ -19,12 +19,14 @@ import requests
 
 from harness.bridge_payloads import T0, TOKEN, alert, notification
 from harness.bridge_process import BridgeProcess, bridge_env, section_blocks, start_bridge
-from harness.processes import wait_for
+from harness.processes import stays_true, wait_for
 from harness.wandb_standin import WandbStandin
 
 pytestmark = pytest.mark.integration
 
 RUNS = [f"r{i:02d}" for i in range(20)]
+TRANSIENT = 'wandb_infra_bridge_deliveries_total{outcome="transient"}'
+OLDEST = "wandb_infra_bridge_oldest_undelivered_seconds"
 
 
 def _assert_no_secrets(bridge: BridgeProcess, wb: WandbStandin) -> None:
@@ -54,17 +56,29 @@ def test_outage_503_then_429_retry_after_then_recovery(tmp_path: Path):
                                                    WANDB__TIMEOUT_SECONDS="0.5"))
         try:
             t_down = time.monotonic()
+
+            def refused_attempt_after(acked: float) -> None:
+                """W&B refused a delivery attempt that began after the update acknowledged at
+                ``acked``: each later update of "ordered" lands on a backlog already failing."""
+                wait_for(lambda: wb.calls(since=acked), 30,
+                         "a delivery attempt (refused with 503) after the update")
+
             assert bridge.post(notification([_node_down(r, f"h{r}") for r in RUNS])).ok
             assert bridge.post(notification([_node_down("ordered", "ha")])).ok
-            time.sleep(1)
+            refused_attempt_after(time.monotonic())
             assert bridge.post(notification([_node_down("ordered", "hb", minutes=20)])).ok
-            time.sleep(1)
+            refused_attempt_after(time.monotonic())
             assert bridge.post(notification([_node_down("ordered", "ha", end=True)])).ok
-            time.sleep(2)
+
+            def backlog_aged() -> bool:
+                m = bridge.metrics()
+                return m.get(TRANSIENT, 0) >= 2 and m.get(OLDEST, 0) >= 2
+            wait_for(backlog_aged, 30, "the metrics showing a backlog at least 2 s old and "
+                     "at least 2 transient delivery failures")
             m = bridge.metrics()
             assert m["wandb_infra_bridge_queue_runs"] == len(RUNS) + 1
-            assert m["wandb_infra_bridge_oldest_undelivered_seconds"] >= 2
-            assert m['wandb_infra_bridge_deliveries_total{outcome="transient"}'] >= 2
+            assert m[OLDEST] >= 2
+            assert m[TRANSIENT] >= 2
             down = wb.calls(since=t_down)
             assert len(down) / (time.monotonic() - t_down) <= 3, "no retry storm while down"
             assert all(r.status == 503 for r in down)
@@ -72,22 +86,31 @@ def test_outage_503_then_429_retry_after_then_recovery(tmp_path: Path):
             wb.clear_faults()
             wb.fail(429, times=None, retry_after="1.5")
             t_limited = time.monotonic()
-            time.sleep(5)
-            limited = wb.calls(since=t_limited)
+
+            def three_answered() -> list[tuple[float, int]] | None:
+                """(time, status) of the calls since the 429s began, once 3 have been answered
+                (two gaps to check) and none is still waiting for its answer."""
+                got = [(r.at, r.status) for r in wb.calls(since=t_limited)]
+                return got if len(got) >= 3 and all(status for _, status in got) else None
+            limited = wait_for(three_answered, 30, "3 calls answered with 429 + Retry-After")
             wb.clear_faults()
-            assert len(limited) >= 2 and all(r.status == 429 for r in limited)
-            gaps = [b.at - a.at for a, b in itertools.pairwise(limited)]
+            assert all(status == 429 for _, status in limited), limited
+            gaps = [b - a for (a, _), (b, _) in itertools.pairwise(limited)]
             assert min(gaps) >= 1.45, f"Retry-After 1.5 s not respected: {gaps}"
 
             # Writes that hang past the client timeout but are applied by W&B afterwards:
             # the retry must not duplicate anything.
             wb.slow(1.5, times=None, operation="BridgeUpsertBucket")
             t_hung = time.monotonic()
-            time.sleep(3)
-            wb.clear_faults()
-            hung = wb.calls("BridgeUpsertBucket", since=t_hung)
-            assert hung, "an upsert was attempted while W&B hung"
+            # Every upsert now answers after 1.5 s, past the 0.5 s client timeout: wait until one
+            # has been applied late (answered 200 after the client gave up), so the retry reads a
+            # run that already carries the write it believes failed.
+            wait_for(lambda: [r for r in wb.calls("BridgeUpsertBucket", since=t_hung)
+                              if r.status == 200], 30,
+                     "an upsert applied by W&B after the client timed out")
+            # read before recovery: no write can succeed while every upsert hangs
             assert bridge.metrics()["wandb_infra_bridge_queue_runs"] > 0
+            wb.clear_faults()
 
             wait_for(lambda: bridge.metrics()["wandb_infra_bridge_queue_runs"] == 0, 30,
                      what="backlog drained")
@@ -139,8 +162,12 @@ def test_permanent_failures_are_parked_counted_and_not_retried(tmp_path: Path):
             assert m["wandb_infra_bridge_parked_runs"] == 3
             assert m['wandb_infra_bridge_deliveries_total{outcome="parked"}'] == 3
             calls = len(wb.requests)
-            time.sleep(2.5)
-            assert len(wb.requests) == calls, "parked runs are not retried"
+            # A retry would come within ~1.2 s: the worker looks at the outbox at least every
+            # second (flush interval 0.2 s, backoff at most 1 s in bridge_env), and no delivered
+            # run is re-checked before state_check_interval (300 s). 2.5 s covers two such rounds.
+            stays_true(lambda: len(wb.requests) == calls, 2.5,
+                       "no W&B request after every run was delivered or parked "
+                       "(parked runs are not retried)")
 
             wb.revoke()
             assert bridge.post(notification([_node_down(r, f"x{r}", minutes=30)
@@ -151,8 +178,9 @@ def test_permanent_failures_are_parked_counted_and_not_retried(tmp_path: Path):
                        if r in delivered)
             rejected = len(wb.rejected)
             assert rejected == len(delivered), "one attempt per run, then parked"
-            time.sleep(2.5)
-            assert len(wb.rejected) == rejected and len(wb.requests) == calls
+            # as above: a retry of a run parked by the 401 would come within ~1.2 s
+            stays_true(lambda: len(wb.rejected) == rejected and len(wb.requests) == calls, 2.5,
+                       "no W&B request after the revoked key parked every run")
             _assert_no_secrets(bridge, wb)
         finally:
             assert bridge.stop() == 0
