@@ -45,7 +45,7 @@ class FaultProxy:
 
             def do_GET(self) -> None:
                 if proxy.mode == "hang":
-                    time.sleep(3)
+                    time.sleep(3)  # the simulated hang, past the sources' 1 s timeout; not a wait
                 if proxy.mode in ("hang", "garbage"):
                     self.send_response(200)
                     self.send_header("Content-Type", "application/json")
