@@ -22,6 +22,7 @@ from demo.simulator.server import serve
 from demo.stack import scale_rules
 from harness.processes import prom_query, prometheus, wait_for
 from wandb_infra.catalog import panels as catalog
+from wandb_infra.catalog import series
 from wandb_infra.catalog.alerts import ALERTS
 from wandb_infra.dashboards import generate
 
@@ -166,6 +167,9 @@ def stack(tmp_path_factory) -> Iterator[tuple[Cluster, str]]:
         with prometheus(config, workdir) as prom:
             _wait(prom.url, "count(up == 1) == 13")
             _wait(prom.url, "count(gpu:dcgm_gpu:present) == 48")
+            # NodeDown (and its panel) name a lost host only through the target map, recorded in
+            # its own slow group: a host lost before its first evaluation is never mapped.
+            _wait(prom.url, f"count({series.TARGET_HOSTS}) == {2 * len(cluster.hosts)}")
             for fault in {(f.kind, f.host, f.gpu, f.code, f.device) for f in FAULTS.values()}:
                 cluster.inject(*fault)
             yield cluster, prom.url
