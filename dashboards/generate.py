@@ -46,6 +46,7 @@ from wandb_infra.catalog.alerts import (
     duration_seconds,
 )
 from wandb_infra.catalog.series import span
+from wandb_infra.catalog.xid import XidClass, codes
 from wandb_infra.common import labels
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -142,6 +143,12 @@ def node_q(fn: str, metric: str, by: str, legend: str) -> Query:
                  legend, (series.NODE_EXPORTER_TARGET,))
 
 
+def _xids(cls: XidClass) -> str:
+    """The catalog's codes of one class as prose (``13, 31 and 43``), so the text follows it."""
+    *head, last = (str(c) for c in codes(cls))
+    return f"{', '.join(head)} and {last}" if head else last
+
+
 def alerts_table(alert_selector: str) -> Query:
     """Alerts that fired in the dashboard's time range, one row per alert and entity."""
     by = ", ".join(ALERT_LABELS)
@@ -200,8 +207,10 @@ def specs(alert_selector: str, scope: str) -> dict[str, PanelSpec]:
             (dcgm_q("avg", series.DCGM_POWER_USAGE),)),
         "xid_errors": PanelSpec(
             "timeseries", "short",
-            "XID errors reported by the driver, one line per GPU and XID code. 48, 94, 95 and "
-            "79 are hardware faults; 13, 31, 43 usually come from the application.",
+            "XID errors reported by the driver, one line per GPU and XID code. "
+            f"{_xids(XidClass.APPLICATION)} usually come from the application and "
+            f"{_xids(XidClass.INFORMATIONAL)} are informational; the other catalogued codes are "
+            "hardware faults (the runbook's XID catalog lists them).",
             (record_q("max", series.XID_EVENTS, GPU_SELECTOR, f"{GPU_LEGEND} XID {{{{xid}}}}"),),
             sparse=True),
         "ecc_errors": PanelSpec(
