@@ -46,7 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     """Run both scenarios end to end and print what a W&B user would read."""
     args = parse_args(argv)
     # SIGTERM (``kill``, a CI timeout) unwinds like Ctrl-C, so every service started is stopped.
+    # SIGINT too, even when started from a shell that ignores it for background jobs (``&``,
+    # nohup): Python then leaves it ignored, and Ctrl-C or ``kill -INT`` would do nothing.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     shutil.rmtree(args.workdir, ignore_errors=True)
     api_key = os.environ.get("WANDB_API_KEY") or None
     config = StackConfig(
