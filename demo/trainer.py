@@ -135,11 +135,13 @@ class TrainingJob:
 
     def drop_window(self, threshold: float = 0.8) -> tuple[float, float] | None:
         """(start, end) of the first period where MFU fell below ``threshold`` x its healthy
-        level (the 90th percentile of all samples)."""
-        if len(self.samples) < 3:
+        level: the highest median of three consecutive samples, so one spike does not raise it
+        and a drop lasting most of the run does not lower it (a percentile of all samples
+        would then be the dropped level)."""
+        values = [v for _, v in self.samples]
+        if len(values) < 3:
             return None
-        ordered = sorted(v for _, v in self.samples)
-        baseline = ordered[int(len(ordered) * 0.9)]
+        baseline = max(sorted(values[i:i + 3])[1] for i in range(len(values) - 2))
         start = end = None
         for ts, value in self.samples:
             if value < threshold * baseline:

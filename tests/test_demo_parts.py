@@ -57,6 +57,11 @@ def test_drop_window_brackets_the_low_period():
     assert job.drop_window() == (10.0, 11.0)
     job.samples = [(0.0, 0.5), (1.0, 0.5), (2.0, 0.5)]
     assert job.drop_window() is None
+    # a drop lasting most of the run (the demo's thermal scenario) is still a drop; a single
+    # spike is not the healthy level
+    job.samples = ([(float(t), 0.5) for t in range(4)] + [(4.0, 0.9)]
+                   + [(float(t), 0.1) for t in range(5, 60)] + [(60.0, 0.5)])
+    assert job.drop_window() == (5.0, 59.0)
 
 
 def test_report_puts_the_root_cause_first_and_groups_consequences():
