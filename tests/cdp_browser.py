@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import itertools
 import json
+import os
+import signal
 import subprocess
 import tempfile
 import time
@@ -15,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+
+from harness.processes import wait_for
 
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -36,7 +41,7 @@ class Browser:
     async def __aenter__(self) -> Browser:
         self.proc = subprocess.Popen(
             [CHROMIUM, *FLAGS, f"--user-data-dir={self.profile.name}", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         port_file = Path(self.profile.name) / "DevToolsActivePort"
         deadline = time.monotonic() + 30
         while not (port_file.exists() and port_file.read_text().strip()):
@@ -62,9 +67,20 @@ class Browser:
         await self.ws.close()
         await self.session.close()
         if self.proc is not None:
-            self.proc.terminate()
+            # Chromium's helpers (crashpad, utility processes) keep writing to the profile for a
+            # moment after the browser exits: stop the whole process group, then delete.
+            os.killpg(self.proc.pid, signal.SIGTERM)
             self.proc.wait(10)
-        self.profile.cleanup()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        wait_for(self._profile_removed, 10, "Chromium's profile directory to be removed", 0.2)
+
+    def _profile_removed(self) -> bool:
+        try:
+            self.profile.cleanup()
+        except OSError:
+            return False  # a helper that was just killed had written a file: try again
+        return True
 
     async def _read(self) -> None:
         async for msg in self.ws:
