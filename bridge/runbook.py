@@ -36,8 +36,7 @@ def _inline(text: str) -> str:
 
 def _section(e: runbook.Entry) -> str:
     a = e.alert
-    items = [("Meaning", f"<code>{escape(a.description)}</code>" if "{{" in a.description
-              else _inline(a.description)),
+    items = [("Meaning", _inline(a.description)),
              ("Impact on training", _inline(a.impact)),
              ("How to confirm", _inline(e.confirm)),
              ("What to do", _inline(a.remediation))]
