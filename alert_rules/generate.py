@@ -27,6 +27,7 @@ from wandb_infra.catalog.alerts import ALERTS, TEMPLATE_VALUES, AlertDef, durati
 from wandb_infra.catalog.template import Value, fill, placeholders
 from wandb_infra.catalog.xid import XIDS
 from wandb_infra.common.configfile import ConfigError, load_config
+from wandb_infra.common.generated import write_or_check
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -587,22 +588,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     root = Path(args.out_dir)
-    stale: list[str] = []
-    for rel, text in outputs(cfg).items():
-        path = root / rel
-        current = path.read_text(encoding="utf-8") if path.exists() else None
-        if current == text:
-            continue
-        stale.append(str(rel))
-        if not args.check:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text, encoding="utf-8")
-    if args.check and stale:
-        print("out of date: " + ", ".join(stale) + " (run: make generate)", file=sys.stderr)
-        return 1
-    for written in stale:
-        print(f"wrote {written}")
-    return 0
+    return write_or_check({root / rel: text for rel, text in outputs(cfg).items()}, args.check,
+                          lambda path: str(path.relative_to(root)))
 
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@ from wandb_infra.catalog.alerts import (
 from wandb_infra.catalog.series import span
 from wandb_infra.catalog.xid import XidClass, codes
 from wandb_infra.common import labels
+from wandb_infra.common.generated import write_or_check
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -522,27 +523,13 @@ def render() -> dict[Path, str]:
     }
 
 
-def stale_files(rendered: dict[Path, str]) -> list[Path]:
-    """Files whose committed text differs from the generator's output."""
-    return [p for p, text in rendered.items() if not p.exists() or p.read_text() != text]
-
-
 def main(argv: Iterable[str] | None = None) -> int:
     """Write the dashboards, or with --check report the ones that are out of date."""
     parser = argparse.ArgumentParser(description="Generate Grafana dashboards from the catalog.")
     parser.add_argument("--check", action="store_true",
                         help="write nothing; exit 1 if a committed dashboard differs")
     args = parser.parse_args(list(argv) if argv is not None else None)
-    rendered = render()
-    stale = stale_files(rendered)
-    if args.check:
-        for path in stale:
-            print(f"out of date: {path} (run: make generate)", file=sys.stderr)
-        return 1 if stale else 0
-    for path in stale:
-        path.write_text(rendered[path])
-        print(f"wrote {path}")
-    return 0
+    return write_or_check(render(), args.check)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import pytest
 
 from tests.rules import build
 from wandb_infra.alert_rules import generate as rules
+from wandb_infra.common import generated
 from wandb_infra.dashboards import generate as dashboards
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,8 +47,7 @@ def expected() -> dict[Path, str]:
 
 def stale() -> list[str]:
     """The generated files (relative paths) whose committed text differs from ``expected``."""
-    return sorted(str(path.relative_to(ROOT)) for path, text in expected().items()
-                  if not path.exists() or path.read_text(encoding="utf-8") != text)
+    return sorted(str(path.relative_to(ROOT)) for path in generated.stale(expected()))
 
 
 def test_every_generated_file_is_current():

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import yaml
 
+from wandb_infra.common.generated import write_or_check
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 GENERATED = HERE / "generated"
@@ -64,29 +66,14 @@ def committed_inputs() -> tuple[dict[str, str], str]:
     return dashboards, RULE_MANIFEST.read_text(encoding="utf-8")
 
 
-def stale(rendered: Mapping[Path, str]) -> list[Path]:
-    """The files whose committed text differs from ``rendered``."""
-    return [p for p, text in rendered.items()
-            if not p.exists() or p.read_text(encoding="utf-8") != text]
-
-
 def main(argv: list[str] | None = None) -> int:
     """Write the manifests, or with --check exit 1 if a committed one is stale."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true",
                         help="do not write; exit 1 if a committed file differs")
     args = parser.parse_args(argv)
-    rendered = render(*committed_inputs())
-    out_of_date = stale(rendered)
-    if args.check:
-        for path in out_of_date:
-            print(f"out of date: {path.relative_to(ROOT)} (run: make generate)", file=sys.stderr)
-        return 1 if out_of_date else 0
-    GENERATED.mkdir(exist_ok=True)
-    for path in out_of_date:
-        path.write_text(rendered[path], encoding="utf-8")
-        print(f"wrote {path.relative_to(ROOT)}")
-    return 0
+    return write_or_check(render(*committed_inputs()), args.check,
+                          lambda path: str(path.relative_to(ROOT)))
 
 
 if __name__ == "__main__":

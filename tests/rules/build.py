@@ -20,6 +20,7 @@ import yaml
 
 from wandb_infra.alert_rules import generate
 from wandb_infra.catalog.alerts import ALERTS
+from wandb_infra.common.generated import write_or_check
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -728,28 +729,14 @@ def default_cfg() -> dict[str, Any]:
     return generate.options(generate.parse_args([]))
 
 
-def stale(files_: dict[str, str]) -> list[Path]:
-    """The test files whose committed text differs from ``files_``."""
-    return [HERE / name for name, text in files_.items()
-            if not (HERE / name).exists() or (HERE / name).read_text(encoding="utf-8") != text]
-
-
 def main(argv: list[str] | None = None) -> int:
     """Rewrite every test file, or with --check exit 1 if a committed one is stale."""
     parser = argparse.ArgumentParser(description="Build the promtool unit tests in tests/rules/.")
     parser.add_argument("--check", action="store_true",
                         help="write nothing; exit 1 if a committed file differs")
     args = parser.parse_args(argv)
-    built = files(default_cfg())
-    out_of_date = stale(built)
-    if args.check:
-        for path in out_of_date:
-            print(f"out of date: tests/rules/{path.name} (run: make generate)", file=sys.stderr)
-        return 1 if out_of_date else 0
-    for path in out_of_date:
-        path.write_text(built[path.name], encoding="utf-8")
-        print(f"wrote tests/rules/{path.name}")
-    return 0
+    return write_or_check({HERE / name: text for name, text in files(default_cfg()).items()},
+                          args.check, lambda path: f"tests/rules/{path.name}")
 
 
 if __name__ == "__main__":
