@@ -15,6 +15,7 @@ from dataclasses import replace
 
 from wandb_infra.bridge.config import ENV_PREFIX, HELP, BridgeConfig, load
 from wandb_infra.bridge.explain_cli import add_parser as add_explain
+from wandb_infra.bridge.store import StoreLocked, StoreTooNew
 from wandb_infra.common.configfile import ConfigError
 from wandb_infra.common.logsetup import setup_logging
 
@@ -43,6 +44,9 @@ def _serve(args: argparse.Namespace) -> int:
     setup_logging(args.log_level or str(cfg.raw["log_level"]), cfg.secrets.all())
     try:
         asyncio.run(serve_main(cfg))
+    except (StoreLocked, StoreTooNew) as exc:  # one line, no traceback
+        print(f"wandb-infra-bridge: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:
         log.error("cannot serve: %s", exc)
         return 1

@@ -104,6 +104,13 @@ class DeliveryWorker:
         self._next_refresh = 0.0
         self.quarantine = build_quarantine(policy.quarantine,
                                            Path(store.path).resolve().parent)
+        self._audit_status()
+
+    def _audit_status(self) -> None:
+        """The quarantine audit log's health on /metrics (damage never stops the bridge)."""
+        if self.quarantine is not None:
+            self.metrics.audit_damaged.set(len(self.quarantine.audit_problems))
+            self.metrics.audit_writable.set(int(self.quarantine.audit_writable))
 
     # thread ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -195,6 +202,7 @@ class DeliveryWorker:
             diagnosis = diagnose(self.store.facts(run), timedelta(seconds=self.policy.incident_gap))
             for issue in diagnosis.open_issues:
                 self.quarantine.consider(issue)
+        self._audit_status()
 
     def _refresh_remediation(self, now: float) -> int:
         """Re-project recently active runs whose faulty hosts' state changed since their last

@@ -62,3 +62,12 @@ class BridgeMetrics:
         self.store_ok = Gauge(PREFIX + "store_writable",
                               "1 when the last store write succeeded.", registry=r)
         self.store_ok.set(1)
+        self.audit_damaged = Gauge(PREFIX + "quarantine_audit_damaged_lines",
+                                   "Lines of the quarantine audit log skipped as damaged (bad "
+                                   "bytes, truncated) when it was read; the log names them.",
+                                   registry=r)
+        self.audit_writable = Gauge(PREFIX + "quarantine_audit_writable",
+                                    "0 while the quarantine audit log cannot be written (then "
+                                    "nothing is quarantined: no record, no action).",
+                                    registry=r)
+        self.audit_writable.set(1)

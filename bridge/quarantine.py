@@ -13,18 +13,32 @@ Reason=...``) or cordoned and tainted in Kubernetes (one merge PATCH carrying th
   already out of the pool is left alone;
 * never returns a node to service: there is no resume or uncordon anywhere in this module;
 * every decision (done, would do in dry run, skipped, refused by the breaker, failed) is one JSON
-  line in the audit log and is shown in the issue.
+  line in the audit log and is shown in the issue;
+* alert content is untrusted: a host name must be exactly one node (``one_node``: no host lists,
+  Slurm hostlist ranges, wildcards, ``ALL`` or spaces), and Slurm must name exactly that node
+  for it, before any scheduler action;
+* no record, no action: an ``acting`` line is written and fsynced before the scheduler is
+  asked; if the audit log cannot be written nothing is done. An ``acting`` line without its
+  result (a crash in between) counts as done for the breaker and is never repeated;
+* one audit log, one breaker: each decision is taken under an exclusive ``flock`` of the audit
+  log after reading what other processes appended, so processes sharing it share the breaker
+  (the bridge also refuses to start on a store another bridge holds, see ``store.lock``);
+* a damaged audit log (bad bytes, a truncated line) is reported (``audit_problems``, the log,
+  ``/metrics``) and skipped line by line; it never stops the bridge from starting.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
+import re
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +63,25 @@ DEFAULTS: dict[str, Any] = {
     "kubernetes": {},
 }
 RETRY_SECONDS = 300.0  # a refused or failed (issue, host) is looked at again after this
+MAX_HOST_CHARS = 253  # a DNS name; longer label text is refused (and clipped in the audit log)
+# One node name: DNS labels (letters, digits, '-' and '_' inside), dot-separated. Everything
+# Slurm or Kubernetes would read as more than one node is outside it: ',' lists, '[02-40]'
+# hostlist ranges, '*' / '?' wildcards, spaces, '=' (another scontrol argument), '/'.
+_NODE_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9])?"
+                        r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9])?)*")
+_RESERVED = {"all", "localhost"}
+
+
+def one_node(host: str) -> str | None:
+    """Why ``host`` is not exactly one node name (None when it is)."""
+    if not host or len(host) > MAX_HOST_CHARS:
+        return f"host name of {len(host)} characters is not one node name"
+    if not _NODE_NAME.fullmatch(host):
+        return ("host name is not one node name (host lists, hostlist ranges, wildcards, "
+                "spaces and other punctuation are refused)")
+    if host.lower() in _RESERVED:
+        return f"host name '{host}' is reserved, not one node"
+    return None
 
 
 class QuarantineError(RuntimeError):
@@ -62,7 +95,7 @@ class Decision:
     at: float
     issue: str
     host: str
-    outcome: str  # done | dry_run | already_out | refused | failed
+    outcome: str  # acting (before acting) | done | dry_run | already_out | refused | failed
     detail: str
 
     def text(self) -> str:
@@ -74,6 +107,8 @@ class Decision:
             "already_out": f"{self.host} was already out of the pool at {when}",
             "refused": f"not quarantined {self.host}: {self.detail}",
             "failed": f"quarantine of {self.host} failed at {when}: {self.detail}",
+            "acting": f"quarantine of {self.host} started at {when}; its result was not "
+                      "recorded (the bridge stopped meanwhile); counted as done",
         }.get(self.outcome, self.detail)
 
 
@@ -96,13 +131,20 @@ class SlurmActions:
 
     def in_pool(self, host: str) -> bool:
         """Whether new jobs may start on ``host`` now."""
+        if one_node(host) is not None:  # never hand Slurm a hostlist expression
+            raise QuarantineError(f"not one node name: {host[:80]!r}")
         nodes = parse_scontrol_nodes(self._call("show", "node", "-o", host))
         if not nodes:
             raise QuarantineError(f"Slurm does not know node {host}")
+        if len(nodes) != 1 or nodes[0].hostname != host:
+            raise QuarantineError(f"Slurm names {len(nodes)} node(s) for {host!r}, not exactly "
+                                  "that one node")
         return nodes[0].schedulable
 
     def isolate(self, host: str, reason: str) -> str:
         """Drain: running jobs finish, no new job starts."""
+        if one_node(host) is not None:
+            raise QuarantineError(f"not one node name: {host[:80]!r}")
         self._call("update", f"NodeName={host}", "State=DRAIN", f"Reason={reason}")
         return f"drained, reason '{reason}'"
 
@@ -126,6 +168,8 @@ class KubernetesActions:
     def _get(self, host: str) -> dict[str, Any]:
         """The Node named ``host``, or the one node whose name's first DNS label is ``host``
         (the exporter strips domains, so alerts may name ``gpu01`` for ``gpu01.example``)."""
+        if one_node(host) is not None:  # never a path such as '../nodes' or a selector
+            raise QuarantineError(f"not one node name: {host[:80]!r}")
         resp = self._request("GET", f"/api/v1/nodes/{host}")
         if resp.status_code == 404:
             found = [n for n in self._nodes()
@@ -173,7 +217,8 @@ class KubernetesActions:
 
 
 class Quarantine:
-    """Decides and (unless dry run) acts; thread-safe; the audit log is its memory."""
+    """Decides and (unless dry run) acts; thread-safe; the audit log is its memory, shared with
+    every process that appends to the same file (each decision holds its ``flock``)."""
 
     def __init__(self, cfg: Mapping[str, Any], actions: SlurmActions | KubernetesActions,
                  audit_log: Path, clock: Callable[[], float] = time.time) -> None:
@@ -184,12 +229,58 @@ class Quarantine:
         self.actions, self.audit_log, self.clock = actions, audit_log, clock
         self._lock = threading.Lock()
         self._decisions: list[Decision] = []
-        if audit_log.exists():
-            for line in audit_log.read_text(encoding="utf-8").splitlines():
-                try:
-                    self._decisions.append(Decision(**json.loads(line)))
-                except (ValueError, TypeError):
-                    continue
+        self._offset = 0  # bytes of the audit log already read
+        self._lineno = 0
+        self.audit_problems: list[str] = []  # damaged lines skipped (reported, never fatal)
+        self.audit_writable = True
+        try:
+            with self.audit_log.open("rb") as handle:
+                self._read_new(handle, at_start=True)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            self.audit_problems.append(f"cannot read the audit log: {exc}")
+        if self.audit_problems:
+            log.error("quarantine audit log damaged; the damaged lines are skipped",
+                      extra=log_fields(audit_log=str(self.audit_log),
+                                       problems="; ".join(self.audit_problems[:5]),
+                                       count=len(self.audit_problems)))
+
+    def _read_new(self, handle: Any, at_start: bool = False) -> None:
+        """Read the complete lines appended since the last read (other processes' decisions);
+        a line that is not UTF-8 JSON of a decision is skipped and reported. A last line
+        without its newline is a truncated write when found at start (reported; the next
+        record starts on a new line), and another writer's line in progress otherwise."""
+        handle.seek(self._offset)
+        data = handle.read()
+        complete, newline, rest = data.rpartition(b"\n")
+        lines = complete.split(b"\n") if newline else []
+        self._offset += len(complete) + len(newline)
+        for raw in lines:
+            self._lineno += 1
+            self._parse(raw)
+        if rest and at_start:
+            self._lineno += 1
+            self._offset += len(rest)
+            self.audit_problems.append(f"line {self._lineno}: truncated ({len(rest)} bytes "
+                                       "without a newline)")
+
+    def _parse(self, raw: bytes) -> None:
+        if not raw.strip():
+            return
+        try:
+            fields = json.loads(raw.decode("utf-8"))
+            if not isinstance(fields, dict):
+                raise TypeError("not an object")
+            decision = Decision(**fields)
+            if not isinstance(decision.at, int | float) or not isinstance(decision.host, str):
+                raise TypeError("bad field types")
+        except (ValueError, TypeError) as exc:
+            problem = "not UTF-8" if isinstance(exc, UnicodeDecodeError) else \
+                f"not a decision ({type(exc).__name__})"
+            self.audit_problems.append(f"line {self._lineno}: {problem}")
+            return
+        self._decisions.append(decision)
 
     @staticmethod
     def wanted(issue: Issue) -> bool:
@@ -199,37 +290,79 @@ class Quarantine:
                 and root.severity == "critical")
 
     def decisions(self, issue_key: str) -> list[Decision]:
-        """What was decided for an issue (shown in it)."""
+        """What was decided for an issue (shown in it): an ``acting`` line followed by its
+        result shows the result only."""
         with self._lock:
-            return [d for d in self._decisions if d.issue == issue_key]
+            mine = [d for d in self._decisions if d.issue == issue_key]
+        return [d for i, d in enumerate(mine) if d.outcome != "acting"
+                or not any(later.host == d.host for later in mine[i + 1:])]
 
     def consider(self, issue: Issue) -> list[Decision]:
         """Act on the issue's faulty hosts where allowed; returns the new decisions."""
         if not self.wanted(issue):
             return []
         out = []
-        final = {"done", "already_out", *(("dry_run",) if self.dry_run else ())}
-        with self._lock:
-            for host in faulty_hosts(issue):
+        final = {"done", "already_out", "acting", *(("dry_run",) if self.dry_run else ())}
+        with self._lock, self._shared() as handle:
+            # clipped: a forged label of any length is refused without being stored whole
+            for host in (h[:MAX_HOST_CHARS + 1] for h in faulty_hosts(issue)):
                 last = next((d for d in reversed(self._decisions)
                              if d.issue == issue.key and d.host == host), None)
                 if last is not None and (last.outcome in final
                                          or self.clock() - last.at < RETRY_SECONDS):
                     continue  # one action per (issue, host): idempotent, never undone
-                decision = self._decide(issue, host)
-                self._record(decision)
+                decision = self._decide(issue, host, handle)
+                self._record(decision, handle)
                 out.append(decision)
         return out
 
-    def _decide(self, issue: Issue, host: str) -> Decision:
+    @contextlib.contextmanager
+    def _shared(self) -> Iterator[Any]:
+        """The audit log opened for appending under an exclusive ``flock``, with what other
+        processes appended read first (None when it cannot be opened: nothing is acted on)."""
+        try:
+            self.audit_log.parent.mkdir(parents=True, exist_ok=True)
+            handle = self.audit_log.open("a+b")
+        except OSError as exc:
+            self._audit_failed(exc)
+            yield None
+            return
+        with handle:
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+                self._read_new(handle)
+            except OSError as exc:
+                self._audit_failed(exc)
+                yield None
+                return
+            try:
+                yield handle
+            finally:
+                with contextlib.suppress(OSError):
+                    fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+    def _audit_failed(self, exc: OSError) -> None:
+        if self.audit_writable:
+            log.error("quarantine audit log not writable: nothing is quarantined until it is",
+                      extra=log_fields(audit_log=str(self.audit_log), error=str(exc)))
+        self.audit_writable = False
+
+    def _decide(self, issue: Issue, host: str, handle: Any) -> Decision:
         now = self.clock()
         reason = f"wandb-infra: {issue.root.alertname} {issue.where}"[:200]
+        invalid = one_node(host)
+        if invalid is not None:
+            return Decision(now, issue.key, host, "refused", invalid)
+        if handle is None:
+            return Decision(now, issue.key, host, "failed",
+                            "audit log not writable: nothing done (no record, no action)")
         try:
             if not self.actions.in_pool(host):
                 return Decision(now, issue.key, host, "already_out", "")
-            counted = {"done", *(("dry_run",) if self.dry_run else ())}
+            counted = {"done", "acting", *(("dry_run",) if self.dry_run else ())}
             recent = {d.host for d in self._decisions
-                      if d.outcome in counted and d.at > now - self.window}
+                      if d.outcome in counted and d.at > now - self.window
+                      and one_node(d.host) is None}
             fleet = self.actions.fleet_size()
             limit = min(self.max_nodes, int(self.max_fraction * fleet))
             if len(recent) >= limit:
@@ -239,22 +372,51 @@ class Quarantine:
                 return Decision(now, issue.key, host, "refused", detail)
             if self.dry_run:
                 return Decision(now, issue.key, host, "dry_run", f"reason '{reason}'")
-            return Decision(now, issue.key, host, "done", self.actions.isolate(host, reason))
+            intent = Decision(now, issue.key, host, "acting", f"reason '{reason}'")
+            if not self._record(intent, handle):  # no record, no action
+                return Decision(now, issue.key, host, "failed",
+                                "audit log not writable: nothing done (no record, no action)")
+            return Decision(self.clock(), issue.key, host, "done",
+                            self.actions.isolate(host, reason))
         except QuarantineError as exc:
             return Decision(now, issue.key, host, "failed", str(exc))
 
-    def _record(self, decision: Decision) -> None:
+    def _record(self, decision: Decision, handle: Any) -> bool:
+        """Append the decision durably (fsync); False when the audit log cannot be written
+        (the decision is still remembered in memory, so it is not retried at once)."""
         self._decisions.append(decision)
-        self.audit_log.parent.mkdir(parents=True, exist_ok=True)
-        with self.audit_log.open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(decision.__dict__) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
+        written = False
+        if handle is not None:
+            try:
+                handle.seek(0, os.SEEK_END)
+                if handle.tell() and handle.tell() != self._offset:
+                    self._read_new(handle)
+                line = json.dumps(decision.__dict__).encode() + b"\n"
+                if handle.tell() and not self._ends_with_newline(handle):
+                    line = b"\n" + line  # after a truncated line: start a new one
+                handle.write(line)
+                handle.flush()
+                os.fsync(handle.fileno())
+                self._offset = handle.tell()
+                self._lineno += line.count(b"\n")
+                written = True
+            except OSError as exc:
+                self._audit_failed(exc)
+        if written:
+            self.audit_writable = True
         level = logging.WARNING if decision.outcome in ("done", "refused", "failed") \
             else logging.INFO
         log.log(level, "quarantine decision", extra=log_fields(
-            host=decision.host, outcome=decision.outcome, issue=decision.issue,
-            detail=decision.detail))
+            host=decision.host[:80], outcome=decision.outcome, issue=decision.issue,
+            detail=decision.detail, recorded=written))
+        return written
+
+    @staticmethod
+    def _ends_with_newline(handle: Any) -> bool:
+        handle.seek(-1, os.SEEK_END)
+        last = handle.read(1)
+        handle.seek(0, os.SEEK_END)
+        return bool(last == b"\n")
 
 
 def check(raw: Mapping[str, Any] | None) -> dict[str, Any]:

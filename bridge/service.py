@@ -21,6 +21,7 @@ from wandb_infra.bridge.identity import IdentityReader, PrometheusRunLookup
 from wandb_infra.bridge.markers import SdkMarkerWriter, startup_checks
 from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.store import Store, StoreError
+from wandb_infra.bridge.store import lock as lock_store
 from wandb_infra.bridge.wandb_client import WandbClient
 from wandb_infra.bridge.webhook import BridgeContext, Credentials, PageAuth, create_app
 from wandb_infra.common.logsetup import log_fields
@@ -31,7 +32,9 @@ log = logging.getLogger(__name__)
 def build(cfg: BridgeConfig) -> BridgeContext:
     """Store, identity reader, W&B client and worker (when a key is configured), app context."""
     raw = cfg.raw
+    held = lock_store(cfg.store_path)  # one store, one active bridge (StoreLocked otherwise)
     store = Store(cfg.store_path, int(raw["store"]["min_free_bytes"]))
+    store.lock_handle = held
     try:
         store.probe()
     except StoreError as exc:

@@ -12,7 +12,9 @@ it into a 503 so Alertmanager keeps the notification and retries.
 
 from __future__ import annotations
 
+import fcntl
 import json
+import logging
 import operator
 import os
 import sqlite3
@@ -31,7 +33,10 @@ import orjson
 from wandb_infra.bridge.diagnosis import AlertFact
 from wandb_infra.bridge.identity import Identity, IdentityReader
 from wandb_infra.bridge.payload import Notification
+from wandb_infra.common.logsetup import log_fields
 from wandb_infra.common.runkey import RunKey
+
+log = logging.getLogger(__name__)
 
 # Alerts are clustered by run, then start time, then fingerprint (WITHOUT ROWID: the primary key is
 # the table, one b-tree written per alert). A notification's alerts land next to each other at
@@ -134,6 +139,51 @@ class StoreError(RuntimeError):
     """The store could not read or write (disk full, read-only, corrupt): retry later."""
 
 
+class StoreTooNew(StoreError):
+    """The store was written by a newer bridge: refusing to use it (the message says so)."""
+
+
+class StoreLocked(RuntimeError):
+    """Another bridge process holds the store (one store, one active bridge)."""
+
+
+def lock(path: str | Path) -> object | None:
+    """Take the exclusive lock of the store at ``path`` for this process's lifetime: a
+    ``flock`` on ``<store>.lock`` in its directory, held by the returned open file (keep a
+    reference). Raises ``StoreLocked`` with the holder's pid when another process holds it.
+    A lock file that cannot be created (read-only disk before the first start) is logged and
+    the bridge runs unlocked, answering 503 anyway until the disk is writable."""
+    lock_path = Path(str(path) + ".lock")
+    handle = None
+    with suppress(OSError):
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+    for mode in ("a+", "r"):  # a read-only disk still lets an existing lock file be locked
+        try:
+            handle = lock_path.open(mode, encoding="utf-8")
+            break
+        except OSError as exc:
+            error = exc
+    if handle is None:
+        log.warning("cannot create the store lock; running without it",
+                    extra=log_fields(lock=str(lock_path), error=str(error)))
+        return None
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        with suppress(OSError):
+            handle.seek(0)
+        holder = handle.read(20).strip() or "unknown"
+        handle.close()
+        raise StoreLocked(f"another bridge (pid {holder}) is using the store {path} (lock "
+                          f"{lock_path}); one store, one active bridge: refusing to start") \
+            from exc
+    with suppress(OSError):
+        handle.truncate(0)
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+    return handle
+
+
 @dataclass(frozen=True)
 class IngestResult:
     """What one notification changed."""
@@ -214,6 +264,11 @@ def _prepare(conn: sqlite3.Connection) -> None:
     conn.execute("BEGIN IMMEDIATE")
     try:
         version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise StoreTooNew(f"store {conn.execute('PRAGMA database_list').fetchone()[2]} has "
+                              f"schema version {version}, written by a newer bridge; this bridge "
+                              f"knows versions up to {SCHEMA_VERSION} and will not use it "
+                              "(upgrade the bridge, or point store.path at a new file)")
         if version < SCHEMA_VERSION:
             old = conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND "
                                "name='alerts'").fetchone()
@@ -243,15 +298,37 @@ class Store:
         self.min_free_bytes = min_free_bytes
         self._local = threading.local()
         self._seq_lock = threading.Lock()
+        self._heal_lock = threading.Lock()
+        self._generation = 0  # bumped when the files were lost: every thread reconnects
         self._schema_ready = False
+        self.lock_handle: object | None = None  # ``lock``'s file, held by the service
         # A read-only or full disk at start, or a state directory that cannot be created yet,
         # is not fatal: every use retries opening (and creating the directory), so the webhook
-        # answers 503 and /readyz fails until the disk is back, then all works again.
-        with suppress(StoreError):
+        # answers 503 and /readyz fails until the disk is back, then all works again. A store
+        # from a newer bridge is (StoreTooNew).
+        try:
             self._conn()
+        except StoreTooNew:
+            raise
+        except StoreError:
+            pass
+
+    def _files(self) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
+        """(device, inode) of the database and WAL files at the store's path (None: absent)."""
+        out: list[tuple[int, int] | None] = []
+        for name in (self.path, self.path + "-wal"):
+            try:
+                st = os.stat(name)
+                out.append((st.st_dev, st.st_ino))
+            except OSError:
+                out.append(None)
+        return out[0], out[1]
 
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
+        if conn is not None and getattr(self._local, "generation", 0) != self._generation:
+            self._abandon(conn)  # its files were lost and healed by another thread
+            conn = None
         if conn is None:
             try:
                 os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
@@ -267,15 +344,84 @@ class Store:
                 if not self._schema_ready:
                     _prepare(conn)
                     self._schema_ready = True
+            except StoreTooNew:
+                conn.close()
+                raise
             except sqlite3.Error as exc:
                 conn.close()
                 raise StoreError(f"cannot open store {self.path}: {exc}") from exc
             self._local.conn = conn
+            self._local.generation = self._generation
+            self._local.files = self._files()
         return conn
+
+    def _abandon(self, conn: sqlite3.Connection) -> None:
+        """Drop this thread's connection to lost files."""
+        self._local.conn = None
+        with suppress(sqlite3.Error):
+            conn.close()
+
+    def _check_files(self, conn: sqlite3.Connection) -> None:
+        """Raise ``StoreError`` (after healing) when the database or WAL file this thread's
+        connection writes to is no longer the one at the store's path: vanished or replaced,
+        a commit would land in a file lost at the next restart."""
+        db, wal = self._files()
+        want_db, want_wal = self._local.files
+        if want_wal is None and wal is not None and db == want_db:
+            self._local.files = (want_db, wal)  # the WAL appeared with the first write
+            want_wal = wal
+        if db == want_db and wal == want_wal:
+            return
+        what = ("database file " + ("vanished" if db is None else "was replaced")
+                if db != want_db else "WAL file " + ("vanished" if wal is None
+                                                     else "was replaced"))
+        healed = self._heal(conn, db != want_db, db is None)
+        raise StoreError(f"store {what} under the running bridge; {healed}; retry")
+
+    def _heal(self, conn: sqlite3.Connection, db_lost: bool, db_gone: bool) -> str:
+        """Save what this connection still sees, then make every thread reconnect. A lost WAL's
+        frames are checkpointed into the database through the connection's open descriptor
+        (nothing acknowledged is lost). A lost database is copied out with the backup API: back
+        to its path when it vanished, next to the replacement when it was replaced."""
+        with self._heal_lock:
+            if getattr(self._local, "generation", 0) != self._generation:
+                self._abandon(conn)
+                return "already healed by another thread"
+            result = "reopened"
+            try:
+                busy, _frames, done = conn.execute("PRAGMA wal_checkpoint(FULL)").fetchone()
+                result = f"{done} WAL frame(s) checkpointed" if not busy else \
+                    "checkpoint busy"
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                if db_lost:
+                    target = self.path if db_gone else \
+                        f"{self.path}.replaced-{time.strftime('%Y%m%dT%H%M%S')}"
+                    copy = sqlite3.connect(target + ".tmp")
+                    try:
+                        conn.backup(copy)
+                    finally:
+                        copy.close()
+                    os.replace(target + ".tmp", target)
+                    result += f"; the bridge's copy saved to {target}"
+            except (sqlite3.Error, OSError) as exc:
+                result = f"could not save the lost file's content: {exc}"
+            log.error("store file lost under the running bridge; healing", extra=log_fields(
+                store=self.path, action=result))
+            self._generation += 1
+            self._schema_ready = False  # a replacement is checked (version) and prepared
+            # The new connection opens before the old one closes, so closing it is never the
+            # "last connection" that deletes the WAL at the path (now the new connection's).
+            self._local.conn = None
+            with suppress(StoreError):
+                self._conn()
+            with suppress(sqlite3.Error):
+                conn.close()
+            return result
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
         conn = self._conn()
+        self._check_files(conn)
         try:
             conn.execute("BEGIN IMMEDIATE")
             yield conn
@@ -285,6 +431,9 @@ class Store:
                 with suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
             raise StoreError(f"store write failed: {exc}") from exc
+        # Checked again after the commit: one that went into a lost file is not acknowledged
+        # (the caller answers 503; its retry is a duplicate).
+        self._check_files(conn)
 
     def _read(self, sql: str, params: tuple = ()) -> list[sqlite3.Row]:
         try:

@@ -81,7 +81,7 @@ def test_cordon_and_taint_with_conflict_retry(k8s, tmp_path):
     assert quarantine(k8s, tmp_path).consider(issue) == []
     assert len(k8s.patches) == 1
     assert [json.loads(line)["outcome"] for line in
-            (tmp_path / "audit.jsonl").read_text().splitlines()] == ["done"]
+            (tmp_path / "audit.jsonl").read_text().splitlines()] == ["acting", "done"]
 
 
 def test_dry_run_changes_nothing_and_forbidden_is_reported(k8s, tmp_path):
