@@ -350,13 +350,15 @@ class Handlers:
         return web.json_response({"status": "ok"})
 
     async def readyz(self, _request: web.Request) -> web.Response:
-        """Readiness: the store accepts a write right now."""
+        """Readiness: the store accepts a write right now. Unauthenticated, so it says ready or
+        not and nothing else (the reason, with the store's path, goes to the log)."""
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(self.ctx.write_pool, self.ctx.store.probe)
         except StoreError as exc:
             self.ctx.metrics.store_ok.set(0)
-            return _error(503, f"store not writable: {exc}")
+            log.warning("not ready: store not writable", extra=log_fields(error=str(exc)))
+            return web.json_response({"status": "not ready"}, status=503)
         self.ctx.metrics.store_ok.set(1)
         return web.json_response({"status": "ready"})
 
