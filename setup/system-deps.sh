@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the demo, tests and benchmarks run for real: Prometheus + promtool,
 # Alertmanager + amtool, Slurm 22.05 with munge, VictoriaMetrics + vmalert, jsonnet, Chromium
-# (headless page tests). Idempotent: does nothing when all are present.
+# (headless page tests), kubectl (kustomize). Idempotent: does nothing when all are present.
 set -euo pipefail
 
 need=()
@@ -14,6 +14,10 @@ command -v victoria-metrics >/dev/null || need+=(victoria-metrics)
 command -v vmalert >/dev/null || need+=(victoria-metrics)
 command -v jsonnet >/dev/null || need+=(jsonnet)
 command -v chromium >/dev/null || need+=(chromium)
+# kubectl kustomize (kustomize >= 4, for components) builds the Kubernetes manifests in the tests.
+# The machine images ship kubectl 1.3x; Debian's kubernetes-client (1.20, kustomize 2) is only a
+# fallback, and tests/test_deploy_kubernetes.py says so when its kustomize is too old.
+command -v kubectl >/dev/null || need+=(kubernetes-client)
 if [ ${#need[@]} -eq 0 ]; then
   exit 0
 fi

@@ -99,10 +99,12 @@ def test_exporter_example_config_is_valid(tmp_path):
 
 
 def _secret_files(tmp_path: Path) -> dict[str, str]:
-    token, key = tmp_path / "token", tmp_path / "key"
+    token, key, pages = tmp_path / "token", tmp_path / "key", tmp_path / "pages"
     token.write_text("t" * 32 + "\n")
     key.write_text("local-" + "k" * 40 + "\n")
+    pages.write_text("p" * 32 + "\n")
     return {"WANDB_INFRA_BRIDGE__AUTH__BEARER_TOKEN_FILE": str(token),
+            "WANDB_INFRA_BRIDGE__AUTH__PAGES_TOKEN_FILE": str(pages),
             "WANDB_INFRA_BRIDGE__WANDB__API_KEY_FILE": str(key)}
 
 
