@@ -25,7 +25,6 @@ from wandb_infra.catalog import panels, runbook
 from wandb_infra.catalog import series as s
 from wandb_infra.catalog.alerts import ALERTS, TEMPLATE_VALUES, AlertDef, duration_seconds
 from wandb_infra.catalog.template import Value, fill, placeholders
-from wandb_infra.catalog.xid import XIDS
 from wandb_infra.common.configfile import ConfigError, load_config
 from wandb_infra.common.generated import write_or_check
 
@@ -86,6 +85,9 @@ DCGM_COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("DCGM_FI_DEV_ROW_REMAP_PENDING", "gauge", "Whether a row remap is pending (needs a GPU "
      "reset)."),
     ("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered."),
+    ("DCGM_FI_DEV_GPU_RECOVERY_ACTION", "gauge", "The driver's recovery action: 0 none; 1 GPU "
+     "reset; 2 node reboot; 3 drain P2P; 4 drain and reset (legacy name "
+     "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION)."),
     ("DCGM_EXP_XID_ERRORS_COUNT", "gauge", "Count of XID errors within the window set by "
      "--xid-count-window-size."),
 )
@@ -549,6 +551,7 @@ def runbook_text(cfg: dict[str, Any]) -> str:
             f"- **Impact on training:** {a.impact}",
             f"- **How to confirm:** {e.confirm}",
             f"- **What to do:** {a.remediation}",
+            f"- **Before the node takes a job again:** {e.needs}",
             "",
             "```promql",
             a.expr,
@@ -560,11 +563,16 @@ def runbook_text(cfg: dict[str, Any]) -> str:
             out += ["", "Recorded inputs (`alert_rules/normalise.py`):", "", "```promql"]
             out += [f"{r.record} = {r.expr}" for r in inputs]
             out += ["```"]
+    out += ["", '<a id="safe-to-restart"></a>', "", "## Is it safe to restart?", "",
+            runbook.SAFE_TO_RESTART, "",
+            "| Action | Needs | Node leaves the pool | Seen done when |", "|---|---|---|---|"]
+    out += [f"| `{a}` | {n} | {leaves} | {seen} |" for a, n, leaves, seen in runbook.action_rows()]
     out += ["", '<a id="xid-catalog"></a>', "", "## XID catalog", "",
-            "| XID | Meaning | Class | Action | Synchronous job survives |",
+            "Every XID NVIDIA lists for A100, H100, B100 or GB200, with NVIDIA's immediate "
+            "action bucket (catalog/xid.py).", "",
+            "| XID | Meaning | NVIDIA's immediate action | Needs | Alert |",
             "|---|---|---|---|---|"]
-    out += [f"| {x.code} | {x.meaning} | {x.cls.value} | {x.action} | {x.job_survives} |"
-            for x in XIDS.values()]
+    out += [f"| {' | '.join(row)} |" for row in runbook.xid_rows()]
     return "\n".join(out) + "\n"
 
 

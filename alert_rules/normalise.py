@@ -413,6 +413,12 @@ sum by (${DCGM_SERIES}) (
                   f"1 on GPUs whose row remapping failed ({sparse})."),
         Recording(s.ROW_REMAP_PENDING, _sparse(host, "DCGM_FI_DEV_ROW_REMAP_PENDING"),
                   "Row remaps waiting for a GPU reset, per GPU (non-zero only)."),
+        Recording(s.GPU_RECOVERY_ACTION,
+                  _sparse(host, "DCGM_FI_DEV_GPU_RECOVERY_ACTION",
+                          "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION"),
+                  "The driver's recovery action per GPU (DCGM field 1523, current and legacy "
+                  "name; 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset; non-zero "
+                  "only)."),
         Recording(s.UNCORRECTABLE_ROWS,
                   _sparse(host, "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
                           "DCGM_FI_DEV_ROW_REMAP_UNCORRECTABLE_TOTAL"),

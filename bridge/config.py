@@ -16,7 +16,9 @@ from wandb_infra.bridge import quarantine
 from wandb_infra.bridge.delivery import DeliveryPolicy
 from wandb_infra.bridge.identity import DEFAULT_PATHS
 from wandb_infra.bridge.markers import MARKER_SETTLE
+from wandb_infra.bridge.verdict import DEFAULT_SETTLE, Policy
 from wandb_infra.common.configfile import ConfigError, load_config, read_secret
+from wandb_infra.common.nodestate import DEFAULT_TOLERATED
 
 ENV_PREFIX = "WANDB_INFRA_BRIDGE"
 
@@ -35,7 +37,8 @@ DEFAULTS: dict[str, Any] = {
     "store": {"path": "bridge-state/bridge.sqlite", "retention_days": 30,
               "min_free_bytes": 16 * 1024 * 1024},
     "identity": dict(DEFAULT_PATHS),
-    "prometheus": {"url": "", "timeout_seconds": 5.0, "node_state_refresh_seconds": 60.0},
+    "prometheus": {"url": "", "timeout_seconds": 5.0, "node_state_refresh_seconds": 60.0,
+                   "tolerated_taints": list(DEFAULT_TOLERATED)},
     "wandb": {
         "base_url": "https://api.wandb.ai", "api_key": None, "api_key_file": None,
         "timeout_seconds": 30.0, "markers": True, "notify_critical": False,
@@ -47,6 +50,8 @@ DEFAULTS: dict[str, Any] = {
                 "window_after_minutes": 30},
     "diagnosis": {"incident_gap_minutes": 10},
     "quarantine": dict(quarantine.DEFAULTS),
+    "restart_policy": {"xid": {}, "bucket": {}, "alert": {}, "settle_seconds": DEFAULT_SETTLE,
+                       "scheduler": ""},
 }
 
 HELP: dict[str, str] = {
@@ -81,6 +86,19 @@ HELP: dict[str, str] = {
     "prometheus.node_state_refresh_seconds": "how often the faulty hosts' state is re-read; a "
                                              "change (drained, back in service) re-writes the "
                                              "run's issues (0: node state off)",
+    "prometheus.tolerated_taints": "NoSchedule/NoExecute taint keys the runs' pods tolerate: a "
+                                   "node with only these is still in the pool for a restart "
+                                   "(kube-state-metrics path; match the exporter's "
+                                   "tolerated_taints)",
+    "restart_policy.xid / bucket / alert": "override NVIDIA's recovery action per XID code "
+                                           "(94: reset_gpu), NVIDIA bucket (RESTART_APP: ...) or "
+                                           "alert name; values: none, restart_app, reset_gpu, "
+                                           "drain_p2p, reboot_node, restore_link, service, "
+                                           "replace; the issue states the choice",
+    "restart_policy.settle_seconds": "a link or thermal fault counts as fixed once clear this "
+                                     "long (600)",
+    "restart_policy.scheduler": "slurm or kubernetes: the exclusion's syntax when no host's "
+                                "state says (default: the quarantine's scheduler if enabled)",
     "wandb.base_url": "W&B API base URL (self-managed servers: their URL)",
     "wandb.api_key[_file]": "W&B API key; without it issues stay in the bridge (/runs)",
     "wandb.markers": "write infra/issue history markers with the wandb SDK (shared mode)",
@@ -95,8 +113,10 @@ HELP: dict[str, str] = {
     "grafana.base_url": "Grafana URL for deep links (empty: no links)",
     "grafana.org_id / window_*_minutes": "link org and time window around an issue",
     "diagnosis.incident_gap_minutes": "alerts further apart than this are separate issues",
-    "quarantine.enabled": "take the faulty node of an open critical hardware issue out of the "
-                          "pool (default false: read-only)",
+    "quarantine.enabled": "take the faulty node of an open critical issue out of the pool "
+                          "where its fault needs the node out of service (a GPU reset, a "
+                          "reboot, a replacement; never for XID 94 or application faults); "
+                          "default false: read-only",
     "quarantine.dry_run": "only record and show what it would do (default true)",
     "quarantine.scheduler": "slurm (scontrol update State=DRAIN; needs an operator) or "
                             "kubernetes (cordon + NoSchedule taint; needs patch on nodes)",
@@ -170,6 +190,22 @@ def _check_pages_auth(auth: Mapping[str, Any], secrets: Secrets) -> None:
         raise ConfigError("auth.pages_accept_webhook_credentials must be true, false or unset")
 
 
+def _taints(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(t, str) and t for t in value):
+        raise ConfigError("prometheus.tolerated_taints must be a list of taint keys")
+    return tuple(value)
+
+
+def _scheduler(raw: Mapping[str, Any]) -> str:
+    """The exclusion's syntax: restart_policy.scheduler, else the enabled quarantine's."""
+    value = raw["restart_policy"]["scheduler"]
+    if value not in ("", "slurm", "kubernetes"):
+        raise ConfigError("restart_policy.scheduler must be 'slurm', 'kubernetes' or empty")
+    if not value and raw["quarantine"].get("enabled"):
+        return str(raw["quarantine"].get("scheduler", ""))
+    return str(value)
+
+
 def build_config(raw: dict[str, Any], environ: Mapping[str, str] | None = None,
                  insecure_no_auth: bool = False) -> BridgeConfig:
     """Validate a merged raw configuration and read the secrets it points at."""
@@ -211,6 +247,10 @@ def build_config(raw: dict[str, Any], environ: Mapping[str, str] | None = None,
         marker_settle=_number(raw, "wandb", "marker_settle_seconds"),
         node_state_refresh=_number(raw, "prometheus", "node_state_refresh_seconds"),
         quarantine=quarantine.check(raw["quarantine"]),
+        restart_policy=Policy.from_config({k: v for k, v in raw["restart_policy"].items()
+                                           if k != "scheduler"}),
+        tolerated_taints=_taints(raw["prometheus"]["tolerated_taints"]),
+        scheduler=_scheduler(raw),
     )
     cfg = BridgeConfig(
         raw=raw, secrets=secrets, host=str(raw["listen"]["host"]), port=port,

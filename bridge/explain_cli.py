@@ -9,7 +9,7 @@ import time
 from datetime import timedelta
 
 from wandb_infra.bridge.config import load
-from wandb_infra.bridge.diagnosis import diagnose
+from wandb_infra.bridge.diagnosis import DEFAULT_GAP, diagnose
 from wandb_infra.bridge.explain import (
     ExplainError,
     Explanation,
@@ -22,6 +22,7 @@ from wandb_infra.bridge.explain import (
 )
 from wandb_infra.bridge.grafana import GrafanaLinks
 from wandb_infra.bridge.pages import run_detail
+from wandb_infra.bridge.remediation import NodeStateHistory, run_remediation
 from wandb_infra.bridge.report import render_run
 from wandb_infra.common.configfile import ConfigError
 from wandb_infra.common.logsetup import setup_logging
@@ -104,10 +105,13 @@ def run(args: argparse.Namespace) -> int:
     except ExplainError as exc:
         print(f"wandb-infra-bridge explain: {exc}", file=sys.stderr)
         return 1
-    diagnosis = diagnose(as_facts(found.alerts))
+    facts = as_facts(found.alerts)
+    diagnosis = diagnose(facts)
     links = GrafanaLinks(args.grafana_url)
     view = run_detail(target, diagnosis,
                       lambda fact, s, e: links.link(fact, target, s, e), None)
+    # is it safe to restart now: the same decision the bridge writes into the run
+    view |= run_remediation(NodeStateHistory(args.prometheus), facts, DEFAULT_GAP)
     head = diagnosis.root_cause
     if head is not None:
         view["headline"] = {"issue": diagnosis.issues.index(head), "title": head.title,

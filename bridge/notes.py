@@ -119,10 +119,13 @@ def _issue_block(n: int, issue: Issue, headline: bool, link_for: LinkFn,
         f"{md_escape(root.text('summary') or root.alertname)} "
         f"({md_escape(root.severity or 'unknown severity')})",
     ]
-    for key, label in (("description", "What happened"), ("impact", "Impact on this run"),
-                       ("remediation", "What to do")):
+    for key, label in (("description", "What happened"), ("impact", "Impact on this run")):
         if root.text(key):
             lines.append(f"- {label}: {md_escape(root.text(key))}")
+    # the restart decision's advice where the issue has one, so advice and verdict agree
+    advice = rem.advice if rem is not None and rem.advice else root.text("remediation")
+    if advice:
+        lines.append(f"- What to do: {md_escape(advice)}")
     if rem is not None:
         lines += _remediation_lines(rem)
     seen = _seen(issue)

@@ -95,7 +95,7 @@ def _fact(fact: AlertFact, link: str) -> dict[str, Any]:
 
 def _issue(issue: Issue, link_for: LinkFn) -> dict[str, Any]:
     return {
-        "title": issue.title, "where": issue.where,
+        "key": issue.key, "title": issue.title, "where": issue.where,
         "started_at": _t(issue.started_at), "ended_at": _t(issue.ended_at), "open": issue.open,
         "reasoning": issue.reasoning,
         "root_cause": _fact(issue.root, link_for(issue.root, issue.started_at, issue.ended_at)),
@@ -257,8 +257,8 @@ def _facts_when(fact: dict[str, Any], ref: float) -> str:
 
 
 def _remediation_html(rem: dict[str, Any]) -> str:
-    """Whether restarting the run is safe now (issue 16's verdict from the faulty hosts'
-    scheduler state), with the exclusion to use when it is not; only when the view has one."""
+    """Whether restarting the run is safe now (bridge/verdict.py: what the fault needs, whether
+    it happened, the hosts' scheduler state), with the exclusion to use when it is not."""
     verdict = str(rem.get("verdict", "unknown"))
     cls = {"safe": "ok", "unsafe": "bad"}.get(verdict, "warn")
     parts = [f"<dt>Restart</dt><dd><span class='pill {cls}'>{escape(verdict)}</span> "
@@ -291,6 +291,9 @@ def _by_name(facts: Sequence[dict[str, Any]]) -> list[tuple[str, list[dict[str, 
 
 def _card(issue: dict[str, Any], headline: bool, remediation: dict[str, Any] | None) -> str:
     root = issue["root_cause"]
+    # the restart decision's advice where the issue has one (advice and verdict agree), else
+    # the alert's own
+    advice = str((remediation or {}).get("advice") or root.get("remediation") or "")
     sev = root.get("severity", "")
     state = "open" if issue["open"] else f"resolved {when(issue.get('ended_at'))}"
     badge = "ROOT CAUSE" if headline else "SEPARATE ISSUE"
@@ -307,7 +310,7 @@ def _card(issue: dict[str, Any], headline: bool, remediation: dict[str, Any] | N
         f"<span class='pill{' bad' if issue['open'] else ' ok'}'>{escape(state)}</span></dd>",
         f"<dt>What</dt><dd>{escape(root.get('description') or root.get('summary') or '')}</dd>",
         f"<dt>Impact</dt><dd>{escape(root.get('impact') or '')}{impact_extra}</dd>",
-        f"<dt>What to do</dt><dd><b>{escape(root.get('remediation') or '')}</b></dd>",
+        f"<dt>What to do</dt><dd><b>{escape(advice)}</b></dd>",
     ]
     if remediation:
         rows.append(_remediation_html(remediation))
@@ -388,7 +391,9 @@ def run_html(detail: dict[str, Any], title: str, activity: dict[str, Any] | None
     order = ([head] if issues else []) + [i for i in range(len(issues)) if i != head]
     for rank, index in enumerate(order):
         issue = issues[index]
-        out.append(_card(issue, rank == 0, detail.get("remediation") if rank == 0 else None))
+        rem = (detail.get("remediations") or {}).get(issue.get("key")) or (
+            detail.get("remediation") if rank == 0 else None)
+        out.append(_card(issue, rank == 0, rem))
         out.append(f"<h2>Timeline <span class='muted small'>(UTC, offsets from the root cause;"
                    f" {len(issue['consequences'])} consequence(s) on "
                    f"{len({c['hostname'] for c in issue['consequences']})} host(s))</span></h2>")

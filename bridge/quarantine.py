@@ -1,10 +1,13 @@
-"""Optional active quarantine: take a node with a critical hardware root cause out of the pool.
+"""Optional active quarantine: take the node of a critical fault out of the pool, where the
+fault needs it out of service.
 
 Off by default; ``dry_run`` (the default once enabled) only records what it would do. For an open
-issue whose root cause is a critical hardware fault (XID 79/94/95, double-bit ECC, fallen off the
-bus, ...), the faulty host is drained in Slurm (``scontrol update NodeName=... State=DRAIN
-Reason=...``) or cordoned and tainted in Kubernetes (one merge PATCH carrying the Node's
-``resourceVersion``; a 409 conflict is retried on a fresh read). Rules that keep it from doing harm:
+issue whose root cause is critical and whose restart decision (``bridge/verdict.py``) says the
+node must leave the pool before its fault's action is done (a GPU reset, a reboot, a replacement:
+never for XID 94 or an application fault, which need only a restart), the faulty host is
+drained in Slurm (``scontrol update NodeName=... State=DRAIN Reason=...``) or cordoned and
+tainted in Kubernetes (one merge PATCH carrying the Node's ``resourceVersion``; a 409 conflict
+is retried on a fresh read). Rules that keep it from doing harm:
 
 * a circuit breaker: at most ``max_nodes`` nodes, and at most ``max_fraction`` of the fleet, per
   ``window_seconds``; beyond it nothing is done and the refusal is audit-logged;
@@ -46,8 +49,7 @@ from typing import Any
 import requests
 
 from wandb_infra.bridge.diagnosis import Issue
-from wandb_infra.bridge.remediation import faulty_hosts
-from wandb_infra.catalog.vocabulary import CauseClass
+from wandb_infra.bridge.verdict import faulty_hosts
 from wandb_infra.common.commands import SourceError, run_command
 from wandb_infra.common.configfile import ConfigError
 from wandb_infra.common.kubeapi import KubeApi
@@ -284,10 +286,10 @@ class Quarantine:
 
     @staticmethod
     def wanted(issue: Issue) -> bool:
-        """Only an open issue whose root cause is a critical hardware fault."""
-        root = issue.root
-        return (issue.root_ended_at is None and root.cause is CauseClass.HARDWARE
-                and root.severity == "critical")
+        """Only an open issue with a critical root cause; the caller offers only issues whose
+        restart decision lets the node be taken out (bridge/verdict.py: the fault needs the
+        node out of service and that has not happened)."""
+        return issue.root_ended_at is None and issue.root.severity == "critical"
 
     def decisions(self, issue_key: str) -> list[Decision]:
         """What was decided for an issue (shown in it): an ``acting`` line followed by its

@@ -1,19 +1,17 @@
-"""What is being done about an issue's faulty hosts, and whether restarting the run is safe.
+"""Reading what the restart verdict needs from Prometheus, and the verdict as issues carry it.
 
-The exporter publishes each host's scheduler state (``wandb_infra_node_state{hostname, scheduler,
-state, reason}``, exporter/sources/nodestate.py); where only kube-state-metrics is scraped, its
-``kube_node_spec_unschedulable`` and ``kube_node_spec_taint`` stand in. One range query per set of
-hosts, from shortly before the issue to now, gives each host's state history ("drained 12:03,
-reason 'XID 94'; back in service 14:40") and the verdict:
+For each issue's faulty hosts, one set of range queries from shortly before the issue to now:
 
-* **safe**: every faulty host is out of the pool (drained, down, cordoned, tainted), or was taken
-  out and is back in service with the root cause resolved (repaired);
-* **unsafe**: a faulty host is still schedulable, so a restart may land on it again; the exact
-  exclusion is given (``sbatch --exclude=...`` or a Kubernetes node-affinity snippet);
-* **unknown**: no scheduler data for the faulty hosts.
+* the scheduler state the exporter publishes (``wandb_infra_node_state{hostname, scheduler,
+  state, reason}``, exporter/sources/nodestate.py), or kube-state-metrics' cordon and taints
+  where only that is scraped (taints the run's pods tolerate do not take a node out);
+* the evidence that a recovery action happened: the driver's recovery action per GPU (DCGM field
+  1523), the GPUs' UUIDs and count, the host's ``node_boot_time_seconds``.
 
-Only issues whose root cause names a host and is not a mere symptom (a stall on 64 hosts says
-nothing about which node is bad) get a verdict.
+``bridge/verdict.py`` decides from them; this module turns its ``Decision`` into the
+``Remediation`` the notes, the run page, the summary and the quarantine read. Without Prometheus
+every issue naming a host still gets a verdict ("safe" where the fault needs no hardware action,
+else "unknown" saying what is missing).
 """
 
 from __future__ import annotations
@@ -33,8 +31,22 @@ import requests
 
 from wandb_infra.bridge.diagnosis import AlertFact, Diagnosis, Issue, diagnose
 from wandb_infra.bridge.explain import _regex_literal, pick_step
-from wandb_infra.catalog.vocabulary import CauseClass
-from wandb_infra.common.nodestate import DEFAULT_TOLERATED, STATE, schedulable
+from wandb_infra.bridge.verdict import (
+    Change,
+    Decision,
+    GpuEvidence,
+    HostEvidence,
+    Policy,
+    Timeline,
+    decide,
+    faulty_hosts,
+)
+from wandb_infra.catalog import series
+from wandb_infra.catalog.template import fill
+from wandb_infra.common.nodestate import DEFAULT_TOLERATED, STATE
+
+__all__ = ["Change", "NodeStateHistory", "Remediation", "Timeline", "exclusion", "faulty_hosts",
+           "remediations_for", "run_remediation", "signature", "summary_verdict"]
 
 log = logging.getLogger(__name__)
 
@@ -42,47 +54,42 @@ LEAD = 600.0  # history starts this long before the issue: the state the fault f
 MAX_STEPS = 2000
 DOWN_BACKOFF = 30.0  # after a failed query, Prometheus is not asked again for this long
 STEPS = (1.0, 2.0, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1800.0, 3600.0)
-_KSM_IGNORED = (*DEFAULT_TOLERATED, "node.kubernetes.io/unschedulable")
 _HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
-
-
-@dataclass(frozen=True)
-class Change:
-    """A host's state from ``at`` on (``state`` empty: no data then)."""
-
-    at: float
-    scheduler: str
-    state: str
-    reason: str
-
-    @property
-    def in_pool(self) -> bool:
-        """True when new jobs may start on the host in this state."""
-        return bool(self.state) and schedulable(self.scheduler, self.state)
-
-
-@dataclass(frozen=True)
-class Timeline:
-    """One host's state changes, oldest first; ``current`` is None when there is no data now."""
-
-    hostname: str
-    changes: tuple[Change, ...]
-    current: Change | None
+_CORDON_TAINT = "node.kubernetes.io/unschedulable"  # the cordon's own taint: read as the cordon
+BOOT_TIME = """
+max by (hostname) (
+  max by (instance, job) (node_boot_time_seconds)
+  * on (instance, job) group_left (hostname)
+  ${TARGET}
+)
+"""
 
 
 @dataclass(frozen=True)
 class Remediation:
-    """The restart verdict of one issue and the history behind it."""
+    """An issue's restart verdict as W&B and the pages show it: the decision's verdict, why,
+    the exclusion, what to do and what the fault needs, each faulty host's state history, and
+    what the quarantine did (``action``)."""
 
     verdict: str
     detail: str
     exclusion: str
     timelines: tuple[Timeline, ...]
-    action: str = ""  # what the bridge's quarantine did or would do (bridge/quarantine.py)
+    action: str = ""
+    advice: str = ""
+    needs: str = ""
+    drain: bool = False
+
+    @classmethod
+    def of(cls, decision: Decision, timelines: Mapping[str, Timeline] | None) -> Remediation:
+        """The issue's remediation from its decision and its hosts' timelines."""
+        lines = tuple((timelines or {}).get(h) or Timeline(h, (), None) for h in decision.hosts)
+        return cls(decision.verdict, decision.detail, decision.exclusion, lines,
+                   advice=decision.advice, needs=decision.need.words, drain=decision.drain)
 
     def as_dict(self) -> dict[str, Any]:
-        """The run-data contract: verdict, detail, exclusion, hosts (current state, since), and
-        ``action`` when the quarantine decided something."""
+        """The run-data contract: verdict, detail, exclusion, advice, needs, hosts (current
+        state, since), and ``action`` when the quarantine decided something."""
         hosts = []
         for t in self.timelines:
             now = t.current
@@ -90,7 +97,7 @@ class Remediation:
                           "reason": now.reason if now else "",
                           "since": _iso(now.at) if now else ""})
         out = {"verdict": self.verdict, "detail": self.detail, "exclusion": self.exclusion,
-               "hosts": hosts}
+               "advice": self.advice, "needs": self.needs, "hosts": hosts}
         return out | ({"action": self.action} if self.action else {})
 
     def history_lines(self) -> list[str]:
@@ -130,13 +137,6 @@ def _describe(changes: Sequence[Change]) -> list[str]:
     return out
 
 
-def faulty_hosts(issue: Issue) -> list[str]:
-    """The hosts an issue's root cause names (none for a symptom such as a stall)."""
-    if issue.root.cause is CauseClass.SYMPTOM:
-        return []
-    return sorted({f.hostname for f in (issue.root, *issue.peers) if f.hostname})
-
-
 def exclusion(hosts: Sequence[str], scheduler: str) -> str:
     """How to keep a restart off ``hosts``: an sbatch option or a pod-spec affinity snippet
     (host names that are not plain DNS labels are left out: they come from alert labels)."""
@@ -154,105 +154,78 @@ def exclusion(hosts: Sequence[str], scheduler: str) -> str:
     return ""
 
 
-def verdict(issue: Issue, timelines: Mapping[str, Timeline]) -> Remediation | None:
-    """The restart verdict for one issue from its faulty hosts' timelines (None: no host)."""
-    hosts = faulty_hosts(issue)
-    if not hosts:
-        return None
-    lines = tuple(timelines.get(h) or Timeline(h, (), None) for h in hosts)
-    started = issue.started_at.timestamp()
-    resolved = issue.root_ended_at is not None
-    out, repaired, risky, unknown = [], [], [], []
-    for t in lines:
-        now = t.current
-        if now is None:
-            unknown.append(t.hostname)
-        elif not now.in_pool:
-            out.append(f"{t.hostname} is out of the pool ({now.state} since "
-                       f"{_clock(now.at, None)}" + (f", reason '{now.reason}')" if now.reason
-                                                    else ")"))
-        elif resolved and any(c.state and not c.in_pool and c.at >= started - LEAD
-                              for c in t.changes):
-            repaired.append(f"{t.hostname} was taken out of the pool and is back in service "
-                            f"({now.state}) since {_clock(now.at, None)}, with the root cause "
-                            "resolved")
-        else:
-            risky.append(t)
-    schedulers = [t.current.scheduler for t in lines if t.current]
-    scheduler = max(set(schedulers), key=schedulers.count) if schedulers else ""
-    if risky:
-        names = [t.hostname for t in risky] + unknown
-        still = ", ".join(f"{t.hostname} ({t.current.state})" for t in risky if t.current)
-        them = "it" if len(names) == 1 else "them"
-        one = len(risky) == 1
-        detail = f"{still} {'is' if one else 'are'} still schedulable"
-        if resolved:
-            detail += (f" and {'was' if one else 'were'} never taken out of the pool (the fault "
-                       "itself has resolved): "
-                       f"a restart may land there again; exclude {them} to be sure")
-        else:
-            detail += f": a restart may land on the same faulty hardware; exclude {them}"
-        return Remediation("unsafe", _join(detail, out, repaired, unknown), exclusion(
-            names, scheduler), lines)
-    if unknown:
-        detail = (f"no scheduler state for {', '.join(unknown)} in Prometheus (enable the "
-                  "exporter's node_state, or scrape kube-state-metrics)")
-        return Remediation("unknown", _join(detail, out, repaired, []),
-                           exclusion(unknown, scheduler), lines)
-    return Remediation("safe", "; ".join(out + repaired) + ": a restart cannot land on a "
-                       "faulty host", "", lines)
+def remediations_for(diagnosis: Diagnosis, policy: Policy,
+                     read: tuple[dict[str, Timeline], dict[str, HostEvidence]] | None,
+                     now: float, *, scheduler: str = "") -> dict[str, Remediation]:
+    """Issue key -> remediation for every issue that names a host. ``read`` is what
+    Prometheus gave (None: the bridge has none); ``scheduler`` is the exclusion's syntax when
+    no host's state says it."""
+    timelines = read[0] if read is not None else None
+    evidence = read[1] if read is not None else None
 
+    def exclude(hosts: Sequence[str], known: str) -> str:
+        return exclusion(hosts, known or scheduler)
 
-def _join(head: str, out: list[str], repaired: list[str], unknown: list[str]) -> str:
-    rest = out + repaired + ([f"no scheduler state for {', '.join(unknown)}"] if unknown else [])
-    return "; ".join([head, *rest])
+    out = {}
+    for issue in diagnosis.issues:
+        decision = decide(issue, policy, timelines=timelines, evidence=evidence, now=now,
+                          exclusion_for=exclude)
+        if decision is not None:
+            out[issue.key] = Remediation.of(decision, timelines)
+    return out
 
 
 def signature(remediations: Mapping[str, Remediation]) -> str:
     """A short digest of what the issues show about remediation (a change re-writes the run)."""
     data = sorted(
-        (key, r.verdict, r.exclusion, r.action,
+        (key, r.verdict, r.detail, r.exclusion, r.action,
          [(t.hostname, [(c.at, c.state, c.reason) for c in t.changes]) for t in r.timelines])
         for key, r in remediations.items())
     return hashlib.sha256(json.dumps(data).encode()).hexdigest()[:16]
 
 
 class NodeStateHistory:
-    """Reads the hosts' state history from Prometheus (range queries, cached briefly)."""
+    """Reads the faulty hosts' scheduler history and recovery evidence from Prometheus (range
+    queries, cached briefly)."""
 
     def __init__(self, base_url: str, timeout: float = 5.0, *, cache_seconds: float = 10.0,
                  session: requests.Session | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 tolerated_taints: Sequence[str] = DEFAULT_TOLERATED) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self.cache_seconds = cache_seconds
         self.session = session or requests.Session()
         self.clock = clock
+        self.tolerated = (*tolerated_taints, _CORDON_TAINT)
         self._lock = threading.Lock()
-        self._cache: dict[tuple[tuple[str, ...], float], tuple[float, dict[str, Timeline]]] = {}
+        self._cache: dict[tuple[tuple[str, ...], float],
+                          tuple[float, tuple[dict[str, Timeline], dict[str, HostEvidence]]]] = {}
         self._down_until = 0.0
 
-    def for_diagnosis(self, diagnosis: Diagnosis) -> dict[str, Remediation] | None:
-        """Issue key -> remediation for every issue that names a faulty host; None when
-        Prometheus cannot answer and nothing was read before (the caller keeps what it shows)."""
-        wanted = [(i, faulty_hosts(i)) for i in diagnosis.issues]
-        wanted = [(i, h) for i, h in wanted if h]
+    def for_diagnosis(self, diagnosis: Diagnosis, policy: Policy | None = None, *,
+                      scheduler: str = "") -> dict[str, Remediation] | None:
+        """Issue key -> remediation for every issue that names a host; None when Prometheus
+        cannot answer and nothing was read before (the caller keeps what it shows)."""
+        wanted = [i for i in diagnosis.issues if faulty_hosts(i)]
         if not wanted:
             return {}
-        hosts = tuple(sorted({h for _, hs in wanted for h in hs}))
-        start = min(i.started_at.timestamp() for i, _ in wanted) - LEAD
-        timelines = self.timelines(hosts, start)
-        if timelines is None:
+        hosts = tuple(sorted({h for i in wanted for h in faulty_hosts(i)}))
+        start = min(i.started_at.timestamp() for i in wanted) - LEAD
+        read = self.read(hosts, start)
+        if read is None:
             return None
-        out = {}
-        for issue, _ in wanted:
-            rem = verdict(issue, timelines)
-            if rem is not None:
-                out[issue.key] = rem
-        return out
+        return remediations_for(diagnosis, policy or Policy(), read, self.clock(),
+                                scheduler=scheduler)
 
     def timelines(self, hosts: tuple[str, ...], start: float) -> dict[str, Timeline] | None:
-        """Each host's changes from ``start`` to now. While Prometheus fails (and for
+        """Each host's scheduler state changes from ``start`` to now (None: no answer)."""
+        read = self.read(hosts, start)
+        return None if read is None else read[0]
+
+    def read(self, hosts: tuple[str, ...], start: float
+             ) -> tuple[dict[str, Timeline], dict[str, HostEvidence]] | None:
+        """Timelines and evidence from ``start`` to now. While Prometheus fails (and for
         ``DOWN_BACKOFF`` seconds after, so pages and refreshes do not each wait for a timeout)
         the last good answer is served, or None when there is none."""
         now = self.clock()
@@ -276,7 +249,8 @@ class NodeStateHistory:
             self._cache[key] = (now, result)
         return result
 
-    def _read(self, hosts: tuple[str, ...], start: float, end: float) -> dict[str, Timeline]:
+    def _read(self, hosts: tuple[str, ...], start: float, end: float
+              ) -> tuple[dict[str, Timeline], dict[str, HostEvidence]]:
         start = min(start, end - 60)
         # A step from a fixed ladder and a start on its grid: the samples (so the change times
         # shown, and the signature that triggers a re-write) stay put from one refresh to the next.
@@ -290,43 +264,96 @@ class NodeStateHistory:
         missing = [h for h in hosts if h not in points]
         if missing:
             points.update(self._ksm(missing, start, end, step))
-        return {h: _timeline(h, p, step, end) for h, p in points.items()}
+        timelines = {h: _timeline(h, p, step, end) for h, p in points.items() if h in hosts}
+        return timelines, self._evidence(hosts, regex, start, end, step)
+
+    def _evidence(self, hosts: Sequence[str], regex: str, start: float, end: float,
+                  step: float) -> dict[str, HostEvidence]:
+        """Boot time now, GPU count at the start and now, each GPU's UUIDs and the driver's
+        recovery action over the window."""
+        select = f'{{hostname=~"{regex}"}}'
+        boot = {s["metric"].get("hostname", ""): float(s["value"][1]) for s in self._query(
+            fill(BOOT_TIME, {"TARGET": series.NODE_EXPORTER_TARGET + select}), end)}
+        counts: dict[str, list[tuple[float, float]]] = {}
+        for s in self._range(series.HOST_GPU_COUNT + select, start, end, step):
+            counts[s["metric"].get("hostname", "")] = [(float(t), float(v))
+                                                       for t, v in s["values"]]
+        present: dict[tuple[str, str], list[tuple[float, str]]] = {}
+        for s in self._range(series.GPU_PRESENT + select, start, end, step):
+            m = s["metric"]
+            key = (m.get("hostname", ""), m.get("gpu", ""))
+            present.setdefault(key, []).extend((float(t), m.get("gpu_uuid", ""))
+                                               for t, _ in s["values"])
+        driver: dict[tuple[str, str], dict[float, int]] = {}
+        for s in self._range(series.GPU_RECOVERY_ACTION + select, start, end, step):
+            m = s["metric"]
+            values = driver.setdefault((m.get("hostname", ""), m.get("gpu", "")), {})
+            for t, v in s["values"]:
+                values[float(t)] = max(values.get(float(t), 0), int(float(v)))
+        out = {}
+        for host in hosts:
+            gpus = {}
+            for (h, gpu), samples in present.items():
+                if h != host:
+                    continue
+                samples.sort()
+                uuids: list[str] = []
+                for _, uuid in samples:
+                    if uuid and (not uuids or uuids[-1] != uuid) and uuid not in uuids:
+                        uuids.append(uuid)
+                reporting = end - samples[-1][0] <= 1.5 * step + 1
+                values = driver.get((h, gpu), {})
+                changes: list[tuple[float, int]] = []
+                for ts in sorted({t for t, _ in samples} | set(values)):
+                    value = values.get(ts, 0)
+                    if not changes or changes[-1][1] != value:
+                        changes.append((ts, value))
+                gpus[gpu] = GpuEvidence(tuple(uuids), reporting, tuple(changes))
+            count = sorted(counts.get(host, []))
+            now_count = count[-1][1] if count and end - count[-1][0] <= 1.5 * step + 1 else None
+            out[host] = HostEvidence(
+                boot_time=boot.get(host),
+                gpus_now=None if now_count is None else int(now_count),
+                gpus_before=int(count[0][1]) if count else None, gpus=gpus)
+        return out
 
     def _points(self, expr: str, start: float, end: float, step: float,
                 row: Callable[[Mapping[str, str]], tuple[str, str, str, str]]
                 ) -> dict[str, dict[float, tuple[str, str, str]]]:
         out: dict[str, dict[float, tuple[str, str, str]]] = {}
-        for series in self._range(expr, start, end, step):
-            host, scheduler, state, reason = row(series["metric"])
-            for ts, _ in series["values"]:
+        for series_ in self._range(expr, start, end, step):
+            host, scheduler, state, reason = row(series_["metric"])
+            for ts, _ in series_["values"]:
                 out.setdefault(host, {})[float(ts)] = (scheduler, state, reason)
         return out
 
     def _ksm(self, hosts: Sequence[str], start: float, end: float, step: float
              ) -> dict[str, dict[float, tuple[str, str, str]]]:
-        """kube-state-metrics as the same input: cordon and NoSchedule/NoExecute taints."""
+        """kube-state-metrics as the same input: the cordon and NoSchedule/NoExecute taints the
+        run's pods do not tolerate. A host is the node of exactly its name, else the one node
+        whose first DNS label it is; two such nodes are ambiguous and give no data."""
         regex = "|".join(_regex_literal(h) for h in hosts)
         node = f'node=~"({regex})(\\\\..*)?"'
         cordon: dict[str, dict[float, bool]] = {}
         for s in self._range(f"kube_node_spec_unschedulable{{{node}}}", start, end, step):
-            host = s["metric"].get("node", "").split(".")[0]
+            name = s["metric"].get("node", "")
             for ts, value in s["values"]:
-                cordon.setdefault(host, {})[float(ts)] = value == "1"
-        ignored = "|".join(_regex_literal(k) for k in _KSM_IGNORED)
+                cordon.setdefault(name, {})[float(ts)] = value == "1"
+        names = _node_names(hosts, cordon)
+        ignored = "|".join(_regex_literal(k) for k in self.tolerated)
         taints: dict[str, dict[float, list[str]]] = {}
         expr = (f'kube_node_spec_taint{{{node},effect=~"NoSchedule|NoExecute",'
                 f'key!~"{ignored}"}}')
         for s in self._range(expr, start, end, step):
             m = s["metric"]
-            host = m.get("node", "").split(".")[0]
             text = f"{m.get('key', '')}{'=' + m['value'] if m.get('value') else ''}:" \
                    f"{m.get('effect', '')}"
             for ts, _ in s["values"]:
-                taints.setdefault(host, {}).setdefault(float(ts), []).append(text)
+                taints.setdefault(m.get("node", ""), {}).setdefault(float(ts), []).append(text)
         out: dict[str, dict[float, tuple[str, str, str]]] = {}
-        for host, samples in cordon.items():
-            for ts, cordoned in samples.items():
-                tainted = sorted(taints.get(host, {}).get(ts, []))
+        for host, name in names.items():
+            for ts, cordoned in cordon[name].items():
+                tainted = sorted(taints.get(name, {}).get(ts, []))
                 words = ["Ready"] + (["SchedulingDisabled"] if cordoned else []) + (
                     ["Tainted"] if tainted else [])
                 reason = f"taint {', '.join(tainted)}" if tainted else ""
@@ -337,10 +364,37 @@ class NodeStateHistory:
         resp = self.session.get(f"{self.base_url}/api/v1/query_range", timeout=self.timeout,
                                 params={"query": expr, "start": f"{start:.3f}",
                                         "end": f"{end:.3f}", "step": f"{step:.3f}"})
-        body = resp.json()
-        if body.get("status") != "success":
-            raise ValueError(f"Prometheus rejected {expr!r}: {body.get('error')}")
-        return body["data"]["result"]
+        return _result(resp, expr)
+
+    def _query(self, expr: str, at: float) -> list[dict[str, Any]]:
+        resp = self.session.get(f"{self.base_url}/api/v1/query", timeout=self.timeout,
+                                params={"query": expr, "time": f"{at:.3f}"})
+        return _result(resp, expr)
+
+
+def _result(resp: requests.Response, expr: str) -> list[dict[str, Any]]:
+    body = resp.json()
+    if body.get("status") != "success":
+        raise ValueError(f"Prometheus rejected {expr!r}: {body.get('error')}")
+    return body["data"]["result"]
+
+
+def _node_names(hosts: Sequence[str], nodes: Iterable[str]) -> dict[str, str]:
+    """Host -> its Kubernetes node: the node named exactly so, else the only node whose first
+    DNS label it is (two such nodes: the host is left out, so it has no data)."""
+    nodes = list(nodes)
+    out = {}
+    for host in hosts:
+        if host in nodes:
+            out[host] = host
+            continue
+        matches = [n for n in nodes if n.split(".")[0] == host]
+        if len(matches) == 1:
+            out[host] = matches[0]
+        elif matches:
+            log.warning("host matches several Kubernetes nodes; no state read for it",
+                        extra={"host": host, "nodes": ",".join(sorted(matches))})
+    return out
 
 
 def _timeline(host: str, points: Mapping[float, tuple[str, str, str]], step: float,
@@ -376,13 +430,23 @@ def summary_verdict(remediations: Mapping[str, Remediation], diagnosis: Diagnosi
     return {} if rem is None else {"infra/restart_verdict": rem.verdict}
 
 
-
 def run_remediation(history: NodeStateHistory | None, facts: Sequence[AlertFact],
-                    incident_gap: timedelta) -> dict[str, Any]:
-    """``{"remediation": {...}}`` for a run's data (its headline issue's verdict), or ``{}``
-    when there is nothing to say (no Prometheus, no faulty host)."""
-    if history is None or not facts:
+                    incident_gap: timedelta, policy: Policy | None = None, *,
+                    scheduler: str = "", now: float | None = None) -> dict[str, Any]:
+    """A run's data: ``{"remediation": <headline issue's>, "remediations": {issue key: ...}}``
+    ({} when no issue names a host). Without ``history`` (no Prometheus) the verdicts say what
+    they can without it."""
+    if not facts:
         return {}
     diagnosis = diagnose(list(facts), incident_gap)
-    rem = headline(history.for_diagnosis(diagnosis) or {}, diagnosis)
-    return {} if rem is None else {"remediation": rem.as_dict()}
+    policy = policy or Policy()
+    rems = history.for_diagnosis(diagnosis, policy, scheduler=scheduler) \
+        if history is not None else None
+    if rems is None:
+        rems = remediations_for(diagnosis, policy, None, now if now is not None else time.time(),
+                                scheduler=scheduler)
+    rem = headline(rems, diagnosis)
+    if rem is None:
+        return {}
+    return {"remediation": rem.as_dict(),
+            "remediations": {key: r.as_dict() for key, r in rems.items()}}

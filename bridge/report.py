@@ -45,6 +45,8 @@ def render_run(view: dict[str, Any]) -> str:
     for number, issue in enumerate(issues, 1):
         root = issue["root_cause"]
         leads = not head or head.get("issue") == number - 1
+        restart = (view.get("remediations") or {}).get(issue.get("key")) or (
+            view.get("remediation") if leads else None)
         where = root.get("hostname") or "unknown host"
         if root.get("gpu"):
             where += f" GPU {root['gpu']}"
@@ -59,10 +61,9 @@ def render_run(view: dict[str, Any]) -> str:
             f"    when        {_when(root)}",
             f"    what        {root.get('description') or root.get('summary') or ''}",
             f"    impact      {root.get('impact') or ''}",
-            f"    do now      {root.get('remediation') or ''}",
+            f"    do now      {(restart or {}).get('advice') or root.get('remediation') or ''}",
             f"    why         {issue.get('reasoning') or ''}",
         ]
-        restart = view.get("remediation") if leads else None
         if restart:
             lines.append(f"    restart?    {restart.get('verdict')}: {restart.get('detail')}")
             if restart.get("exclusion"):

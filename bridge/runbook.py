@@ -14,7 +14,6 @@ from html import escape
 from aiohttp import web
 
 from wandb_infra.catalog import runbook
-from wandb_infra.catalog.xid import XIDS
 
 _CODE = re.compile(r"`([^`]+)`")
 _BOLD = re.compile(r"\*\*([^*]+)\*\*")
@@ -39,7 +38,8 @@ def _section(e: runbook.Entry) -> str:
     items = [("Meaning", _inline(a.description)),
              ("Impact on training", _inline(a.impact)),
              ("How to confirm", _inline(e.confirm)),
-             ("What to do", _inline(a.remediation))]
+             ("What to do", _inline(a.remediation)),
+             ("Before the node takes a job again", _inline(e.needs))]
     return (f"<section id='{escape(e.anchor, quote=True)}'><h2>{escape(e.name)}</h2>"
             f"<p><strong>{_inline(a.summary)}</strong> {_inline(e.raised)}</p><ul>"
             + "".join(f"<li><strong>{k}:</strong> {v}</li>" for k, v in items)
@@ -54,10 +54,10 @@ def page() -> str:
         f"<tr><td><a href='#{escape(e.anchor, quote=True)}'>{escape(e.name)}</a></td>"
         f"<td>{escape(e.alert.severity)}</td><td>{escape(e.alert.category)}</td>"
         f"<td>{escape(e.alert.scope)}</td></tr>" for e in entries)
-    xids = "".join(
-        f"<tr><td>{x.code}</td><td>{_inline(x.meaning)}</td><td>{escape(x.cls.value)}</td>"
-        f"<td>{_inline(x.action)}</td><td>{_inline(x.job_survives)}</td></tr>"
-        for x in XIDS.values())
+    xids = "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in row) + "</tr>"
+                   for row in runbook.xid_rows())
+    actions = "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in row) + "</tr>"
+                      for row in runbook.action_rows())
     body = (
         "<h1>Runbook: infrastructure alerts on W&amp;B runs</h1>"
         "<p>Every alert this project's rules raise has a section here; its "
@@ -65,8 +65,12 @@ def page() -> str:
         "expression reads are listed in <code>docs/runbook.md</code> of the release.</p>"
         "<table><tr><th>Alert</th><th>Severity</th><th>Category</th><th>Scope</th></tr>"
         f"{index}</table>" + "".join(_section(e) for e in entries)
-        + "<section id='xid-catalog'><h2>XID catalog</h2><table><tr><th>XID</th>"
-        "<th>Meaning</th><th>Class</th><th>Action</th><th>Synchronous job survives</th></tr>"
+        + "<section id='safe-to-restart'><h2>Is it safe to restart?</h2>"
+        f"<p>{_inline(runbook.SAFE_TO_RESTART)}</p><table><tr><th>Action</th><th>Needs</th>"
+        "<th>Node leaves the pool</th><th>Seen done when</th></tr>"
+        f"{actions}</table></section>"
+        "<section id='xid-catalog'><h2>XID catalog</h2><table><tr><th>XID</th>"
+        "<th>Meaning</th><th>NVIDIA's immediate action</th><th>Needs</th><th>Alert</th></tr>"
         f"{xids}</table></section>")
     return ("<!doctype html><html lang='en'><head><meta charset='utf-8'>"
             "<meta name='viewport' content='width=device-width, initial-scale=1'>"

@@ -28,7 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from wandb_infra.bridge import activity
 from wandb_infra.bridge import runbook as runbook_page
-from wandb_infra.bridge.delivery import DeliveryWorker
+from wandb_infra.bridge.delivery import DeliveryPolicy, DeliveryWorker
 from wandb_infra.bridge.diagnosis import DEFAULT_GAP, AlertFact, diagnose
 from wandb_infra.bridge.explain import PrometheusHistory
 from wandb_infra.bridge.grafana import GrafanaLinks
@@ -459,9 +459,11 @@ class Handlers:
                 return None
             data = run_detail(run, diagnose(facts, self.ctx.incident_gap), link,
                               self.ctx.store.outbox(run), enabled)
-            history = None if self.ctx.worker is None or not run.attributed \
-                else self.ctx.worker.remediation
-            return data | run_remediation(history, facts, self.ctx.incident_gap)
+            worker = self.ctx.worker
+            history = None if worker is None or not run.attributed else worker.remediation
+            policy = worker.policy if worker is not None else DeliveryPolicy()
+            return data | run_remediation(history, facts, self.ctx.incident_gap,
+                                          policy.restart_policy, scheduler=policy.scheduler)
         except StoreError:
             raise
         except Exception as exc:  # shown as the run's error rather than a 500

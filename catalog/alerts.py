@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from wandb_infra.catalog import selfmetrics as m
 from wandb_infra.catalog import series as s
+from wandb_infra.catalog.recovery import DRIVER_ACTIONS, Action
 from wandb_infra.catalog.series import span
 from wandb_infra.catalog.template import fill
 from wandb_infra.catalog.vocabulary import CATEGORY_DEFAULT_CAUSE, CauseClass
@@ -76,6 +77,7 @@ TEMPLATE_VALUES: dict[str, str | int | float] = {
     "XID_HARDWARE": xid_regex(XidClass.HARDWARE),
     "XID_APPLICATION": xid_regex(XidClass.APPLICATION),
     "XID_INFORMATIONAL": xid_regex(XidClass.INFORMATIONAL),
+    "XID_DECODE": xid_regex(XidClass.DECODE),
     "XID_KNOWN": known_regex(),
     "NODE_INFO": L.NODE_INFO,
     "EXPORTER_SOURCE_UP": m.EXPORTER_SOURCE_UP,
@@ -120,6 +122,13 @@ class AlertDef:
     extra_labels: dict[str, str] = field(default_factory=dict)
     copy_labels: tuple[str, ...] = ()
     group: str = ""
+    # What the fault needs before its hardware takes a job again (catalog/recovery.py); None for
+    # the XID alerts, whose need is the code's (catalog/xid.py, read from the ``xid`` label).
+    needs: Action | None = None
+    # True when the alert ending shows the fault itself cleared (a link up again, a temperature
+    # back to normal, a pending remap applied); False where it only means time passed (an XID
+    # event ages out, an error count leaves its window).
+    clears_when_fixed: bool = False
 
     @property
     def expr(self) -> str:
@@ -189,6 +198,13 @@ or
 _CHECKPOINT = ("Restart the job from its last checkpoint on healthy nodes; exclude this node "
                "(Slurm --exclude, Kubernetes cordon) until the GPU is reset or replaced.")
 _CHECKPOINT_NOW = "Checkpoint now; move the job off the node and fix cooling before reuse."
+# The driver's recovery action, one alert per GPU labelled with the action's name (the rule
+# cannot turn a value into a label any other way).
+_RECOVERY_ACTION = "\nor\n".join(
+    [f'label_replace(${{GPU_RECOVERY_ACTION}} == {value}, "recovery_action", "{name}", "", "")'
+     for value, (name, _) in DRIVER_ACTIONS.items() if value]
+    + [f'label_replace(${{GPU_RECOVERY_ACTION}} > {max(DRIVER_ACTIONS)}, "recovery_action", '
+       '"other", "", "")'])
 
 register(
     # --- XID errors -------------------------------------------------------------------------
@@ -199,11 +215,40 @@ register(
         description=_XID_DESC,
         impact="The GPU hit a hardware or firmware fault; a synchronous training job using it "
                "crashes or hangs in its next collective.",
-        remediation=_CHECKPOINT + " Reset the GPU (nvidia-smi -r) or drain the node; repeated "
-                                  "XIDs mean RMA.",
+        remediation="Do what NVIDIA's XID catalog says for this code (the runbook's XID table: "
+                    "reset the GPU, reboot the node or call support); until it is done, restart "
+                    "the job from its last checkpoint without this node. The same code "
+                    "repeating on one GPU means a replacement.",
         panel="xid_errors",
         condition='${XID_EVENTS}{xid=~"${XID_HARDWARE}"}',
         copy_labels=("xid",), group="gpu-xid"),
+    AlertDef(
+        name="GpuXidDecodeRequired", severity="warning", category="gpu_interconnect",
+        cause=CauseClass.HARDWARE, scope="gpu",
+        summary="A GPU reported an NVLink XID whose fields say what it needs.",
+        description=_XID_DESC,
+        impact="An NVLink fault: depending on its sub-code it needs nothing, a GPU reset or "
+               "more; a job using the link may crash or hang.",
+        remediation="Decode the XID's fields (NVIDIA's catalog, 'Xid 144-150 Decode'; "
+                    "nvidia-smi nvlink -e for XID 74). Where dcgm-exporter exports the "
+                    "driver's recovery action, the bridge follows it.",
+        panel="xid_errors",
+        condition='${XID_EVENTS}{xid=~"${XID_DECODE}"}',
+        copy_labels=("xid",), group="gpu-xid"),
+    AlertDef(
+        name="GpuRecoveryActionRequired", severity="critical", category="gpu_hardware",
+        cause=CauseClass.HARDWARE, scope="gpu",
+        summary="The GPU driver says a GPU needs a recovery action.",
+        description=f"The driver's recovery action for {_WHERE_GPU} is "
+                    "{{ $labels.recovery_action }} (DCGM field 1523).",
+        impact="The GPU cannot run work correctly until the action is done; jobs on it fail.",
+        remediation="Do the action the driver names (GPU reset: nvidia-smi -r with no process "
+                    "on the GPU; node reboot; drain P2P: stop every job on the GPU); restart "
+                    "the job without this node until the action clears.",
+        panel="xid_errors",
+        condition=_RECOVERY_ACTION,
+        copy_labels=("recovery_action",), group="gpu-xid",
+        needs=Action.FOLLOW_DRIVER, clears_when_fixed=True),
     AlertDef(
         name="GpuContainedEccError", severity="critical", category="gpu_hardware",
         cause=CauseClass.HARDWARE, scope="gpu",
@@ -261,7 +306,9 @@ register(
         description=_XID_DESC,
         impact="Unknown: look the code up in NVIDIA's XID catalog; most unlisted XIDs end the "
                "job.",
-        remediation="Look up the XID in NVIDIA's catalog and add it to catalog/xid.py.",
+        remediation="Look the code up in NVIDIA's XID catalog "
+                    "(https://docs.nvidia.com/deploy/xid-errors/) and do its immediate action; "
+                    "restart the job without this node until you know.",
         panel="xid_errors",
         condition='${XID_EVENTS}{xid!~"${XID_KNOWN}"}',
         copy_labels=("xid",), group="gpu-xid"),
@@ -280,7 +327,8 @@ max by (hostname, gpu, gpu_uuid) (${XID_EVENTS}{xid="79"})
 or
 ${GPU_VANISHED}
 """,
-        for_="1m", group="gpu-xid"),
+        for_="1m", group="gpu-xid",
+        needs=Action.REBOOT_NODE),
     # --- memory ---------------------------------------------------------------------------
     AlertDef(
         name="GpuDoubleBitEccErrors", severity="critical", category="gpu_hardware",
@@ -293,7 +341,8 @@ ${GPU_VANISHED}
         remediation=_CHECKPOINT,
         panel="ecc_errors",
         condition="${ECC_DBE} > 0",
-        group="gpu-memory"),
+        group="gpu-memory",
+        needs=Action.RESET_GPU),
     AlertDef(
         name="GpuSingleBitEccStorm", severity="warning", category="gpu_hardware",
         cause=CauseClass.DEGRADATION, scope="gpu",
@@ -306,7 +355,8 @@ ${GPU_VANISHED}
                     "field diagnosis.",
         panel="ecc_errors",
         condition="${ECC_SBE} > ${SBE_STORM_PER_WINDOW}",
-        for_="5m", group="gpu-memory"),
+        for_="5m", group="gpu-memory",
+        needs=Action.NONE),
     AlertDef(
         name="GpuMemoryRetirementLimit", severity="warning", category="gpu_hardware",
         cause=CauseClass.HARDWARE, scope="gpu",
@@ -322,7 +372,8 @@ ${RETIRED_PAGES} >= ${RETIRED_PAGES_LIMIT}
 or
 ${UNCORRECTABLE_ROWS} >= ${UNCORRECTABLE_ROWS_LIMIT}
 """,
-        for_="5m", group="gpu-memory"),
+        for_="5m", group="gpu-memory",
+        needs=Action.REPLACE),
     AlertDef(
         name="GpuRowRemapFailure", severity="critical", category="gpu_hardware",
         cause=CauseClass.HARDWARE, scope="gpu",
@@ -333,7 +384,8 @@ ${UNCORRECTABLE_ROWS} >= ${UNCORRECTABLE_ROWS_LIMIT}
         remediation=_CHECKPOINT + " Drain the node and request a GPU replacement.",
         panel="row_remap",
         condition="${ROW_REMAP_FAILURE} > 0",
-        group="gpu-memory"),
+        group="gpu-memory",
+        needs=Action.REPLACE),
     AlertDef(
         name="GpuRowRemapPending", severity="warning", category="gpu_hardware",
         cause=CauseClass.DEGRADATION, scope="gpu",
@@ -343,7 +395,8 @@ ${UNCORRECTABLE_ROWS} >= ${UNCORRECTABLE_ROWS_LIMIT}
         remediation="Let the job finish, then reset the GPU (nvidia-smi -r) or reboot the node.",
         panel="row_remap",
         condition="${ROW_REMAP_PENDING} > 0 or ${RETIRED_PENDING} > 0",
-        for_="5m", group="gpu-memory"),
+        for_="5m", group="gpu-memory",
+        needs=Action.RESET_GPU, clears_when_fixed=True),
     # --- thermal and power -------------------------------------------------------------------
     AlertDef(
         name="GpuThermalViolation", severity="warning", category="gpu_thermal",
@@ -372,7 +425,8 @@ or
   ${THERMAL_VIOLATION}
 )
 """,
-        for_="5m", group="gpu-thermal"),
+        for_="5m", group="gpu-thermal",
+        needs=Action.SERVICE, clears_when_fixed=True),
     AlertDef(
         name="GpuPowerBrake", severity="warning", category="gpu_thermal",
         cause=CauseClass.DEGRADATION, scope="gpu",
@@ -389,7 +443,8 @@ ${CLOCK_EVENT_REASONS}
 and
 floor(${CLOCK_EVENT_REASONS} / ${CLOCK_HW_POWER_BRAKE}) % 2 == 1
 """,
-        for_="1m", group="gpu-thermal"),
+        for_="1m", group="gpu-thermal",
+        needs=Action.SERVICE, clears_when_fixed=True),
     AlertDef(
         name="GpuPowerThrottled", severity="info", category="gpu_thermal",
         cause=CauseClass.DEGRADATION, scope="gpu",
@@ -402,7 +457,8 @@ floor(${CLOCK_EVENT_REASONS} / ${CLOCK_HW_POWER_BRAKE}) % 2 == 1
                     "-d POWER).",
         panel="power_violation",
         condition="${POWER_VIOLATION} > ${POWER_VIOLATION_RATIO}",
-        for_="10m", group="gpu-thermal"),
+        for_="10m", group="gpu-thermal",
+        needs=Action.NONE, clears_when_fixed=True),
     AlertDef(
         name="GpuTemperatureHigh", severity="warning", category="gpu_thermal",
         cause=CauseClass.DEGRADATION, scope="gpu",
@@ -412,7 +468,8 @@ floor(${CLOCK_EVENT_REASONS} / ${CLOCK_HW_POWER_BRAKE}) % 2 == 1
         remediation="Check cooling and inlet temperature; no action on the job yet.",
         panel="gpu_temperature",
         condition="${GPU_TEMP_HOT} >= ${TEMP_WARNING_C} < ${TEMP_CRITICAL_C}",
-        for_="5m", group="gpu-thermal"),
+        for_="5m", group="gpu-thermal",
+        needs=Action.SERVICE, clears_when_fixed=True),
     AlertDef(
         name="GpuTemperatureCritical", severity="critical", category="gpu_thermal",
         cause=CauseClass.DEGRADATION, scope="gpu",
@@ -423,7 +480,8 @@ floor(${CLOCK_EVENT_REASONS} / ${CLOCK_HW_POWER_BRAKE}) % 2 == 1
         remediation=_CHECKPOINT_NOW,
         panel="gpu_temperature",
         condition="${GPU_TEMP_HOT} >= ${TEMP_CRITICAL_C}",
-        for_="1m", group="gpu-thermal"),
+        for_="1m", group="gpu-thermal",
+        needs=Action.SERVICE, clears_when_fixed=True),
     AlertDef(
         name="GpuMemoryTemperatureHigh", severity="warning", category="gpu_thermal",
         cause=CauseClass.DEGRADATION, scope="gpu",
@@ -433,7 +491,8 @@ floor(${CLOCK_EVENT_REASONS} / ${CLOCK_HW_POWER_BRAKE}) % 2 == 1
         remediation="Check cooling and inlet temperature.",
         panel="hbm_temperature",
         condition="${MEMORY_TEMP_HOT} >= ${TEMP_WARNING_C} < ${TEMP_CRITICAL_C}",
-        for_="5m", group="gpu-thermal"),
+        for_="5m", group="gpu-thermal",
+        needs=Action.SERVICE, clears_when_fixed=True),
     AlertDef(
         name="GpuMemoryTemperatureCritical", severity="critical", category="gpu_thermal",
         cause=CauseClass.DEGRADATION, scope="gpu",
@@ -443,7 +502,8 @@ floor(${CLOCK_EVENT_REASONS} / ${CLOCK_HW_POWER_BRAKE}) % 2 == 1
         remediation=_CHECKPOINT_NOW,
         panel="hbm_temperature",
         condition="${MEMORY_TEMP_HOT} >= ${TEMP_CRITICAL_C}",
-        for_="1m", group="gpu-thermal"),
+        for_="1m", group="gpu-thermal",
+        needs=Action.SERVICE, clears_when_fixed=True),
     # --- interconnect ----------------------------------------------------------------------
     AlertDef(
         name="GpuNvlinkErrors", severity="warning", category="gpu_interconnect",
@@ -465,7 +525,8 @@ unless on (hostname, gpu)
   ${NVLINK_CRC_RATE} >= ${NVLINK_CRC_FAIL_PER_SECOND}
 )
 """,
-        for_="2m", group="gpu-interconnect"),
+        for_="2m", group="gpu-interconnect",
+        needs=Action.SERVICE, clears_when_fixed=True),
     AlertDef(
         name="GpuNvlinkFailure", severity="critical", category="gpu_interconnect",
         cause=CauseClass.LINK_LOSS, scope="gpu",
@@ -481,7 +542,8 @@ ${NVLINK_REPLAY_RECOVERY} > 0
 or
 ${NVLINK_CRC_RATE} >= ${NVLINK_CRC_FAIL_PER_SECOND}
 """,
-        group="gpu-interconnect"),
+        group="gpu-interconnect",
+        needs=Action.SERVICE, clears_when_fixed=True),
     AlertDef(
         name="GpuPcieReplayRate", severity="warning", category="gpu_interconnect",
         cause=CauseClass.DEGRADATION, scope="gpu",
@@ -495,7 +557,8 @@ ${NVLINK_CRC_RATE} >= ${NVLINK_CRC_FAIL_PER_SECOND}
         panel="pcie_replays",
         # The record is per second; DCGM's limit is per minute.
         condition="${PCIE_REPLAY_RATE} * 60 > ${PCIE_REPLAYS_PER_MINUTE}",
-        for_="5m", group="gpu-interconnect"),
+        for_="5m", group="gpu-interconnect",
+        needs=Action.SERVICE, clears_when_fixed=True),
     # --- network ----------------------------------------------------------------------------
     AlertDef(
         name="InfinibandLinkDown", severity="critical", category="network",
@@ -508,7 +571,8 @@ ${NVLINK_CRC_RATE} >= ${NVLINK_CRC_FAIL_PER_SECOND}
         remediation=_CHECKPOINT + " Check the cable, transceiver and switch port.",
         panel="ib_link_state",
         condition="${IB_PORT_DOWN} unless on (hostname, device, port) ${IB_PORT_IDLE_1H}",
-        for_="1m", copy_labels=("device", "port"), group="network"),
+        for_="1m", copy_labels=("device", "port"), group="network",
+        needs=Action.RESTORE_LINK, clears_when_fixed=True),
     AlertDef(
         name="InfinibandLinkFlapping", severity="warning", category="network",
         cause=CauseClass.LINK_LOSS, scope="link",
@@ -519,7 +583,8 @@ ${NVLINK_CRC_RATE} >= ${NVLINK_CRC_FAIL_PER_SECOND}
         remediation="Check the cable and transceiver; drain the node if it keeps flapping.",
         panel="ib_errors",
         condition="${IB_FLAPS} >= ${IB_FLAPS_MIN}",
-        copy_labels=("device", "port"), group="network"),
+        copy_labels=("device", "port"), group="network",
+        needs=Action.RESTORE_LINK, clears_when_fixed=True),
     AlertDef(
         name="InfinibandPhysicalErrors", severity="warning", category="network",
         cause=CauseClass.DEGRADATION, scope="link",
@@ -530,7 +595,8 @@ ${NVLINK_CRC_RATE} >= ${NVLINK_CRC_FAIL_PER_SECOND}
         remediation="Check or replace the cable and transceiver at the next opportunity.",
         panel="ib_errors",
         condition="${IB_PHYSICAL_ERRORS} > ${IB_PHYSICAL_ERRORS_PER_SECOND}",
-        for_="5m", copy_labels=("device", "port"), group="network"),
+        for_="5m", copy_labels=("device", "port"), group="network",
+        needs=Action.SERVICE, clears_when_fixed=True),
     AlertDef(
         name="NetworkInterfaceDown", severity="critical", category="network",
         cause=CauseClass.LINK_LOSS, scope="link",
@@ -542,7 +608,8 @@ ${NVLINK_CRC_RATE} >= ${NVLINK_CRC_FAIL_PER_SECOND}
         remediation=_CHECKPOINT + " Check the cable, NIC and switch port.",
         panel="net_interfaces",
         condition="${NET_DOWN} unless on (hostname, device) ${NET_IDLE_1H}",
-        for_="1m", copy_labels=("device",), group="network"),
+        for_="1m", copy_labels=("device",), group="network",
+        needs=Action.RESTORE_LINK, clears_when_fixed=True),
     AlertDef(
         name="NetworkInterfaceFlapping", severity="warning", category="network",
         cause=CauseClass.LINK_LOSS, scope="link",
@@ -553,7 +620,8 @@ ${NVLINK_CRC_RATE} >= ${NVLINK_CRC_FAIL_PER_SECOND}
         remediation="Check the cable, transceiver and switch port.",
         panel="net_interfaces",
         condition="${NET_CARRIER_CHANGES} >= ${CARRIER_CHANGES_MIN}",
-        copy_labels=("device",), group="network"),
+        copy_labels=("device",), group="network",
+        needs=Action.RESTORE_LINK, clears_when_fixed=True),
     # --- node -------------------------------------------------------------------------------
     AlertDef(
         name="NodeDown", severity="critical", category="node",
@@ -568,7 +636,8 @@ ${NVLINK_CRC_RATE} >= ${NVLINK_CRC_FAIL_PER_SECOND}
                     "exporter.",
         panel="targets_up",
         condition=_NODE_DOWN,
-        for_="2m", copy_labels=(s.TARGET_LABEL,), group="node"),
+        for_="2m", copy_labels=(s.TARGET_LABEL,), group="node",
+        needs=Action.SERVICE, clears_when_fixed=True),
     AlertDef(
         name="NodeGpuCountDropped", severity="critical", category="gpu_hardware",
         cause=CauseClass.HARDWARE, scope="host",
@@ -581,7 +650,8 @@ ${NVLINK_CRC_RATE} >= ${NVLINK_CRC_FAIL_PER_SECOND}
                                   "return.",
         panel="gpu_count",
         condition="${HOST_GPU_COUNT_DROP}",
-        for_="2m", group="node"),
+        for_="2m", group="node",
+        needs=Action.REBOOT_NODE),
     # --- workload ---------------------------------------------------------------------------
     AlertDef(
         name="TrainingStalled", severity="warning", category="workload",
@@ -597,7 +667,8 @@ ${NVLINK_CRC_RATE} >= ${NVLINK_CRC_FAIL_PER_SECOND}
                     "cause); if none, dump stacks (py-spy) and restart from the last checkpoint.",
         panel="tensor_activity",
         condition="${RUN_HOST_STALLED}",
-        for_="5m", group="workload"),
+        for_="5m", group="workload",
+        needs=Action.UNKNOWN),
     AlertDef(
         name="TrainingStraggler", severity="warning", category="workload",
         cause=CauseClass.SYMPTOM, scope="run",
@@ -612,7 +683,8 @@ ${NVLINK_CRC_RATE} >= ${NVLINK_CRC_FAIL_PER_SECOND}
                     "the data loader and CPU of that rank.",
         panel="gpu_util_spread",
         condition="${RUN_GPU_STRAGGLING}",
-        for_="3m", group="workload"),
+        for_="3m", group="workload",
+        needs=Action.UNKNOWN),
 )
 
 
@@ -633,7 +705,8 @@ register(
                     "missing, API unreachable) and fix it; the source recovers by itself.",
         panel="pipeline_sources",
         condition="max by (instance, job, source) (${EXPORTER_SOURCE_UP}) == 0",
-        for_="5m", group="pipeline"),
+        for_="5m", group="pipeline",
+        needs=Action.NONE, clears_when_fixed=True),
     AlertDef(
         name="WandbInfraExporterSourceStale", severity="warning", category="pipeline",
         cause=CauseClass.SYMPTOM, scope="pipeline",
@@ -651,7 +724,8 @@ register(
 time() - max by (instance, job, source) (${EXPORTER_SOURCE_LAST_SUCCESS} > 0)
 > ${SOURCE_STALE_SECONDS}
 """,
-        for_="5m", group="pipeline"),
+        for_="5m", group="pipeline",
+        needs=Action.NONE, clears_when_fixed=True),
     AlertDef(
         name="WandbInfraExporterDown", severity="critical", category="pipeline",
         cause=CauseClass.SYMPTOM, scope="pipeline",
@@ -668,7 +742,8 @@ up == 0
 and on (instance, job)
 max_over_time(${EXPORTER_HOSTS}[${HISTORY_WINDOW}])
 """,
-        for_="2m", group="pipeline"),
+        for_="2m", group="pipeline",
+        needs=Action.NONE, clears_when_fixed=True),
     AlertDef(
         name="WandbInfraJoinMetricsMissing", severity="warning", category="pipeline",
         cause=CauseClass.SYMPTOM, scope="pipeline",
@@ -684,7 +759,8 @@ count(DCGM_FI_DEV_FB_USED > ${STALL_FB_MIN_MIB}) > 0
 and on ()
 absent(${NODE_INFO})
 """,
-        for_="15m", group="pipeline-coverage"),
+        for_="15m", group="pipeline-coverage",
+        needs=Action.NONE, clears_when_fixed=True),
     AlertDef(
         name="WandbInfraBridgeDown", severity="critical", category="pipeline",
         cause=CauseClass.SYMPTOM, scope="pipeline",
@@ -701,7 +777,8 @@ up == 0
 and on (instance, job)
 max_over_time(${BRIDGE_QUEUE_RUNS}[${HISTORY_WINDOW}])
 """,
-        for_="2m", group="pipeline"),
+        for_="2m", group="pipeline",
+        needs=Action.NONE, clears_when_fixed=True),
     AlertDef(
         name="WandbInfraRunsParked", severity="warning", category="pipeline",
         cause=CauseClass.SYMPTOM, scope="pipeline",
@@ -713,7 +790,8 @@ max_over_time(${BRIDGE_QUEUE_RUNS}[${HISTORY_WINDOW}])
                     "deleted, permission) and fix it; parked runs are retried after.",
         panel="pipeline_delivery",
         condition="max by (instance, job) (${BRIDGE_PARKED_RUNS}) > 0",
-        for_="10m", group="pipeline"),
+        for_="10m", group="pipeline",
+        needs=Action.NONE, clears_when_fixed=True),
     AlertDef(
         name="WandbInfraDeliveryBacklog", severity="warning", category="pipeline",
         cause=CauseClass.SYMPTOM, scope="pipeline",
@@ -728,7 +806,8 @@ max_over_time(${BRIDGE_QUEUE_RUNS}[${HISTORY_WINDOW}])
 max by (instance, job) (${BRIDGE_OLDEST_UNDELIVERED})
 > ${DELIVERY_BACKLOG_SECONDS}
 """,
-        for_="5m", group="pipeline"),
+        for_="5m", group="pipeline",
+        needs=Action.NONE, clears_when_fixed=True),
     AlertDef(
         name="WandbInfraBridgeStoreNotWritable", severity="critical", category="pipeline",
         cause=CauseClass.SYMPTOM, scope="pipeline",
@@ -741,5 +820,6 @@ max by (instance, job) (${BRIDGE_OLDEST_UNDELIVERED})
                     "by itself once writes succeed.",
         panel="pipeline_delivery",
         condition="min by (instance, job) (${BRIDGE_STORE_WRITABLE}) == 0",
-        for_="1m", group="pipeline"),
+        for_="1m", group="pipeline",
+        needs=Action.NONE, clears_when_fixed=True),
 )

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 from wandb_infra.catalog import panels
 from wandb_infra.catalog.alerts import ALERTS, AlertDef
+from wandb_infra.catalog.recovery import SPECS, Action
+from wandb_infra.catalog.xid import CATALOG_URL, XIDS, XidClass
 
 PATH = "/runbook"
 # The bridge's Service in deploy/kubernetes/bridge.yaml (name.namespace.svc:port); a test checks
@@ -56,6 +58,7 @@ class Entry:
     anchor: str
     raised: str
     confirm: str
+    needs: str
 
     @property
     def name(self) -> str:
@@ -71,7 +74,59 @@ def entry(alert: AlertDef) -> Entry:
               + ".")
     confirm = (f"panel \"{panel.title}\" (id {panel.id}) on the \"{dash.title}\" dashboard; "
                f"{CONFIRM[alert.category]}")
-    return Entry(alert, anchor(alert.name), raised, confirm)
+    return Entry(alert, anchor(alert.name), raised, confirm, needs_text(alert))
+
+
+def needs_text(alert: AlertDef) -> str:
+    """What the alert's fault needs before its node takes a job again, and how that is seen."""
+    if alert.needs is None:
+        return ("what NVIDIA's catalog gives for the code (the XID table below; the bridge "
+                "follows it per code).")
+    spec = SPECS[alert.needs]
+    if spec.out_of_service is False:
+        return f"{spec.needs}: a restart may use the same node."
+    return f"{spec.needs}; seen when: {spec.observed_by}."
+
+
+# The alert each XID class raises (catalog/alerts.py selects the codes by the same classes).
+CLASS_ALERT = {
+    XidClass.HARDWARE: "GpuXidError", XidClass.CONTAINED_ECC: "GpuContainedEccError",
+    XidClass.UNCONTAINED_ECC: "GpuUncontainedEccError", XidClass.FALLEN_OFF_BUS:
+    "GpuFallenOffBus", XidClass.DECODE: "GpuXidDecodeRequired",
+    XidClass.APPLICATION: "GpuXidApplicationError", XidClass.INFORMATIONAL: "GpuXidInformational",
+}
+
+
+def xid_rows() -> list[tuple[str, str, str, str, str]]:
+    """The XID table: code, meaning, NVIDIA's immediate action, what it needs, its alert."""
+    return [(str(x.code), x.meaning, x.bucket or "none published", SPECS[x.action].needs,
+             CLASS_ALERT[x.cls]) for x in XIDS.values()]
+
+
+SAFE_TO_RESTART = (
+    "Each issue that names a host carries a restart verdict, decided from three facts: the "
+    "action its root cause needs (the table below, per alert, and the XID table, per code, "
+    f"from NVIDIA's catalog {CATALOG_URL}), whether telemetry shows that action happened "
+    "(after the fault began), and the host's scheduler state. **safe**: the fault needs no "
+    "hardware action (a restart may land on the same GPUs), or the action was seen done, or "
+    "the host is out of the pool (drained, down, cordoned, tainted against the run's pods) or "
+    "was taken out after the fault and returned by an operator. **unsafe**: the action has "
+    "not happened and the host is schedulable; the issue gives the exact exclusion. "
+    "**unknown**: the data to decide is missing (no Prometheus, no scheduler state, a code "
+    "nobody publishes an action for, a sub-code to decode); the issue says which. The "
+    "optional quarantine drains or cordons only where the action needs the node out of "
+    "service. A site that disagrees with NVIDIA (XID 94: some drain anyway) sets the bridge's "
+    "`restart_policy` per code, bucket or alert, and the issue states the choice.")
+
+
+def action_rows() -> list[tuple[str, str, str, str]]:
+    """The action table: action, what it needs, whether the node leaves the pool, seen when."""
+    out = []
+    for action in Action:
+        spec = SPECS[action]
+        leaves = {True: "yes", False: "no", None: "when resolved"}[spec.out_of_service]
+        out.append((action.value, spec.needs, leaves, spec.observed_by))
+    return out
 
 
 def entries() -> list[Entry]:

@@ -94,6 +94,7 @@ ROW_REMAP_FAILURE = "gpu:dcgm_row_remap_failure:max"
 ROW_REMAP_PENDING = "gpu:dcgm_row_remap_pending:max"
 UNCORRECTABLE_ROWS = "gpu:dcgm_uncorrectable_remapped_rows:max"
 XID_EVENTS = "gpu_xid:dcgm_xid_errors:recent"
+GPU_RECOVERY_ACTION = "gpu:dcgm_gpu_recovery_action:max"
 
 HOST_GPU_COUNT = "hostname:dcgm_gpus:count"
 NODE_EXPORTER_TARGET = "instance:node_exporter_hostname:info"

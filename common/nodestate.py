@@ -29,11 +29,13 @@ SCHEDULABLE = "wandb_infra_node_schedulable"
 STATE_LABELS: tuple[str, ...] = ("hostname", "scheduler", "state", "reason")
 MAX_REASON = 200
 
-# Slurm state words (base or flag) under which no new job starts on the node.
+# Slurm state words (base or flag) under which no new job starts on the node. Not here, because
+# the next job (a restart included) can still land there: power saving (POWERED_DOWN,
+# POWERING_DOWN, POWER_DOWN: the job powers the node up) and RESERVED (the reservation's own jobs,
+# often the team's restart, run there). MAINT is a maintenance reservation: out.
 SLURM_OUT = frozenset({
     "DRAIN", "DRAINED", "DRAINING", "DOWN", "FAIL", "FAILING", "MAINT", "REBOOT_ISSUED",
-    "REBOOT_REQUESTED", "POWERED_DOWN", "POWER_DOWN", "POWERING_DOWN", "FUTURE", "INVALID",
-    "RESERVED",
+    "REBOOT_REQUESTED", "FUTURE", "INVALID",
 })
 K8S_OUT = frozenset({"SchedulingDisabled", "Tainted", "NotReady", "Unknown"})
 DEFAULT_TOLERATED = ("nvidia.com/gpu",)

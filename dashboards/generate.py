@@ -46,7 +46,7 @@ from wandb_infra.catalog.alerts import (
     duration_seconds,
 )
 from wandb_infra.catalog.series import span
-from wandb_infra.catalog.xid import XidClass, codes
+from wandb_infra.catalog.xid import XidClass, codes, prose
 from wandb_infra.common import labels
 from wandb_infra.common.generated import write_or_check
 
@@ -145,9 +145,9 @@ def node_q(fn: str, metric: str, by: str, legend: str) -> Query:
 
 
 def _xids(cls: XidClass) -> str:
-    """The catalog's codes of one class as prose (``13, 31 and 43``), so the text follows it."""
-    *head, last = (str(c) for c in codes(cls))
-    return f"{', '.join(head)} and {last}" if head else last
+    """The catalog's codes of one class as prose (``8, 11, 13 and 39-41``), so the text follows
+    it."""
+    return prose(codes(cls))
 
 
 def alerts_table(alert_selector: str) -> Query:
@@ -209,9 +209,11 @@ def specs(alert_selector: str, scope: str) -> dict[str, PanelSpec]:
         "xid_errors": PanelSpec(
             "timeseries", "short",
             "XID errors reported by the driver, one line per GPU and XID code. "
-            f"{_xids(XidClass.APPLICATION)} usually come from the application and "
-            f"{_xids(XidClass.INFORMATIONAL)} are informational; the other catalogued codes are "
-            "hardware faults (the runbook's XID catalog lists them).",
+            "NVIDIA's catalog says to restart the application for "
+            f"{_xids(XidClass.APPLICATION)} (and 94, a contained memory error) and to do nothing "
+            f"for {_xids(XidClass.INFORMATIONAL)}; {_xids(XidClass.DECODE)} are decoded from "
+            "their fields; the other catalogued codes need a GPU reset, a reboot or support "
+            "(the runbook's XID catalog gives each code's action).",
             (record_q("max", series.XID_EVENTS, GPU_SELECTOR, f"{GPU_LEGEND} XID {{{{xid}}}}"),),
             sparse=True),
         "ecc_errors": PanelSpec(

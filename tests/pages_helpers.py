@@ -16,6 +16,7 @@ import requests
 from aiohttp import web
 
 from harness.bridge_payloads import T0, TOKEN, Running, cascade, make_context, notification, serve
+from wandb_infra.bridge.delivery import DeliveryPolicy
 from wandb_infra.bridge.identity import PrometheusRunLookup
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -28,7 +29,7 @@ def fake_worker(prometheus_url: str = "", wandb: bool = False) -> SimpleNamespac
     its Prometheus run lookup and node-state history (None: no remediation verdict)."""
     lookup = PrometheusRunLookup(prometheus_url, 2.0) if prometheus_url else None
     return SimpleNamespace(client=object() if wandb else None, lookup=lookup, remediation=None,
-                           wake=lambda: None)
+                           policy=DeliveryPolicy(), wake=lambda: None)
 
 
 def post_alerts(running: Running, alerts: list[dict[str, Any]]) -> None:
