@@ -18,7 +18,7 @@ from wandb_infra.exporter.hostnames import HostnameMapper
 from wandb_infra.exporter.placements import PlacementMerger
 from wandb_infra.exporter.pushed import RegistrationStore
 from wandb_infra.exporter.server import REGISTRATION_SOURCE, HostToken, build_app
-from wandb_infra.exporter.sources import Source
+from wandb_infra.exporter.sources import Source, positive_int
 from wandb_infra.exporter.sources.files import RegistrationFilesSource
 from wandb_infra.exporter.sources.kubernetes import KubernetesSource
 from wandb_infra.exporter.sources.nodestate import KubernetesNodeSource, SlurmNodeSource
@@ -35,7 +35,7 @@ DEFAULTS: dict[str, Any] = {
     "auth": {"token": None, "token_file": None, "host_tokens": []},
     "registrations": {"enabled": True, "default_ttl_seconds": 600,
                       "max_ttl_seconds": 30 * 86400, "max_entries": 100000,
-                      "max_series": 180000},
+                      "max_series": 180000, "max_series_per_token": 1000},
     "hostnames": {"strip_domain": True, "lowercase": True, "rewrites": []},
     "sources": {
         "slurm": {"enabled": False},
@@ -52,6 +52,9 @@ Prometheus, from Slurm, the W&B API, Kubernetes, HTTP registrations and registra
 
 Configuration: one YAML file (--config) over built-in defaults; any key can be overridden from the
 environment as {ENV_PREFIX}__SECTION__KEY (e.g. {ENV_PREFIX}__SOURCES__SLURM__ENABLED=true).
+POST and DELETE /v1/runs refuse what a web page can make a browser send, on loopback too: any
+Origin or Sec-Fetch-* header (403) and a body that is not Content-Type: application/json (415).
+
 Keys (see deploy/exporter.example.yaml for a commented example):
   listen                      host:port to serve /metrics, /healthz, /v1/runs (default 0.0.0.0:9842)
   log_level                   debug|info|warning|error (JSON lines on stderr)
@@ -63,28 +66,39 @@ Keys (see deploy/exporter.example.yaml for a commented example):
                               is a loopback address or registrations are disabled
   auth.host_tokens            list of {{token | token_file, hosts: [PATTERN, ...]}}: a token that
                               may register and delete runs only on matching hosts (e.g. one
-                              per node for its Slurm prolog/epilog)
+                              per node for its Slurm prolog/epilog). Patterns match the
+                              canonical host key, after hostnames.* (gpu01.rack-b.example.com
+                              is gpu01), so a pattern naming a domain or upper case is refused
   registrations.enabled       accept POST /v1/runs (default true)
   registrations.default_ttl_seconds / max_ttl_seconds / max_entries
   registrations.max_series    bound on the series registrations publish (1 per host + 1 per
                               GPU; default 180000, about 290 MB of RSS); beyond it POST gets 503
+  registrations.max_series_per_token  the same bound per auth.host_tokens entry (default 1000),
+                              so one node's token cannot fill the store for every other node;
+                              auth.token (every host) is bounded by max_series only
   hostnames.strip_domain      gpu01.example.com -> gpu01 (default true)
   hostnames.lowercase         (default true)
   hostnames.rewrites          list of {{match: REGEX, replace: TEMPLATE}}, first full match wins
   sources.slurm               enabled, mode (squeue_json|scontrol), command, interval_seconds,
                               timeout_seconds, comment_regex (default matches
                               wandb:<entity>/<project>/<run_id>),
-                              job_name_regex, default_entity, default_project
+                              job_name_regex, default_entity, default_project,
+                              max_output_bytes (default 67108864: more output is refused as a
+                              source error, about 5x that in memory while parsing)
   sources.wandb               enabled, base_url, api_key / api_key_file, projects (list of
                               "entity/project"), interval_seconds, timeout_seconds, page_size
   sources.kubernetes          enabled, in_cluster, kubeconfig, api_server, token / token_file,
                               ca_file, insecure_skip_tls_verify, namespace, label_selector,
                               run_id_key, entity_key, project_key, default_entity,
                               default_project, interval_seconds, timeout_seconds, page_size
-  sources.files               enabled, directory, max_age_seconds, interval_seconds
+  sources.files               enabled, directory, max_age_seconds, interval_seconds,
+                              max_file_bytes (default 1048576; larger files are skipped),
+                              max_series (default registrations.max_series; files past it are
+                              skipped); only regular files are read (no FIFOs or devices)
 Every source may also set `name` (its `source` label; defaults slurm, wandb, kubernetes, files).
   node_state.slurm            enabled, mode (scontrol|sinfo_json), command, interval_seconds,
-                              timeout_seconds: publishes wandb_infra_node_state{{hostname,
+                              timeout_seconds, max_output_bytes (as sources.slurm):
+                              publishes wandb_infra_node_state{{hostname,
                               scheduler, state, reason}} and wandb_infra_node_schedulable
                               (drained, down, ... and the reason); read-only
   node_state.kubernetes       enabled, tolerated_taints (default [nvidia.com/gpu]),
@@ -111,8 +125,9 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def host_tokens(raw: object, secrets: list[str]) -> list[HostToken]:
-    """``auth.host_tokens``: each a token (file preferred) bound to host patterns."""
+def host_tokens(raw: object, secrets: list[str], mapper: HostnameMapper) -> list[HostToken]:
+    """``auth.host_tokens``: each a token (file preferred) bound to patterns of canonical
+    host keys; a pattern no canonical key can match is refused rather than never matching."""
     if not isinstance(raw, list):
         raise ConfigError("auth.host_tokens must be a list")
     out = []
@@ -124,12 +139,22 @@ def host_tokens(raw: object, secrets: list[str]) -> list[HostToken]:
         if not isinstance(hosts, list) or not hosts or not all(
                 isinstance(h, str) and h for h in hosts):
             raise ConfigError(f"{where}.hosts must be a non-empty list of host patterns")
+        for pattern in hosts:
+            if (mapper.lowercase and pattern != pattern.lower()) or (
+                    mapper.strip_domain and "." in pattern and set(pattern) - _IP_PATTERN):
+                raise ConfigError(
+                    f"{where}.hosts: {pattern!r} can never match: tokens are bound to canonical "
+                    "host keys (after hostnames.*: domain stripped, lower case), so name those, "
+                    "e.g. 'gpu-b*' rather than '*.rack-b.example.com'")
         token = read_secret(item.get("token"), item.get("token_file"), where)
         if not token:
             raise ConfigError(f"{where} needs token or token_file")
         secrets.append(token)
         out.append(HostToken(token, tuple(hosts)))
     return out
+
+
+_IP_PATTERN = frozenset("0123456789.*?[]!-")  # IPv4 addresses keep their dots
 
 
 def require_token(listen: str, authenticated: bool, registrations: bool) -> None:
@@ -148,14 +173,14 @@ _K8S = frozenset({"in_cluster", "kubeconfig", "api_server", "token", "token_file
                   "insecure_skip_tls_verify", "namespace", "label_selector", "page_size"})
 SOURCE_KEYS: dict[str, frozenset[str]] = {
     "slurm": _COMMON | {"mode", "command", "comment_regex", "job_name_regex", "default_entity",
-                        "default_project"},
+                        "default_project", "max_output_bytes"},
     "wandb": _COMMON | {"base_url", "api_key", "api_key_file", "projects", "page_size"},
     "kubernetes": _COMMON | _K8S | {"run_id_key", "entity_key", "project_key",
                                     "default_entity", "default_project"},
-    "files": _COMMON | {"directory", "max_age_seconds"},
+    "files": _COMMON | {"directory", "max_age_seconds", "max_file_bytes", "max_series"},
 }
 NODE_STATE_KEYS: dict[str, frozenset[str]] = {
-    "slurm": _COMMON | {"mode", "command"},
+    "slurm": _COMMON | {"mode", "command", "max_output_bytes"},
     "kubernetes": _COMMON | _K8S | {"tolerated_taints"},
 }
 
@@ -171,6 +196,14 @@ def check_nested(cfg: Mapping[str, Any]) -> None:
         for kind, section in (cfg.get(group) or {}).items():
             if kind in known and isinstance(section, Mapping):
                 check_section(section, known[kind], f"{group}.{kind}")
+
+
+def registration_limits(cfg: Mapping[str, Any]) -> tuple[int, int, int]:
+    """``registrations.max_entries``, ``max_series`` and ``max_series_per_token``."""
+    section = cfg["registrations"]
+    return (positive_int(section, "max_entries", 100000, "registrations"),
+            positive_int(section, "max_series", 180000, "registrations"),
+            positive_int(section, "max_series_per_token", 1000, "registrations"))
 
 
 def build_sources(cfg: Mapping[str, Any], secrets: list[str]) -> list[Source]:
@@ -199,7 +232,7 @@ def build_sources(cfg: Mapping[str, Any], secrets: list[str]) -> list[Source]:
             secrets.append(k8s.api.token or "")
             sources.append(k8s)
         else:
-            sources.append(RegistrationFilesSource(section))
+            sources.append(RegistrationFilesSource(section, registration_limits(cfg)[1]))
     names = [s.name for s in sources]
     if len(set(names)) != len(names) or REGISTRATION_SOURCE in names:
         raise ConfigError(f"source names must be unique and not '{REGISTRATION_SOURCE}'")
@@ -249,7 +282,8 @@ def _build(cfg: Mapping[str, Any]) -> tuple[web.Application, list[str]]:
     token = read_secret(auth.get("token"), auth.get("token_file"), "auth token")
     if token:
         secrets.append(token)
-    bound = host_tokens(auth.get("host_tokens") or [], secrets)
+    mapper = HostnameMapper.from_config(cfg.get("hostnames") or {})
+    bound = host_tokens(auth.get("host_tokens") or [], secrets, mapper)
     reg_cfg = cfg["registrations"]
     default_ttl = float(reg_cfg.get("default_ttl_seconds", 600))
     max_ttl = float(reg_cfg.get("max_ttl_seconds", 30 * 86400))
@@ -258,11 +292,12 @@ def _build(cfg: Mapping[str, Any]) -> tuple[web.Application, list[str]]:
     grace = float(cfg["grace_seconds"])
     if grace < 0:
         raise ConfigError("grace_seconds must be >= 0")
-    store = RegistrationStore(max_entries=int(reg_cfg.get("max_entries", 100000)),
-                              max_series=int(reg_cfg.get("max_series", 180000)))
+    entries, series, per_token = registration_limits(cfg)
+    store = RegistrationStore(max_entries=entries, max_series=series,
+                              max_series_per_owner=per_token)
     live = [(REGISTRATION_SOURCE, store.active)] if reg_cfg.get("enabled", True) else []
-    merger = PlacementMerger(HostnameMapper.from_config(cfg.get("hostnames") or {}),
-                             grace_seconds=grace, live_sources=live, live_version=store.version)
+    merger = PlacementMerger(mapper, grace_seconds=grace, live_sources=live,
+                             live_version=store.version)
     sources = build_sources(cfg, secrets) + node_state_sources(cfg, merger, grace, secrets)
     if len({s.name for s in sources}) != len(sources):
         raise ConfigError("node_state source names must differ from the run sources' names")
@@ -289,8 +324,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "'listen' in the config)")
     parser.add_argument("--web.config.file", dest="web_config", metavar="FILE",
                         help="TLS and basic auth in the Prometheus exporter-toolkit format "
-                             "(tls_server_config, basic_auth_users with bcrypt hashes); basic "
-                             "auth guards /, /metrics and /healthz")
+                             "(tls_server_config, basic_auth_users with bcrypt hashes of cost "
+                             "<= 12); basic auth guards /, /metrics and /healthz")
     args = parser.parse_args(argv)
     try:
         web_config = webconfig.load(args.web_config) if args.web_config else webconfig.WebConfig()

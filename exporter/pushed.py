@@ -17,7 +17,8 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections import Counter
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 
 from wandb_infra.common import labels
@@ -130,6 +131,7 @@ def parse_registration(data: object, source: str, default_ttl: float,
 class _Entry:
     placement: RunPlacement
     expires: float
+    owner: Hashable | None  # the host-bound token that wrote it (None: not under a quota)
 
 
 def series(placement: RunPlacement) -> int:
@@ -141,48 +143,77 @@ class RegistrationStore:
     """Live registrations keyed by (run, host), each expiring unless refreshed.
 
     Bounded in entries and in the series they publish, since the exporter's memory and scrape
-    size grow with series (about 1.4 kB of RSS each), not with entries."""
+    size grow with series (about 1.4 kB of RSS each), not with entries; and per owner (one
+    node's token) to ``max_series_per_owner`` series, so one node cannot fill the store and
+    leave every other node's prolog with 503s until its entries expire."""
 
     def __init__(self, max_entries: int = 100_000, clock: Callable[[], float] = time.time,
-                 max_series: int = 180_000) -> None:
+                 max_series: int = 180_000, max_series_per_owner: int = 1_000) -> None:
         self.max_entries = max_entries
         self.max_series = max_series
+        self.max_series_per_owner = max_series_per_owner
         self.clock = clock
         self._lock = threading.Lock()
         self._entries: dict[tuple[RunKey, str], _Entry] = {}
         self._series = 0
+        self._owned: Counter[Hashable] = Counter()
         self._version = 0
         self._next_expiry = float("inf")
 
-    def put(self, placement: RunPlacement, ttl: float) -> bool:
-        """Add or refresh; returns True when it was new. Raises OverflowError when full."""
+    def put(self, placement: RunPlacement, ttl: float, owner: Hashable | None = None) -> bool:
+        """Add or refresh, charged to ``owner`` (None: no per-owner quota); returns True when
+        it was new. Raises OverflowError when the store or the owner's quota is full."""
         key = (placement.run, placement.host)
         with self._lock:
+            self._expire()  # what has run out no longer holds room or quota
             old = self._entries.get(key)
             if old is None and len(self._entries) >= self.max_entries:
                 raise OverflowError(f"registration store is full ({self.max_entries})")
-            grown = self._series + series(placement) - (0 if old is None else series(
-                old.placement))
+            before = 0 if old is None else series(old.placement)
+            grown = self._series + series(placement) - before
             if grown > self.max_series and grown > self._series:  # heartbeats always fit
                 raise OverflowError(f"registrations would publish more than {self.max_series} "
                                     "series")
+            if owner is not None:
+                mine = self._owned[owner] + series(placement) - (
+                    before if old is not None and old.owner == owner else 0)
+                if mine > self.max_series_per_owner and mine > self._owned[owner]:
+                    raise OverflowError("this token's registrations would publish more than "
+                                        f"{self.max_series_per_owner} series "
+                                        "(registrations.max_series_per_token)")
+            if old is not None:
+                self._release(old)
             self._series = grown
+            if owner is not None:
+                self._owned[owner] += series(placement)
             expires = self.clock() + ttl
-            self._entries[key] = _Entry(placement, expires)
+            self._entries[key] = _Entry(placement, expires, owner)
             self._next_expiry = min(self._next_expiry, expires)
             if old is None or old.placement != placement:
                 self._version += 1
             return old is None
+
+    def _release(self, entry: _Entry) -> None:
+        """Give an entry's series back to its owner's quota (the caller holds the lock)."""
+        if entry.owner is not None:
+            self._owned[entry.owner] -= series(entry.placement)
+            if not self._owned[entry.owner]:
+                del self._owned[entry.owner]
 
     def delete(self, run: RunKey, host: str | None = None) -> int:
         """Remove a run's registrations (one host or all); returns how many."""
         with self._lock:
             keys = [k for k in self._entries if k[0] == run and (host is None or k[1] == host)]
             for key in keys:
-                self._series -= series(self._entries.pop(key).placement)
+                self._drop(key)
             if keys:
                 self._version += 1
             return len(keys)
+
+    def _drop(self, key: tuple[RunKey, str]) -> None:
+        entry = self._entries.pop(key)
+        self._series -= series(entry.placement)
+        self._release(entry)
 
     def _expire(self) -> None:
         now = self.clock()
@@ -190,7 +221,7 @@ class RegistrationStore:
             return
         dead = [k for k, e in self._entries.items() if e.expires <= now]
         for key in dead:
-            self._series -= series(self._entries.pop(key).placement)
+            self._drop(key)
         if dead:
             self._version += 1
         self._next_expiry = min((e.expires for e in self._entries.values()), default=float("inf"))

@@ -71,16 +71,37 @@ async def poll_forever(source: Source, merger: PlacementMerger) -> None:
 
 @dataclass(frozen=True)
 class HostToken:
-    """A bearer token that may register and delete runs only on hosts matching ``hosts``
-    (shell patterns on the hostname as sent or as canonicalised), so a node holding its own
-    token cannot register a fake run on, or delete the runs of, another node."""
+    """A bearer token that may register and delete runs only on hosts matching ``hosts``, so a
+    node holding its own token cannot register a fake run on, or delete the runs of, another
+    node. The patterns match the canonical host key (what is stored and published): matching
+    the name as sent let ``gpu-a01.rack-b.example.com`` pass ``*.rack-b.example.com`` and then
+    become rack A's ``gpu-a01`` once the domain was stripped."""
 
     token: str = field(repr=False)
     hosts: tuple[str, ...]
 
-    def allows(self, *names: str) -> bool:
-        """True when one of ``names`` (the same host, raw and canonical) matches a pattern."""
-        return any(fnmatchcase(name, pattern) for name in names for pattern in self.hosts)
+    def allows(self, canonical: str) -> bool:
+        """True when the canonical host key matches one of the patterns."""
+        return any(fnmatchcase(canonical, pattern) for pattern in self.hosts)
+
+
+def forged_by_a_browser(request: web.Request) -> web.Response | None:
+    """403 for what a web page could make a browser send, 415 for a body that is not JSON.
+
+    Registrations come from programs (the prolog's curl, the client helper), which send neither
+    ``Origin`` nor ``Sec-Fetch-*``; browsers send them on every POST and DELETE, including
+    same-origin ones after DNS rebinding. JSON is required because an HTML form or a no-cors
+    fetch can only send ``text/plain``, form or multipart bodies without a CORS preflight (which
+    the exporter never grants). Both hold on loopback too, where no token may be configured."""
+    sent = [h for h in request.headers if h.lower() == "origin" or h.lower().startswith(
+        "sec-fetch-")]
+    if sent:
+        return _error(403, f"refused: sent by a web browser ({sent[0]} header); the "
+                           "registration API accepts requests from programs only")
+    has_body = request.body_exists or "Content-Type" in request.headers
+    if (request.method == "POST" or has_body) and request.content_type != "application/json":
+        return _error(415, "Content-Type must be application/json")
+    return None
 
 
 def _digest(value: str) -> bytes:
@@ -145,6 +166,9 @@ class Api:
         authorised, bound = self._grant(request)
         if not authorised:
             return _error(401, "missing or wrong bearer token")
+        refused = forged_by_a_browser(request)
+        if refused is not None:
+            return refused
         if request.content_length is not None and request.content_length > MAX_BODY:
             return _error(413, f"body larger than {MAX_BODY} bytes")
         try:
@@ -167,12 +191,11 @@ class Api:
         except RegistrationError as exc:
             self.merger.count_error(REGISTRATION_SOURCE)
             return _error(400, str(exc))
-        canonical = self.merger.canonical(placement)
-        if bound is not None and not bound.allows(placement.host, canonical.host):
+        placement = self.merger.canonical(placement)
+        if bound is not None and not bound.allows(placement.host):
             return _error(403, f"this token may not register runs on {placement.host!r}")
-        placement = canonical
         try:
-            new = self.store.put(placement, ttl)
+            new = self.store.put(placement, ttl, owner=bound)
         except OverflowError as exc:
             return _error(503, str(exc))
         log.log(logging.INFO if new else logging.DEBUG, "run registered" if new else
@@ -185,6 +208,9 @@ class Api:
         authorised, bound = self._grant(request)
         if not authorised:
             return _error(401, "missing or wrong bearer token")
+        refused = forged_by_a_browser(request)
+        if refused is not None:
+            return refused
         info = request.match_info
         run = run_key(info["entity"], info["project"], info["run_id"])
         if run is None:
@@ -193,7 +219,7 @@ class Api:
         if host is not None and not HOST_CHARS.fullmatch(host):
             return _error(400, "'hostname' has invalid characters or length")
         canonical = None if host is None else self.merger.mapper(host)
-        if bound is not None and (host is None or not bound.allows(host, canonical or "")):
+        if bound is not None and (canonical is None or not bound.allows(canonical)):
             return _error(403, "this token may delete runs only with ?hostname= of its hosts")
         deleted = self.store.delete(run, canonical)
         log.info("run deregistered", extra=log_fields(run=run.path(), host=host, deleted=deleted))

@@ -12,15 +12,24 @@ exporter is configured like node_exporter and dcgm-exporter::
 
 Basic auth guards what Prometheus and people read (``/``, ``/metrics``, ``/healthz``); the
 registration API keeps its bearer tokens. Unknown keys are refused, as the toolkit does.
+
+bcrypt is slow by design, so checks run on one thread of their own, never on the event loop or
+the pool that renders /metrics: unauthenticated clients queue behind each other while a
+scraper whose header was verified once is answered at once. At most ``MAX_PENDING`` checks wait
+(beyond that 503 with ``Retry-After``), hashes above cost ``MAX_COST`` are refused at start, and
+unknown users are checked against a dummy hash of the highest configured cost, so the time
+taken does not tell which user names exist.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
-import binascii
 import hashlib
+import re
 import ssl
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +49,20 @@ _CLIENT_AUTH = {"NoClientCert": ssl.CERT_NONE, "RequestClientCert": ssl.CERT_OPT
 _VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1,
              "TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
 GUARDED = ("/", "/metrics", "/healthz")
+# 2^12 rounds take about 0.4 s per check here; more would time out a first scrape.
+MAX_COST = 12
+MAX_PENDING = 8
+MAX_VERIFIED = 256
+_BCRYPT = re.compile(r"\$2[abxy]?\$(\d\d)\$[./A-Za-z0-9]{53}")
+
+
+class _Checks:
+    """The password-check thread and its bookkeeping (mutable state of a frozen config)."""
+
+    def __init__(self) -> None:
+        self.pool: ThreadPoolExecutor | None = None
+        self.pending = 0
+        self.verified: set[bytes] = set()
 
 
 @dataclass(frozen=True)
@@ -50,43 +73,67 @@ class WebConfig:
     users: Mapping[str, bytes] = field(default_factory=dict)
     # SHA-256 digests of headers already verified: bcrypt costs tens of milliseconds by design,
     # which a scrape every few seconds should pay once, not every time (as exporter-toolkit).
-    _verified: set[bytes] = field(default_factory=set, compare=False, repr=False)
+    _checks: _Checks = field(default_factory=_Checks, compare=False, repr=False)
+    _dummy: bytes = field(default=b"", compare=False, repr=False)
 
-    def allows(self, header: str | None) -> bool:
-        """Whether ``Authorization: Basic ...`` names a user with the right password."""
+    def __post_init__(self) -> None:
+        if self.users and not self._dummy:
+            cost = max(int(h.split(b"$")[2]) for h in self.users.values())
+            object.__setattr__(self, "_dummy", bcrypt.hashpw(b"not a password",
+                                                             bcrypt.gensalt(rounds=cost)))
+
+    async def allows(self, header: str | None) -> bool | None:
+        """Whether ``Authorization: Basic ...`` names a user with the right password (bcrypt
+        on the check thread); None when too many checks already wait."""
         if not header or not header.startswith("Basic "):
             return False
-        digest = hashlib.sha256(header.encode()).digest()
-        if digest in self._verified:
+        checks = self._checks
+        digest = hashlib.sha256(header.encode("utf-8", "surrogateescape")).digest()
+        if digest in checks.verified:
             return True
-        if self._check(header):
-            self._verified.add(digest)
-            return True
-        return False
+        if checks.pending >= MAX_PENDING:
+            return None
+        if checks.pool is None:
+            checks.pool = ThreadPoolExecutor(1, thread_name_prefix="basic-auth")
+        checks.pending += 1
+        try:
+            ok = await asyncio.get_running_loop().run_in_executor(checks.pool, self._check,
+                                                                  header)
+        finally:
+            checks.pending -= 1
+        if ok:
+            self._remember(digest)
+        return ok
+
+    def _remember(self, digest: bytes) -> None:
+        if len(self._checks.verified) >= MAX_VERIFIED:  # only right passwords get here
+            self._checks.verified.clear()
+        self._checks.verified.add(digest)
 
     def _check(self, header: str) -> bool:
         try:
             user, _, password = base64.b64decode(header[6:], validate=True).decode().partition(
                 ":")
-        except (binascii.Error, UnicodeDecodeError):
+        except ValueError:  # binascii.Error, non-ASCII header text, non-UTF-8 credentials
             return False
         hashed = self.users.get(user)
-        # bcrypt.checkpw against a fixed hash for unknown users keeps the timing the same
-        return bcrypt.checkpw(password.encode(), hashed or _DUMMY) and hashed is not None
+        # unknown users pay for a hash of the highest configured cost: no timing oracle
+        return bcrypt.checkpw(password.encode(), hashed or self._dummy) and hashed is not None
 
     def middleware(self) -> Middleware:
         """An aiohttp middleware asking for basic auth on the read endpoints."""
         @web.middleware
         async def basic_auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-            if self.users and request.path in GUARDED and not self.allows(
-                    request.headers.get("Authorization")):
-                return web.Response(status=401, text="401 Unauthorized\n",
-                                    headers={"WWW-Authenticate": 'Basic realm="wandb-infra"'})
+            if self.users and request.path in GUARDED:
+                ok = await self.allows(request.headers.get("Authorization"))
+                if ok is None:
+                    return web.Response(status=503, text="503 too many password checks at "
+                                        "once\n", headers={"Retry-After": "1"})
+                if not ok:
+                    return web.Response(status=401, text="401 Unauthorized\n", headers={
+                        "WWW-Authenticate": 'Basic realm="wandb-infra"'})
             return await handler(request)
         return basic_auth
-
-
-_DUMMY = bcrypt.hashpw(b"not a password", bcrypt.gensalt(rounds=4))
 
 
 def _tls(section: Mapping[str, Any], base: Path) -> ssl.SSLContext:
@@ -132,5 +179,13 @@ def load(path: str) -> WebConfig:
             isinstance(u, str) and isinstance(h, str) and h.startswith("$2") for u, h in
             users.items()):
         raise ConfigError("web config: basic_auth_users maps user names to bcrypt hashes ($2...)")
+    for user, hashed in users.items():
+        match = _BCRYPT.fullmatch(hashed)
+        if not match:
+            raise ConfigError(f"web config: basic_auth_users.{user} is not a bcrypt hash")
+        if int(match.group(1)) > MAX_COST:
+            raise ConfigError(f"web config: basic_auth_users.{user} has bcrypt cost "
+                              f"{match.group(1)}, above {MAX_COST}: every check would hold the "
+                              f"check thread for seconds; hash it again with htpasswd -nbBC 10")
     return WebConfig(_tls(tls, file.parent) if isinstance(tls, Mapping) else None,
                      {u: h.encode() for u, h in users.items()})

@@ -34,6 +34,7 @@ def exporter(tmp_path_factory):
 
 
 AUTH = {"Authorization": "Bearer s3cret-token-value"}
+JSON = {**AUTH, "Content-Type": "application/json"}  # raw bodies: the API takes JSON only
 FIXTURE_HEALTH = HealthCheck.function_scoped_fixture
 
 
@@ -82,7 +83,7 @@ def test_auth_required(exporter):
 def test_bad_payloads_get_clear_400(exporter, body, reason):
     url, _ = exporter
     errors = metric_value(url, "wandb_infra_exporter_source_errors_total", source="registrations")
-    resp = requests.post(url + "/v1/runs", data=body, headers=AUTH, timeout=5)
+    resp = requests.post(url + "/v1/runs", data=body, headers=JSON, timeout=5)
     assert resp.status_code == 400
     assert reason in resp.json()["error"]
     assert metric_value(url, "wandb_infra_exporter_source_errors_total",
@@ -99,7 +100,7 @@ def test_healthz_reports_sources(exporter):
 
 def test_oversized_body_rejected(exporter):
     url, _ = exporter
-    resp = requests.post(url + "/v1/runs", data=b"x" * 200_000, headers=AUTH, timeout=5)
+    resp = requests.post(url + "/v1/runs", data=b"x" * 200_000, headers=JSON, timeout=5)
     assert resp.status_code == 413
 
 
@@ -127,7 +128,7 @@ payloads = st.fixed_dictionaries({}, optional={k: field_values for k in (
 def test_fuzz_registration_never_breaks_the_exporter(exporter, payload):
     url, _ = exporter
     before = metric_samples(url, labels.NODE_INFO)
-    resp = requests.post(url + "/v1/runs", data=json.dumps(payload), headers=AUTH, timeout=5)
+    resp = requests.post(url + "/v1/runs", data=json.dumps(payload), headers=JSON, timeout=5)
     assert resp.status_code in (200, 201, 400), resp.text
     if resp.status_code == 400:
         assert resp.json()["error"]
@@ -141,7 +142,7 @@ def test_fuzz_registration_never_breaks_the_exporter(exporter, payload):
 @given(raw=st.binary(max_size=300))
 def test_fuzz_raw_bytes(exporter, raw):
     url, _ = exporter
-    resp = requests.post(url + "/v1/runs", data=raw, headers=AUTH, timeout=5)
+    resp = requests.post(url + "/v1/runs", data=raw, headers=JSON, timeout=5)
     assert resp.status_code in (200, 201, 400)
 
 

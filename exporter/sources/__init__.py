@@ -33,6 +33,14 @@ def valid_run_key(entity: object, project: object, run_id: object) -> RunKey | N
     return RunKey(entity, project, run_id)
 
 
+def positive_int(cfg: Mapping[str, object], key: str, default: int, section: str) -> int:
+    """An optional count or byte size from config: an integer > 0 (not a float, not a bool)."""
+    value = cfg.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{section}.{key} must be an integer > 0, not {value!r}")
+    return value
+
+
 def compile_regex(cfg: Mapping[str, object], key: str, section: str) -> re.Pattern[str] | None:
     """An optional regex from config; must name a ``run_id`` group."""
     raw = cfg.get(key)

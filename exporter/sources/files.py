@@ -4,11 +4,18 @@ Each file holds one registration object or a list of them (the same schema as ``
 ``ttl_seconds`` is ignored). A file counts while it exists and, when ``max_age_seconds`` > 0, while
 its mtime is recent. Write files atomically (write ``x.json.tmp``, rename): names not ending in
 ``.json`` are ignored. A bad file is skipped and reported; the others still count.
+
+Only regular files are read (a symlink is followed to one, as in a ConfigMap volume), so a FIFO
+cannot hang the poller and a link to ``/dev/zero`` cannot be read without end; each file is read
+up to ``max_file_bytes``, and the files together publish at most ``max_series`` series (default
+``registrations.max_series``, the HTTP path's cap): files past the cap are skipped and reported.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import stat
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,15 +24,43 @@ from typing import Any
 from wandb_infra.common.commands import SourceError
 from wandb_infra.common.configfile import ConfigError
 from wandb_infra.exporter.model import SourceResult
-from wandb_infra.exporter.pushed import RegistrationError, parse_registration
+from wandb_infra.exporter.pushed import RegistrationError, parse_registration, series
+from wandb_infra.exporter.sources import positive_int
 
 MAX_FILE_BYTES = 1 << 20
+_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+
+
+def read_regular(path: Path, limit: int, max_age: float, now: float) -> bytes | None:
+    """The file's bytes, None when too old; RegistrationError unless a regular file of at
+    most ``limit`` bytes (checked again on the open descriptor, in case it was swapped)."""
+    if not stat.S_ISREG(path.stat().st_mode):
+        raise RegistrationError("not a regular file")
+    fd = os.open(path, _OPEN_FLAGS)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise RegistrationError("not a regular file")
+        if max_age and now - info.st_mtime > max_age:
+            return None
+        chunks, size = [], 0
+        while size <= limit:
+            chunk = os.read(fd, limit + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > limit:
+            raise RegistrationError(f"larger than {limit} bytes (max_file_bytes)")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 class RegistrationFilesSource:
     """Polls a directory of registration files."""
 
-    def __init__(self, cfg: Mapping[str, Any]) -> None:
+    def __init__(self, cfg: Mapping[str, Any], max_series: int = 180_000) -> None:
         self.name = str(cfg.get("name") or "files")
         self.interval = float(cfg.get("interval_seconds", 10))
         directory = cfg.get("directory")
@@ -33,6 +68,8 @@ class RegistrationFilesSource:
             raise ConfigError("sources.files.directory is required when the source is enabled")
         self.directory = Path(str(directory))
         self.max_age = float(cfg.get("max_age_seconds", 0))
+        self.max_bytes = positive_int(cfg, "max_file_bytes", MAX_FILE_BYTES, "sources.files")
+        self.max_series = positive_int(cfg, "max_series", max_series, "sources.files")
 
     def poll(self) -> SourceResult:
         """Read every ``*.json`` file; unreadable directory -> SourceError."""
@@ -41,23 +78,33 @@ class RegistrationFilesSource:
         except OSError as exc:
             raise SourceError(f"cannot list {self.directory}: {exc.strerror}") from exc
         result = SourceResult()
-        now = time.time()
+        now, total, skipped = time.time(), 0, 0
         for path in files:
             try:
-                stat = path.stat()
-                if self.max_age and now - stat.st_mtime > self.max_age:
+                raw = read_regular(path, self.max_bytes, self.max_age, now)
+                if raw is None:
                     continue
-                if stat.st_size > MAX_FILE_BYTES:
-                    raise RegistrationError(f"larger than {MAX_FILE_BYTES} bytes")
-                data = json.loads(path.read_text(encoding="utf-8"))
-                items = data if isinstance(data, list) else [data]
-                for item in items:
+                data = json.loads(raw)
+                found = []
+                for item in data if isinstance(data, list) else [data]:
                     clean = ({k: v for k, v in item.items() if k != "ttl_seconds"}
                              if isinstance(item, dict) else item)
-                    placement, _ = parse_registration(clean, self.name, 1.0, 1.0)
-                    result.placements.append(placement)
+                    found.append(parse_registration(clean, self.name, 1.0, 1.0)[0])
             except FileNotFoundError:
                 continue
             except (OSError, ValueError) as exc:
                 result.problems.append(f"{path.name}: {exc}")
+                continue
+            except RecursionError:
+                result.problems.append(f"{path.name}: JSON nested too deeply")
+                continue
+            cost = sum(map(series, found))
+            if total + cost > self.max_series:
+                skipped += 1
+                continue
+            total += cost
+            result.placements.extend(found)
+        if skipped:
+            result.problems.append(f"{skipped} file(s) skipped: the files would publish more "
+                                   f"than {self.max_series} series (max_series)")
         return result

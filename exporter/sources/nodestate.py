@@ -15,7 +15,7 @@ from typing import Any
 
 import requests
 
-from wandb_infra.common.commands import run_command
+from wandb_infra.common.commands import MAX_OUTPUT_BYTES, run_command
 from wandb_infra.common.configfile import ConfigError
 from wandb_infra.common.kubeapi import KubeApi
 from wandb_infra.common.nodestate import (
@@ -26,6 +26,7 @@ from wandb_infra.common.nodestate import (
     parse_sinfo_json,
 )
 from wandb_infra.exporter.model import SourceResult
+from wandb_infra.exporter.sources import positive_int
 
 
 class _Published:
@@ -69,12 +70,14 @@ class SlurmNodeSource(_Published):
         if not isinstance(command, list) or not all(isinstance(c, str) for c in command):
             raise ConfigError("node_state.slurm.command must be a list of strings")
         self.command: list[str] = command
+        self.max_bytes = positive_int(cfg, "max_output_bytes", MAX_OUTPUT_BYTES,
+                                      "node_state.slurm")
         self._run = runner
 
     def poll(self) -> SourceResult:
         """Run the command; publish every node's state."""
         parse = parse_scontrol_nodes if self.mode == "scontrol" else parse_sinfo_json
-        self.put(parse(run_command(self.command, self.timeout, self._run)))
+        self.put(parse(run_command(self.command, self.timeout, self._run, self.max_bytes)))
         return SourceResult()
 
 

@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from wandb_infra.common import labels
-from wandb_infra.common.commands import json_list, run_command
+from wandb_infra.common.commands import MAX_OUTPUT_BYTES, json_list, run_command
 from wandb_infra.common.configfile import ConfigError
 from wandb_infra.common.runkey import RunKey
 from wandb_infra.exporter.model import Gpu, RunPlacement, SourceResult
 from wandb_infra.exporter.nodelist import NodeListError, expand_hostlist, gres_gpu_indices
-from wandb_infra.exporter.sources import compile_regex, valid_run_key
+from wandb_infra.exporter.sources import compile_regex, positive_int, valid_run_key
 
 DEFAULT_COMMENT_REGEX = (
     r"wandb:(?P<entity>[^/\s]+)/(?P<project>[^/\s]+)/(?P<run_id>[A-Za-z0-9_.\-]+)"
@@ -215,6 +215,7 @@ class SlurmSource:
         if not isinstance(command, list) or not all(isinstance(c, str) for c in command):
             raise ConfigError("sources.slurm.command must be a list of strings")
         self.command: list[str] = command
+        self.max_bytes = positive_int(cfg, "max_output_bytes", MAX_OUTPUT_BYTES, "sources.slurm")
         comment = cfg.get("comment_regex", DEFAULT_COMMENT_REGEX)
         self.naming = RunNaming(
             comment_regex=compile_regex({"c": comment}, "c", "sources.slurm.comment_regex"),
@@ -227,6 +228,7 @@ class SlurmSource:
     def poll(self) -> SourceResult:
         """Run the command and turn running jobs into placements."""
         parse = parse_squeue_json if self.mode == "squeue_json" else parse_scontrol
-        jobs, problems = parse(run_command(self.command, self.timeout, self._run))
+        jobs, problems = parse(run_command(self.command, self.timeout, self._run,
+                                                 self.max_bytes))
         placements, more = placements_from_jobs(jobs, self.naming, self.name)
         return SourceResult(placements, problems + more)
