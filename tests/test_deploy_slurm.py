@@ -1,0 +1,174 @@
+"""deploy/slurm/wandb-sbatch against a REAL single-node Slurm 22.05 (tests/slurm_cluster.py), as
+docs/deploy-slurm.md tells a site to run it: the shipped prolog/epilog register with one exporter,
+a central exporter reads ``squeue --json``, and inside the job the real ``wandb`` SDK (offline)
+and ``wandb_infra.exporter.client`` see the run the wrapper chose. Every path must agree on
+entity, project, run id, host and GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from harness.exporter_process import metric_samples, running_exporter
+from harness.processes import free_port, wait_for
+from tests.slurm_cluster import slurm_cluster, unavailable_reason
+from wandb_infra.common import labels
+
+pytestmark = pytest.mark.slurm
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy" / "slurm"
+WRAPPER = DEPLOY / "wandb-sbatch"
+
+JOB = textwrap.dedent("""\
+    #!/bin/bash
+    #SBATCH --comment="nightly eval"
+    #SBATCH --gres=gpu:1
+    {python} - > {out}.tmp <<'EOF'
+    import json, os
+    import wandb
+    from wandb_infra.exporter.client import build_payload
+    run = wandb.init(mode="offline", dir=os.environ["JOB_DIR"], settings=wandb.Settings(
+        x_disable_stats=True, console="off", save_code=False))
+    print(json.dumps({{"run": [run.project, run.id],
+                      "env": {{k: v for k, v in os.environ.items() if k.startswith("WANDB_")}},
+                      "client": build_payload(run)}}))
+    run.finish()
+    EOF
+    mv {out}.tmp {out}
+    sleep 300
+    """)
+
+
+def _hook(path: Path, script: str, port: int) -> str:
+    """The shipped prolog/epilog, pointed at the test's exporter (as /etc/default would)."""
+    path.write_text("#!/bin/bash\n"
+                    f"export WANDB_INFRA_EXPORTER_URL=http://127.0.0.1:{port}\n"
+                    "export WANDB_INFRA_EXPORTER_ENV_FILE=/nonexistent\n"
+                    f"exec {DEPLOY / script}\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """Slurm with the shipped prolog/epilog, their registration exporter, and a central exporter
+    with the squeue source (the two placements docs/deploy-slurm.md describes)."""
+    reason = unavailable_reason()
+    assert reason is None, reason  # setup/system-deps.sh installs Slurm and munge
+    base = tmp_path_factory.mktemp("slurm-deploy")
+    reg_port = free_port()
+    prolog = _hook(base / "prolog", "prolog.sh", reg_port)
+    epilog = _hook(base / "epilog", "epilog.sh", reg_port)
+    with running_exporter({}, base / "registrations", port=reg_port) as reg_url, \
+            slurm_cluster(base / "cluster", gpus=2, prolog=prolog, epilog=epilog) as slurm:
+        central = {"registrations": {"enabled": False},
+                   "sources": {"slurm": {"enabled": True, "mode": "squeue_json",
+                                         "interval_seconds": 0.5}}}
+        with running_exporter(central, base / "central", env=slurm.env()) as central_url:
+            yield slurm, reg_url, central_url
+
+
+def wandb_sbatch(slurm, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in slurm.env().items() if not k.startswith("WANDB_")}
+    return subprocess.run([str(WRAPPER), *args], env={**clean, **(env or {})},
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+def _runs(url: str, name: str) -> dict[str, list[dict[str, str]]]:
+    out: dict[str, list[dict[str, str]]] = {}
+    for sample in metric_samples(url, name):
+        out.setdefault(sample[labels.RUN_ID], []).append(sample)
+    return out
+
+
+def test_wrapper_run_reaches_prolog_squeue_sdk_and_client_alike(site, tmp_path):
+    slurm, reg_url, central_url = site
+    out = tmp_path / "job.json"
+    script = tmp_path / "train.sh"
+    script.write_text(JOB.format(python=sys.executable, out=out))
+    script.chmod(0o755)
+    env = {"JOB_DIR": str(tmp_path), "WANDB_SILENT": "true"}
+    sub = wandb_sbatch(slurm, "--entity", "acme", "--project", "llm-pretrain", "--parsable",
+                       "--chdir", str(tmp_path), "-o", str(tmp_path / "slurm.out"),
+                       str(script), env=env)
+    assert sub.returncode == 0, sub.stderr
+    job = sub.stdout.strip().split(";")[0]
+    assert job.isdigit(), sub.stdout  # sbatch's --parsable output passed through
+    run_id = sub.stderr.strip().rsplit("/", 1)[1]
+    assert len(run_id) == 8 and run_id.isalnum() and run_id.islower(), sub.stderr
+    try:
+        slurm.wait_state(job, {"RUNNING"})
+        # The job's comment: the script's own, with the tag appended.
+        comment = slurm.run("squeue", "-h", "-j", job, "-o", "%k").strip()
+        assert comment == f"nightly eval wandb:acme/llm-pretrain/{run_id}"
+
+        seen = json.loads(wait_for(lambda: out.exists() and out.read_text(), timeout=120))
+        assert seen["run"] == ["llm-pretrain", run_id], "wandb.init() took the wrapper's run"
+        assert {k: seen["env"][k] for k in ("WANDB_ENTITY", "WANDB_PROJECT", "WANDB_RUN_ID",
+                                             "WANDB_RESUME")} == \
+            {"WANDB_ENTITY": "acme", "WANDB_PROJECT": "llm-pretrain", "WANDB_RUN_ID": run_id,
+             "WANDB_RESUME": "allow"}
+        client = seen["client"]
+        assert (client["entity"], client["project"], client["run_id"]) == \
+            ("acme", "llm-pretrain", run_id)
+        assert client["hostname"] == slurm.node and client["slurm_job_id"] == job
+
+        # Central exporter (squeue) and per-node prolog registration: the same run, host, GPU.
+        central = wait_for(lambda: _runs(central_url, labels.GPU_INFO).get(run_id))
+        registered = wait_for(lambda: _runs(reg_url, labels.GPU_INFO).get(run_id))
+        assert [(s["wandb_entity"], s["wandb_project"], s["hostname"], s["gpu"])
+                for s in central] == \
+            [(s["wandb_entity"], s["wandb_project"], s["hostname"], s["gpu"])
+             for s in registered]
+        assert central[0]["wandb_entity"] == "acme" and central[0]["hostname"] == slurm.node
+        assert [str(g) for g in client["gpus"]] == [central[0]["gpu"]]
+    finally:
+        slurm.run("scancel", job)
+    wait_for(lambda: run_id not in _runs(reg_url, labels.NODE_INFO))  # the epilog ran
+    wait_for(lambda: run_id not in _runs(central_url, labels.NODE_INFO))
+
+
+def test_wrapper_keeps_a_chosen_run_id_and_the_users_comment(site, tmp_path):
+    """A resubmission of the same run (WANDB_RUN_ID already set) and --comment on the command
+    line: the id is kept, the comment merged."""
+    slurm, _, central_url = site
+    sub = wandb_sbatch(slurm, "--project", "llm", "--parsable", "--comment", "ablation 3",
+                       "--chdir", str(tmp_path), "-o", "/dev/null", "--wrap", "sleep 300",
+                       env={"WANDB_RUN_ID": "resume-42", "WANDB_ENTITY": "acme"})
+    assert sub.returncode == 0, sub.stderr
+    job = sub.stdout.strip()
+    try:
+        slurm.wait_state(job, {"RUNNING"})
+        assert slurm.run("squeue", "-h", "-j", job, "-o", "%k").strip() == \
+            "ablation 3 wandb:acme/llm/resume-42"
+        node = wait_for(lambda: _runs(central_url, labels.NODE_INFO).get("resume-42"))
+        assert node[0]["slurm_job_id"] == job
+    finally:
+        slurm.run("scancel", job)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--entity", "acme/x", "--project", "p"], "entity"),
+    (["--entity", "acme", "--project", "p", "--run-id", "a b"], "run id"),
+    (["--project", "p"], "no W&B entity"),
+])
+def test_wrapper_refuses_names_the_prolog_cannot_carry_without_submitting(site, tmp_path, args,
+                                                                           message):
+    slurm, _, _ = site
+    before = slurm.run("squeue", "-h", "-o", "%i").split()
+    sub = wandb_sbatch(slurm, *args, "--chdir", str(tmp_path), "--wrap", "true")
+    assert sub.returncode == 2 and message in sub.stderr, sub.stderr
+    assert slurm.run("squeue", "-h", "-o", "%i").split() == before
+
+
+def test_wrapper_help_is_its_header():
+    out = subprocess.run([str(WRAPPER), "--help"], capture_output=True, text=True, check=False,
+                         env={"PATH": os.environ["PATH"]}, timeout=30)
+    assert out.returncode == 0 and "--comment \"wandb:<entity>/<project>/<run_id>\"" in out.stdout
