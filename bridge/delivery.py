@@ -29,7 +29,12 @@ from wandb_infra.bridge.identity import PrometheusRunLookup
 from wandb_infra.bridge.markers import MARKER_SETTLE, MISSING_SDK, MarkerWriter
 from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.notes import LinkFn, render_section, replace_section
-from wandb_infra.bridge.projection import merged_tags, plan_markers, summary_entries
+from wandb_infra.bridge.projection import (
+    TAG_PREFIX,
+    merged_tags,
+    plan_markers,
+    summary_entries,
+)
 from wandb_infra.bridge.quarantine import build as build_quarantine
 from wandb_infra.bridge.remediation import NodeStateHistory, Remediation, signature, summary_verdict
 from wandb_infra.bridge.store import OutboxRow, Store, StoreError, from_iso
@@ -39,6 +44,8 @@ from wandb_infra.common.runkey import RunKey
 
 log = logging.getLogger(__name__)
 
+TAG_MARK = "tag|"  # marker: tag|<tag> for every tag the bridge wrote (only those are removed)
+VERIFY_ATTEMPTS = 3  # write, read back, merge again if the user changed the run meanwhile
 REMEDIATION = "remediation"  # marker: remediation|<epoch>|<signature> after each projection
 REFRESH_RUNS = 200  # node state is re-checked for at most this many recently active runs
 REFRESH_LOOKBACK = 3 * 86400.0  # ... whose latest alert started within this time
@@ -291,11 +298,13 @@ class DeliveryWorker:
         run = row.run
         diagnosis: Diagnosis = diagnose(self.store.facts(run),
                                         timedelta(seconds=self.policy.incident_gap))
-        info = self.client.find_run(run.entity, run.project, run.run_id)
-        tags = merged_tags(info.tags, diagnosis)
+        # Everything slow (Prometheus, rendering) happens before the run is read, so the
+        # read-to-write window on the user's notes and tags is one W&B round trip.
         remediations = self.remediations(diagnosis)
-        notes = replace_section(info.notes, render_section(diagnosis, self._link_for(run),
-                                                           remediations or {}))
+        section = render_section(diagnosis, self._link_for(run), remediations or {})
+        written = {m.removeprefix(TAG_MARK) for m in self.store.markers(run)
+                   if m.startswith(TAG_MARK)}
+        info = self.client.find_run(run.entity, run.project, run.run_id)
         summary = None
         summary_seq = row.summary_seq
         if info.state != "running":
@@ -303,10 +312,24 @@ class DeliveryWorker:
             if any(info.summary.get(k) != v for k, v in wanted.items()):
                 summary = {**info.summary, **wanted}
             summary_seq = row.dirty_seq
-        if tags != list(info.tags) or notes != info.notes or summary is not None:
+        for attempt in range(VERIFY_ATTEMPTS):
+            tags = merged_tags(info.tags, diagnosis, written)
+            notes = replace_section(info.notes, section)
+            if tags == list(info.tags) and notes == info.notes and summary is None:
+                break  # W&B shows what it should (after a re-read: the user's edit kept ours)
+            if attempt:
+                log.info("run changed while the bridge wrote it; merged again",
+                         extra=log_fields(run=run.path(), attempt=attempt))
+            new_tags = [t for t in tags if t.startswith(TAG_PREFIX) and t not in info.tags]
+            if new_tags:  # remembered before they are written: only these may be dropped
+                self.store.add_markers(run, [TAG_MARK + t for t in new_tags], self.clock())
+                written.update(new_tags)
             self.client.upsert(info.storage_id,
                                tags=tags if tags != list(info.tags) else None,
                                notes=notes if notes != info.notes else None, summary=summary)
+            summary = None
+            # Verified: a user's edit that landed meanwhile is read back and merged again.
+            info = self.client.find_run(run.entity, run.project, run.run_id)
         self._write_markers(run, diagnosis)
         self._notify(run, diagnosis)
         if remediations is not None:

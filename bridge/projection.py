@@ -8,6 +8,7 @@ stable ids so each is written once, and wait until the issue's root cause has se
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,13 +40,25 @@ def infra_tags(diagnosis: Diagnosis) -> list[str]:
     return out
 
 
-def merged_tags(current: tuple[str, ...] | list[str], diagnosis: Diagnosis) -> list[str]:
-    """The user's tags unchanged, then ours; infra tags the bridge wrote earlier are kept."""
-    user = [t for t in current if not t.startswith(TAG_PREFIX)]
-    ours = infra_tags(diagnosis)
+_MORE = re.compile(re.escape(TAG_PREFIX) + r"\+\d+ more")
+
+
+def merged_tags(current: tuple[str, ...] | list[str], diagnosis: Diagnosis,
+                written: set[str] | frozenset[str] | None = None) -> list[str]:
+    """The user's tags unchanged, then ours; infra tags the bridge wrote earlier are kept.
+
+    ``written`` is every tag the bridge itself has written to the run (the store remembers
+    them): only those are ever dropped (an old ``+N more`` count, tags beyond the cap), so a
+    user's own ``infra:needs more`` survives. Without it (None) every ``infra:`` tag is taken
+    for the bridge's, but only an exact ``infra:+<N> more`` count is dropped."""
+    def bridge_wrote(tag: str) -> bool:
+        return tag.startswith(TAG_PREFIX) if written is None else tag in written
+
+    user = [t for t in current if not bridge_wrote(t)]
+    ours = [t for t in infra_tags(diagnosis) if t not in user]
     room = max(0, MAX_INFRA_TAGS - len(ours))
-    earlier = [t for t in current if t.startswith(TAG_PREFIX) and t not in ours
-               and not t.endswith(" more")][:room]
+    earlier = [t for t in current if bridge_wrote(t) and t not in ours
+               and not _MORE.fullmatch(t)][:room]
     return [*user, *ours, *earlier]
 
 

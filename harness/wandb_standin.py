@@ -22,7 +22,7 @@ import json
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -491,6 +491,18 @@ class WandbStandin:
         """A snapshot copy of a run's server-side state (KeyError if unknown)."""
         with self._lock:
             return copy.deepcopy(self._runs[(entity, project, run_id)])
+
+    def user_edit(self, entity: str, project: str, run_id: str, *,
+                  notes: Callable[[str], str] | None = None,
+                  tags: Callable[[list[str]], list[str]] | None = None) -> None:
+        """Change a run's notes and tags as its owner would in the W&B UI (a function of what
+        the server holds at that moment)."""
+        with self._lock:
+            rec = self._runs[(entity, project, run_id)]
+            if notes is not None:
+                rec.notes = notes(rec.notes)
+            if tags is not None:
+                rec.tags = list(tags(list(rec.tags)))
 
     def set_state(self, entity: str, project: str, run_id: str, state: str) -> None:
         """Change a run's state, as the trainer finishing or crashing would."""

@@ -71,11 +71,12 @@ def test_tags_and_notes_added_user_data_untouched_summary_left_alone(tmp_path, w
     assert "https://grafana.example/d/" in run.notes
     assert run.summary == {"loss": 0.5}, "live run: summary is the trainer's"
     ops = [r.operation_name for r in wb.requests]
-    assert ops == ["BridgeRun", "BridgeUpsertBucket"]
+    # read, write, read back (a user's edit meanwhile would be merged again; issue 24)
+    assert ops == ["BridgeRun", "BridgeUpsertBucket", "BridgeRun"]
     # Nothing new: nothing sent. A re-notification: nothing sent either.
     assert worker.run_once() == 0
     ingest(store, cascade(hosts=4, gpus=2, run="r1"))
-    assert worker.run_once() == 0 and len(wb.requests) == 2
+    assert worker.run_once() == 0 and len(wb.requests) == 3
     # The user edits their notes and tags meanwhile; the next projection keeps their edits.
     wb._runs[("team", "proj", "r1")].notes = "Edited!\n" + run.notes
     wb._runs[("team", "proj", "r1")].tags.append("late-user-tag")
@@ -126,12 +127,12 @@ def test_coalescing_one_projection_per_run_per_flush(tmp_path, wb):
             assert worker.run_once() == 5
         clock.now += 1
         worker.run_once()  # inside the flush interval: nothing
-    assert len(wb.requests) == 10
+    assert len(wb.requests) == 15  # per run: read, write, verifying read
     clock.now += 30
     assert worker.run_once() == 5
     assert total == 320
     per_run = len(wb.requests) / 5
-    assert per_run == 4.0, "2 flushes x (find + upsert), instead of 64 alerts per run"
+    assert per_run == 6.0, "2 flushes x (find + upsert + read back), not 64 alerts per run"
     for rid in runs:
         assert wb.run("team", "proj", rid).tags[-1] == "infra:GpuXidApplicationError"
 
