@@ -75,7 +75,8 @@ def site(tmp_path_factory):
             yield slurm, reg_url, central_url
 
 
-def wandb_sbatch(slurm, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def wandb_sbatch(slurm, *args: str,
+                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in slurm.env().items() if not k.startswith("WANDB_")}
     return subprocess.run([str(WRAPPER), *args], env={**clean, **(env or {})},
                           capture_output=True, text=True, timeout=60, check=False)
