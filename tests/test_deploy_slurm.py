@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -16,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from harness.exporter_process import metric_samples, running_exporter
-from harness.processes import free_port, wait_for
+from harness.processes import PROMTOOL, free_port, wait_for
 from tests.slurm_cluster import slurm_cluster, unavailable_reason
 from wandb_infra.common import labels
 
@@ -173,3 +175,25 @@ def test_wrapper_help_is_its_header():
     out = subprocess.run([str(WRAPPER), "--help"], capture_output=True, text=True, check=False,
                          env={"PATH": os.environ["PATH"]}, timeout=30)
     assert out.returncode == 0 and "--comment \"wandb:<entity>/<project>/<run_id>\"" in out.stdout
+
+
+def test_site_rules_as_the_guide_generates_them(tmp_path):
+    """The guide's generator command (runbook base for a non-Kubernetes site, DCGM < 4.1 unit),
+    into a directory of its own; promtool accepts the result."""
+    guide = (ROOT / "docs" / "deploy-slurm.md").read_text()
+    command = re.search(r"python -m wandb_infra\.alert_rules\.generate (.*?)\n# ->", guide, re.S)
+    assert command, "the generator command is missing from docs/deploy-slurm.md"
+    words = shlex.split(re.sub(r"#[^\n]*", "", command.group(1)).replace("\\\n", " "))
+    words[words.index("--out-dir") + 1] = str(tmp_path)
+    out = subprocess.run([sys.executable, "-m", "wandb_infra.alert_rules.generate", *words],
+                         capture_output=True, text=True, timeout=300, check=False, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    rules = tmp_path / "alert_rules" / "wandb-infra.rules.yml"
+    base = words[words.index("--runbook-base") + 1]
+    urls = re.findall(r"runbook_url: (\S+)", rules.read_text())
+    assert urls and all(u.startswith(base + "/runbook#") for u in urls)
+    assert "svc" not in base
+    check = subprocess.run([PROMTOOL, "check", "rules", str(rules)], capture_output=True,
+                           text=True, timeout=300, check=False)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert (ROOT / "alert_rules" / "wandb-infra.rules.yml").read_text() != rules.read_text()
