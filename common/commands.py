@@ -92,7 +92,7 @@ def _bounded(command: list[str], timeout: float, max_bytes: int) -> tuple[int, s
                 except subprocess.TimeoutExpired:
                     problem = f"{command[0]} failed: timed out after {timeout:g} s"
         finally:
-            if proc.poll() is None:  # only a live child: its pid is still its group's
+            if proc.returncode is None:  # not reaped yet, so its pid still names its group
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()

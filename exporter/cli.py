@@ -93,8 +93,8 @@ Keys (see deploy/exporter.example.yaml for a commented example):
                               default_project, interval_seconds, timeout_seconds, page_size
   sources.files               enabled, directory, max_age_seconds, interval_seconds,
                               max_file_bytes (default 1048576; larger files are skipped),
-                              max_series (default registrations.max_series; files past it are
-                              skipped); only regular files are read (no FIFOs or devices)
+                              max_series (default registrations.max_series; registrations past
+                              it are skipped); only regular files are read (no FIFOs, devices)
 Every source may also set `name` (its `source` label; defaults slurm, wandb, kubernetes, files).
   node_state.slurm            enabled, mode (scontrol|sinfo_json), command, interval_seconds,
                               timeout_seconds, max_output_bytes (as sources.slurm):

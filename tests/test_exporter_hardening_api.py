@@ -5,6 +5,7 @@ In-process: the exporter's aiohttp app on a loopback port, clients through ``req
 from __future__ import annotations
 
 import base64
+import contextlib
 import statistics
 import threading
 import time
@@ -28,6 +29,7 @@ ADMIN = "admin-token-0123456789abcdef"
 RACK_B = "rack-b-token-0123456789abcdef"
 
 
+@contextlib.contextmanager
 def _serve(store: RegistrationStore, **kwargs: object) -> Iterator[str]:
     merger = PlacementMerger(HostnameMapper(), grace_seconds=300,
                              live_sources=[("registrations", store.active)],
@@ -45,8 +47,9 @@ def _bearer(token: str) -> dict[str, str]:
 @pytest.fixture
 def racks() -> Iterator[tuple[str, RegistrationStore]]:
     store = RegistrationStore()
-    yield from ((url, store) for url in _serve(
-        store, token=ADMIN, host_tokens=[HostToken(RACK_B, ("*.rack-b.example.com", "gpu-b*"))]))
+    bound = [HostToken(RACK_B, ("*.rack-b.example.com", "gpu-b*"))]
+    with _serve(store, token=ADMIN, host_tokens=bound) as url:
+        yield url, store
 
 
 def test_a_domain_pattern_does_not_reach_another_racks_host(racks):
@@ -77,7 +80,7 @@ def test_a_domain_pattern_does_not_reach_another_racks_host(racks):
 def open_loopback() -> Iterator[tuple[str, RegistrationStore]]:
     """What a loopback exporter without a token looks like (allowed to start)."""
     store = RegistrationStore()
-    for url in _serve(store):
+    with _serve(store) as url:
         yield url, store
 
 
@@ -138,7 +141,7 @@ def test_one_nodes_token_cannot_fill_the_store():
     """Node A's token registering runs on its host until refused leaves room for node B."""
     store = RegistrationStore(max_series=3000)  # the default per-token quota: 1000 series
     tokens = [HostToken(f"node-{n}-token-0123456789", (f"gpu0{n}",)) for n in (1, 2)]
-    for url in _serve(store, token=ADMIN, host_tokens=tokens):
+    with _serve(store, token=ADMIN, host_tokens=tokens) as url:
         def post(token: str, host: str, run: str, gpus: int = 8) -> requests.Response:
             return requests.post(url + "/v1/runs", headers=_bearer(token), timeout=5, json={
                 **REG, "hostname": host, "run_id": run, "gpus": list(range(gpus))})

@@ -8,7 +8,8 @@ its mtime is recent. Write files atomically (write ``x.json.tmp``, rename): name
 Only regular files are read (a symlink is followed to one, as in a ConfigMap volume), so a FIFO
 cannot hang the poller and a link to ``/dev/zero`` cannot be read without end; each file is read
 up to ``max_file_bytes``, and the files together publish at most ``max_series`` series (default
-``registrations.max_series``, the HTTP path's cap): files past the cap are skipped and reported.
+``registrations.max_series``, the HTTP path's cap): registrations past it, in file-name order,
+are skipped and reported.
 """
 
 from __future__ import annotations
@@ -98,13 +99,13 @@ class RegistrationFilesSource:
             except RecursionError:
                 result.problems.append(f"{path.name}: JSON nested too deeply")
                 continue
-            cost = sum(map(series, found))
-            if total + cost > self.max_series:
-                skipped += 1
-                continue
-            total += cost
-            result.placements.extend(found)
+            for placement in found:
+                if total + series(placement) > self.max_series:
+                    skipped += 1
+                    continue
+                total += series(placement)
+                result.placements.append(placement)
         if skipped:
-            result.problems.append(f"{skipped} file(s) skipped: the files would publish more "
-                                   f"than {self.max_series} series (max_series)")
+            result.problems.append(f"{skipped} registration(s) skipped: the files would publish "
+                                   f"more than {self.max_series} series (max_series)")
         return result
