@@ -98,6 +98,8 @@ class DeliveryWorker:
         self.clock = clock
         self.rng = random.Random(seed)
         self.paused_until = 0.0
+        self._pause_end = 0.0  # the same pause on the monotonic clock
+        self._last_now = 0.0
         self.consecutive_transient = 0
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -152,6 +154,9 @@ class DeliveryWorker:
     def run_once(self) -> int:
         """Attribute, deliver what is due, refresh gauges, purge old data. Returns deliveries."""
         now = self.clock()
+        if now < self._last_now - 1.0:
+            self._clock_stepped_back(now)
+        self._last_now = now
         if self.lookup is not None:
             try:
                 self._attribute(now)
@@ -183,6 +188,15 @@ class DeliveryWorker:
             self._last_purge = now
             self.store.purge(now - self.policy.retention, delivering=self.client is not None)
         return delivered
+
+    def _clock_stepped_back(self, now: float) -> None:
+        """A backward wall-clock step (NTP, a VM restored): the pause and the runs' retry times
+        were set on the old time, so they are re-based on what is left of the pause on the
+        monotonic clock (they would otherwise wait out the step, e.g. an hour)."""
+        log.warning("wall clock stepped back; retry times re-based",
+                    extra=log_fields(step_seconds=round(self._last_now - now, 1)))
+        self.paused_until = now + max(0.0, self._pause_end - time.monotonic())
+        self.store.rebase_retries(now, self.paused_until)
 
     def remediations(self, diagnosis: Diagnosis) -> dict[str, Remediation] | None:
         """Issue key -> restart verdict, node state history and the quarantine's decisions
@@ -251,6 +265,7 @@ class DeliveryWorker:
             delay = backoff(self.consecutive_transient, self.policy, exc.retry_after, self.rng)
             self.consecutive_transient += 1
             self.paused_until = now + delay
+            self._pause_end = time.monotonic() + delay
             self.store.retry_later(run, now, now + delay, str(exc))
             self.metrics.deliveries.labels("transient").inc()
             log.warning("W&B delivery failed, will retry",

@@ -672,6 +672,14 @@ class Store:
                 "last_error=? WHERE entity=? AND project=? AND run_id=?",
                 (next_attempt, now, error[:500], run.entity, run.project, run.run_id))
 
+    def rebase_retries(self, now: float, latest: float) -> None:
+        """After the wall clock stepped back to ``now``: no retry waits past ``latest``, and
+        flush and state-check times from the old clock's future count as now."""
+        with self._tx() as conn:
+            conn.execute("UPDATE outbox SET next_attempt=MIN(next_attempt, ?), "
+                         "last_flush=MIN(last_flush, ?), "
+                         "next_state_check=MIN(next_state_check, ?)", (latest, now, now))
+
     def park(self, run: RunKey, now: float, reason: str) -> None:
         """Stop retrying a run after a permanent failure (new alerts for it unpark it)."""
         with self._tx() as conn:

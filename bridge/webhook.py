@@ -16,6 +16,7 @@ import hashlib
 import hmac
 import logging
 import time
+import urllib.parse
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -552,10 +553,26 @@ class Handlers:
             return _error(401, "no page token configured (auth.pages_token_file)")
         if (request.content_length or 0) > MAX_LOGIN_BYTES:
             return _error(413, f"login form larger than {MAX_LOGIN_BYTES} bytes")
+        # Counted against the same in-flight bound as notifications, chunked or not, and read
+        # by the same bounded reader (aiohttp's post() buffered a chunked body of any size).
+        if self.inflight_bytes and \
+                self.inflight_bytes + MAX_LOGIN_BYTES > self.ctx.max_inflight_bytes:
+            return _error(503, "busy; retry", {"Retry-After": "5"})
+        self.inflight_bytes += MAX_LOGIN_BYTES
         try:
-            form = await asyncio.wait_for(request.post(), self.ctx.body_timeout)
+            async with asyncio.timeout(self.ctx.body_timeout):
+                body = await _read_body(request, MAX_LOGIN_BYTES)
+        except _TooLarge:
+            return _error(413, f"login form larger than {MAX_LOGIN_BYTES} bytes")
         except (TimeoutError, ValueError, OSError):
             return _error(400, "could not read the login form")
+        finally:
+            self.inflight_bytes -= MAX_LOGIN_BYTES
+        try:
+            fields = urllib.parse.parse_qs(bytes(body).decode("utf-8"), max_num_fields=10)
+        except (UnicodeDecodeError, ValueError):
+            return _error(400, "could not read the login form")
+        form = {k: v[0] for k, v in fields.items()}
         target = _next_path(str(form.get("next", "")))
         if not pages.check_token(str(form.get("token", ""))):
             log.warning("page login refused", extra=log_fields(remote=request.remote or ""))
@@ -575,9 +592,29 @@ def _next_path(value: str | None) -> str:
     return "/runs"
 
 
+# On every response: no script, no framing, nothing foreign loaded, nothing cached (pages show
+# issue data behind a login), no content sniffing.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' "
+                               "data:; form-action 'self'; frame-ancestors 'none'; "
+                               "base-uri 'none'",
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Cache-Control": "no-store",
+    "Referrer-Policy": "no-referrer",
+}
+
+
+async def _security_headers(_request: web.Request, response: web.StreamResponse) -> None:
+    for name, value in SECURITY_HEADERS.items():
+        if name != "Cache-Control" or response.status != 204:  # the favicon's 204 may cache
+            response.headers[name] = value
+
+
 def create_app(ctx: BridgeContext) -> web.Application:
     """The aiohttp application (no server started)."""
     app = web.Application(client_max_size=ctx.max_body_bytes)
+    app.on_response_prepare.append(_security_headers)
     h = Handlers(ctx)
     app.router.add_post(ctx.webhook_path, h.webhook)
     app.router.add_get("/healthz", h.healthz)
