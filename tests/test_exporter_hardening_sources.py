@@ -162,7 +162,8 @@ def _check(tmp_path: Path, config: dict) -> subprocess.CompletedProcess[str]:
     path.write_text(yaml.safe_dump({"listen": "127.0.0.1:9842", **config}))
     return subprocess.run([EXPORTER, "--config", str(path), "--check-config"],
                           capture_output=True, text=True, timeout=30, check=False,
-                          env={"PATH": "/usr/bin:/bin"})
+                          env={"PATH": "/usr/bin:/bin", **{  # PYTHONPATH: to try older code
+                              k: v for k, v in os.environ.items() if k == "PYTHONPATH"}})
 
 
 @pytest.mark.parametrize(("config", "message"), [
@@ -170,16 +171,17 @@ def _check(tmp_path: Path, config: dict) -> subprocess.CompletedProcess[str]:
      "'*.rack-b.example.com' can never match"),
     ({"auth": {"host_tokens": [{"token": "t" * 20, "hosts": ["GPU01"]}]}},
      "'GPU01' can never match"),
-    ({"registrations": {"max_series_per_token": 0}}, "registrations.max_series_per_token"),
+    ({"registrations": {"max_series_per_token": 0}},
+     "registrations.max_series_per_token must be an integer > 0"),
     ({"registrations": {"max_series": "lots"}}, "registrations.max_series must be an integer"),
     ({"sources": {"slurm": {"enabled": True, "max_output_bytes": "64M"}}},
      "sources.slurm.max_output_bytes must be an integer > 0"),
     ({"node_state": {"slurm": {"enabled": True, "max_output_bytes": True}}},
-     "node_state.slurm.max_output_bytes"),
+     "node_state.slurm.max_output_bytes must be an integer > 0"),
     ({"sources": {"files": {"enabled": True, "directory": "/tmp", "max_file_bytes": 1.5}}},
-     "sources.files.max_file_bytes"),
+     "sources.files.max_file_bytes must be an integer > 0"),
     ({"sources": {"files": {"enabled": True, "directory": "/tmp", "max_series": -1}}},
-     "sources.files.max_series"),
+     "sources.files.max_series must be an integer > 0"),
 ])
 def test_bad_bounds_are_one_line_errors(tmp_path, config, message):
     proc = _check(tmp_path, config)
