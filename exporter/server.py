@@ -85,7 +85,7 @@ class HostToken:
         return any(fnmatchcase(canonical, pattern) for pattern in self.hosts)
 
 
-def forged_by_a_browser(request: web.Request) -> web.Response | None:
+def refuse_forgeable(request: web.Request) -> web.Response | None:
     """403 for what a web page could make a browser send, 415 for a body that is not JSON.
 
     Registrations come from programs (the prolog's curl, the client helper), which send neither
@@ -166,7 +166,7 @@ class Api:
         authorised, bound = self._grant(request)
         if not authorised:
             return _error(401, "missing or wrong bearer token")
-        refused = forged_by_a_browser(request)
+        refused = refuse_forgeable(request)
         if refused is not None:
             return refused
         if request.content_length is not None and request.content_length > MAX_BODY:
@@ -208,7 +208,7 @@ class Api:
         authorised, bound = self._grant(request)
         if not authorised:
             return _error(401, "missing or wrong bearer token")
-        refused = forged_by_a_browser(request)
+        refused = refuse_forgeable(request)
         if refused is not None:
             return refused
         info = request.match_info

@@ -28,8 +28,9 @@ import base64
 import hashlib
 import re
 import ssl
+import threading
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,8 +62,14 @@ class _Checks:
 
     def __init__(self) -> None:
         self.pool: ThreadPoolExecutor | None = None
-        self.pending = 0
+        self.lock = threading.Lock()
+        self.pending = 0  # checks queued or running on the thread, whoever still waits
         self.verified: set[bytes] = set()
+
+    def done(self, _future: Future[bool]) -> None:
+        """A check ended (on the check thread), so another may queue."""
+        with self.lock:
+            self.pending -= 1
 
 
 @dataclass(frozen=True)
@@ -91,16 +98,17 @@ class WebConfig:
         digest = hashlib.sha256(header.encode("utf-8", "surrogateescape")).digest()
         if digest in checks.verified:
             return True
-        if checks.pending >= MAX_PENDING:
-            return None
+        with checks.lock:
+            if checks.pending >= MAX_PENDING:
+                return None
+            checks.pending += 1
         if checks.pool is None:
             checks.pool = ThreadPoolExecutor(1, thread_name_prefix="basic-auth")
-        checks.pending += 1
-        try:
-            ok = await asyncio.get_running_loop().run_in_executor(checks.pool, self._check,
-                                                                  header)
-        finally:
-            checks.pending -= 1
+        # counted down when the work ends, not when the waiter stops waiting: a client that
+        # hangs up cannot leave more checks queued than the bound
+        future = checks.pool.submit(self._check, header)
+        future.add_done_callback(checks.done)
+        ok = await asyncio.wrap_future(future)
         if ok:
             self._remember(digest)
         return ok
