@@ -18,7 +18,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -36,10 +36,18 @@ from wandb_infra.bridge.projection import (
     summary_entries,
 )
 from wandb_infra.bridge.quarantine import build as build_quarantine
-from wandb_infra.bridge.remediation import NodeStateHistory, Remediation, signature, summary_verdict
+from wandb_infra.bridge.remediation import (
+    NodeStateHistory,
+    Remediation,
+    remediations_for,
+    signature,
+    summary_verdict,
+)
 from wandb_infra.bridge.store import OutboxRow, Store, StoreError, from_iso
+from wandb_infra.bridge.verdict import Policy
 from wandb_infra.bridge.wandb_client import PermanentError, TransientError, WandbClient, WandbError
 from wandb_infra.common.logsetup import log_fields
+from wandb_infra.common.nodestate import DEFAULT_TOLERATED
 from wandb_infra.common.runkey import RunKey
 
 log = logging.getLogger(__name__)
@@ -71,6 +79,10 @@ class DeliveryPolicy:
     marker_settle: float = MARKER_SETTLE
     node_state_refresh: float = 60.0
     quarantine: Mapping[str, Any] | None = None
+    restart_policy: Policy = field(default_factory=Policy)
+    tolerated_taints: tuple[str, ...] = DEFAULT_TOLERATED
+    # The exclusion's syntax (slurm, kubernetes) when no faulty host's state names its scheduler.
+    scheduler: str = ""
 
 
 def backoff(attempts: int, policy: DeliveryPolicy, retry_after: float | None,
@@ -108,7 +120,8 @@ class DeliveryWorker:
         self._settle_wake: dict[RunKey, float] = {}
         # The faulty hosts' scheduler state, from the same Prometheus as attribution.
         self.remediation = (NodeStateHistory(lookup.base_url, lookup.timeout,
-                                             cache_seconds=min(10.0, policy.node_state_refresh))
+                                             cache_seconds=min(10.0, policy.node_state_refresh),
+                                             tolerated_taints=policy.tolerated_taints)
                             if lookup is not None and policy.node_state_refresh > 0 else None)
         self._next_refresh = 0.0
         self.quarantine = build_quarantine(policy.quarantine,
@@ -199,21 +212,28 @@ class DeliveryWorker:
         self.store.rebase_retries(now, self.paused_until)
 
     def remediations(self, diagnosis: Diagnosis) -> dict[str, Remediation] | None:
-        """Issue key -> restart verdict, node state history and the quarantine's decisions
-        ({} without Prometheus and quarantine; None while Prometheus cannot answer)."""
-        rems = {} if self.remediation is None else self.remediation.for_diagnosis(diagnosis)
+        """Issue key -> restart verdict (every issue naming a host, with or without Prometheus),
+        node state history and the quarantine's decisions; None while Prometheus cannot answer
+        and nothing was read before (the run keeps what it shows)."""
+        p = self.policy
+        if self.remediation is None:
+            rems: dict[str, Remediation] | None = remediations_for(
+                diagnosis, p.restart_policy, None, self.clock(), scheduler=p.scheduler)
+        else:
+            rems = self.remediation.for_diagnosis(diagnosis, p.restart_policy,
+                                                  scheduler=p.scheduler)
         if rems is None or self.quarantine is None:
             return rems
         for issue in diagnosis.issues:
             action = "; ".join(d.text() for d in self.quarantine.decisions(issue.key))
-            if action:
-                rem = rems.get(issue.key) or Remediation(
-                    "unknown", "no scheduler state (prometheus.url not set)", "", ())
-                rems[issue.key] = replace(rem, action=action)
+            if action and issue.key in rems:
+                rems[issue.key] = replace(rems[issue.key], action=action)
         return rems
 
     def _quarantine_pass(self, now: float) -> None:
-        """Offer every open issue of recently active runs to the quarantine (it decides)."""
+        """Offer the open issues of recently active runs whose decision lets the hosts be taken
+        out (the fault needs the node out of service and that has not happened) to the
+        quarantine, which checks its own limits."""
         assert self.quarantine is not None
         for run, _alerts, firing, last in self.store.runs(limit=REFRESH_RUNS):
             if self._stop.is_set():
@@ -221,8 +241,11 @@ class DeliveryWorker:
             if not firing or from_iso(last).timestamp() < now - REFRESH_LOOKBACK:
                 continue
             diagnosis = diagnose(self.store.facts(run), timedelta(seconds=self.policy.incident_gap))
+            rems = self.remediations(diagnosis) or {}
             for issue in diagnosis.open_issues:
-                self.quarantine.consider(issue)
+                rem = rems.get(issue.key)
+                if rem is not None and rem.drain:
+                    self.quarantine.consider(issue)
         self._audit_status()
 
     def _refresh_remediation(self, now: float) -> int:

@@ -32,6 +32,7 @@ import requests
 from wandb_infra.bridge.diagnosis import AlertFact, Diagnosis, Issue, diagnose
 from wandb_infra.bridge.explain import _regex_literal, pick_step
 from wandb_infra.bridge.verdict import (
+    NO_PROMETHEUS,
     Change,
     Decision,
     GpuEvidence,
@@ -156,10 +157,11 @@ def exclusion(hosts: Sequence[str], scheduler: str) -> str:
 
 def remediations_for(diagnosis: Diagnosis, policy: Policy,
                      read: tuple[dict[str, Timeline], dict[str, HostEvidence]] | None,
-                     now: float, *, scheduler: str = "") -> dict[str, Remediation]:
+                     now: float, *, scheduler: str = "",
+                     unread: str = NO_PROMETHEUS) -> dict[str, Remediation]:
     """Issue key -> remediation for every issue that names a host. ``read`` is what
-    Prometheus gave (None: the bridge has none); ``scheduler`` is the exclusion's syntax when
-    no host's state says it."""
+    Prometheus gave (None: nothing, ``unread`` says why); ``scheduler`` is the exclusion's
+    syntax when no host's state says it."""
     timelines = read[0] if read is not None else None
     evidence = read[1] if read is not None else None
 
@@ -169,7 +171,7 @@ def remediations_for(diagnosis: Diagnosis, policy: Policy,
     out = {}
     for issue in diagnosis.issues:
         decision = decide(issue, policy, timelines=timelines, evidence=evidence, now=now,
-                          exclusion_for=exclude)
+                          exclusion_for=exclude, unread=unread)
         if decision is not None:
             out[issue.key] = Remediation.of(decision, timelines)
     return out
@@ -443,8 +445,9 @@ def run_remediation(history: NodeStateHistory | None, facts: Sequence[AlertFact]
     rems = history.for_diagnosis(diagnosis, policy, scheduler=scheduler) \
         if history is not None else None
     if rems is None:
+        unread = NO_PROMETHEUS if history is None else "Prometheus is not answering"
         rems = remediations_for(diagnosis, policy, None, now if now is not None else time.time(),
-                                scheduler=scheduler)
+                                scheduler=scheduler, unread=unread)
     rem = headline(rems, diagnosis)
     if rem is None:
         return {}

@@ -270,7 +270,7 @@ def resolve(need: Need, issue: Issue, evidence: Mapping[str, HostEvidence] | Non
 
 
 def _and(a: str, b: str) -> str:
-    return f"{a}; {b}" if a else b
+    return f"{a}; {b}" if a and b else a or b
 
 
 DONE, PENDING, UNSEEN = "done", "pending", "unseen"
@@ -361,7 +361,7 @@ def advice(need: Need, hosts: Sequence[str], gpus: Mapping[str, Sequence[str]],
                        for h, g in ((h, gpus.get(h, ())) for h in hosts)) or "the GPU"
     a = need.action
     text = {
-        Action.NONE: (f"No hardware action: {need.subject} needs {need.words}; the node stays "
+        Action.NONE: (f"No hardware action: {need.subject} needs {need.words}; the node can stay "
                       "in service (if it followed another error, act on that one)."),
         Action.RESTART_APP: (
             "Not the hardware: a restart on the same GPUs is fine; look at the application "
@@ -401,12 +401,16 @@ def _symptom(issue: Issue) -> bool:
 ExclusionFn = Callable[[Sequence[str], str], str]
 
 
+NO_PROMETHEUS = "the bridge has no Prometheus (prometheus.url not set)"
+
+
 def decide(issue: Issue, policy: Policy, *, timelines: Mapping[str, Timeline] | None,
            evidence: Mapping[str, HostEvidence] | None, now: float,
-           exclusion_for: ExclusionFn | None = None) -> Decision | None:
+           exclusion_for: ExclusionFn | None = None,
+           unread: str = NO_PROMETHEUS) -> Decision | None:
     """The decision for one issue (None when its root event names no host). ``timelines`` and
-    ``evidence`` are None when the bridge has no Prometheus; a host missing from them has no
-    data. ``exclusion_for(hosts, scheduler)`` writes the exact exclusion."""
+    ``evidence`` are None when nothing could be read (``unread`` says why); a host missing from
+    them has no data. ``exclusion_for(hosts, scheduler)`` writes the exact exclusion."""
     hosts = faulty_hosts(issue)
     if not hosts:
         return None
@@ -438,9 +442,8 @@ def decide(issue: Issue, policy: Policy, *, timelines: Mapping[str, Timeline] | 
     schedulers = [t.current.scheduler for t in (timelines or {}).values() if t.current]
     scheduler = max(set(schedulers), key=schedulers.count) if schedulers else ""
     if timelines is None:
-        detail = (f"{need.subject} needs {need.words}; the bridge has no Prometheus "
-                  "(prometheus.url not set), so it cannot see whether that happened or whether "
-                  f"{', '.join(hosts)} left the pool")
+        detail = (f"{need.subject} needs {need.words}; {unread}, so the bridge cannot see "
+                  f"whether that happened or whether {', '.join(hosts)} left the pool")
         return Decision(UNKNOWN, need, _and(detail, need.policy), text,
                         exclude(hosts, scheduler), tuple(hosts), spec.out_of_service is True)
     since = onset(issue)
@@ -461,7 +464,9 @@ def decide(issue: Issue, policy: Policy, *, timelines: Mapping[str, Timeline] | 
         elif state == "returned" and status != PENDING:
             safe.append(f"{pool_text} (treated as repaired by the operator)")
         elif state == "none":
-            risky.append(("none", host, f"{done_text}; no scheduler state for {host}"))
+            risky.append(("none", host, f"{done_text}; no scheduler state for {host} (enable "
+                                        "the exporter's node_state source, or scrape "
+                                        "kube-state-metrics)"))
         else:
             risky.append(("in", host, f"{pool_text} and {done_text}"))
     head = f"{need.subject} needs {need.words}"

@@ -240,7 +240,7 @@ register(
         cause=CauseClass.HARDWARE, scope="gpu",
         summary="The GPU driver says a GPU needs a recovery action.",
         description=f"The driver's recovery action for {_WHERE_GPU} is "
-                    "{{ $labels.recovery_action }} (DCGM field 1523).",
+                    "{{ $labels.recovery_action }} (DCGM field 1523 = {{ $value }}).",
         impact="The GPU cannot run work correctly until the action is done; jobs on it fail.",
         remediation="Do the action the driver names (GPU reset: nvidia-smi -r with no process "
                     "on the GPU; node reboot; drain P2P: stop every job on the GPU); restart "

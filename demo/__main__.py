@@ -1,8 +1,9 @@
 """``make demo``: a GPU fault travels from a simulated dcgm-exporter through a real Prometheus and
 Alertmanager to issues on W&B runs, with root cause, impact, remediation and Grafana links.
 
-Runs scenario 1 (XID 94 on one GPU of a 64-host x 8-GPU run, then the NCCL stall cascade) and
-scenario 2 (thermal slowdown on one host), prints each run's issues, and stops everything it
+Runs scenario 1 (XID 94 on one GPU of a 64-host x 8-GPU run, then the NCCL stall cascade: safe
+to restart without draining), scenario 2 (thermal slowdown on one host) and scenario 5 (XID 95:
+unsafe until the GPU is reset, then safe), prints each run's issues, and stops everything it
 started unless ``--keep-running``. With ``WANDB_API_KEY`` set, the runs are created in and the
 issues written to real W&B (``WANDB_BASE_URL`` for a self-managed server; ``WANDB_ENTITY`` picks
 the entity); without it, runs are offline and the bridge shows the issues at its own pages.
@@ -53,13 +54,13 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(args.workdir, ignore_errors=True)
     api_key = os.environ.get("WANDB_API_KEY") or None
     config = StackConfig(
-        workdir=args.workdir, hosts=66, flavour=args.flavour, grafana_url=args.grafana_url,
+        workdir=args.workdir, hosts=67, flavour=args.flavour, grafana_url=args.grafana_url,
         wandb_api_key=api_key, wandb_base_url=os.environ.get("WANDB_BASE_URL") if api_key else None,
         markers=bool(api_key), jobs_online=bool(api_key))
     if api_key and os.environ.get("WANDB_ENTITY"):
         scenarios.ENTITY = os.environ["WANDB_ENTITY"]
     began = time.monotonic()
-    print(f"starting simulator (66 hosts x 8 GPUs), exporter, bridge, Alertmanager, Prometheus "
+    print(f"starting simulator (67 hosts x 8 GPUs), exporter, bridge, Alertmanager, Prometheus "
           f"in {args.workdir} ...", flush=True)
     with Stack(config) as stack:
         assert stack.bridge and stack.prometheus and stack.alertmanager
@@ -70,11 +71,9 @@ def main(argv: list[str] | None = None) -> int:
               "cascade ...", flush=True)
         run1, view1 = scenarios.xid94_cascade(stack, hosts[:64])
         print(render_run(view1) + "\n", flush=True)
-        print("  an operator drains gpu-node-017 (scontrol update State=DRAIN) ...", flush=True)
-        before, after = scenarios.drain_flips_the_verdict(stack, run1, hosts[16])
-        print(f"    restart before the drain: {before['verdict']} ({before['detail']})\n"
-              f"    restart after the drain:  {after['verdict']} ({after['detail']})\n",
-              flush=True)
+        rem = view1.get("remediation") or {}
+        print(f"  restart without draining gpu-node-017: {rem.get('verdict')} "
+              f"({rem.get('detail')})\n", flush=True)
         print("scenario 2: thermal violation on one host of a 2-host run ...", flush=True)
         run2, view2, job, neighbour = scenarios.thermal_slowdown(stack, hosts[64:66])
         print(render_run(view2), flush=True)
@@ -84,9 +83,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"    (the job's MFU dropped from {dropped} UTC; the neighbour run "
                   f"{neighbour.path} on the other GPUs has "
                   f"{len(scenarios.run_view(stack, neighbour).get('issues', []))} issue(s))\n")
+        print("scenario 5: XID 95 on gpu-node-067 GPU 5 needs a GPU reset ...", flush=True)
+        run5, before, after = scenarios.gpu_reset(stack, hosts[66])
+        print(f"    restart before the reset: {before['verdict']} ({before['detail']})\n"
+              f"      {before['advice']}\n"
+              f"    restart after the reset:  {after['verdict']} ({after['detail']})\n",
+              flush=True)
         where = "in W&B and " if api_key else ""
         print(f"The issues are {where}at the bridge's run views:\n"
-              f"  {stack.bridge.url}/runs/{run1.path}\n  {stack.bridge.url}/runs/{run2.path}")
+              f"  {stack.bridge.url}/runs/{run1.path}\n  {stack.bridge.url}/runs/{run2.path}\n"
+              f"  {stack.bridge.url}/runs/{run5.path}")
         print(f"demo finished in {time.monotonic() - began:.0f} s")
         if args.keep_running:
             print("keeping everything running; Ctrl-C to stop", flush=True)

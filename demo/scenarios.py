@@ -2,12 +2,14 @@
 
 1. ``xid94_cascade``: a 64-host x 8-GPU run; XID 94 (contained ECC) on one GPU of one host, then
    every host of the run stalls (the NCCL hang that follows). Expected: one issue whose root cause
-   is the XID 94 host and GPU; every stall a consequence.
+   is the XID 94 host and GPU; every stall a consequence; a restart is safe without draining the
+   node (XID 94 needs only an application restart).
 2. ``thermal_slowdown``: thermal violation on one host of a 2-host run: clocks and tensor activity
    drop, so does the job's MFU. Expected: a thermal issue starting inside the MFU drop; a second
    run on the other GPUs of the same hosts untouched.
 3. ``ib_flap``: an InfiniBand port flapping under a run.
 4. ``host_lost``: a host of a run stops answering (node_exporter and dcgm-exporter gone).
+5. ``gpu_reset``: XID 95 needs a GPU reset: unsafe to restart until the GPU is reset, then safe.
 
 Each returns the bridge's view of the affected run (JSON, as ``GET /runs/<e>/<p>/<id>`` serves it).
 """
@@ -110,20 +112,35 @@ def xid94_cascade(stack: Stack, hosts: list[str], timeout: float = 240,
     return run, view
 
 
-def drain_flips_the_verdict(stack: Stack, run: RunRef, host: str, timeout: float = 90,
-                            ) -> tuple[dict, dict]:
-    """Issue 16's story: the XID issue says a restart is unsafe while its node is schedulable;
-    an operator drains it (``scontrol update State=DRAIN``, played by the simulator) and the
-    verdict turns safe. Returns the run's remediation before and after."""
-    def verdict(wanted: str) -> dict | None:
+def restart_verdict(stack: Stack, run: RunRef, wanted: str, timeout: float = 90,
+                    contains: str = "") -> dict:
+    """Wait until the run's restart verdict is ``wanted`` (and its detail says ``contains``)."""
+    def verdict() -> dict | None:
         rem = run_view(stack, run).get("remediation") or {}
-        return rem if rem.get("verdict") == wanted else None
+        ok = rem.get("verdict") == wanted and contains in str(rem.get("detail", ""))
+        return rem if ok else None
 
-    before = wait_for(lambda: verdict("unsafe"), timeout, "an unsafe restart verdict", 1.0)
-    stack.cluster.set_slurm_state(host, stack.cluster.slurm_state(host) + "+DRAIN",
-                                  "XID 94 on GPU 3")
-    after = wait_for(lambda: verdict("safe"), timeout, "a safe verdict after the drain", 1.0)
-    return before, after
+    return wait_for(verdict, timeout, f"a {wanted} restart verdict for {run.path}", 1.0)
+
+
+def gpu_reset(stack: Stack, host: str, gpu: int = 5, timeout: float = 180
+              ) -> tuple[RunRef, dict, dict]:
+    """Scenario 5: XID 95 (uncontained ECC) on one GPU needs a GPU reset. The restart is unsafe
+    while the driver's recovery action asks for it and the node is schedulable; an operator
+    resets the GPU (the simulator clears the XID and the recovery action, as ``nvidia-smi -r``
+    does) and the verdict turns safe without the node ever leaving the pool. Returns the run and
+    its remediation before and after."""
+    run = RunRef(ENTITY, "llm-pretrain", "reset5")
+    job = start_job(stack, run, [host], GPUS)
+    stack.cluster.inject("xid", host, gpu=gpu, code=95)
+    try:
+        before = restart_verdict(stack, run, "unsafe", timeout,
+                                 "the driver still asks for a GPU reset")
+        stack.cluster.clear(host, gpu=gpu, kind="xid")
+        after = restart_verdict(stack, run, "safe", timeout, "was reset at")
+    finally:
+        job.stop(exit_code=1)
+    return run, before, after
 
 
 def thermal_slowdown(stack: Stack, hosts: list[str], timeout: float = 240,

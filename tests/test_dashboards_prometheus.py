@@ -58,6 +58,9 @@ FAULTS: dict[str, Fault] = {
     "GpuXidApplicationError": Fault("xid", "gpu-node-001", 4, code=13),
     "GpuXidInformational": Fault("xid", "gpu-node-001", 5, code=63),
     "GpuXidUnclassified": Fault("xid", "gpu-node-001", 6, code=201),
+    "GpuXidDecodeRequired": Fault("xid", "gpu-node-001", 0, code=145),
+    # XID 48 needs a GPU reset: the simulated driver sets its recovery action to 1
+    "GpuRecoveryActionRequired": Fault("xid", "gpu-node-001", 1, code=48),
     "GpuDoubleBitEccErrors": Fault("ecc_dbe", "gpu-node-002", 0),
     "GpuRowRemapPending": Fault("row_remap_pending", "gpu-node-002", 1),
     "GpuRowRemapFailure": Fault("row_remap_failure", "gpu-node-002", 6),

@@ -31,6 +31,7 @@ CASCADE = scenarios.RunRef(scenarios.ENTITY, "llm-pretrain", "cascade64")
 THERMAL = scenarios.RunRef(scenarios.ENTITY, "llm-finetune", "thermal2")
 NEIGHBOUR = scenarios.RunRef(scenarios.ENTITY, "eval-sweep", "neighbour")
 LINK = scenarios.RunRef(scenarios.ENTITY, "llm-pretrain", "ibflap3")
+RESET = scenarios.RunRef(scenarios.ENTITY, "llm-pretrain", "reset5")
 USER_NOTES = "My own notes: lr 3e-4, <b>keep</b> this *exactly*.\n"
 
 
@@ -49,7 +50,7 @@ def _dashboard_panels() -> dict[str, set[int]]:
 @pytest.fixture(scope="module")
 def standin():
     with WandbStandin() as server:
-        for run in (CASCADE, THERMAL, NEIGHBOUR, LINK):
+        for run in (CASCADE, THERMAL, NEIGHBOUR, LINK, RESET):
             server.add_run(run.entity, run.project, run.run_id, tags=["baseline"],
                            notes=USER_NOTES)
         yield server
@@ -57,7 +58,7 @@ def standin():
 
 @pytest.fixture(scope="module")
 def stack(standin, tmp_path_factory):
-    config = StackConfig(workdir=tmp_path_factory.mktemp("e2e"), hosts=67,
+    config = StackConfig(workdir=tmp_path_factory.mktemp("e2e"), hosts=68,
                          wandb_base_url=standin.url, wandb_api_key=standin.api_key,
                          markers=True, grafana_url="https://grafana.example")
     with Stack(config) as running:
@@ -120,20 +121,34 @@ def test_scenario1_summary_written_once_the_run_crashed(cascade, standin):
     assert "GpuContainedEccError" in json.dumps(rec.summary)
 
 
-def test_scenario1_restart_verdict_flips_when_the_node_is_drained(cascade, stack, standin):
-    """The exporter reads Slurm's node states (played by the simulator), the bridge reads them
-    from Prometheus: unsafe with the exact exclusion while gpu-node-017 is schedulable, safe
-    once drained, in the run view and in the W&B notes."""
+def test_scenario1_xid94_is_safe_to_restart_without_draining(cascade, stack, standin):
+    """XID 94 needs only an application restart (NVIDIA's catalog): safe while gpu-node-017
+    stays schedulable, no exclusion, and the notes say the node can stay in service."""
     run, _ = cascade
-    faulty = list(stack.cluster.hosts)[16]
-    before, after = scenarios.drain_flips_the_verdict(stack, run, faulty)
-    assert before["exclusion"] == f"sbatch --exclude={faulty}"
-    assert [h["hostname"] for h in after["hosts"]] == [faulty]
-    assert after["hosts"][0]["state"].endswith("+DRAIN")
-    assert after["hosts"][0]["reason"] == "XID 94 on GPU 3"
-    wait_for(lambda: "drained" in standin.run(run.entity, run.project, run.run_id).notes.lower()
-             or "out of the pool" in standin.run(run.entity, run.project, run.run_id).notes,
-             60, "the drain in the W&B notes")
+    rem = scenarios.restart_verdict(stack, run, "safe")
+    assert rem["detail"] == ("XID 94 needs only an application restart: the node can stay in "
+                             "service")
+    assert rem["exclusion"] == "" and rem["needs"] == "only an application restart"
+    assert [h["state"] for h in rem["hosts"]] != []
+    assert not rem["hosts"][0]["state"].endswith("+DRAIN")
+    wait_for(lambda: "**safe**: XID 94 needs only an application restart" in standin.run(
+        run.entity, run.project, run.run_id).notes.replace("\\", ""), 60,
+        "the safe verdict in the W&B notes")
+
+
+def test_scenario5_gpu_reset_turns_the_verdict_safe(stack, standin):
+    """XID 95 needs a GPU reset: unsafe with the exact exclusion while the driver's recovery
+    action (DCGM field 1523, through the real rules) asks for it; safe once the GPU is reset,
+    the node never drained; the W&B notes follow."""
+    host = list(stack.cluster.hosts)[67]
+    run, before, after = scenarios.gpu_reset(stack, host)
+    assert before["exclusion"] == f"sbatch --exclude={host}"
+    assert before["advice"].startswith(f"Reset GPU 5 of {host} (nvidia-smi -r -i 5)")
+    assert f"GPU 5 of {host} was reset at" in after["detail"] and after["exclusion"] == ""
+    assert not after["hosts"][0]["state"].endswith("+DRAIN")
+    wait_for(lambda: f"GPU 5 of {host} was reset" in standin.run(
+        run.entity, run.project, run.run_id).notes.replace("\\", ""), 90,
+        "the reset in the W&B notes")
 
 
 def test_scenario2_thermal_issue_starts_inside_the_mfu_drop(stack, standin):

@@ -126,7 +126,8 @@ def test_kube_state_metrics_in_real_prometheus(tmp_path):
             store = Store(tmp_path / "b.sqlite")
             store.ingest(parse_notification(json.dumps(notification([alert(
                 "GpuXidError", category="gpu_hardware", host="gpu-09", gpu="0", run="r1",
-                start=datetime.now(UTC) - timedelta(seconds=20))])).encode()), IdentityReader())
+                start=datetime.now(UTC) - timedelta(seconds=20), extra={"xid": "119"})]
+                )).encode()), IdentityReader())
             facts = store.facts(RunKey("team", "proj", "r1"))
             history = NodeStateHistory(prom.url, cache_seconds=0)
 

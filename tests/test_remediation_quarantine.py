@@ -30,8 +30,9 @@ START = datetime.now(UTC) - timedelta(minutes=2)
 
 
 def xid(host: str, run: str = "r1", **kw: Any) -> dict[str, Any]:
-    return alert("GpuContainedEccError", category="gpu_hardware", host=host, gpu="3", run=run,
-                 start=START, **kw)
+    """XID 95 on GPU 3: it needs a GPU reset, so the node must leave the pool."""
+    return alert("GpuUncontainedEccError", category="gpu_hardware", host=host, gpu="3", run=run,
+                 start=START, extra={"xid": "95"}, **kw)
 
 
 def ingest(store: Store, alerts: list[dict[str, Any]]) -> None:
@@ -73,7 +74,7 @@ def test_cordon_and_taint_with_conflict_retry(k8s, tmp_path):
     assert {(t["key"], t["effect"]) for t in node["spec"]["taints"]} == {
         ("nvidia.com/gpu", "NoSchedule"), ("wandb.ai/infra-quarantine", "NoSchedule")}
     assert node["metadata"]["annotations"]["wandb.ai/infra-quarantine"].startswith(
-        "wandb-infra: GpuContainedEccError gpu-07")
+        "wandb-infra: GpuUncontainedEccError gpu-07")
     assert len(k8s.patches) == 1  # the two conflicting attempts were refused by the server
     # Idempotent: nothing more for the same issue, even after an operator uncordons the node.
     k8s.nodes["gpu-07"]["spec"]["unschedulable"] = False
@@ -166,3 +167,25 @@ def test_decision_shown_in_the_notes(k8s, tmp_path):
     data = worker.remediations(diagnose(store.facts(RunKey("team", "proj", "r1")),
                                         timedelta(minutes=10)))
     assert next(iter(data.values())).as_dict()["action"].startswith("dry run")
+
+
+def test_faults_that_need_only_a_restart_are_never_offered(k8s, tmp_path):
+    """XID 94 (NVIDIA: restart the application) and an application XID are critical or not,
+    but need no node action: the quarantine is not asked, so nothing is cordoned; XID 95 on
+    the same pass is."""
+    store = Store(tmp_path / "bridge.sqlite")
+    policy = DeliveryPolicy(flush_interval=0, node_state_refresh=0.01, quarantine={
+        **check(None), "enabled": True, "scheduler": "kubernetes", "max_fraction": 1.0,
+        "kubernetes": {"api_server": k8s.url, "token": k8s.token}})
+    worker = DeliveryWorker(store, client=None, markers=None, links=GrafanaLinks(""),
+                            metrics=BridgeMetrics(), policy=policy)
+    ingest(store, [
+        alert("GpuContainedEccError", category="gpu_hardware", host="gpu-01", gpu="3",
+              run="r1", start=START, extra={"xid": "94"}),
+        alert("GpuXidApplicationError", category="workload", host="gpu-02", gpu="1",
+              run="r2", start=START, severity="warning", extra={"xid": "13"}),
+        xid("gpu-03", run="r3")])
+    worker.run_once()
+    audit = [json.loads(a) for a in
+             (tmp_path / "quarantine-audit.jsonl").read_text().splitlines()]
+    assert {a["host"] for a in audit} == {"gpu-03"}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -32,8 +33,13 @@ pytestmark = pytest.mark.integration
 
 NOW = datetime.now(UTC).replace(microsecond=0)
 START = NOW - timedelta(minutes=5)
-# Series: (labels, predicate on the sample time); value "1" while the predicate holds.
-Series = list[tuple[dict[str, str], Callable[[float], bool]]]
+# Series: (labels, predicate on the sample time); value "1" while the predicate holds (or the
+# string it returns).
+Series = list[tuple[dict[str, str], Callable[[float], bool | str]]]
+
+
+def _value(alive: bool | str) -> str:
+    return alive if isinstance(alive, str) else "1"
 
 
 @contextmanager
@@ -45,15 +51,22 @@ def fake_prometheus(series_for: Callable[[str], Series]) -> Iterator[str]:
 
         def do_GET(self) -> None:
             q = {k: v[0] for k, v in parse_qs(urlparse(self.path).query).items()}
-            start, end, step = float(q["start"]), float(q["end"]), float(q["step"])
-            times = [start + i * step for i in range(int((end - start) / step) + 1)]
-            result = []
-            for metric, alive in series_for(q["query"]):
-                values = [[t, "1"] for t in times if alive(t)]
-                if values:
-                    result.append({"metric": metric, "values": values})
-            body = json.dumps({"status": "success",
-                               "data": {"resultType": "matrix", "result": result}}).encode()
+            result: list[dict[str, Any]] = []
+            if "start" not in q:  # an instant query
+                at = float(q["time"])
+                result = [{"metric": m, "value": [at, _value(alive(at))]}
+                          for m, alive in series_for(q["query"]) if alive(at)]
+                body = json.dumps({"status": "success", "data": {"resultType": "vector",
+                                                                 "result": result}}).encode()
+            else:
+                start, end, step = float(q["start"]), float(q["end"]), float(q["step"])
+                times = [start + i * step for i in range(int((end - start) / step) + 1)]
+                for metric, alive in series_for(q["query"]):
+                    values = [[t, _value(alive(t))] for t in times if alive(t)]
+                    if values:
+                        result.append({"metric": metric, "values": values})
+                body = json.dumps({"status": "success",
+                                   "data": {"resultType": "matrix", "result": result}}).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
@@ -83,8 +96,9 @@ def facts(*alerts: dict[str, Any], tmp_path) -> Any:
 
 
 def xid(host: str = "gpu-07", **kw: Any) -> dict[str, Any]:
-    return alert("GpuContainedEccError", category="gpu_hardware", host=host, gpu="3", run="r1",
-                 start=START, **kw)
+    """XID 95 on GPU 3: it needs a GPU reset, so the host's state decides the verdict."""
+    return alert("GpuUncontainedEccError", category="gpu_hardware", host=host, gpu="3",
+                 run="r1", start=START, extra={"xid": "95"}, **kw)
 
 
 def remediation(url: str, alerts: list[dict[str, Any]], tmp_path) -> dict[str, Any]:
@@ -97,7 +111,8 @@ def test_k8s_node_still_ready_is_unsafe_with_affinity_snippet(tmp_path):
                          if "wandb_infra_node_state" in q else []) as url:
         got = remediation(url, [xid()], tmp_path)["remediation"]
     assert got["verdict"] == "unsafe"
-    assert "gpu-07 (Ready) is still schedulable" in got["detail"]
+    assert "XID 95 needs a GPU reset: a restart may land on gpu-07" in got["detail"]
+    assert "gpu-07 is schedulable (Ready)" in got["detail"]
     assert "operator: NotIn" in got["exclusion"] and 'values: ["gpu-07"]' in got["exclusion"]
     assert got["hosts"][0]["hostname"] == "gpu-07" and got["hosts"][0]["state"] == "Ready"
 
@@ -117,14 +132,16 @@ def test_drained_mid_issue_is_safe_with_history(tmp_path):
     assert line.startswith("gpu-07: in service (ALLOCATED) as of ")
     assert "; out of the pool (ALLOCATED+DRAIN) from " in line and line.endswith("reason 'XID 94'")
     section = render_section(diagnosis, lambda *a: "", rems)
-    assert "- Safe to restart? **safe**: gpu\\-07 is out of the pool" in section
+    assert ("- Safe to restart? **safe**: XID 95 needs a GPU reset; gpu\\-07 is out of the "
+            "pool") in section
     assert "- Node state: gpu\\-07\\: in service" in section
 
 
 def test_no_scheduler_data_is_unknown(tmp_path):
     with fake_prometheus(lambda q: []) as url:
         got = remediation(url, [xid()], tmp_path)["remediation"]
-    assert got["verdict"] == "unknown" and "node_state" in got["detail"]
+    assert got["verdict"] == "unknown" and "no scheduler state for gpu-07" in got["detail"]
+    assert "node_state" in got["detail"] and got["exclusion"] == ""
     assert got["hosts"] == [{"hostname": "gpu-07", "state": "unknown", "reason": "",
                              "since": ""}]
 
@@ -144,11 +161,13 @@ def test_kube_state_metrics_accepted_as_input(tmp_path):
     assert got["hosts"][0]["reason"] == "taint nvsentinel/quarantine=xid:NoSchedule"
 
 
-def test_symptom_only_issue_says_nothing(tmp_path):
+def test_symptom_only_issue_blames_no_node(tmp_path):
     stall = alert("TrainingStalled", category="workload", host="gpu-07", run="r1",
                   start=START, severity="warning")
     with fake_prometheus(lambda q: [state("gpu-07", "slurm", "IDLE")]) as url:
-        assert remediation(url, [stall], tmp_path) == {}
+        got = remediation(url, [stall], tmp_path)["remediation"]
+    assert got["verdict"] == "unknown" and got["exclusion"] == ""
+    assert "TrainingStalled is a symptom" in got["detail"]
     assert run_remediation(None, [], timedelta(minutes=10)) == {}
 
 
@@ -179,7 +198,8 @@ def test_run_page_json_carries_remediation(tmp_path):
                                 headers={"Authorization": f"Bearer {TOKEN}",
                                          "Accept": "application/json"})
     data = resp.json()["remediation"]
-    assert set(data) == {"verdict", "detail", "exclusion", "hosts"}
+    assert set(data) == {"verdict", "detail", "exclusion", "advice", "needs", "hosts"}
+    assert data["needs"] == "a GPU reset" and data["advice"].startswith("Reset GPU 3 of gpu-07")
     assert data["verdict"] == "unsafe" and data["exclusion"] == "sbatch --exclude=gpu-07"
     assert set(data["hosts"][0]) == {"hostname", "state", "reason", "since"}
 
@@ -220,7 +240,8 @@ def test_prometheus_down_keeps_what_is_shown(tmp_path):
     assert cold.for_diagnosis(diagnosis) is None
     now[0] += 1
     assert history.for_diagnosis(diagnosis) == good  # stale but shown
-    assert run_remediation(cold, fs, timedelta(minutes=10)) == {}
+    shown = run_remediation(cold, fs, timedelta(minutes=10))["remediation"]
+    assert shown["verdict"] == "unknown" and "Prometheus is not answering" in shown["detail"]
 
 
 def test_crashed_run_summary_gets_the_verdict(tmp_path):
@@ -244,5 +265,49 @@ def test_resolved_fault_on_a_node_never_drained_is_still_unsafe(tmp_path):
     with fake_prometheus(lambda q: [state("gpu-07", "slurm", "IDLE")]
                          if "wandb_infra_node_state" in q else []) as url:
         got = remediation(url, [xid(end=NOW - timedelta(minutes=1))], tmp_path)["remediation"]
-    assert got["verdict"] == "unsafe" and "never taken out of the pool" in got["detail"]
+    assert got["verdict"] == "unsafe" and "gpu-07 is schedulable (IDLE)" in got["detail"]
     assert got["exclusion"] == "sbatch --exclude=gpu-07"
+
+
+def _ksm(nodes: dict[str, bool], taints: dict[str, list[tuple[str, str]]]) -> Callable[[str],
+                                                                                      Series]:
+    """kube-state-metrics series: node -> cordoned, node -> [(taint key, effect)]. The taint
+    query's ``key!~`` matcher is applied like Prometheus would."""
+    def series(q: str) -> Series:
+        if q.startswith("kube_node_spec_unschedulable"):
+            return [({"node": n}, (lambda t, c=cordoned: "1" if c else "0"))
+                    for n, cordoned in nodes.items()]
+        if q.startswith("kube_node_spec_taint"):
+            ignored = q.split('key!~"', 1)[1].split('"', 1)[0].replace("\\\\", "\\")
+            return [({"node": n, "key": k, "value": "", "effect": e}, lambda t: True)
+                    for n, ts in taints.items() for k, e in ts if not re.fullmatch(ignored, k)]
+        return []
+    return series
+
+
+def test_a_taint_the_runs_pods_tolerate_keeps_the_node_in_the_pool(tmp_path):
+    ksm = _ksm({"gpu-07": False}, {"gpu-07": [("team.example/dedicated", "NoSchedule")]})
+    _, fs = facts(xid(), tmp_path=tmp_path)
+    diagnosis = diagnose(fs, timedelta(minutes=10))
+    with fake_prometheus(ksm) as url:
+        strict = NodeStateHistory(url, cache_seconds=0).for_diagnosis(diagnosis)
+        tolerant = NodeStateHistory(url, cache_seconds=0, tolerated_taints=(
+            "nvidia.com/gpu", "team.example/dedicated")).for_diagnosis(diagnosis)
+    assert next(iter(strict.values())).verdict == "safe"  # an untolerated taint: out
+    got = next(iter(tolerant.values()))
+    assert got.verdict == "unsafe" and got.timelines[0].current.state == "Ready"
+
+
+def test_two_nodes_sharing_a_first_label_are_never_merged(tmp_path):
+    """gpu-07.rack-a is cordoned, gpu-07.rack-b (the faulty one, say) is not: the short name
+    'gpu-07' is ambiguous, so no state is read for it (unknown), never 'out of the pool'."""
+    ksm = _ksm({"gpu-07.rack-a": True, "gpu-07.rack-b": False}, {})
+    _, fs = facts(xid(), tmp_path=tmp_path)
+    diagnosis = diagnose(fs, timedelta(minutes=10))
+    with fake_prometheus(ksm) as url:
+        got = next(iter(NodeStateHistory(url, cache_seconds=0).for_diagnosis(diagnosis).values()))
+    assert got.verdict == "unknown" and "no scheduler state for gpu-07" in got.detail
+    exact = _ksm({"gpu-07": False, "gpu-07.rack-a": True}, {})
+    with fake_prometheus(exact) as url:
+        got = next(iter(NodeStateHistory(url, cache_seconds=0).for_diagnosis(diagnosis).values()))
+    assert got.verdict == "unsafe"  # the node named exactly gpu-07 is schedulable

@@ -45,7 +45,8 @@ from demo.simulator.model import (
     stable_int,
 )
 from wandb_infra.catalog.alerts import RETIRED_PAGES_LIMIT
-from wandb_infra.catalog.xid import XidClass, codes
+from wandb_infra.catalog.recovery import Action
+from wandb_infra.catalog.xid import XIDS, XidClass, codes
 from wandb_infra.common.logsetup import log_fields
 
 log = logging.getLogger("demo.simulator")
@@ -67,6 +68,9 @@ HOST_PREFIX = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]{0,50}")
 
 ECC_DBE_XIDS = frozenset({48, 94, 95})
 FALLEN_OFF_BUS_XIDS = frozenset(codes(XidClass.FALLEN_OFF_BUS))
+# What the driver sets its recovery action to after an XID, as the catalog's action says; an
+# XID whose action is a restart or nothing leaves it at none.
+DRIVER_ACTION_OF = {Action.RESET_GPU: 1, Action.REBOOT_NODE: 2}
 
 
 class Cluster:
@@ -118,7 +122,8 @@ class Cluster:
             gpus = [self._new_gpu(name, i, now) for i in range(gpus_per_host)]
             ib = {f"mlx5_{d}": self._new_port(f"mlx5_{d}", now) for d in range(ib_ports)}
             eth = {d: EthPort(d, Counter(2.0, now)) for d in ETH_DEVICES}
-            self.hosts[name] = Host(name, (host_flavours or {}).get(name, flavour), gpus, ib, eth)
+            self.hosts[name] = Host(name, (host_flavours or {}).get(name, flavour), gpus, ib, eth,
+                                    boot_time=now - 86400)
             for gpu in gpus:
                 apply_rates(gpu, now)
             for port in ib.values():
@@ -233,6 +238,9 @@ class Cluster:
             assert code is not None
             gpu.last_xid = code
             gpu.xid_events.append((now, code))
+            known = XIDS.get(code)
+            if known is not None and known.action in DRIVER_ACTION_OF:
+                gpu.recovery_action = max(gpu.recovery_action, DRIVER_ACTION_OF[known.action])
             if code in ECC_DBE_XIDS:
                 for key in ("ecc_dbe_vol", "ecc_dbe_agg"):
                     gpu.counters[key].base += 1
@@ -283,11 +291,25 @@ class Cluster:
                 target.version += 1
         log.info("faults cleared", extra=log_fields(kind=kind, host=host, gpu=gpu, device=device))
 
+    def reboot(self, host: str) -> None:
+        """Reboot a host: its boot time moves to now, every GPU comes back without faults (XIDs,
+        the driver's recovery action, a GPU that fell off the bus), its telemetry answers."""
+        with self._lock:
+            target = self.host(host)
+            now = self.clock()
+            target.boot_time = now
+            target.lost = False
+            for g in target.gpus:
+                self._clear_gpu(g, None, now)
+            target.version += 1
+        log.info("host rebooted", extra=log_fields(host=host))
+
     def _clear_gpu(self, gpu: Gpu, kind: str | None, now: float) -> None:
         if kind in (None, "xid"):
             gpu.last_xid = None
             gpu.xid_events.clear()
             gpu.faults.discard("fallen_off_bus")
+            gpu.recovery_action = 0
         if kind in (None, "ecc_dbe"):
             gpu.retired_pending = 0
         if kind in (None, "row_remap_pending"):

@@ -122,6 +122,9 @@ GPU_METRICS: tuple[MetricDef, ...] = (
        "Whether remapping of rows has failed", "DCGM_FI_DEV_ROW_REMAP_FAILED"),
     _m("row_remap_pending", "DCGM_FI_DEV_ROW_REMAP_PENDING", "gauge",
        "Whether a row remap is pending (applied at the next GPU reset)"),
+    _m("recovery_action", "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION", "gauge",
+       "The driver's recovery action (0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain "
+       "and reset).", "DCGM_FI_DEV_GPU_RECOVERY_ACTION"),
     _m("thermal_violation", "DCGM_FI_DEV_THERMAL_VIOLATION", "counter",
        "Throttling duration due to thermal constraints (in ns)."),
     _m("power_violation", "DCGM_FI_DEV_POWER_VIOLATION", "counter",
@@ -228,9 +231,12 @@ def _pod_labels(pods: PodOf, host: str, index: int) -> str:
 
 
 def node_text(host: Host, now: float) -> str:
-    """One host's node_exporter page: uname, Ethernet up/carrier, InfiniBand ports."""
+    """One host's node_exporter page: uname, boot time, Ethernet up/carrier, InfiniBand ports."""
     release = "5.15.0-131-generic"
     out = [
+        "# HELP node_boot_time_seconds Node boot time, in unixtime.\n"
+        "# TYPE node_boot_time_seconds gauge\n"
+        f"node_boot_time_seconds {_fmt(math.floor(host.boot_time))}\n",
         "# HELP node_uname_info Labeled system information as provided by the uname "
         "system call.\n"
         "# TYPE node_uname_info gauge\n"

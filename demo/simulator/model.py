@@ -80,6 +80,8 @@ class Gpu:
     xid_events: list[tuple[float, int]] = field(default_factory=list)
     row_remap_pending: bool = False
     retired_pending: int = 0
+    # The driver's recovery action (DCGM field 1523): 1 GPU reset, 2 node reboot; 0 none.
+    recovery_action: int = 0
     counters: dict[str, Counter] = field(default_factory=dict)
 
 
@@ -119,6 +121,8 @@ class Host:
     # Slurm's view of the node (``scontrol show node -o``): a drain or resume by an operator.
     slurm_state: str = ""
     slurm_reason: str = ""
+    # node_boot_time_seconds: a reboot moves it to the reboot's time.
+    boot_time: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -174,6 +178,7 @@ def gauges(gpu: Gpu, now: float) -> dict[str, float]:
         "fb_free": FB_TOTAL_MIB - fb_used,
         "row_remap_failure": 1.0 if "row_remap_failure" in faults else 0.0,
         "row_remap_pending": 1.0 if gpu.row_remap_pending else 0.0,
+        "recovery_action": float(gpu.recovery_action),
         "clock_events": float(reasons), "gr_engine_active": round(engine, 4),
         "tensor_active": round(tensor, 4), "dram_active": round(dram, 4),
     }

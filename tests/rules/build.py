@@ -152,6 +152,8 @@ def gpu_cases(sp: str) -> list[Case]:
         ("GpuXidApplicationError", "13", f"XID 13 on {W} (1 event(s) in the last 10-15 minutes)."),
         ("GpuXidInformational", "63", f"XID 63 on {W} (1 event(s) in the last 10-15 minutes)."),
         ("GpuXidUnclassified", "57", f"XID 57 on {W} (1 event(s) in the last 10-15 minutes)."),
+        ("GpuXidDecodeRequired", "145",
+         f"XID 145 on {W} (1 event(s) in the last 10-15 minutes)."),
     ):
         cases += _pair(f"XID {code} ({sp})", alert, [*bg, _xid(sp, code)], ok, "3m",
                        [Expect(g(xid=code), desc)])
@@ -161,9 +163,18 @@ def gpu_cases(sp: str) -> list[Case]:
                       "GpuXidError", [*bg, _xid(sp, "94")], "3m"))
     cases.append(Case(
         f"GpuXidError: DCGM_EXP_XID_ERRORS_COUNT counts ({sp})", "GpuXidError",
-        [*bg, dcgm(sp, "DCGM_EXP_XID_ERRORS_COUNT", "0x4 3x20", xid="74",
+        [*bg, dcgm(sp, "DCGM_EXP_XID_ERRORS_COUNT", "0x4 3x20", xid="119",
                    window_size_in_ms="300000")],
-        "5m", [Expect(g(xid="74"), f"XID 74 on {W} (3 event(s) in the last 10-15 minutes).")]))
+        "5m", [Expect(g(xid="119"), f"XID 119 on {W} (3 event(s) in the last 10-15 "
+                                    "minutes).")]))
+    # the driver's recovery action, current and legacy field name, labelled with its name
+    for metric, value, name in (("DCGM_FI_DEV_GPU_RECOVERY_ACTION", "1", "gpu_reset"),
+                                ("DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION", "2", "node_reboot")):
+        cases += _pair(f"{metric} = {value} ({sp})", "GpuRecoveryActionRequired",
+                       [*bg, dcgm(sp, metric, f"{value}x80")], [*bg, dcgm(sp, metric, "0x80")],
+                       "2m", [Expect(g(recovery_action=name),
+                                     f"The driver's recovery action for {W} is {name} (DCGM "
+                                     f"field 1523 = {value}).")])
     gone = [dcgm(sp, "DCGM_FI_DEV_GPU_TEMP", "40x80", gpu="0"),
             dcgm(sp, "DCGM_FI_DEV_GPU_TEMP", "40x10", gpu="1")]
     cases += _pair(f"GPU series vanished ({sp})", "GpuFallenOffBus", gone, bg, "14m",

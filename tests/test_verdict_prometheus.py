@@ -1,0 +1,197 @@
+"""The restart verdict read from a real Prometheus whose telemetry changes over time: the
+simulator's dcgm-exporter and node_exporter through the shipped rules, and the exporter's node
+state (served here) for the scheduler. A GPU reset, a reboot, a drain and return, a link that
+comes back: each changes the verdict the bridge would write."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from demo.simulator.cluster import Cluster
+from demo.simulator.scrape import prometheus_config
+from demo.simulator.server import serve
+from demo.stack import scale_rules
+from harness.processes import prom_query, prometheus, wait_for
+from wandb_infra.bridge.diagnosis import AlertFact, diagnose
+from wandb_infra.bridge.remediation import NodeStateHistory, Remediation
+from wandb_infra.bridge.verdict import Policy
+from wandb_infra.catalog import series
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parent.parent
+RULE_FILES = sorted((ROOT / "alert_rules").glob("*.rules.yml"))
+HOSTS = ("gpu-node-001", "gpu-node-002", "gpu-node-003")
+SETTLE = 4.0
+POLICY = Policy(settle_seconds=SETTLE)
+
+
+class NodeStates:
+    """``wandb_infra_node_state`` as the exporter publishes it, changed by the test."""
+
+    def __init__(self) -> None:
+        self.states = {h: ("IDLE", "") for h in HOSTS}
+
+    def text(self) -> str:
+        lines = ["# TYPE wandb_infra_node_state gauge"]
+        lines += [f'wandb_infra_node_state{{hostname="{h}",scheduler="slurm",state="{s}",'
+                  f'reason="{r}"}} 1' for h, (s, r) in sorted(self.states.items())]
+        return "\n".join(lines) + "\n"
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> Iterator[tuple[Cluster, NodeStates, str]]:
+    assert RULE_FILES, "alert_rules/ has no rule files: run make generate"
+    cluster = Cluster(hosts=len(HOSTS), flavour="hostname")
+    states = NodeStates()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            return
+
+        def do_GET(self) -> None:
+            body = states.text().encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    workdir = tmp_path_factory.mktemp("verdict-prom")
+    try:
+        with serve(cluster) as sim:
+            rules = []
+            for path in RULE_FILES:
+                rules.append(workdir / path.name)
+                # every ``for`` and slow tier 60 times faster: minutes become seconds
+                rules[-1].write_text(scale_rules(path.read_text(), 1 / 60))
+            extra = [{"job_name": "node-state", "scrape_interval": "1s", "static_configs": [
+                {"targets": [f"127.0.0.1:{server.server_address[1]}"]}]}]
+            config = prometheus_config(sim.address, cluster.hosts, interval="1s",
+                                       rule_files=[str(p) for p in rules],
+                                       extra_scrape_configs=extra)
+            with prometheus(config, workdir) as prom:
+                for expr in (f"count({series.GPU_PRESENT}) == {8 * len(HOSTS)}",
+                             f"count({series.NODE_EXPORTER_TARGET}) == {len(HOSTS)}",
+                             f"count({series.HOST_GPU_COUNT}) == {len(HOSTS)}",
+                             "count(count_over_time(wandb_infra_node_state[1m]) >= 3) == 3"):
+                    wait_for(lambda e=expr: prom_query(prom.url, e), 120, expr, 0.5)
+                yield cluster, states, prom.url
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _fact(name: str, host: str, gpu: str, started: datetime, *, xid: int | None = None,
+          ended: datetime | None = None) -> AlertFact:
+    labels = {"alertname": name, "hostname": host, "gpu": gpu}
+    if xid is not None:
+        labels["xid"] = str(xid)
+    return AlertFact(fingerprint=f"{name}-{host}-{gpu}", alertname=name, starts_at=started,
+                     ends_at=ended, severity="critical", category="gpu_hardware", hostname=host,
+                     gpu=gpu, labels=labels)
+
+
+def verdict(url: str, *facts: AlertFact) -> Remediation:
+    diagnosis = diagnose(list(facts), timedelta(minutes=10))
+    rems = NodeStateHistory(url, cache_seconds=0).for_diagnosis(diagnosis, POLICY,
+                                                                scheduler="slurm")
+    assert rems is not None
+    (rem,) = rems.values()
+    return rem
+
+
+def until(url: str, facts: list[AlertFact], wanted: str, contains: str) -> Remediation:
+    def check() -> Remediation | None:
+        rem = verdict(url, *facts)
+        return rem if rem.verdict == wanted and contains in rem.detail else None
+    return wait_for(check, 90, f"{wanted} with '{contains}'", 0.5)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC).replace(microsecond=0)
+
+
+def test_gpu_reset_seen_through_the_driver_recovery_action(world):
+    cluster, _, url = world
+    started = _now()
+    cluster.inject("xid", HOSTS[0], gpu=2, code=95)
+    facts = [_fact("GpuUncontainedEccError", HOSTS[0], "2", started, xid=95)]
+    before = until(url, facts, "unsafe", "the driver still asks for a GPU reset on gpu-node-001")
+    assert before.exclusion == "sbatch --exclude=gpu-node-001" and before.drain
+    assert before.advice.startswith("Reset GPU 2 of gpu-node-001 (nvidia-smi -r -i 2)")
+    cluster.clear(HOSTS[0], gpu=2, kind="xid")
+    after = until(url, facts, "safe", "GPU 2 of gpu-node-001 was reset at")
+    assert not after.drain and after.exclusion == ""
+
+
+def test_reboot_seen_through_the_boot_time_with_the_gpus_back(world):
+    cluster, _, url = world
+    started = _now()
+    cluster.inject("xid", HOSTS[1], gpu=7, code=79)  # fallen off the bus: 7 GPUs left
+    facts = [_fact("GpuFallenOffBus", HOSTS[1], "7", started)]
+    wait_for(lambda: prom_query(url, f'{series.HOST_GPU_COUNT}{{hostname="{HOSTS[1]}"}} == 7'),
+             60, "the host's GPU count at 7", 0.5)
+    before = until(url, facts, "unsafe", "gpu-node-002 has not rebooted since the fault")
+    assert before.needs == "a reboot of the node"
+    time.sleep(1.1)  # the boot time is whole seconds: after the onset
+    cluster.reboot(HOSTS[1])
+    after = until(url, facts, "safe", "gpu-node-002 rebooted at")
+    assert "with its GPUs back" in after.detail
+
+
+def test_drained_then_returned_with_the_reset_still_asked_for(world):
+    cluster, states, url = world
+    started = _now()
+    cluster.inject("xid", HOSTS[2], gpu=0, code=62)
+    facts = [_fact("GpuXidError", HOSTS[2], "0", started, xid=62)]
+    until(url, facts, "unsafe", "the driver still asks")
+    states.states[HOSTS[2]] = ("IDLE+DRAIN", "XID 62")
+    drained = until(url, facts, "safe", "gpu-node-003 is out of the pool (IDLE+DRAIN")
+    assert "reason 'XID 62'" in drained.detail and not drained.drain
+    states.states[HOSTS[2]] = ("IDLE", "")
+    # back in service, but the driver still asks for the reset: not repaired
+    returned = until(url, facts, "unsafe", "the driver still asks")
+    assert any("out of the pool" in line for line in returned.history_lines())
+    cluster.clear(HOSTS[2], gpu=0, kind="xid")
+    until(url, facts, "safe", "was reset at")
+
+
+def test_link_back_and_stable_for_the_settle_time(world):
+    cluster, _, url = world
+    host, device = HOSTS[2], "mlx5_3"
+    cluster.inject("ib_down", host, device=device)
+    alert = f'ALERTS{{alertname="InfinibandLinkDown",hostname="{host}",device="{device}"}}'
+
+    def link_alert(firing: bool) -> AlertFact | None:
+        found = prom_query(url, f"max_over_time(timestamp({alert})[10m:1s])")
+        now = prom_query(url, alert)
+        if not found or bool(now) != firing:
+            return None
+        first = prom_query(url, f"min_over_time(timestamp({alert})[10m:1s])")
+        return AlertFact(
+            fingerprint="ib", alertname="InfinibandLinkDown",
+            starts_at=datetime.fromtimestamp(float(first[0]["value"][1]), UTC),
+            ends_at=None if firing else datetime.fromtimestamp(float(found[0]["value"][1]),
+                                                               UTC),
+            severity="critical", category="network", hostname=host,
+            labels={"alertname": "InfinibandLinkDown", "hostname": host, "device": device})
+
+    down = wait_for(lambda: link_alert(True), 120, "InfinibandLinkDown in ALERTS", 0.5)
+    rem = verdict(url, down)
+    assert rem.verdict == "unsafe" and "the fault on gpu-node-003 is still present" in rem.detail
+    cluster.clear(host, kind="ib_down", device=device)
+    back = wait_for(lambda: link_alert(False), 120, "InfinibandLinkDown resolved", 0.5)
+    early = verdict(url, back)
+    assert early.verdict == "unsafe" and "to see it stay clear" in early.detail
+    until(url, [back], "safe", "and stayed clear")
