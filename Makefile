@@ -33,12 +33,13 @@ lint: venv
 	$(BIN)/mypy $(foreach p,$(PACKAGED),-p wandb_infra.$(p)) -p demo
 
 # Every generated file, in dependency order (the Kubernetes copies read the rule manifest and the
-# dashboards); tests/test_generated.py checks in one test that all of them are current.
+# dashboards; the README's restart-action tables come last); tests/test_generated.py checks in one test that all of them are current.
 generate: venv
 	$(BIN)/python -m wandb_infra.alert_rules.generate
 	$(BIN)/python -m wandb_infra.dashboards.generate
 	$(BIN)/python deploy/kubernetes/render.py
 	$(BIN)/python -m tests.rules.build
+	$(BIN)/python -m tests.readme_tables
 
 test: system-deps venv lint
 	$(BIN)/python -m pytest -q

@@ -51,7 +51,7 @@ class ActionSpec:
 
 SPECS: dict[Action, ActionSpec] = {
     Action.NONE: ActionSpec(
-        needs="no action (the driver handled it)", out_of_service=False,
+        needs="no action", out_of_service=False,
         observed_by="nothing to observe"),
     Action.RESTART_APP: ActionSpec(
         needs="only an application restart", out_of_service=False,

@@ -4,7 +4,8 @@ The generators run in dry mode, chained in memory the way ``make generate`` chai
 (the Kubernetes copies are rendered from the rule and dashboard generators' output, not from the
 committed files), so one failure lists every stale file: the rule file, PrometheusRule, counters
 CSV, runbook and mixin JSON (``alert_rules/generate.py``), the dashboards, the Kubernetes manifests
-(``deploy/kubernetes/render.py``) and the promtool cases (``tests/rules/build.py``).
+(``deploy/kubernetes/render.py``), the promtool cases (``tests/rules/build.py``) and the README's
+restart-action tables (``tests/readme_tables.py``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from types import ModuleType
 
 import pytest
 
+from tests import readme_tables
 from tests.rules import build
 from wandb_infra.alert_rules import generate as rules
 from wandb_infra.common import generated
@@ -42,6 +44,7 @@ def expected() -> dict[Path, str]:
     manifest = out[ROOT / "alert_rules" / rules.MANIFEST_FILE]
     out.update(_render_script().render({p.name: t for p, t in boards.items()}, manifest))
     out.update({build.HERE / name: text for name, text in build.files(build.default_cfg()).items()})
+    out.update(readme_tables.files())
     return out
 
 
@@ -69,7 +72,7 @@ def test_the_check_covers_every_kind_of_generated_file():
                 "alert_rules/dcgm-counters.csv", "docs/runbook.md", "mixin/rules.json",
                 "deploy/kubernetes/generated/prometheusrule.yaml",
                 "deploy/kubernetes/generated/dashboards.configmap.yaml",
-                "tests/rules/node_alerts.test.yml"):
+                "tests/rules/node_alerts.test.yml", "README.md"):
         assert rel in covered, rel
     assert {p.name for p in (ROOT / "dashboards").glob("*.json")} <= {Path(p).name for p in covered}
     assert {p.name for p in (ROOT / "tests" / "rules").glob("*.test.yml")} <= {
