@@ -14,6 +14,7 @@ from typing import Any
 
 from wandb_infra.bridge import quarantine
 from wandb_infra.bridge.delivery import DeliveryPolicy
+from wandb_infra.bridge.endings import EndingsPolicy
 from wandb_infra.bridge.identity import DEFAULT_PATHS
 from wandb_infra.bridge.markers import MARKER_SETTLE
 from wandb_infra.bridge.verdict import DEFAULT_SETTLE, Policy
@@ -49,6 +50,9 @@ DEFAULTS: dict[str, Any] = {
     "grafana": {"base_url": "", "org_id": 1, "window_before_minutes": 30,
                 "window_after_minutes": 30},
     "diagnosis": {"incident_gap_minutes": 10},
+    "endings": {"enabled": True, "grace_seconds": 300.0, "interval_seconds": 60.0,
+                "lookback_hours": 24.0, "max_run_hours": 168.0, "step_seconds": 30.0,
+                "max_runs_per_pass": 100},
     "quarantine": dict(quarantine.DEFAULTS),
     "restart_policy": {"xid": {}, "bucket": {}, "alert": {}, "settle_seconds": DEFAULT_SETTLE,
                        "scheduler": ""},
@@ -113,6 +117,17 @@ HELP: dict[str, str] = {
     "grafana.base_url": "Grafana URL for deep links (empty: no links)",
     "grafana.org_id / window_*_minutes": "link org and time window around an issue",
     "diagnosis.incident_gap_minutes": "alerts further apart than this are separate issues",
+    "endings.enabled": "with prometheus.url: every run the exporter published gets a verdict "
+                       "when it ends (infrastructure, clear or incomplete, with its telemetry "
+                       "coverage) in W&B and on its page (default true)",
+    "endings.grace_seconds": "a run whose join series are absent this long has ended (300; "
+                             "longer than the exporter's scrape interval and restarts)",
+    "endings.interval_seconds": "how often Prometheus is asked which runs ended (60)",
+    "endings.lookback_hours": "on start, runs that ended this long ago are still judged (runs "
+                              "that ended while the bridge was down; 24)",
+    "endings.max_run_hours": "how far before its end a run's start is looked for (168)",
+    "endings.step_seconds": "finest coverage resolution: the exporters' scrape interval (30)",
+    "endings.max_runs_per_pass": "ended runs judged per pass at most; the rest wait (100)",
     "quarantine.enabled": "take the faulty node of an open critical issue out of the pool "
                           "where its fault needs the node out of service (a GPU reset, a "
                           "reboot, a replacement; never for XID 94 or application faults); "
@@ -190,6 +205,27 @@ def _check_pages_auth(auth: Mapping[str, Any], secrets: Secrets) -> None:
         raise ConfigError("auth.pages_accept_webhook_credentials must be true, false or unset")
 
 
+def _endings(raw: Mapping[str, Any]) -> EndingsPolicy:
+    """The ``endings`` section, every value checked (a typo must not silently turn it off)."""
+    section = raw["endings"]
+    enabled = section["enabled"]
+    if not isinstance(enabled, bool):
+        raise ConfigError("endings.enabled must be true or false")
+    per_pass = section["max_runs_per_pass"]
+    if isinstance(per_pass, bool) or not isinstance(per_pass, int) or not 1 <= per_pass <= 10_000:
+        raise ConfigError("endings.max_runs_per_pass must be an integer 1-10000")
+    step = _number(raw, "endings", "step_seconds", 1)
+    grace = _number(raw, "endings", "grace_seconds", 1)
+    if grace < step:
+        raise ConfigError("endings.grace_seconds must be at least endings.step_seconds (a run "
+                          "would end between two scrapes)")
+    return EndingsPolicy(
+        enabled=enabled, grace=grace, interval=_number(raw, "endings", "interval_seconds", 1),
+        lookback=_number(raw, "endings", "lookback_hours", 0) * 3600,
+        max_run=_number(raw, "endings", "max_run_hours", 0.01) * 3600, step=step,
+        per_pass=per_pass)
+
+
 def _taints(value: Any) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(t, str) and t for t in value):
         raise ConfigError("prometheus.tolerated_taints must be a list of taint keys")
@@ -251,6 +287,7 @@ def build_config(raw: dict[str, Any], environ: Mapping[str, str] | None = None,
                                            if k != "scheduler"}),
         tolerated_taints=_taints(raw["prometheus"]["tolerated_taints"]),
         scheduler=_scheduler(raw),
+        endings=_endings(raw),
     )
     cfg = BridgeConfig(
         raw=raw, secrets=secrets, host=str(raw["listen"]["host"]), port=port,

@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from wandb_infra.bridge.diagnosis import AlertFact, Diagnosis, diagnose
+from wandb_infra.bridge.endings import EndingsPass, EndingsPolicy, RunEndings, outcome_for
+from wandb_infra.bridge.explain import PrometheusHistory
 from wandb_infra.bridge.grafana import GrafanaLinks
 from wandb_infra.bridge.identity import PrometheusRunLookup
 from wandb_infra.bridge.markers import MARKER_SETTLE, MISSING_SDK, MarkerWriter
@@ -57,6 +59,7 @@ VERIFY_ATTEMPTS = 3  # write, read back, merge again if the user changed the run
 REMEDIATION = "remediation"  # marker: remediation|<epoch>|<signature> after each projection
 REFRESH_RUNS = 200  # node state is re-checked for at most this many recently active runs
 REFRESH_LOOKBACK = 3 * 86400.0  # ... whose latest alert started within this time
+ENDED = frozenset({"finished", "failed", "crashed"})  # W&B states of a run that ended
 
 
 def _latest_signature(markers: set[str]) -> str:
@@ -83,6 +86,8 @@ class DeliveryPolicy:
     tolerated_taints: tuple[str, ...] = DEFAULT_TOLERATED
     # The exclusion's syntax (slurm, kubernetes) when no faulty host's state names its scheduler.
     scheduler: str = ""
+    # With Prometheus: every ended run gets a verdict (bridge/endings.py); None: off.
+    endings: EndingsPolicy | None = None
 
 
 def backoff(attempts: int, policy: DeliveryPolicy, retry_after: float | None,
@@ -124,6 +129,13 @@ class DeliveryWorker:
                                              tolerated_taints=policy.tolerated_taints)
                             if lookup is not None and policy.node_state_refresh > 0 else None)
         self._next_refresh = 0.0
+        self.endings = (EndingsPass(store, RunEndings(PrometheusHistory(lookup.base_url,
+                                                                        lookup.timeout),
+                                                      policy.endings),
+                                    store.facts, incident_gap=policy.incident_gap,
+                                    deliver=client is not None)
+                        if lookup is not None and policy.endings is not None
+                        and policy.endings.enabled else None)
         self.quarantine = build_quarantine(policy.quarantine,
                                            Path(store.path).resolve().parent)
         self._audit_status()
@@ -177,6 +189,13 @@ class DeliveryWorker:
                 raise
             except Exception:  # a bad lookup must not stop delivery of attributed runs
                 log.exception("attribution by Prometheus lookup failed")
+        if self.endings is not None and self.endings.due(now):
+            try:
+                self.endings.run(now)
+            except StoreError:
+                raise
+            except Exception:  # Prometheus down: the cursor stays, the next pass catches up
+                log.exception("looking for ended runs failed")
         delivered = 0
         if self.client is not None and now >= self.paused_until:
             for row in self.store.due(now, self.policy.flush_interval):
@@ -316,6 +335,8 @@ class DeliveryWorker:
         self.store.delivered(run, row.dirty_seq, now, storage_id=storage_id,
                              run_state=state, summary_seq=summary_seq,
                              next_state_check=next_check)
+        if self.endings is not None and state in ENDED and row.run_state != state:
+            self.store.add_endings([(run, now, f"W&B state {state}")], now)  # judged next pass
         self.metrics.deliveries.labels("ok").inc()
         self.metrics.last_success.set(now)
         return True
@@ -339,7 +360,8 @@ class DeliveryWorker:
         # Everything slow (Prometheus, rendering) happens before the run is read, so the
         # read-to-write window on the user's notes and tags is one W&B round trip.
         remediations = self.remediations(diagnosis)
-        section = render_section(diagnosis, self._link_for(run), remediations or {})
+        outcome = outcome_for(self.store, run, diagnosis, self.clock())
+        section = render_section(diagnosis, self._link_for(run), remediations or {}, outcome)
         written = {m.removeprefix(TAG_MARK) for m in self.store.markers(run)
                    if m.startswith(TAG_MARK)}
         info = self.client.find_run(run.entity, run.project, run.run_id)
@@ -347,6 +369,7 @@ class DeliveryWorker:
         summary_seq = row.summary_seq
         if info.state != "running":
             wanted = summary_entries(diagnosis) | summary_verdict(remediations or {}, diagnosis)
+            wanted |= outcome.summary() if outcome is not None else {}
             if any(info.summary.get(k) != v for k, v in wanted.items()):
                 summary = {**info.summary, **wanted}
             summary_seq = row.dirty_seq

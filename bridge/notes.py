@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 
 from wandb_infra.bridge.diagnosis import AlertFact, Diagnosis, Issue
+from wandb_infra.bridge.outcome import Outcome
 from wandb_infra.bridge.remediation import Remediation
 from wandb_infra.catalog.vocabulary import CauseClass
 
@@ -51,6 +52,10 @@ def _url(url: str) -> str:
     if not url.startswith(("http://", "https://")) or re.search(r"[\s()<>\"'`]", url):
         return ""
     return url
+
+
+def _upper_first(text: str) -> str:
+    return text[:1].upper() + text[1:]
 
 
 def _time(value: datetime | None) -> str:
@@ -107,7 +112,7 @@ def _remediation_lines(rem: Remediation) -> list[str]:
 
 
 def _issue_block(n: int, issue: Issue, headline: bool, link_for: LinkFn,
-                 rem: Remediation | None = None) -> list[str]:
+                 rem: Remediation | None = None, *, seen_through: str = "") -> list[str]:
     root = issue.root
     role = "headline" if headline else "separate issue, not the headline"
     link = _url(link_for(root, issue.started_at, issue.ended_at))
@@ -133,6 +138,8 @@ def _issue_block(n: int, issue: Issue, headline: bool, link_for: LinkFn,
         lines.append(f"- Already seen on this run: {md_escape(seen)}")
     label = "Why this is the root cause" if headline else "Why this alert leads this issue"
     lines.append(f"- {label}: {md_escape(issue.reasoning, 1000)}")
+    if seen_through:
+        lines.append(f"- {md_escape(_upper_first(seen_through), 1000)}")
     if link:
         lines.append(f"- [Open in Grafana]({link})")
     if issue.consequences:
@@ -152,14 +159,21 @@ def _issue_block(n: int, issue: Issue, headline: bool, link_for: LinkFn,
 
 
 def render_section(diagnosis: Diagnosis, link_for: LinkFn,
-                   remediations: Mapping[str, Remediation] | None = None) -> str:
-    """The delimited notes section (BEGIN..END): the headline first, then the other issues,
-    each with its restart verdict and node state where ``remediations`` (by issue key) has it."""
+                   remediations: Mapping[str, Remediation] | None = None,
+                   outcome: Outcome | None = None) -> str:
+    """The delimited notes section (BEGIN..END): the ended run's verdict, the headline, then
+    the other issues, each with its restart verdict and node state where ``remediations`` (by
+    issue key) has it, and what the rules saw of the run (``outcome``'s coverage)."""
     remediations = remediations or {}
     lines = [BEGIN, TITLE, ""]
     head = diagnosis.root_cause
+    seen_through = "" if outcome is None else outcome.coverage_line
+    if outcome is not None:
+        lines += [f"**Verdict: {outcome.verdict}**: {md_escape(outcome.text, 1500)}", "",
+                  f"- {md_escape(_upper_first(seen_through), 1500)}", ""]
     if head is None:
-        lines += ["No infrastructure issues recorded.", ""]
+        if outcome is None:
+            lines += ["No infrastructure issues recorded.", ""]
     else:
         lines += [f"**Headline: {md_escape(head.title)}** ({state_text(head)})", ""]
         if diagnosis.headline_reason:
@@ -168,7 +182,8 @@ def render_section(diagnosis: Diagnosis, link_for: LinkFn,
     size = sum(map(len, lines))
     shown = 0
     for n, issue in enumerate(ranked[:MAX_ISSUES], start=1):
-        block = _issue_block(n, issue, issue is head, link_for, remediations.get(issue.key))
+        block = _issue_block(n, issue, issue is head, link_for, remediations.get(issue.key),
+                             seen_through=seen_through)
         block_size = sum(map(len, block)) + len(block)
         if shown and size + block_size > MAX_SECTION_CHARS:
             break

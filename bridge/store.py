@@ -97,10 +97,32 @@ OTHER_SCHEMA = (
     "CREATE INDEX IF NOT EXISTS alerts_looked_up ON alerts (fingerprint, starts_at) "
     "WHERE lookup_done=1 AND entity!=''",
 )
+# Schema version 2: ended runs and their verdicts (bridge/endings.py, bridge/outcome.py), with
+# or without alerts; and the time up to which Prometheus was searched for ended runs.
+ENDINGS_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS endings (
+    entity TEXT NOT NULL,
+    project TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    ended_at REAL NOT NULL,
+    found_at REAL NOT NULL,
+    how TEXT NOT NULL,
+    verdict TEXT,
+    outcome TEXT,
+    judged_at REAL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    next_attempt REAL NOT NULL DEFAULT 0,
+    last_error TEXT,
+    PRIMARY KEY (entity, project, run_id)
+)""",
+    "CREATE INDEX IF NOT EXISTS endings_pending ON endings (next_attempt) WHERE verdict IS NULL",
+    "CREATE INDEX IF NOT EXISTS endings_by_verdict ON endings (verdict, ended_at)",
+    "CREATE TABLE IF NOT EXISTS scans (name TEXT PRIMARY KEY, scanned_to REAL NOT NULL)",
+)
 # PRAGMA user_version: 0 is a store written before the clustered alerts table (a rowid table
 # keyed by fingerprint first, plus an alerts_by_run index, with alertname, severity and category
-# columns); it is rewritten once when opened.
-SCHEMA_VERSION = 1
+# columns); it is rewritten once when opened. 1 has no endings tables; they are added.
+SCHEMA_VERSION = 2
 
 _ALERT_COLUMNS = ("fingerprint, starts_at, entity, project, run_id, status, ends_at, hostname, "
                   "gpu, labels, annotations")
@@ -226,6 +248,18 @@ class RunIndexEntry:
 
 
 @dataclass(frozen=True)
+class Ending:
+    """An ended run: when, what said so, and its verdict once judged (JSON, bridge/outcome)."""
+
+    run: RunKey
+    ended_at: float
+    how: str
+    verdict: str | None
+    outcome: str | None
+    attempts: int
+
+
+@dataclass(frozen=True)
 class QueueStats:
     """Backlog figures for /metrics."""
 
@@ -269,7 +303,7 @@ def _prepare(conn: sqlite3.Connection) -> None:
                               f"schema version {version}, written by a newer bridge; this bridge "
                               f"knows versions up to {SCHEMA_VERSION} and will not use it "
                               "(upgrade the bridge, or point store.path at a new file)")
-        if version < SCHEMA_VERSION:
+        if version < 1:
             old = conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND "
                                "name='alerts'").fetchone()
             if old:
@@ -280,9 +314,10 @@ def _prepare(conn: sqlite3.Connection) -> None:
                              f"updated_at, lookup_done) SELECT {_ALERT_COLUMNS}, received_at, "
                              "updated_at, lookup_done FROM alerts_v0")
                 conn.execute("DROP TABLE alerts_v0")
-            conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-        for statement in OTHER_SCHEMA:
+        for statement in (*OTHER_SCHEMA, *ENDINGS_SCHEMA):
             conn.execute(statement)
+        if version < SCHEMA_VERSION:
+            conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         conn.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:
@@ -720,6 +755,69 @@ class Store:
                 "VALUES (?,?,?,?,?)",
                 [(run.entity, run.project, run.run_id, m, now) for m in markers])
 
+    # ended runs -----------------------------------------------------------------------------
+    @staticmethod
+    def _ending(row: sqlite3.Row) -> Ending:
+        return Ending(RunKey(row["entity"], row["project"], row["run_id"]), row["ended_at"],
+                      row["how"], row["verdict"], row["outcome"], row["attempts"])
+
+    def add_endings(self, runs: Sequence[tuple[RunKey, float, str]], now: float) -> int:
+        """Record runs as ended (run, when, what said so); a run already known keeps its
+        first record. Returns how many were new."""
+        with self._tx() as conn:
+            return max(0, conn.executemany(
+                "INSERT OR IGNORE INTO endings (entity, project, run_id, ended_at, found_at, how) "
+                "VALUES (?,?,?,?,?,?)",
+                [(r.entity, r.project, r.run_id, at, now, how) for r, at, how in runs
+                 if r.attributed]).rowcount)
+
+    def pending_endings(self, now: float, limit: int) -> list[Ending]:
+        """Ended runs still to be judged, past their retry time, oldest end first."""
+        rows = self._read("SELECT * FROM endings WHERE verdict IS NULL AND next_attempt <= ? "
+                          "ORDER BY ended_at LIMIT ?", (now, limit))
+        return [self._ending(r) for r in rows]
+
+    def record_outcome(self, run: RunKey, verdict: str, outcome: str, now: float, *,
+                       deliver: bool) -> None:
+        """Store a run's verdict; with ``deliver`` its W&B projection is queued (the run gets
+        an outbox row if it had none)."""
+        with self._tx() as conn:
+            conn.execute("UPDATE endings SET verdict=?, outcome=?, judged_at=?, last_error=NULL "
+                         "WHERE entity=? AND project=? AND run_id=?",
+                         (verdict, outcome, now, run.entity, run.project, run.run_id))
+            if deliver:
+                self._bump(conn, run, now)
+
+    def ending_failed(self, run: RunKey, next_attempt: float, error: str) -> None:
+        """Prometheus could not answer for this run: try again at ``next_attempt``."""
+        with self._tx() as conn:
+            conn.execute("UPDATE endings SET attempts=attempts+1, next_attempt=?, last_error=? "
+                         "WHERE entity=? AND project=? AND run_id=?",
+                         (next_attempt, error[:500], run.entity, run.project, run.run_id))
+
+    def ending(self, run: RunKey) -> Ending | None:
+        """One run's ending record."""
+        rows = self._read("SELECT * FROM endings WHERE entity=? AND project=? AND run_id=?",
+                          (run.entity, run.project, run.run_id))
+        return self._ending(rows[0]) if rows else None
+
+    def endings_page(self, verdict: str, limit: int, offset: int = 0) -> list[Ending]:
+        """Judged runs with this verdict, most recently ended first."""
+        rows = self._read("SELECT * FROM endings WHERE verdict=? ORDER BY ended_at DESC, "
+                          "entity, project, run_id LIMIT ? OFFSET ?", (verdict, limit, offset))
+        return [self._ending(r) for r in rows]
+
+    def scanned_to(self, name: str) -> float | None:
+        """Up to when the named scan has looked (None: never)."""
+        rows = self._read("SELECT scanned_to FROM scans WHERE name=?", (name,))
+        return float(rows[0][0]) if rows else None
+
+    def set_scanned_to(self, name: str, at: float) -> None:
+        """Remember up to when the named scan has looked (survives restarts)."""
+        with self._tx() as conn:
+            conn.execute("INSERT INTO scans (name, scanned_to) VALUES (?, ?) ON CONFLICT (name) "
+                         "DO UPDATE SET scanned_to=excluded.scanned_to", (name, at))
+
     # retention ------------------------------------------------------------------------------
     def purge(self, older_than: float, delivering: bool = True) -> int:
         """Delete resolved alerts that ended before ``older_than``, except those of runs whose
@@ -737,6 +835,7 @@ class Store:
                 "DELETE FROM outbox WHERE NOT (dirty_seq > delivered_seq AND parked IS NULL AND ?) "
                 "AND NOT EXISTS (SELECT 1 FROM alerts a WHERE a.entity=outbox.entity AND "
                 "a.project=outbox.project AND a.run_id=outbox.run_id)", (delivering,))
+            conn.execute("DELETE FROM endings WHERE ended_at < ?", (older_than,))
             conn.execute(
                 "DELETE FROM markers WHERE NOT EXISTS (SELECT 1 FROM outbox o WHERE "
                 "o.entity=markers.entity AND o.project=markers.project AND "

@@ -1,0 +1,212 @@
+"""Finding ended runs and reading their coverage from Prometheus: the HTTP edge of verdicts.
+
+Why this shape: the cost must grow with the runs that end, not with the runs that exist. Each
+pass asks one instant question over a short window (the runs whose join series were present in
+the window before the grace period and are gone within it: ``unless``), so only ended runs come
+back; after a restart the first pass looks back ``lookback`` (runs that ended while the bridge
+was down). Each ended run then costs four range queries over its own hosts: its placement (the
+join metrics, as ``explain``), its exporters' ``up`` joined to the target maps, and its GPUs'
+presence record.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import timedelta
+
+from wandb_infra.bridge.coverage import Coverage, judge
+from wandb_infra.bridge.diagnosis import AlertFact, Diagnosis, diagnose
+from wandb_infra.bridge.explain import ExplainError, Placement, PrometheusHistory, find_placement
+from wandb_infra.bridge.outcome import Outcome
+from wandb_infra.bridge.outcome import judge as judge_outcome
+from wandb_infra.bridge.store import Store
+from wandb_infra.catalog import series as S
+from wandb_infra.common import labels as L
+from wandb_infra.common.logsetup import log_fields
+from wandb_infra.common.runkey import RunKey
+
+log = logging.getLogger(__name__)
+
+RUN_LABELS = f"{L.ENTITY}, {L.PROJECT}, {L.RUN_ID}"
+JOIN_GONE = "join series gone"
+
+
+@dataclass(frozen=True)
+class EndingsPolicy:
+    """When a run counts as ended and how its coverage is read (seconds)."""
+
+    enabled: bool = True
+    grace: float = 300.0  # join series absent this long: the run ended
+    interval: float = 60.0  # how often the bridge looks for ended runs
+    lookback: float = 86400.0  # on start, runs that ended this far back are judged too
+    max_run: float = 7 * 86400.0  # how far before its end a run's start is looked for
+    step: float = 30.0  # finest coverage step (the scrape interval)
+    per_pass: int = 100  # runs judged per pass at most (the rest wait for the next)
+
+
+def _regex_literal(text: str) -> str:
+    escaped = re.sub(r"([.^$*+?()\[\]{}|\\])", r"\\\1", text)
+    return escaped.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def host_matcher(hosts: Iterable[str]) -> str:
+    """``hostname=~"a|b"`` with every name a literal."""
+    return f'{L.HOSTNAME}=~"{"|".join(_regex_literal(h) for h in sorted(hosts))}"'
+
+
+def vanished_query(window: float, grace: float) -> str:
+    """Runs with a join sample in the ``window`` before the last ``grace`` seconds and none in
+    those ``grace`` seconds (range selections skip staleness markers)."""
+    return (f"group by ({RUN_LABELS}) (last_over_time({L.NODE_INFO}[{window + grace:.0f}s])) "
+            f"unless on ({RUN_LABELS}) "
+            f"group by ({RUN_LABELS}) (last_over_time({L.NODE_INFO}[{grace:.0f}s]))")
+
+
+def targets_query(hosts: Iterable[str], step: float) -> str:
+    """Each host's exporters: 1 where every scrape in the step's window succeeded, 0 where one
+    failed, absent where the target was not scraped at all (gone from discovery)."""
+    return (f"min by ({L.HOSTNAME}, {S.TARGET_LABEL}) (min_over_time(up[{2 * step:.0f}s]) "
+            f"* on (instance, job) group_left ({L.HOSTNAME}, {S.TARGET_LABEL}) "
+            f"{S.TARGET_HOSTS}{{{host_matcher(hosts)}}})")
+
+
+def gpus_query(hosts: Iterable[str]) -> str:
+    """Every GPU dcgm-exporter reported on the hosts (the dense presence record)."""
+    return f"max by ({L.HOSTNAME}, {L.GPU}) ({S.GPU_PRESENT}{{{host_matcher(hosts)}}})"
+
+
+def _step(start: float, end: float, minimum: float) -> float:
+    return max(minimum, (end - start) / 10_000)
+
+
+class RunEndings:
+    """Asks Prometheus which runs ended and what was seen of them."""
+
+    def __init__(self, prom: PrometheusHistory, policy: EndingsPolicy) -> None:
+        self.prom = prom
+        self.policy = policy
+        self.queries = 0  # Prometheus queries made (bench and /metrics figures)
+
+    def vanished(self, since: float, now: float) -> list[RunKey]:
+        """Runs whose join series disappeared between ``since - grace`` and ``now - grace``."""
+        window = max(self.policy.step, now - since)
+        self.queries += 1
+        found = self.prom.range(vanished_query(window, self.policy.grace), now, now, 1.0)
+        runs = {RunKey(s["metric"].get(L.ENTITY, ""), s["metric"].get(L.PROJECT, ""),
+                       s["metric"].get(L.RUN_ID, "")) for s in found}
+        return sorted(r for r in runs if r.attributed)
+
+    def placement(self, run: RunKey, ended_at: float) -> Placement | None:
+        """Where and when the run ran (None: Prometheus no longer holds its join series)."""
+        self.queries += 2
+        start, end = ended_at - self.policy.max_run, ended_at + self.policy.step
+        try:
+            found = find_placement(self.prom, run, start, end, self.policy.step)
+        except ExplainError as exc:
+            if "no " + L.NODE_INFO in str(exc):
+                return None
+            raise
+        coarse = _step(start, end, self.policy.step)
+        if coarse <= self.policy.step:
+            return found
+        # a long search window reads coarsely: the run's own span again at the finest step
+        self.queries += 2
+        return find_placement(self.prom, run, max(start, found.first_seen - coarse),
+                              min(end, found.last_seen + coarse), self.policy.step)
+
+    def coverage(self, placement: Placement) -> Coverage:
+        """What the rules could see of the run's hosts and GPUs over its lifetime."""
+        start, end = placement.first_seen, max(placement.last_seen, placement.first_seen)
+        step = _step(start, end, self.policy.step)
+        hosts = sorted(placement.hosts)
+        self.queries += 2
+        targets: dict[tuple[str, str], list[float]] = {}
+        for s in self.prom.range(targets_query(hosts, step), start, end, step):
+            key = (s["metric"].get(L.HOSTNAME, ""), s["metric"].get(S.TARGET_LABEL, ""))
+            targets.setdefault(key, []).extend(
+                float(ts) for ts, value in s["values"] if float(value) >= 1)
+        present: dict[tuple[str, str], list[float]] = {}
+        for s in self.prom.range(gpus_query(hosts), start, end, step):
+            key = (s["metric"].get(L.HOSTNAME, ""), s["metric"].get(L.GPU, ""))
+            present.setdefault(key, []).extend(float(ts) for ts, _ in s["values"])
+        return judge(hosts, placement.gpus, start=start, end=end, step=step, targets=targets,
+                     present=present)
+
+
+
+SCAN = "endings"  # the store's scan cursor for ended runs
+RETRY = 300.0  # a run Prometheus could not answer for is tried again after this
+
+
+class EndingsPass:
+    """One pass of the verdict work, driven by the delivery worker: find the runs that ended
+    since the last pass (or within ``lookback`` on the first), then judge at most ``per_pass``
+    of the pending ones. Everything is kept in the store, so a restart resumes."""
+
+    def __init__(self, store: Store, endings: RunEndings,
+                 facts: Callable[[RunKey], list[AlertFact]], *, incident_gap: float,
+                 deliver: bool) -> None:
+        self.store = store
+        self.endings = endings
+        self.facts = facts
+        self.incident_gap = timedelta(seconds=incident_gap)
+        self.deliver = deliver
+        self.next_pass = 0.0
+        self.judged = 0
+
+    def due(self, now: float) -> bool:
+        """Whether a pass should run now."""
+        return now >= self.next_pass
+
+    def run(self, now: float) -> int:
+        """Find and judge; returns how many runs were judged. Raises what Prometheus raised
+        when the search itself failed (the cursor then stays, nothing is lost)."""
+        policy = self.endings.policy
+        self.next_pass = now + policy.interval
+        since = max(self.store.scanned_to(SCAN) or 0.0, now - policy.lookback)
+        if now - since >= 1.0:
+            found = self.endings.vanished(since, now)
+            self.store.add_endings([(run, now - policy.grace, JOIN_GONE) for run in found], now)
+            self.store.set_scanned_to(SCAN, now)
+        judged = 0
+        for ending in self.store.pending_endings(now, policy.per_pass):
+            try:
+                outcome = self.judge(ending.run, ending.ended_at, ending.how)
+            except ExplainError as exc:
+                self.store.ending_failed(ending.run, now + RETRY, str(exc))
+                log.warning("cannot judge an ended run yet", extra=log_fields(
+                    run=ending.run.path(), error=str(exc)[:300]))
+                continue
+            self.store.record_outcome(ending.run, outcome.verdict, outcome.dumps(), now,
+                                      deliver=self.deliver)
+            judged += 1
+        self.judged += judged
+        return judged
+
+    def judge(self, run: RunKey, ended_at: float, how: str) -> Outcome:
+        """The run's verdict from its stored alerts and its coverage in Prometheus."""
+        placement = self.endings.placement(run, ended_at)
+        coverage = None if placement is None else self.endings.coverage(placement)
+        end = coverage.end if coverage is not None else ended_at
+        return judge_outcome(diagnose(self.facts(run), self.incident_gap), coverage, end, how)
+
+
+def current(stored: Outcome, diagnosis: Diagnosis) -> Outcome:
+    """A stored verdict with the run's diagnosis now (an alert that arrived after the run was
+    judged makes it infrastructure; its coverage stays what was measured)."""
+    return judge_outcome(diagnosis, stored.coverage, stored.ended_at, stored.how)
+
+
+def outcome_for(store: Store, run: RunKey, diagnosis: Diagnosis, now: float) -> Outcome | None:
+    """The run's verdict as of its diagnosis now (None: not ended, or not judged yet); a
+    verdict an alert changed since is stored again, so ``/runs?verdict=`` stays right."""
+    ending = store.ending(run)
+    if ending is None or ending.outcome is None:
+        return None
+    outcome = current(Outcome.loads(ending.outcome), diagnosis)
+    if outcome.verdict != ending.verdict:
+        store.record_outcome(run, outcome.verdict, outcome.dumps(), now, deliver=False)
+    return outcome
