@@ -39,7 +39,7 @@ DEFAULTS: dict[str, Any] = {
               "min_free_bytes": 16 * 1024 * 1024},
     "identity": dict(DEFAULT_PATHS),
     "prometheus": {"url": "", "timeout_seconds": 5.0, "node_state_refresh_seconds": 60.0,
-                   "tolerated_taints": list(DEFAULT_TOLERATED)},
+                   "tolerated_taints": list(DEFAULT_TOLERATED), "verify_run_placement": True},
     "wandb": {
         "base_url": "https://api.wandb.ai", "api_key": None, "api_key_file": None,
         "timeout_seconds": 30.0, "markers": True, "notify_critical": False,
@@ -90,6 +90,10 @@ HELP: dict[str, str] = {
     "prometheus.node_state_refresh_seconds": "how often the faulty hosts' state is re-read; a "
                                              "change (drained, back in service) re-writes the "
                                              "run's issues (0: node state off)",
+    "prometheus.verify_run_placement": "write a run only with alerts the join metrics place on "
+                                       "their host when they began (alert labels can be forged "
+                                       "through Alertmanager's open API); others are left out "
+                                       "and a run with none is parked (default true)",
     "prometheus.tolerated_taints": "NoSchedule/NoExecute taint keys the runs' pods tolerate: a "
                                    "node with only these is still in the pool for a restart "
                                    "(kube-state-metrics path; match the exporter's "
@@ -205,6 +209,13 @@ def _check_pages_auth(auth: Mapping[str, Any], secrets: Secrets) -> None:
         raise ConfigError("auth.pages_accept_webhook_credentials must be true, false or unset")
 
 
+def _flag(raw: Mapping[str, Any], section: str, key: str) -> bool:
+    value = raw[section][key]
+    if not isinstance(value, bool):
+        raise ConfigError(f"{section}.{key} must be true or false")
+    return value
+
+
 def _endings(raw: Mapping[str, Any]) -> EndingsPolicy:
     """The ``endings`` section, every value checked (a typo must not silently turn it off)."""
     section = raw["endings"]
@@ -286,6 +297,7 @@ def build_config(raw: dict[str, Any], environ: Mapping[str, str] | None = None,
         restart_policy=Policy.from_config({k: v for k, v in raw["restart_policy"].items()
                                            if k != "scheduler"}),
         tolerated_taints=_taints(raw["prometheus"]["tolerated_taints"]),
+        verify_placement=_flag(raw, "prometheus", "verify_run_placement"),
         scheduler=_scheduler(raw),
         endings=_endings(raw),
     )

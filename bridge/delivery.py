@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -31,6 +32,7 @@ from wandb_infra.bridge.identity import PrometheusRunLookup
 from wandb_infra.bridge.markers import MARKER_SETTLE, MISSING_SDK, MarkerWriter
 from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.notes import LinkFn, render_section, replace_section
+from wandb_infra.bridge.placement import PlacementCheck
 from wandb_infra.bridge.projection import (
     TAG_PREFIX,
     merged_tags,
@@ -48,6 +50,7 @@ from wandb_infra.bridge.remediation import (
 from wandb_infra.bridge.store import OutboxRow, Store, StoreError, from_iso
 from wandb_infra.bridge.verdict import Policy
 from wandb_infra.bridge.wandb_client import PermanentError, TransientError, WandbClient, WandbError
+from wandb_infra.catalog.alerts import ALERTS
 from wandb_infra.common.logsetup import log_fields
 from wandb_infra.common.nodestate import DEFAULT_TOLERATED
 from wandb_infra.common.runkey import RunKey
@@ -60,6 +63,12 @@ REMEDIATION = "remediation"  # marker: remediation|<epoch>|<signature> after eac
 REFRESH_RUNS = 200  # node state is re-checked for at most this many recently active runs
 REFRESH_LOOKBACK = 3 * 86400.0  # ... whose latest alert started within this time
 ENDED = frozenset({"finished", "failed", "crashed"})  # W&B states of a run that ended
+PLACEMENT_RETRY = 30.0  # a run whose placement Prometheus could not confirm is tried again
+PLAIN_HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")  # a host name as a DNS label
+
+
+class PlacementUnanswered(RuntimeError):
+    """Prometheus did not answer whether the run's alerts are placed: retry this run later."""
 
 
 def _latest_signature(markers: set[str]) -> str:
@@ -83,6 +92,8 @@ class DeliveryPolicy:
     node_state_refresh: float = 60.0
     quarantine: Mapping[str, Any] | None = None
     restart_policy: Policy = field(default_factory=Policy)
+    # With Prometheus, write a run only with alerts the join metrics place on their host.
+    verify_placement: bool = True
     tolerated_taints: tuple[str, ...] = DEFAULT_TOLERATED
     # The exclusion's syntax (slurm, kubernetes) when no faulty host's state names its scheduler.
     scheduler: str = ""
@@ -123,6 +134,9 @@ class DeliveryWorker:
         self._thread: threading.Thread | None = None
         self._last_purge = 0.0
         self._settle_wake: dict[RunKey, float] = {}
+        # Alert labels are untrusted: with Prometheus, only alerts the join metrics place count.
+        self.placement = PlacementCheck(lookup) if lookup is not None and \
+            policy.verify_placement else None
         # The faulty hosts' scheduler state, from the same Prometheus as attribution.
         self.remediation = (NodeStateHistory(lookup.base_url, lookup.timeout,
                                              cache_seconds=min(10.0, policy.node_state_refresh),
@@ -259,7 +273,10 @@ class DeliveryWorker:
                 break
             if not firing or from_iso(last).timestamp() < now - REFRESH_LOOKBACK:
                 continue
-            diagnosis = diagnose(self.store.facts(run), timedelta(seconds=self.policy.incident_gap))
+            facts = self.store.facts(run)
+            if self.placement is not None:  # a forged run label never drains a node either
+                facts = list(self.placement.check(run, facts).confirmed)
+            diagnosis = diagnose(facts, timedelta(seconds=self.policy.incident_gap))
             rems = self.remediations(diagnosis) or {}
             for issue in diagnosis.open_issues:
                 rem = rems.get(issue.key)
@@ -302,6 +319,12 @@ class DeliveryWorker:
         calls_before = self.client.calls
         try:
             storage_id, state, summary_seq = self._project(row)
+        except PlacementUnanswered as exc:
+            now = self.clock()
+            self.store.retry_later(run, now, now + PLACEMENT_RETRY, str(exc))
+            log.warning("run placement not checked, will retry",
+                        extra=log_fields(run=run.path(), retry_in=PLACEMENT_RETRY))
+            return True
         except TransientError as exc:
             now = self.clock()
             delay = backoff(self.consecutive_transient, self.policy, exc.retry_after, self.rng)
@@ -355,8 +378,15 @@ class DeliveryWorker:
     def _project(self, row: OutboxRow) -> tuple[str, str, int]:
         assert self.client is not None
         run = row.run
-        diagnosis: Diagnosis = diagnose(self.store.facts(run),
-                                        timedelta(seconds=self.policy.incident_gap))
+        facts = self.store.facts(run)
+        if self.placement is not None:
+            placed = self.placement.check(run, facts)
+            if placed.unanswered:
+                raise PlacementUnanswered("placement check: Prometheus did not answer")
+            if facts and not placed.confirmed:  # a run with only a verdict has no alerts
+                raise PermanentError(placed.reason(run))
+            facts = list(placed.confirmed)
+        diagnosis: Diagnosis = diagnose(facts, timedelta(seconds=self.policy.incident_gap))
         # Everything slow (Prometheus, rendering) happens before the run is read, so the
         # read-to-write window on the user's notes and tags is one W&B round trip.
         remediations = self.remediations(diagnosis)
@@ -392,7 +422,7 @@ class DeliveryWorker:
             # Verified: a user's edit that landed meanwhile is read back and merged again.
             info = self.client.find_run(run.entity, run.project, run.run_id)
         self._write_markers(run, diagnosis)
-        self._notify(run, diagnosis)
+        self._notify(run, diagnosis, remediations or {})
         if remediations is not None:
             sig = signature(remediations)
             if sig != _latest_signature(self.store.markers(run)):
@@ -422,7 +452,11 @@ class DeliveryWorker:
         self.store.add_markers(run, [mid for mid, _ in plan.rows], now)
         self.metrics.markers.inc(len(plan.rows))
 
-    def _notify(self, run: RunKey, diagnosis: Diagnosis) -> None:
+    def _notify(self, run: RunKey, diagnosis: Diagnosis,
+                remediations: Mapping[str, Remediation]) -> None:
+        """A W&B alert for each new critical root cause, its text from the catalog and the
+        bridge's own decision, never from alert-supplied prose or URLs (annotations can be
+        forged through Alertmanager's API and would reach the run owner's Slack or e-mail)."""
         if not self.policy.notify_critical or self.client is None:
             return
         done = self.store.markers(run)
@@ -430,8 +464,17 @@ class DeliveryWorker:
             mid = f"alert:{issue.key}"
             if issue.root.severity != "critical" or mid in done:
                 continue
-            text = (f"{issue.root.alertname} on {issue.root.where}. "
-                    f"{issue.root.text('impact')} {issue.root.text('remediation')}").strip()
+            known = ALERTS.get(issue.root.alertname)
+            name = known.name if known is not None else "an alert outside the catalog"
+            host = issue.root.hostname if PLAIN_HOST.fullmatch(issue.root.hostname) else ""
+            rem = remediations.get(issue.key)
+            text = " ".join(t for t in (
+                f"{name} on {host}." if host else f"{name}.",
+                known.summary if known is not None else "",
+                known.impact if known is not None else "",
+                rem.advice if rem is not None else "",
+                f"Safe to restart? {rem.verdict}." if rem is not None else "",
+                "Details in the run's notes.") if t)
             self.client.notify(run.entity, run.project, run.run_id,
-                               title=f"Infrastructure issue: {issue.root.alertname}", text=text)
+                               title=f"Infrastructure issue: {name}", text=text)
             self.store.add_markers(run, [mid], self.clock())

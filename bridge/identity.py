@@ -173,6 +173,26 @@ class PrometheusRunLookup:
                 f"({L.NODE_INFO}{{{L.HOSTNAME}={_quote(hostname)}}})")
         return self._query(expr, at)
 
+    def placed(self, run: RunKey, hostname: str, at: datetime) -> bool | None:
+        """Whether the join metrics put ``run`` on ``hostname`` at ``at`` (Prometheus' lookback
+        before it); None when Prometheus cannot answer. Alert labels are untrusted: a run is
+        written only where the exporter placed it."""
+        expr = (f"count({L.NODE_INFO}{{{L.ENTITY}={_quote(run.entity)},"
+                f"{L.PROJECT}={_quote(run.project)},{L.RUN_ID}={_quote(run.run_id)},"
+                f"{L.HOSTNAME}={_quote(hostname)}}})")
+        try:
+            resp = self.session.get(f"{self.base_url}/api/v1/query",
+                                    params={"query": expr, "time": f"{at.timestamp():.3f}"},
+                                    timeout=self.timeout)
+            body = resp.json()
+        except (requests.RequestException, ValueError) as exc:
+            log.warning("prometheus placement check failed: %s", type(exc).__name__)
+            return None
+        if body.get("status") != "success":
+            log.warning("prometheus placement check failed: %s", str(body.get("error"))[:200])
+            return None
+        return bool(body.get("data", {}).get("result"))
+
     def _query(self, expr: str, at: datetime) -> list[RunKey]:
         try:
             resp = self.session.get(f"{self.base_url}/api/v1/query",

@@ -27,6 +27,8 @@ from wandb_infra.bridge.timeline import (
     parse_ts,
     timeline_svg,
 )
+from wandb_infra.catalog import runbook
+from wandb_infra.catalog.alerts import ALERTS
 from wandb_infra.common.runkey import RunKey
 
 _STYLE = (
@@ -89,7 +91,10 @@ def _fact(fact: AlertFact, link: str) -> dict[str, Any]:
         "onset": _t(fact.onset), "starts_at": _t(fact.starts_at), "ends_at": _t(fact.ends_at),
         "summary": fact.text("summary"), "description": fact.text("description"),
         "impact": fact.text("impact"), "remediation": fact.text("remediation"),
-        "runbook_url": fact.annotations.get("runbook_url", ""), "grafana": link,
+        # the bridge's own runbook, never a URL the alert carries (labels and annotations can be
+        # forged through Alertmanager's API)
+        "runbook_url": (f"{runbook.PATH}#{runbook.anchor(fact.alertname)}"
+                        if fact.alertname in ALERTS else ""), "grafana": link,
     }
 
 
@@ -143,8 +148,9 @@ def _page(title: str, body: str) -> str:
 
 
 def _link(url: str, text: str, cls: str = "") -> str:
-    """A link only to http(s) targets (annotations are untrusted: no ``javascript:``)."""
-    if not url.startswith(("http://", "https://")):
+    """A link only to http(s) targets or the bridge's own runbook (annotations are untrusted: no
+    ``javascript:``)."""
+    if not url.startswith(("http://", "https://", f"{runbook.PATH}#")):
         return ""
     c = f" class='{cls}'" if cls else ""
     return (f"<a{c} href='{escape(url, quote=True)}' rel='noopener noreferrer'>"

@@ -425,7 +425,8 @@ def decide(issue: Issue, policy: Policy, *, timelines: Mapping[str, Timeline] | 
         return Decision(UNKNOWN, need, detail, root.text("remediation"), "", tuple(hosts), False)
     need = resolve(need_of(root, policy), issue, evidence)
     known = ALERTS.get(root.alertname)
-    catalog_detail = root.text("remediation") if known is not None and known.needs in (
+    # the catalog's own specifics (an alert's annotations can be forged), or a user's own rule's
+    catalog_detail = known.remediation if known is not None and known.needs in (
         Action.SERVICE, Action.RESTORE_LINK, Action.REPLACE) else ""
     if known is None:
         catalog_detail = root.text("remediation")

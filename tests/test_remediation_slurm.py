@@ -93,7 +93,9 @@ def test_verdict_flips_when_the_node_is_drained_and_resumed(slurm, tmp_path):
             worker = DeliveryWorker(
                 store, client=WandbClient(wb.url, wb.api_key, timeout=5), markers=None,
                 links=GrafanaLinks(""), metrics=BridgeMetrics(),
-                policy=DeliveryPolicy(flush_interval=0, node_state_refresh=0.3),
+                # no join metrics in this Prometheus (placement: test_hardening_forged_runs.py)
+                policy=DeliveryPolicy(verify_placement=False, flush_interval=0,
+                                      node_state_refresh=0.3),
                 lookup=PrometheusRunLookup(prom.url))
             start = datetime.now(UTC) - timedelta(seconds=20)
             fault = alert("GpuUncontainedEccError", category="gpu_hardware", host=slurm.node,
