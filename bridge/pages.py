@@ -202,7 +202,8 @@ def runs_html(rows: list[dict[str, Any]], unattributed: int, *,
     out = [f"<header><h1>Runs with infrastructure issues</h1>{link}</header>",
            _filter_form(filters, limit)]
     out.append("<table><tr><th class='sev'></th><th>Run</th><th>Headline (root cause)</th>"
-               "<th>Started</th><th>Issues</th><th>Alerts (firing)</th><th>W&amp;B</th></tr>")
+               "<th>Started</th><th>Issues</th><th>Alerts (firing)</th><th>Verdict</th>"
+               "<th>W&amp;B</th></tr>")
     for r in rows:
         root = r.get("root_cause")
         name = f"{r['entity']}/{r['project']}/{r['run_id']}"
@@ -223,6 +224,7 @@ def runs_html(rows: list[dict[str, Any]], unattributed: int, *,
             f"</td><td class='n'>{escape(when(r.get('started_at')))}</td>"
             f"<td class='n'>{r.get('issues', 0)} ({r.get('open_issues', 0)} open)</td>"
             f"<td class='n'>{r.get('alerts', 0)} ({r.get('firing', 0)})</td>"
+            f"<td>{verdict_pill(r.get('verdict'))}</td>"
             f"<td><span class='pill {cls}'>{escape(text.removeprefix('W&B: '))}</span></td>"
             "</tr>")
     out.append("</table>")
@@ -253,8 +255,13 @@ def _filter_form(filters: dict[str, str], limit: int) -> str:
                       for v, t in (("", "open and resolved"), ("open", "open"),
                                    ("resolved", "resolved")))
     hidden = f"<input type='hidden' name='limit' value='{limit}'>" if limit else ""
+    verdict = filters.get("verdict", "")
+    verdicts = "".join(f"<option value='{v}'{' selected' if v == verdict else ''}>{t}</option>"
+                       for v, t in (("", "any"), ("infrastructure", "infrastructure"),
+                                    ("clear", "clear"), ("incomplete", "incomplete")))
     return (f"<form class='filters' method='get' action='/runs'>{field('entity', 'entity')}"
             f"{field('project', 'project')}<label>state<select name='state'>{options}"
+            f"</select></label><label>verdict (ended runs)<select name='verdict'>{verdicts}"
             f"</select></label>{hidden}<button type='submit'>filter</button></form>")
 
 
@@ -391,7 +398,9 @@ def run_html(detail: dict[str, Any], title: str, activity: dict[str, Any] | None
         out.append(f"<p class='note'>This run's alerts cannot be diagnosed: "
                    f"{escape(str(detail['error']))}</p>")
     issues = detail["issues"]
-    if not issues:
+    if detail.get("verdict"):
+        out.append(verdict_html(detail["verdict"]))
+    elif not issues:
         out.append("<p>No issues.</p>")
     head = (detail.get("headline") or {}).get("issue", 0)
     order = ([head] if issues else []) + [i for i in range(len(issues)) if i != head]
@@ -413,13 +422,47 @@ def run_html(detail: dict[str, Any], title: str, activity: dict[str, Any] | None
 
 
 def empty_html(title: str) -> str:
-    """A run the bridge holds no alerts for: nothing went wrong that the rules saw."""
+    """A run the bridge holds neither alerts nor a verdict for: not an answer, and said so."""
     return _page(title, (
         f"<header><a href='/runs'>&larr; all runs</a><h1>{escape(title)}</h1></header>"
-        "<section class='card' style='border-left-color:#2e7d32'><h2>No infrastructure issues "
-        "recorded</h2><p>The bridge holds no alerts for this run: either no GPU, node or link "
-        "fault was detected while it ran, or the run id is not one the exporter published.</p>"
-        "</section>"))
+        "<section class='card' style='border-left-color:#9aa0a6'><h2>No verdict yet</h2><p>The "
+        "bridge holds no alerts and no verdict for this run. Every run the exporter published "
+        "gets one when it ends (its join series gone for endings.grace_seconds, or W&amp;B says "
+        "it finished, failed or crashed), with Prometheus configured. So this run is still "
+        "running, ended moments ago, ended before endings.lookback_hours, or its id is not one "
+        "the exporter published. This is not a clean bill of health.</p></section>"))
+
+
+_VERDICT_STYLE = {"infrastructure": ("bad", "#c5221f"), "clear": ("ok", "#2e7d32"),
+                  "incomplete": ("warn", "#c77700")}
+
+
+def verdict_pill(verdict: dict[str, Any] | str | None) -> str:
+    """The verdict as a coloured pill (empty for a run without one)."""
+    name = verdict.get("verdict", "") if isinstance(verdict, dict) else (verdict or "")
+    if not name:
+        return ""
+    cls = _VERDICT_STYLE.get(name, ("", ""))[0]
+    return f"<span class='pill {cls}'>{escape(name)}</span>"
+
+
+def verdict_html(verdict: dict[str, Any]) -> str:
+    """The ended run's verdict card: the verdict, its reason and what the rules saw."""
+    name = str(verdict.get("verdict", ""))
+    colour_ = _VERDICT_STYLE.get(name, ("", "#9aa0a6"))[1]
+    blind = (verdict.get("coverage") or {}).get("blind") or []
+    rows = "".join(f"<tr><td>{escape(str(h))}</td><td>{escape(str(w))}</td>"
+                   f"<td class='n'>{escape(when(_t(datetime.fromtimestamp(float(s), UTC))))}"
+                   f"</td><td class='n'>{escape(when(_t(datetime.fromtimestamp(float(e), UTC))))}"
+                   "</td></tr>" for h, w, s, e in blind[:200])
+    table = ("<table><tr><th>Host</th><th>Not seen</th><th>From</th><th>To</th></tr>"
+             f"{rows}</table>") if rows else ""
+    return (f"<section class='card' style='border-left-color:{colour_}'><h2>Verdict: "
+            f"{verdict_pill(verdict)}</h2><p>{escape(str(verdict.get('text', '')))}</p>"
+            f"<p class='muted small'>{escape(str(verdict.get('coverage_line', '')))}; ended "
+            f"({escape(str(verdict.get('how', '')))}) at "
+            f"{escape(when(_t(datetime.fromtimestamp(float(verdict.get('ended_at', 0)), UTC))))}"
+            f"</p>{table}</section>")
 
 
 def login_html(next_path: str, failed: bool, configured: bool) -> str:

@@ -30,11 +30,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from wandb_infra.bridge import activity
 from wandb_infra.bridge import runbook as runbook_page
 from wandb_infra.bridge.delivery import DeliveryPolicy, DeliveryWorker
-from wandb_infra.bridge.diagnosis import DEFAULT_GAP, AlertFact, diagnose
+from wandb_infra.bridge.diagnosis import DEFAULT_GAP, AlertFact, Diagnosis, diagnose
+from wandb_infra.bridge.endings import current
 from wandb_infra.bridge.explain import PrometheusHistory
 from wandb_infra.bridge.grafana import GrafanaLinks
 from wandb_infra.bridge.identity import UNATTRIBUTED, Identity, IdentityReader
 from wandb_infra.bridge.metrics import BridgeMetrics
+from wandb_infra.bridge.outcome import VERDICTS, Outcome
 from wandb_infra.bridge.pages import (
     delivery_status,
     empty_html,
@@ -60,6 +62,7 @@ PAGE_COOKIE = "wandb_infra_pages"
 COOKIE_MAX_AGE = 12 * 3600
 MAX_LOGIN_BYTES = 4096
 RUN_STATES = ("", "open", "resolved")
+RUN_VERDICTS = ("", *VERDICTS)
 
 
 def _digest(value: str) -> bytes:
@@ -400,6 +403,8 @@ class Handlers:
         the index in ``MAX_PAGE`` chunks until the page is full (without filters the store
         skips ``offset`` runs itself, undiagnosed)."""
         store, filters = self.ctx.store, filters or {}
+        if filters.get("verdict"):
+            return self._verdict_rows(filters["verdict"], limit, offset)
         rows: list[dict[str, Any]] = []
         skipped = scanned = 0 if any(filters.values()) else offset
         while True:
@@ -414,8 +419,10 @@ class Handlers:
                     continue
                 if len(rows) == limit:
                     return rows, store.unattributed_count(), True
+                ending = store.ending(entry.run)
                 rows.append({**summary, "wandb": delivery_status(store.outbox(entry.run),
-                                                                 self._wandb_enabled)})
+                                                                 self._wandb_enabled),
+                             "verdict": None if ending is None else ending.verdict})
             if len(chunk) < MAX_PAGE:
                 return rows, store.unattributed_count(), False
 
@@ -450,16 +457,45 @@ class Handlers:
             return _broken(run, exc, None) | {"alerts": entry.alerts, "firing": entry.firing,
                                               "issues": 0, "open_issues": 0, "root_cause": None}
 
+    def _verdict(self, run: RunKey, diagnosis: Diagnosis) -> dict[str, Any] | None:
+        """The ended run's verdict as of its diagnosis now (read only)."""
+        ending = self.ctx.store.ending(run) if run.attributed else None
+        if ending is None or ending.outcome is None:
+            return None
+        return current(Outcome.loads(ending.outcome), diagnosis).as_dict()
+
+    def _verdict_rows(self, verdict: str, limit: int,
+                      offset: int) -> tuple[list[dict[str, Any]], int, bool]:
+        """``/runs?verdict=``: judged runs, most recently ended first, with or without alerts
+        (their stored verdict, kept current by the delivery worker)."""
+        store = self.ctx.store
+        endings = store.endings_page(verdict, limit + 1, offset)
+        rows = []
+        for ending in endings[:limit]:
+            facts = store.facts(ending.run)
+            diagnosis = diagnose(facts, self.ctx.incident_gap)
+            firing = sum(1 for f in facts if f.ends_at is None)
+            row = run_summary(ending.run, diagnosis, len(facts), firing, None)
+            row["verdict"] = self._verdict(ending.run, diagnosis)
+            row["wandb"] = delivery_status(store.outbox(ending.run), self._wandb_enabled)
+            rows.append(row)
+        return rows, store.unattributed_count(), len(endings) > limit
+
     def _run_data(self, run: RunKey) -> dict[str, Any] | None:
         def link(fact: AlertFact, start: datetime, end: datetime | None) -> str:
             return self.ctx.links.link(fact, run, start, end)
         enabled = self._wandb_enabled
         try:
             facts = self.ctx.store.facts(run)
-            if not facts:
+            diagnosis = diagnose(facts, self.ctx.incident_gap)
+            verdict = self._verdict(run, diagnosis)
+            if not facts and verdict is None:
                 return None
-            data = run_detail(run, diagnose(facts, self.ctx.incident_gap), link,
-                              self.ctx.store.outbox(run), enabled)
+            data = run_detail(run, diagnosis, link, self.ctx.store.outbox(run), enabled)
+            if verdict is not None:
+                data["verdict"] = verdict
+            if not facts:
+                return data
             worker = self.ctx.worker
             history = None if worker is None or not run.attributed else worker.remediation
             policy = worker.policy if worker is not None else DeliveryPolicy()
@@ -493,9 +529,13 @@ class Handlers:
             return _error(400, "limit and offset must be integers")
         if not (0 < limit <= MAX_PAGE and offset >= 0):
             return _error(400, f"limit must be 1-{MAX_PAGE} and offset >= 0")
-        filters = {k: request.query.get(k, "")[:200] for k in ("entity", "project", "state")}
+        filters = {k: request.query.get(k, "")[:200]
+                   for k in ("entity", "project", "state", "verdict")}
         if filters["state"] not in RUN_STATES:
             return _error(400, "state must be open or resolved")
+        if filters["verdict"] not in RUN_VERDICTS:
+            return _error(400, f"verdict must be one of {', '.join(VERDICTS)}")
+
         loop = asyncio.get_running_loop()
         try:
             rows, unattributed, more = await loop.run_in_executor(
@@ -527,7 +567,7 @@ class Handlers:
             return _error(503, str(exc))
         if detail is None:
             if _wants_json(request):
-                return _error(404, "no alerts stored for this run")
+                return _error(404, "no alerts and no verdict stored for this run")
             return web.Response(status=404, text=empty_html(title), content_type="text/html")
         if _wants_json(request):
             return web.json_response(detail)

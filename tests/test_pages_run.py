@@ -147,7 +147,9 @@ def test_run_without_issues_gets_an_html_empty_state(tmp_path):
         api = requests.get(running.url + "/runs/team/proj/nope?format=json", headers=AUTH,
                            timeout=10)
     assert html.status_code == 404 and html.headers["Content-Type"].startswith("text/html")
-    assert "No infrastructure issues recorded" in html.text and "team/proj/nope" in html.text
+    # neither alerts nor a verdict: said so, never shown as a clean run (issue 26)
+    assert "No verdict yet" in html.text and "team/proj/nope" in html.text
+    assert "not a clean bill of health" in html.text
     assert api.status_code == 404 and api.json()["status"] == "error"
 
 
