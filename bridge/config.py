@@ -32,6 +32,7 @@ DEFAULTS: dict[str, Any] = {
         "basic_username": None, "basic_password": None, "basic_password_file": None,
         "public_pages": False,
         "pages_token": None, "pages_token_file": None, "pages_accept_webhook_credentials": None,
+        "secure_cookie": None,
     },
     "webhook": {"path": "/alertmanager", "max_body_bytes": 8 * 1024 * 1024,
                 "body_timeout_seconds": 30.0, "max_inflight_bytes": 32 * 1024 * 1024},
@@ -75,6 +76,9 @@ HELP: dict[str, str] = {
                                "not the webhook token)",
     "auth.pages_accept_webhook_credentials": "whether the webhook's credentials also open the "
                                              "pages (default: only while no page token is set)",
+    "auth.secure_cookie": "the page session cookie's Secure flag: true, false, or unset (set when "
+                          "the request came over TLS or with X-Forwarded-Proto: https); sessions "
+                          "last 12 h, POST /logout ends one, failed logins are throttled",
     "webhook.path": "path Alertmanager's webhook_configs url points at",
     "webhook.max_body_bytes": "larger notifications get 413",
     "webhook.body_timeout_seconds": "a body not received within this time gets 408",
@@ -204,9 +208,9 @@ def _check_pages_auth(auth: Mapping[str, Any], secrets: Secrets) -> None:
         raise ConfigError("auth.pages_token must be at least 16 characters")
     if token is not None and token in (secrets.bearer_token, secrets.basic_password):
         raise ConfigError("auth.pages_token must differ from the webhook's credentials")
-    accept = auth["pages_accept_webhook_credentials"]
-    if accept is not None and not isinstance(accept, bool):
-        raise ConfigError("auth.pages_accept_webhook_credentials must be true, false or unset")
+    for key in ("pages_accept_webhook_credentials", "secure_cookie"):
+        if auth[key] is not None and not isinstance(auth[key], bool):
+            raise ConfigError(f"auth.{key} must be true, false or unset")
 
 
 def _flag(raw: Mapping[str, Any], section: str, key: str) -> bool:

@@ -64,6 +64,8 @@ REFRESH_RUNS = 200  # node state is re-checked for at most this many recently ac
 REFRESH_LOOKBACK = 3 * 86400.0  # ... whose latest alert started within this time
 ENDED = frozenset({"finished", "failed", "crashed"})  # W&B states of a run that ended
 PLACEMENT_RETRY = 30.0  # a run whose placement Prometheus could not confirm is tried again
+# Parked runs are tried again after 5 minutes, doubling to at most 6 hours per run.
+PARK_RETRY_BASE, PARK_RETRY_MAX, PARK_RETRY_CHECK = 300.0, 6 * 3600.0, 60.0
 PLAIN_HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")  # a host name as a DNS label
 
 
@@ -133,6 +135,7 @@ class DeliveryWorker:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_purge = 0.0
+        self._last_unpark = 0.0
         self._settle_wake: dict[RunKey, float] = {}
         # Alert labels are untrusted: with Prometheus, only alerts the join metrics place count.
         self.placement = PlacementCheck(lookup) if lookup is not None and \
@@ -230,6 +233,10 @@ class DeliveryWorker:
             self.metrics.queue_depth.set(stats.pending_runs)
             self.metrics.oldest_age.set(stats.oldest_pending_age)
             self.metrics.parked.set(stats.parked_runs)
+        if self.client is not None and now - self._last_unpark >= PARK_RETRY_CHECK:
+            self._last_unpark = now
+            if self.store.unpark_due(now, PARK_RETRY_BASE, PARK_RETRY_MAX):
+                self._wake.set()
         if now - self._last_purge > 3600:
             self._last_purge = now
             self.store.purge(now - self.policy.retention, delivering=self.client is not None)
@@ -365,7 +372,8 @@ class DeliveryWorker:
         return True
 
     def _park(self, run: RunKey, exc: Exception, reason: str) -> None:
-        """Park a run with its reason (shown in /runs); new alerts for it unpark it."""
+        """Park a run with its reason (shown in /runs); new alerts for it unpark it, and it is
+        tried again with backoff (``PARK_RETRY_BASE`` doubling to ``PARK_RETRY_MAX``)."""
         self.store.park(run, self.clock(), reason)
         self.metrics.deliveries.labels("parked").inc()
         self.metrics.delivery_errors.labels(type(exc).__name__).inc()

@@ -66,7 +66,8 @@ def build(cfg: BridgeConfig) -> BridgeContext:
                                 cfg.secrets.basic_password),
         webhook_path=cfg.webhook_path, max_body_bytes=cfg.max_body_bytes, worker=worker,
         public_pages=bool(raw["auth"]["public_pages"]),
-        pages=PageAuth(cfg.secrets.pages_token, raw["auth"]["pages_accept_webhook_credentials"]),
+        pages=PageAuth(cfg.secrets.pages_token, raw["auth"]["pages_accept_webhook_credentials"],
+                       raw["auth"]["secure_cookie"]),
         incident_gap=timedelta(seconds=cfg.policy.incident_gap),
         body_timeout=cfg.body_timeout, max_inflight_bytes=cfg.max_inflight_bytes,
     )

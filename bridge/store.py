@@ -723,6 +723,17 @@ class Store:
                 "WHERE entity=? AND project=? AND run_id=?",
                 (reason[:500], reason[:500], now, run.entity, run.project, run.run_id))
 
+    def unpark_due(self, now: float, base: float, cap: float) -> int:
+        """Give parked runs another try, each ``base * 2**attempts`` (at most ``cap``) seconds
+        after it was parked: a revoked key restored, a run created late, a W&B fault taken for
+        permanent. Returns how many were unparked."""
+        with self._tx() as conn:
+            cur = conn.execute(
+                "UPDATE outbox SET parked=NULL, attempts=attempts+1, next_attempt=? "
+                "WHERE parked IS NOT NULL AND last_flush + MIN(?, ? * (1 << MIN(attempts, 20))) "
+                "<= ?", (now, cap, base, now))
+            return cur.rowcount
+
     def parked(self) -> list[OutboxRow]:
         """Runs whose delivery is parked, with the reason."""
         return [self._outbox(r) for r in self._read("SELECT * FROM outbox WHERE parked IS NOT "

@@ -21,6 +21,9 @@ import requests
 
 USER_AGENT = "wandb-infra-bridge/0.1"
 PERMANENT_STATUSES = frozenset({400, 401, 403, 404, 405, 409, 410, 413, 422, 501})
+# A GraphQL error that asks to be retried (W&B answers some overloads with HTTP 200 and one).
+RETRY_WORDS = re.compile(r"(?i)\b(retry|try again|temporar\w*|timed? ?out|unavailable|"
+                         r"overloaded|rate.?limit\w*)\b")
 # What a parked run shows in /runs when W&B refused the credentials.
 AUTH_HINTS = {401: "W&B rejected the API key (wrong, revoked or for another server): "
                    "check wandb.api_key and wandb.base_url",
@@ -131,6 +134,10 @@ class WandbClient:
                 raise PermanentError(f"{operation}: HTTP {resp.status_code}")
             raise TransientError(f"{operation}: HTTP {resp.status_code} ({kind})",
                                  parse_retry_after(resp.headers.get("Retry-After")))
+        if resp.status_code != 200 and "html" in resp.headers.get("Content-Type", "").lower():
+            # an ingress or proxy page, not W&B's API answering: a routing glitch, not a verdict
+            raise TransientError(f"{operation}: HTTP {resp.status_code} with an HTML page (a "
+                                 "proxy or ingress, not W&B's API)")
         if resp.status_code != 200:
             hint = AUTH_HINTS.get(resp.status_code)
             raise PermanentError(f"{operation}: HTTP {resp.status_code}"
@@ -144,6 +151,8 @@ class WandbClient:
         errors = data.get("errors")
         if errors:
             first = errors[0].get("message", "") if isinstance(errors[0], dict) else errors[0]
+            if RETRY_WORDS.search(str(first)):
+                raise TransientError(f"{operation}: {str(first)[:300]}")
             raise PermanentError(f"{operation}: {str(first)[:300]}")
         payload = data.get("data")
         if not isinstance(payload, dict):

@@ -48,6 +48,7 @@ from wandb_infra.bridge.pages import (
 )
 from wandb_infra.bridge.payload import Notification, PayloadError, parse_notification
 from wandb_infra.bridge.remediation import run_remediation
+from wandb_infra.bridge.sessions import SESSION_SECONDS, LoginLimiter, Sessions
 from wandb_infra.bridge.store import IngestResult, OutboxRow, RunIndexEntry, Store, StoreError
 from wandb_infra.catalog import runbook
 from wandb_infra.common.labels import NAME_CHARS, RUN_ID_CHARS
@@ -59,7 +60,6 @@ log = logging.getLogger(__name__)
 MAX_PAGE = 500
 MAX_CACHED_SUMMARIES = 20_000
 PAGE_COOKIE = "wandb_infra_pages"
-COOKIE_MAX_AGE = 12 * 3600
 MAX_LOGIN_BYTES = 4096
 RUN_STATES = ("", "open", "resolved")
 RUN_VERDICTS = ("", *VERDICTS)
@@ -105,39 +105,44 @@ class Credentials:
 class PageAuth:
     """Read access to the pages, separate from the webhook's credentials.
 
-    ``token`` opens them as ``Authorization: Bearer <token>`` or as the cookie the login form
-    sets (an HMAC of the token, so the cookie is not the token and rotating the token logs
-    everyone out). The webhook's credentials open them only when ``accept_webhook`` says so;
-    ``None`` means "only while no page token is configured" (API clients of older configs).
+    ``token`` opens them as ``Authorization: Bearer <token>``, or typed into the login form,
+    which starts a session: a random cookie per login that expires after ``SESSION_SECONDS`` and
+    ends at sign-out (``bridge/sessions.py``). The webhook's credentials open them only when
+    ``accept_webhook`` says so; ``None`` means "only while no page token is configured" (API
+    clients of older configs). ``secure_cookie``: None sets ``Secure`` when the request came over
+    TLS or through a proxy that says so (``X-Forwarded-Proto: https``).
     """
 
     token: str | None = field(default=None, repr=False)
     accept_webhook: bool | None = None
+    secure_cookie: bool | None = None
+    sessions: Sessions = field(default_factory=Sessions)
+    limiter: LoginLimiter = field(default_factory=LoginLimiter)
 
     def __post_init__(self) -> None:
         self._bearer = _digest(f"Bearer {self.token}") if self.token else b""
-        self._cookie = (hmac.new(self.token.encode(), b"wandb-infra-bridge pages",
-                                 hashlib.sha256).hexdigest() if self.token else "")
 
     @property
     def webhook_opens_pages(self) -> bool:
         """Whether the webhook's credentials are also page credentials."""
         return not self.token if self.accept_webhook is None else self.accept_webhook
 
-    def cookie_value(self) -> str:
-        """What the login form stores in the browser."""
-        return self._cookie
-
     def check_token(self, token: str) -> bool:
         """Constant-time comparison of a typed token."""
         return bool(self.token) and hmac.compare_digest(_digest(token), _digest(self.token or ""))
 
     def check(self, header: str | None, cookie: str | None) -> bool:
-        """True for the page token as a bearer header or as the login cookie."""
+        """True for the page token as a bearer header or a live session's cookie."""
         if not self.token:
             return False
         ok = hmac.compare_digest(_digest(header or ""), self._bearer)
-        return hmac.compare_digest(_digest(cookie or ""), _digest(self._cookie)) | ok
+        return self.sessions.valid(cookie) | ok
+
+    def secure(self, request: web.Request) -> bool:
+        """Whether the session cookie gets ``Secure``."""
+        if self.secure_cookie is not None:
+            return self.secure_cookie
+        return request.secure or request.headers.get("X-Forwarded-Proto", "").lower() == "https"
 
 
 @dataclass
@@ -535,7 +540,6 @@ class Handlers:
             return _error(400, "state must be open or resolved")
         if filters["verdict"] not in RUN_VERDICTS:
             return _error(400, f"verdict must be one of {', '.join(VERDICTS)}")
-
         loop = asyncio.get_running_loop()
         try:
             rows, unattributed, more = await loop.run_in_executor(
@@ -614,14 +618,27 @@ class Handlers:
             return _error(400, "could not read the login form")
         form = {k: v[0] for k, v in fields.items()}
         target = _next_path(str(form.get("next", "")))
+        client = request.remote or ""
+        wait = pages.limiter.retry_after(client)
+        if wait > 0:  # checked before the token, so guessing gets no answer at all
+            return _error(429, "too many failed logins; retry later",
+                          {"Retry-After": str(max(1, round(wait)))})
         if not pages.check_token(str(form.get("token", ""))):
-            log.warning("page login refused", extra=log_fields(remote=request.remote or ""))
+            pages.limiter.failed(client)
+            log.warning("page login refused", extra=log_fields(remote=client))
             return web.Response(status=401, text=login_html(target, True, True),
                                 content_type="text/html",
                                 headers={"WWW-Authenticate": 'Bearer realm="wandb-infra-bridge"'})
         resp = web.Response(status=303, headers={"Location": target})
-        resp.set_cookie(PAGE_COOKIE, pages.cookie_value(), max_age=COOKIE_MAX_AGE, path="/",
-                        httponly=True, samesite="Strict", secure=request.secure)
+        resp.set_cookie(PAGE_COOKIE, pages.sessions.issue(), max_age=SESSION_SECONDS, path="/",
+                        httponly=True, samesite="Strict", secure=pages.secure(request))
+        return resp
+
+    async def logout(self, request: web.Request) -> web.Response:
+        """POST /logout: ends this browser's session and clears its cookie."""
+        self.ctx.pages.sessions.end(request.cookies.get(PAGE_COOKIE))
+        resp = web.Response(status=303, headers={"Location": "/login"})
+        resp.del_cookie(PAGE_COOKIE, path="/")
         return resp
 
 
@@ -667,6 +684,7 @@ def create_app(ctx: BridgeContext) -> web.Application:
     app.router.add_get("/favicon.ico", h.favicon)
     app.router.add_get(runbook.PATH, runbook_page.handle)
     app.router.add_post("/login", h.login)
+    app.router.add_post("/logout", h.logout)
 
     async def _close(_app: web.Application) -> None:
         ctx.write_pool.shutdown(wait=True)

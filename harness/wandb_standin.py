@@ -217,6 +217,7 @@ class Fault:
     path_prefix: str = ""
     operation: str | None = None
     body: str | None = None
+    content_type: str = "application/json"
 
 
 class _Resolver:
@@ -520,12 +521,20 @@ class WandbStandin:
 
     # failure injection
     def fail(self, status: int, times: int | None = 1, *, retry_after: str | float | None = None,
-             path_prefix: str = "", operation: str | None = None, body: str | None = None) -> None:
+             path_prefix: str = "", operation: str | None = None, body: str | None = None,
+             content_type: str = "application/json") -> None:
         """Answer the next ``times`` matching requests (None = until ``clear_faults``) with
-        ``status``; ``retry_after`` adds a ``Retry-After`` header."""
+        ``status`` (and ``body``/``content_type``, e.g. an ingress's HTML page);
+        ``retry_after`` adds a ``Retry-After`` header."""
         with self._lock:
             self._faults.append(Fault(status, times, None if retry_after is None
-                                      else str(retry_after), 0.0, path_prefix, operation, body))
+                                      else str(retry_after), 0.0, path_prefix, operation, body,
+                                      content_type))
+
+    def restore(self, key: str | None = None) -> None:
+        """Accept ``key`` again (default: the main key), as re-enabling it in W&B would."""
+        with self._lock:
+            self.valid_keys.add(key or self.api_key)
 
     def slow(self, delay: float, times: int | None = 1, path_prefix: str = "",
              operation: str | None = None) -> None:
@@ -664,10 +673,11 @@ def _make_handler(server: WandbStandin) -> type[BaseHTTPRequestHandler]:
         def log_message(self, format: str, *args: Any) -> None:
             return
 
-        def _send(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
+        def _send(self, status: int, payload: Any, headers: dict[str, str] | None = None,
+                  content_type: str = "application/json") -> None:
             data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(data)))
             for k, v in (headers or {}).items():
                 self.send_header(k, v)
@@ -723,7 +733,7 @@ def _make_handler(server: WandbStandin) -> type[BaseHTTPRequestHandler]:
                     headers = {"Retry-After": fault.retry_after} if fault.retry_after else {}
                     payload = (fault.body.encode() if fault.body is not None
                                else {"errors": [{"message": f"injected HTTP {fault.status}"}]})
-                    self._send(fault.status, payload, headers)
+                    self._send(fault.status, payload, headers, fault.content_type)
                     return
             status, payload = self._route(method, path, body, parse_error)
             rec.status = status

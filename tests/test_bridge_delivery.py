@@ -173,11 +173,17 @@ def test_permanent_failures_are_parked_and_do_not_block_others(tmp_path, wb):
     assert wb.run("team", "proj", "r2").tags == ["infra:NodeDown"]
     ghost_calls = [r for r in wb.requests if (r.variables or {}).get("name") == "ghost"]
     assert len(ghost_calls) == 1
-    for _ in range(3):
-        clock.now += 3600
+    # tried again with backoff (5 minutes, doubling), never on every pass
+    for _ in range(4):
+        clock.now += 60
         worker.run_once()
     assert [r for r in wb.requests if (r.variables or {}).get("name") == "ghost"] == ghost_calls
     assert worker.metrics.parked._value.get() == 1
+    clock.now += 120
+    worker.run_once()  # unparked at the end of this pass, tried in the next
+    worker.run_once()
+    retried = [r for r in wb.requests if (r.variables or {}).get("name") == "ghost"]
+    assert len(retried) == 2 and [p.run.run_id for p in store.parked()] == ["ghost"]
     # New information about the parked run gives it one more chance.
     wb.add_run("team", "proj", "ghost")
     ingest(store, [alert("NodeDown", category="node", host="h3", run="ghost")])

@@ -1,0 +1,110 @@
+"""Page sessions and login throttling: a cookie per login, which expires and can be signed out,
+and a bound on how fast anyone may guess the page token.
+
+A session id is 32 random bytes; the bridge keeps only its SHA-256 and expiry, in memory (a
+restart signs everyone out, which is the safe direction). The cookie is not the token, two logins
+never share a cookie, and signing out ends that session at once. Failed logins are counted per
+client address in a sliding window, and across all clients, so a password-guessing loop gets
+429 long before it could matter (the token is at least 16 characters).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+
+SESSION_SECONDS = 12 * 3600
+MAX_SESSIONS = 10_000
+FAILURES_PER_CLIENT = 10  # per WINDOW from one address
+FAILURES_TOTAL = 100  # per WINDOW from everyone
+WINDOW = 60.0
+
+
+def _digest(value: str) -> bytes:
+    return hashlib.sha256(value.encode("utf-8", "surrogateescape")).digest()
+
+
+class Sessions:
+    """Issued sessions by digest -> expiry (monotonic), oldest evicted past ``MAX_SESSIONS``."""
+
+    def __init__(self, seconds: float = SESSION_SECONDS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.seconds, self.clock = seconds, clock
+        self._lock = threading.Lock()
+        self._live: OrderedDict[bytes, float] = OrderedDict()
+
+    def issue(self) -> str:
+        """A new session's cookie value."""
+        value = secrets.token_urlsafe(32)
+        with self._lock:
+            self._live[_digest(value)] = self.clock() + self.seconds
+            while len(self._live) > MAX_SESSIONS:
+                self._live.popitem(last=False)
+        return value
+
+    def valid(self, value: str | None) -> bool:
+        """True for a live session's cookie (compared by digest, so in constant time)."""
+        if not value:
+            return False
+        key = _digest(value)
+        with self._lock:
+            expires = self._live.get(key)
+            if expires is None:
+                return False
+            if expires <= self.clock():
+                del self._live[key]
+                return False
+            return True
+
+    def end(self, value: str | None) -> None:
+        """Sign a session out (unknown values are ignored)."""
+        if value:
+            with self._lock:
+                self._live.pop(_digest(value), None)
+
+
+class LoginLimiter:
+    """Failed logins per client and in total over a sliding window."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._by_client: dict[str, deque[float]] = {}
+        self._total: deque[float] = deque()
+
+    def retry_after(self, client: str) -> float:
+        """0 when ``client`` may try now, else the seconds until it may."""
+        now = self.clock()
+        with self._lock:
+            self._expire(now)
+            mine = self._by_client.get(client) or deque()
+            waits = [w for w, limit in ((mine, FAILURES_PER_CLIENT), (self._total, FAILURES_TOTAL))
+                     if len(w) >= limit]
+            return max((w[0] + WINDOW - now for w in waits), default=0.0)
+
+    def failed(self, client: str) -> None:
+        """Count one failed login of ``client``."""
+        now = self.clock()
+        with self._lock:
+            self._by_client.setdefault(client, deque()).append(now)
+            self._total.append(now)
+
+    def _expire(self, now: float) -> None:
+        while self._total and self._total[0] <= now - WINDOW:
+            self._total.popleft()
+        for client in list(self._by_client):
+            times = self._by_client[client]
+            while times and times[0] <= now - WINDOW:
+                times.popleft()
+            if not times:
+                del self._by_client[client]
+
+
+def same(a: str, b: str) -> bool:
+    """Constant-time equality of two strings of any length."""
+    return hmac.compare_digest(_digest(a), _digest(b))
