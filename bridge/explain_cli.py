@@ -10,6 +10,7 @@ from datetime import timedelta
 
 from wandb_infra.bridge.config import load
 from wandb_infra.bridge.diagnosis import DEFAULT_GAP, diagnose
+from wandb_infra.bridge.endings import EndingsPolicy, RunEndings
 from wandb_infra.bridge.explain import (
     ExplainError,
     Explanation,
@@ -21,6 +22,8 @@ from wandb_infra.bridge.explain import (
     parse_when,
 )
 from wandb_infra.bridge.grafana import GrafanaLinks
+from wandb_infra.bridge.outcome import Outcome
+from wandb_infra.bridge.outcome import judge as judge_outcome
 from wandb_infra.bridge.pages import run_detail
 from wandb_infra.bridge.remediation import NodeStateHistory, run_remediation
 from wandb_infra.bridge.report import render_run
@@ -59,7 +62,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _post(found: Explanation, args: argparse.Namespace) -> str:
+def _post(found: Explanation, args: argparse.Namespace, outcome: Outcome) -> str:
     """Deliver through the bridge's store and worker; returns the delivery state."""
     from wandb_infra.bridge.service import build  # noqa: PLC0415 - only --post needs the whole bridge
 
@@ -71,6 +74,10 @@ def _post(found: Explanation, args: argparse.Namespace) -> str:
     ctx = build(cfg)
     assert ctx.worker is not None
     ctx.store.ingest(as_notification(found.alerts), ctx.reader)
+    # the same verdict the live bridge gives an ended run, delivered with the issues
+    ctx.store.add_endings([(found.run, outcome.ended_at, outcome.how)], time.time())
+    ctx.store.record_outcome(found.run, outcome.verdict, outcome.dumps(), time.time(),
+                             deliver=True)
     deadline = time.monotonic() + args.timeout
     while True:
         ctx.worker.run_once()
@@ -118,9 +125,17 @@ def run(args: argparse.Namespace) -> int:
                             "reason": diagnosis.headline_reason}
     view["placement"] = {"hosts": sorted(found.placement.hosts),
                          "gpus": {h: sorted(g) for h, g in sorted(found.placement.gpus.items())}}
+    try:  # the verdict of an ended run, from the same coverage reading as the bridge's
+        coverage = RunEndings(PrometheusHistory(args.prometheus),
+                              EndingsPolicy(step=args.step)).coverage(found.placement)
+    except ExplainError as exc:
+        print(f"wandb-infra-bridge explain: {exc}", file=sys.stderr)
+        return 1
+    outcome = judge_outcome(diagnosis, coverage, found.placement.last_seen, "explain")
+    view["verdict"] = outcome.as_dict()
     if args.post:
         try:
-            view["wandb"] = {"state": _post(found, args)}
+            view["wandb"] = {"state": _post(found, args, outcome)}
         except ConfigError as exc:
             print(f"wandb-infra-bridge explain: {exc}", file=sys.stderr)
             return 2
@@ -131,6 +146,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"{target.path()} ran on {hosts} host(s); {len(found.alerts)} alert period(s) "
               f"between {found.alerts[0].starts_at.isoformat() if found.alerts else '-'} and "
               f"the end of the window")
+        print(f"Verdict: {outcome.verdict}: {outcome.text}")
+        print(f"  {outcome.coverage_line}")
         print(render_run(view))
         if args.post:
             print(f"W&B: {view['wandb']['state']}")

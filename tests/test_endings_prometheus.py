@@ -6,6 +6,7 @@ its join series vanishing and writes the verdict to the W&B stand-in."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from demo.simulator.server import serve
 from demo.stack import scale_rules
 from harness.processes import prom_query, prometheus, wait_for
 from harness.wandb_standin import WandbStandin
+from wandb_infra.bridge import explain_cli
 from wandb_infra.bridge.delivery import DeliveryPolicy, DeliveryWorker
 from wandb_infra.bridge.endings import EndingsPolicy
 from wandb_infra.bridge.explain import PrometheusHistory, as_notification, explain
@@ -49,7 +51,9 @@ def world(tmp_path_factory) -> Iterator[tuple[Cluster, str, Path, str]]:
         rules = []
         for path in RULE_FILES:
             rules.append(workdir / path.name)
-            rules[-1].write_text(scale_rules(path.read_text(), 1 / 60))
+            # 60 times faster, but no alert fires before 20 s: a blind window shorter than
+            # that raises no NodeDown, as one shorter than its 2 minutes in production
+            rules[-1].write_text(scale_rules(path.read_text(), 1 / 60, minimum_seconds=20))
         sd = workdir / "sd"
         config = prometheus_config(sim.address, cluster.hosts, interval="2s",
                                    rule_files=[str(p) for p in rules], file_sd_dir=sd,
@@ -66,7 +70,7 @@ def _judged(store: Store, run: RunKey) -> Outcome | None:
     return None if ending is None or ending.outcome is None else Outcome.loads(ending.outcome)
 
 
-def test_clean_faulty_and_blind_runs_get_their_verdicts_in_wandb(world, tmp_path):
+def test_clean_faulty_and_blind_runs_get_their_verdicts_in_wandb(world, tmp_path, capsys):
     cluster, url, sd, address = world
     cluster.assign_run(*CLEAN, [HOSTS[0]])
     cluster.assign_run(*FAULTY, [HOSTS[1]])
@@ -143,3 +147,15 @@ def test_clean_faulty_and_blind_runs_get_their_verdicts_in_wandb(world, tmp_path
     assert records[CLEAN].tags == ["baseline"]  # nothing added to a clear run's tags
     assert records[FAULTY].notes.count("Seen through") >= 2  # the verdict and the issue
     assert upserts <= 6  # one projection per run (plus at most one re-check each)
+
+    # explain, for a bridge installed after the runs ended, gives the same verdicts
+    capsys.readouterr()
+    for run, judged in ((CLEAN, clean), (BLIND, blind)):
+        args = argparse.Namespace(run=run.path(), prometheus=url, start=None, end=None,
+                                  lookback="1h", step=2.0, grafana_url="", json=True,
+                                  post=False, config=None, timeout=10.0)
+        assert explain_cli.run(args) == 0
+        view = json.loads(capsys.readouterr().out)
+        assert view["verdict"]["verdict"] == judged.verdict
+        assert [b[0] for b in view["verdict"]["coverage"]["blind"]] == \
+            [b.host for b in judged.coverage.blind]
