@@ -21,7 +21,14 @@ END = "<!-- wandb-infra-bridge:end -->"
 TITLE = "### Infrastructure issues"
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|~>:])")
+# What Markdown needs escaped inline (every field follows a "- Label: " prefix, so block syntax
+# such as "#", "-" or "1." at a line start cannot occur): emphasis, code, links and images
+# ("[", "]": no "](url)" can form), strikethrough, table pipes and the escape itself. "<", ">"
+# and "&" become entities. Host names and times stay readable ("gpu-node-017", "18:47:23").
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]~|])")
+# What GitHub-flavoured Markdown would turn into a link by itself (a URL or "www."): an alert's
+# text never becomes a clickable link in the run's notes.
+_AUTOLINK = re.compile(r"(?i)(?<=[a-z0-9])://|(?<![\w.])www\.")
 MAX_FIELD = 600
 MAX_PLACES = 8
 # What one run's notes may receive, however many alerts hit it: issues and consequence groups
@@ -44,7 +51,9 @@ def md_escape(text: str, limit: int = MAX_FIELD) -> str:
     if len(text) > limit:
         text = text[: limit - 1] + "…"
     text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    return _MD_SPECIAL.sub(r"\\\1", text)
+    text = _MD_SPECIAL.sub(r"\\\1", text)
+    return _AUTOLINK.sub(lambda m: ":\\/\\/" if m.group(0) == "://" else m.group(0)[:-1] + "\\.",
+                         text)
 
 
 def _url(url: str) -> str:

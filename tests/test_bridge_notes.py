@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 from hypothesis import given, settings
@@ -56,19 +57,27 @@ def test_label_text_cannot_inject_markup():
             "# heading\n- list\x00\x1b[31m <!-- wandb-infra-bridge:end --> http://phish.example")
     section = render_section(_diagnosis(description=evil, impact=evil, remediation=evil), _link)
     assert "<script>" not in section and "&lt;script&gt;" in section
-    assert "](javascript" not in section and "![img]" not in section
+    # inert: no unescaped "](" can form a link, no "![" an image (the bridge's own Grafana link
+    # is the one link of the section)
+    assert re.findall(r"(?<!\\)\]\(", section) == ["]("] and "[Open in Grafana](" in section
+    assert "![img]" not in section
     assert section.count(END) == 1 and "\x00" not in section and "\x1b" not in section
-    assert "http://phish" not in section
+    # no autolink either: the URL stays text ("http:\/\/" renders as "http://", unlinked)
+    assert "http://phish" not in section and "http:\\/\\/phish.example" in section
+    assert md_escape("see www.evil.example") == "see www\\.evil.example"
     body = section.split("\n")
     assert not any(line.startswith(("# heading", "- list")) for line in body)
     assert md_escape("a_b*c") == "a\\_b\\*c"
+    # readable: host names, times and prose are not escaped
+    assert md_escape("gpu-node-017 at 2026-12-01 18:47:23 (GPU 3).") == \
+        "gpu-node-017 at 2026-12-01 18:47:23 (GPU 3)."
 
 
 def test_section_lists_what_the_drawer_needs():
     section = render_section(_diagnosis(description="XID 79 on GPU 3", impact="Run crashes.",
                                         remediation="Drain node1."), _link)
     for text in ("GpuXidError", "node1 GPU 3", "2026-11-29 12:00:00 UTC",
-                 "XID 79 on GPU 3", "Run crashes\\.", "Drain node1\\.",
+                 "XID 79 on GPU 3", "Run crashes.", "Drain node1.",
                  "https://grafana.example/d/x/y?orgId=1&viewPanel=20", "resolved"):
         assert text in section, text
 

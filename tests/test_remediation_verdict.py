@@ -134,9 +134,9 @@ def test_drained_mid_issue_is_safe_with_history(tmp_path):
     assert line.startswith("gpu-07: in service (ALLOCATED) as of ")
     assert "; out of the pool (ALLOCATED+DRAIN) from " in line and line.endswith("reason 'XID 94'")
     section = render_section(diagnosis, lambda *a: "", rems)
-    assert ("- Safe to restart? **safe**: XID 95 needs a GPU reset; gpu\\-07 is out of the "
+    assert ("- Safe to restart? **safe**: XID 95 needs a GPU reset; gpu-07 is out of the "
             "pool") in section
-    assert "- Node state: gpu\\-07\\: in service" in section
+    assert "- Node state: gpu-07: in service" in section
 
 
 def test_no_scheduler_data_is_unknown(tmp_path):
@@ -181,7 +181,7 @@ def test_hostile_reason_escaped_and_odd_hostnames_not_in_exclusion(tmp_path):
         diagnosis = diagnose(fs, timedelta(minutes=10))
         section = render_section(diagnosis, lambda *a: "",
                                  NodeStateHistory(url).for_diagnosis(diagnosis))
-    assert "<b>" not in section and "](http" not in section
+    assert "<b>" not in section and not re.search(r"(?<!\\)\]\(http", section)
     assert "  sbatch --exclude=gpu-07" in section
     assert exclusion(["ok-1", "bad`host", "x y"], "slurm") == "sbatch --exclude=ok-1"
 
