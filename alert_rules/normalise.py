@@ -236,6 +236,9 @@ count_values by (Hostname, hostname, gpu, UUID) (
   ${GAUGE} > 0
 )
 """
+# The code each series held last before the recent window: a range, so neither a staleness
+# marker nor a missed scrape right at ``offset`` hides it (range reads skip both).
+XID_HELD_BEFORE = "last_over_time(${GAUGE}[${HISTORY_WINDOW}] offset ${XID_RECENT})"
 XID_NEW_CODES = """
 ${NOW}
 unless on (hostname, gpu, xid)
@@ -254,16 +257,21 @@ def xid_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
     """XID events of the last 10-15 minutes, per GPU and code (fast tier)."""
     counts = promql("max_over_time(DCGM_EXP_XID_ERRORS_COUNT[${XID_RECENT}]) > 0")
     counted = promql(XID_COUNTED, RELABELLED=_gpu_labels(counts, host))
+    before = promql(XID_HELD_BEFORE, GAUGE=XID_GAUGE)
     gauge_events = promql(XID_NEW_CODES, NOW=_xid_codes(XID_GAUGE, host),
-                          BEFORE=_xid_codes(f"{XID_GAUGE} offset {s.XID_RECENT}", host))
+                          BEFORE=_xid_codes(before, host))
     return [Recording(
         s.XID_EVENTS, _either(counted, gauge_events),
         "XID events per (GPU, code), valued 1 or the count: DCGM_EXP_XID_ERRORS_COUNT when "
         "dcgm-exporter counts them, else a code the last-XID gauge holds now and did not hold "
-        f"{s.XID_RECENT} earlier. The gauge keeps its code until DCGM restarts, so only a change "
-        "is an event; compared on (hostname, gpu, xid) alone, so a new pod, job or exporter "
-        "replica on a GPU with an old XID is no event (dcgm-exporter#500). err_code!=\"0\" "
-        "selects only GPUs that ever had an XID.")]
+        f"last before {s.XID_RECENT} ago (its last sample in the {s.span(s.HISTORY_WINDOW)} "
+        "before). The gauge keeps its code until DCGM restarts, so only a change is an event; "
+        "the last sample of a range, not the one instant 10 minutes ago, so an exporter restart "
+        "or upgrade (its old series marked stale, a scrape missed, down for up to the hour) "
+        "leaves no hole that makes the old code new; compared on (hostname, gpu, xid) alone, "
+        "so a new pod, job, exporter instance or host-label spelling on a GPU with an old XID "
+        "is no event (dcgm-exporter#500). err_code!=\"0\" selects only GPUs that ever had an "
+        "XID.")]
 
 
 # --- GPU telemetry past a threshold (medium tier) ----------------------------------------------

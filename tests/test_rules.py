@@ -4,6 +4,7 @@ is ``tests/test_generated.py``)."""
 from __future__ import annotations
 
 import json
+import random
 import re
 import subprocess
 from pathlib import Path
@@ -53,10 +54,40 @@ def test_promtool_check_rules_on_every_file(tmp_path):
         assert res.returncode == 0, res.stdout + res.stderr
 
 
+def group_orders() -> dict[str, list[str]]:
+    """Rule group evaluation orders the suites must pass under: promtool runs groups in map
+    order when a test sets no ``group_eval_order``, and a real Prometheus runs each group on its
+    own timer, so a rule right only when its inputs' group ran first is wrong some of the time.
+    In promtool every group runs at every step, so a record read across groups is either this
+    step's or the previous one's; each order below makes a different set of reads lag."""
+    names = [g["name"] for g in _groups()]
+    shuffled = names[:]
+    random.Random(23).shuffle(shuffled)
+    return {"file-order": names, "reverse": names[::-1], "shuffled": shuffled}
+
+
+ORDERS = ("file-order", "reverse", "shuffled")
+
+
+@pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize("path", TESTS, ids=[p.name for p in TESTS])
-def test_promtool_unit_tests(path):
-    res = _promtool("test", "rules", path.name, cwd=path.parent)
+def test_promtool_unit_tests(path, order, tmp_path):
+    """Every suite, under each group order (``group_eval_order`` naming every group)."""
+    doc = yaml.safe_load(path.read_text())
+    doc["rule_files"] = [str(RULES)]
+    doc["group_eval_order"] = group_orders()[order]
+    ordered = tmp_path / path.name
+    ordered.write_text(yaml.safe_dump(doc, sort_keys=False))
+    res = _promtool("test", "rules", str(ordered))
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_group_orders_differ_and_name_every_group():
+    orders = group_orders()
+    names = sorted(g["name"] for g in _groups())
+    assert set(orders) == set(ORDERS)
+    assert all(sorted(o) == names for o in orders.values())
+    assert len({tuple(o) for o in orders.values()}) == len(orders)
 
 
 def test_promtool_unit_tests_can_fail(tmp_path):

@@ -96,6 +96,9 @@ class Case:
     series: list[Series]
     eval_time: str
     expect: list[Expect] = field(default_factory=list)
+    # More times at which the same expectation must hold (one ``alert_rule_test`` each), for a
+    # result that must not depend on the evaluation a rule group's timer happens to land on.
+    also_at: tuple[str, ...] = ()
 
     def as_dict(self, cfg: dict[str, Any]) -> dict[str, Any]:
         """The promtool test entry."""
@@ -106,12 +109,15 @@ class Case:
             ann = dict(static["annotations"])
             ann["description"] = e.description
             exp.append({"exp_labels": {**static["labels"], **e.labels}, "exp_annotations": ann})
-        test: dict[str, Any] = {"eval_time": self.eval_time, "alertname": self.alert}
-        if exp:
-            test["exp_alerts"] = exp
+        checks = []
+        for at in (self.eval_time, *self.also_at):
+            test: dict[str, Any] = {"eval_time": at, "alertname": self.alert}
+            if exp:
+                test["exp_alerts"] = exp
+            checks.append(test)
         return {"name": self.name, "interval": "30s",
                 "input_series": [s.as_dict() for s in self.series],
-                "alert_rule_test": [test]}
+                "alert_rule_test": checks}
 
 
 def g(host: str = "n1", gpu: str = "0", **extra: str) -> dict[str, str]:
@@ -532,6 +538,7 @@ def real_telemetry_cases() -> list[Case]:
     cases.append(Case(f"{ecc}: dcgm-exporter upgrade across the Hostname -> hostname rename",
                       ecc, [*bg, *runs_after, _xid("Hostname", "94", "94x39"),
                             _xid("hostname", "94", "_x40 94x40")], "22m"))
+    cases += restart_cases()
     cases.append(Case(f"{ecc}: a new XID reaches only the run on that GPU", ecc,
                       [*bg, node_info(RUN_A), node_info(RUN_B), gpu_info(RUN_A, "0"),
                        gpu_info(RUN_B, "1"), _xid("hostname", "94", "_x20 94x40",
@@ -573,6 +580,48 @@ def real_telemetry_cases() -> list[Case]:
                       "22m", [Expect(g(), f"3 double-bit ECC error(s) on {W} in the last 10 "
                                           "minutes.")]))
     cases += mig_cases() + kubernetes_cases()
+    return cases
+
+
+# Every evaluation from 9 to 13 minutes after a restart at 20m: the old series ends with a
+# staleness marker (its target is gone) and the new one's first scrape is missed, so the
+# 10-minute-old sample an XID is compared with is missing at exactly one evaluation (30m).
+AFTER_RESTART = ("29m", "29m30s", "30m", "30m30s", "31m", "31m30s", "33m")
+
+
+def restart_cases() -> list[Case]:
+    """dcgm-exporter restarted or upgraded under a GPU whose last-XID gauge holds an old code:
+    new target labels (instance, the exporter's pod), one scrape missed, the old series marked
+    stale as Prometheus does when a target goes away. The code is no new event at any
+    evaluation, whichever group ran first, on the run that now holds the GPU."""
+    ecc = "GpuContainedEccError"
+    bg = healthy_gpus("hostname")
+    runs_after = [node_info(RUN_B), gpu_info(RUN_B, "0")]
+    exporter = {"kubernetes": lambda i: {"instance": f"10.1.0.{i + 1}:9400",
+                                         "pod": f"dcgm-exporter-{i}", "namespace": "gpu-operator"},
+                "hpc": lambda i: {"instance": f"n1:{9400 + i}"}}
+    cases = []
+    for kind, target in exporter.items():
+        old = _xid("hostname", "94", "94x39 stale", **target(0))
+        new = _xid("hostname", "94", "_x41 94x40", **target(1))
+        cases.append(Case(f"{ecc}: dcgm-exporter restart ({kind} target), one scrape missed: "
+                          "an old XID is no new event", ecc, [*bg, *runs_after, old, new],
+                          AFTER_RESTART[0], also_at=AFTER_RESTART[1:]))
+        fresh = _xid("hostname", "79", "_x41 79x40", **target(1))
+        cases.append(Case(f"GpuFallenOffBus: a new code after a dcgm-exporter restart ({kind} "
+                          "target) alerts", "GpuFallenOffBus", [*bg, *runs_after, old, fresh],
+                          "22m", [Expect({**RUN_B, **g()}, f"{W} stopped responding: XID 79, "
+                                         "or its metrics vanished while the host still reports "
+                                         "other GPUs.")]))
+    upgrade = [*bg, *runs_after, _xid("Hostname", "94", "94x39 stale"),
+               _xid("hostname", "94", "_x41 94x40", instance="10.1.0.2:9400")]
+    cases.append(Case(f"{ecc}: upgrade across the Hostname -> hostname rename, one scrape "
+                      "missed: an old XID is no new event", ecc, upgrade, AFTER_RESTART[0],
+                      also_at=AFTER_RESTART[1:]))
+    down_long = [*bg, *runs_after, _xid("hostname", "94", "94x39 stale"),
+                 _xid("hostname", "94", "_x79 94x40", instance="10.1.0.2:9400")]
+    cases.append(Case(f"{ecc}: dcgm-exporter down for 20 minutes, back with the old XID: no "
+                      "new event", ecc, down_long, "50m", also_at=("50m30s", "51m", "55m")))
     return cases
 
 
