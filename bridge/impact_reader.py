@@ -1,0 +1,174 @@
+"""The edge of bridge/impact.py: the run's GPU signals around each issue, from Prometheus.
+
+Per run, the join metrics once (hosts, GPUs, lifetime, as ``explain`` reads them); per issue, one
+range query holding four series of one signal (mean over the affected GPUs the run holds, mean
+and max over all of the run's GPUs, their count), read through ``catalog.series.dcgm_gpu`` so
+both dcgm-exporter label spellings and field generations work. Tensor activity first; utilisation
+or power only when dcgm-exporter has no tensor activity. Answers are cached for a few seconds
+(a run page and a delivery in the same moment ask once) and Prometheus is left alone for
+``DOWN_BACKOFF`` after it failed, as bridge/remediation.py's NodeStateHistory does.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from wandb_infra.bridge.diagnosis import Diagnosis, Issue
+from wandb_infra.bridge.explain import (
+    ExplainError,
+    Placement,
+    PrometheusHistory,
+    _regex_literal,
+    find_placement,
+)
+from wandb_infra.bridge.impact import (
+    AFTER,
+    MAX_LEAD,
+    Impact,
+    Signals,
+    measure,
+    run_gpu_hours,
+    unmeasured,
+)
+from wandb_infra.catalog import series as S
+from wandb_infra.catalog.series import Field
+from wandb_infra.common.runkey import RunKey
+
+log = logging.getLogger(__name__)
+
+POINTS = 1500  # samples per series and query: 1 s steps over 25 minutes
+DOWN_BACKOFF = 30.0
+FIELDS: tuple[tuple[str, Field], ...] = (("tensor activity", S.DCGM_TENSOR_ACTIVE),
+                                         ("GPU utilisation", S.DCGM_GPU_UTIL),
+                                         ("power", S.DCGM_POWER_USAGE))
+_PARTS = ("affected", "mean", "max", "count")
+
+
+def _gpu_re(gpus: set[str] | frozenset[str]) -> str:
+    return "|".join(_regex_literal(g) for g in sorted(gpus)) or ".*"
+
+
+def _points(series: Mapping[str, Any]) -> list[tuple[float, float]]:
+    return [(float(t), float(v)) for t, v in series["values"]]
+
+
+def affected_gpus(issue: Issue, placement: Placement) -> tuple[str, frozenset[str]]:
+    """The root cause's host and the GPUs of it the run holds (all of them when the root names
+    none, or names GPUs the join metrics do not list)."""
+    host = issue.root.hostname
+    held = placement.gpus.get(host, frozenset())
+    named = frozenset(f.gpu for f in (issue.root, *issue.peers) if f.gpu)
+    return host, (named & held if named & held else held or named)
+
+
+class ImpactHistory:
+    """Reads and measures; every failure becomes an ``unmeasured`` impact, never an error."""
+
+    def __init__(self, base_url: str, timeout: float = 5.0, *, cache_seconds: float = 10.0,
+                 min_step: float = 1.0, clock: Callable[[], float] = time.time) -> None:
+        self.prom = PrometheusHistory(base_url, timeout)
+        self.cache_seconds = cache_seconds
+        self.min_step = min_step
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._cache: dict[tuple[RunKey, tuple[tuple[str, bool], ...]],
+                          tuple[float, dict[str, Impact]]] = {}
+        self._down_until = 0.0
+
+    def for_diagnosis(self, run: RunKey, diagnosis: Diagnosis) -> dict[str, Impact] | None:
+        """Issue key -> measured impact; None while Prometheus is down (callers keep showing
+        the catalog's text)."""
+        if not diagnosis.issues:
+            return {}
+        now = self.clock()
+        key = (run, tuple((i.key, i.open) for i in diagnosis.issues))
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None and now - hit[0] < self.cache_seconds:
+                return hit[1]
+            if now < self._down_until:
+                return None
+        try:
+            found = self.measure(run, diagnosis, now)
+        except ExplainError as exc:
+            log.warning("impact not measured", extra={"error": str(exc)})
+            with self._lock:
+                self._down_until = now + DOWN_BACKOFF
+            return None
+        with self._lock:
+            if len(self._cache) > 1000:
+                self._cache.clear()
+            self._cache[key] = (now, found)
+        return found
+
+    def measure(self, run: RunKey, diagnosis: Diagnosis, now: float) -> dict[str, Impact]:
+        """Read and measure every issue of the run (raises ExplainError when Prometheus fails)."""
+        first = min(i.root.onset.timestamp() for i in diagnosis.issues) - MAX_LEAD
+        step = max(self.min_step, (now - first) / 10_000)
+        try:
+            placement = find_placement(self.prom, run, first, now, step)
+        except ExplainError as exc:
+            if "no wandb_run_node_info" not in str(exc):
+                raise
+            return {i.key: unmeasured("the join metrics do not place the run on any host",
+                                      i.root.onset.timestamp()) for i in diagnosis.issues}
+        gone = now - max(60.0, 4 * self.min_step)
+        run_end = placement.last_seen if placement.last_seen < gone else None
+        out: dict[str, Impact] = {}
+        for issue in diagnosis.issues:
+            earlier = [i.ended_at.timestamp() for i in diagnosis.issues
+                       if i.ended_at is not None and i.ended_at <= issue.root.onset]
+            not_before = max([placement.first_seen, *earlier])
+            out[issue.key] = self._issue(issue, placement, not_before, run_end, now)
+        return out
+
+    def _issue(self, issue: Issue, placement: Placement, not_before: float,
+               run_end: float | None, now: float) -> Impact:
+        onset, fired = issue.root.onset.timestamp(), issue.root.starts_at.timestamp()
+        ended = None if issue.ended_at is None else issue.ended_at.timestamp()
+        start = max(not_before, onset - MAX_LEAD)
+        end = min(now, max(fired + AFTER, ended or now))
+        if run_end is not None:
+            end = min(end, run_end + 60.0)
+        step = max(self.min_step, (end - start) / POINTS)
+        host, affected = affected_gpus(issue, placement)
+        hosts = "|".join(_regex_literal(h) for h in sorted(placement.hosts))
+        run_gpus = _gpu_re({g for gs in placement.gpus.values() for g in gs})
+        where = issue.where if issue.root.hostname else "the run's GPUs"
+        for name, field in FIELDS:
+            mine = S.dcgm_gpu(field, _regex_literal(host), _gpu_re(affected))
+            parts = {"affected": f"avg({mine})",
+                     "mean": f"avg({S.dcgm_gpu(field, hosts, run_gpus)})",
+                     "max": f"max({S.dcgm_gpu(field, hosts, run_gpus)})",
+                     "count": f"count({S.dcgm_gpu(field, hosts, run_gpus)})"}
+            expr = " or ".join(f'label_replace({q}, "part", "{p}", "", "")'
+                               for p, q in parts.items())
+            got = {s["metric"].get("part", ""): s for s in self.prom.range(expr, start, end, step)}
+            if "mean" not in got:
+                continue
+            held = sum(len(g) for g in placement.gpus.values())
+            counted = max((v for _, v in _points(got["count"])), default=0.0) \
+                if "count" in got else 0.0
+            signals = Signals(name, where, _points(got["affected"]) if "affected" in got else [],
+                              _points(got["mean"]), _points(got.get("max") or got["mean"]),
+                              held or int(counted), not_before, run_end)
+            return measure(signals, onset=onset, fired=fired, ended=ended, now=now)
+        return unmeasured("dcgm-exporter has no tensor activity, utilisation or power series "
+                          "for the run's GPUs", onset)
+
+
+def run_total(impacts: Mapping[str, Impact] | None) -> float | None:
+    """The run's GPU-hours lost (None when nothing was measured)."""
+    return None if impacts is None else run_gpu_hours(impacts.values())
+
+
+def views(impacts: Mapping[str, Impact] | None) -> dict[str, Any]:
+    """The run view's ``impacts`` (by issue key) and ``gpu_hours_lost``, or nothing."""
+    if impacts is None:
+        return {}
+    return {"impacts": {k: v.as_dict() for k, v in impacts.items()},
+            "gpu_hours_lost": round(run_gpu_hours(impacts.values()), 3)}

@@ -1,0 +1,111 @@
+"""bridge/impact.py on made-up series: a slowdown moves the onset to the measured drop, a hang
+spans the busiest GPU's idle time, noise is no effect, a run that ended is a crash, and the run's
+GPU-hours do not count overlapping issues twice."""
+
+from __future__ import annotations
+
+import pytest
+
+from wandb_infra.bridge.impact import (
+    CRASH,
+    HANG,
+    MAX_LEAD,
+    NONE,
+    SLOWDOWN,
+    Impact,
+    Signals,
+    change_point,
+    measure,
+    run_gpu_hours,
+)
+
+pytestmark = pytest.mark.unit
+
+T0 = 1_800_000_000.0  # 2027-01-15 08:00:00 UTC
+
+
+def steps(levels: list[tuple[float, float]], end: float, step: float = 1.0
+          ) -> list[tuple[float, float]]:
+    """Samples every ``step`` from T0: each (from, value) holds until the next."""
+    out, t = [], T0
+    while t <= end:
+        value = [v for start, v in levels if start <= t][-1]
+        out.append((t, value + (0.004 if int(t) % 2 else -0.004)))
+        t += step
+    return out
+
+
+def signals(affected, mean=None, top=None, *, gpus=16, run_end=None) -> Signals:
+    return Signals("tensor activity", "gpu-node-065 GPUs 0-3", affected, mean or affected,
+                   top or affected, gpus, T0, run_end)
+
+
+def test_a_slowdown_before_the_alert_moves_the_onset_and_costs_until_recovery():
+    affected = steps([(T0, 0.50), (T0 + 100, 0.35), (T0 + 400, 0.50)], T0 + 600)
+    got = measure(signals(affected), onset=T0 + 110, fired=T0 + 129, ended=T0 + 399,
+                  now=T0 + 600)
+    assert got.kind == SLOWDOWN and got.drop == pytest.approx(0.30, abs=0.02)
+    assert got.text.startswith("tensor activity on gpu-node-065 GPUs 0-3 fell 30% at 08:01:40, "
+                               "29 s before the alert")
+    assert got.onset == T0 + 100 and "onset moved from 08:01:50" in got.onset_reason
+    assert got.until == T0 + 400 and got.until_what == "recovery"
+    assert got.gpu_hours == pytest.approx(16 * 300 / 3600)
+    assert got.headline.startswith("Slowdown of 30%: ")
+    assert got.cost_text == ("1.33 GPU-hours (16 GPUs x 5 min from 08:01:40 until recovery "
+                             "at 08:06:40)")
+
+
+def test_a_change_beyond_the_bounded_window_does_not_move_the_onset():
+    affected = steps([(T0, 0.47), (T0 + 10, 0.33)], T0 + 2000)
+    got = measure(signals(affected), onset=T0 + 1000, fired=T0 + 1010, ended=None,
+                  now=T0 + 2000)
+    assert MAX_LEAD < 990  # the drop at +10 s is more than MAX_LEAD before the onset
+    assert got.kind == NONE and got.onset == T0 + 1000 and got.gpu_hours == 0.0
+
+
+def test_a_hang_is_no_gpu_of_the_run_computing():
+    busy = steps([(T0, 0.46), (T0 + 60, 0.0), (T0 + 2460, 0.46)], T0 + 3000, step=15)
+    got = measure(signals(busy), onset=T0 + 90, fired=T0 + 120, ended=T0 + 2500,
+                  now=T0 + 3000)
+    assert got.kind == HANG
+    assert got.text == "no GPU of the run computed from 08:01:00 to 08:41:00"
+    assert got.onset == T0 + 60 and got.until == T0 + 2460
+    assert got.gpu_hours == pytest.approx(16 * 2400 / 3600)
+
+
+def test_an_ongoing_hang_costs_until_now():
+    busy = steps([(T0, 0.46), (T0 + 60, 0.0)], T0 + 300)
+    got = measure(signals(busy, gpus=512), onset=T0 + 60, fired=T0 + 80, ended=None,
+                  now=T0 + 300)
+    assert got.kind == HANG and "has computed since 08:01:00" in got.text
+    assert got.until_what == "now" and got.gpu_hours == pytest.approx(512 * 240 / 3600)
+
+
+def test_noise_is_no_visible_effect():
+    flat = steps([(T0, 0.46)], T0 + 300)
+    got = measure(signals(flat), onset=T0 + 100, fired=T0 + 110, ended=None, now=T0 + 300)
+    assert got.kind == NONE and got.gpu_hours == 0.0 and got.onset_reason == ""
+    assert got.headline.startswith("No visible effect: no change in the run's GPU activity")
+
+
+def test_a_run_that_ended_after_the_fault_crashed():
+    busy = steps([(T0, 0.46), (T0 + 130, 0.0)], T0 + 130)
+    got = measure(signals(busy, run_end=T0 + 130), onset=T0 + 100, fired=T0 + 105,
+                  ended=None, now=T0 + 600)
+    assert got.kind == CRASH and got.text == ("the run ended at 08:02:10, 30 s after the "
+                                              "root cause's onset")
+    assert got.gpu_hours == pytest.approx(16 * 30 / 3600)
+
+
+def test_change_point_needs_samples_on_both_sides():
+    assert change_point([(T0, 1.0), (T0 + 1, 0.5)]) is None
+    k, before, after = change_point([(T0 + i, 1.0 if i < 5 else 0.5) for i in range(10)])
+    assert (k, before, after) == (5, 1.0, 0.5)
+
+
+def test_run_gpu_hours_counts_overlapping_issues_once():
+    def cost(start: float, end: float, gpus: int = 8) -> Impact:
+        return Impact(HANG, "", start, "", end, "recovery", gpus,
+                      gpus * (end - start) / 3600)
+    assert run_gpu_hours([cost(0, 3600), cost(1800, 5400), cost(7200, 9000)]) == \
+        pytest.approx(8 * 1.5 + 8 * 0.5)
