@@ -14,6 +14,8 @@ from html import escape
 from typing import Any
 
 WIDTH = 1100
+CHAR_W = 6.6  # px per character of 11 px system-ui text, an upper bound (digits and capitals)
+MARK_ROW = 10  # px between the marker label rows above the lanes
 LABEL_W = 250
 ROW_H = 18  # one bar row per alert name in a lane
 MAX_HOST_LANES = 8  # up to this many consequence hosts get a lane each; more are grouped
@@ -127,15 +129,32 @@ def _text(x: float, y: float, body: str, *, anchor: str = "start", cls: str = ""
             f"{escape(body)}</text>")
 
 
+def text_width(text: str) -> float:
+    """The drawn width of ``text`` at the charts' 11 px system font (a bound: 6.6 px a
+    character), so labels are placed and cut before the browser would clip them."""
+    return CHAR_W * len(text)
+
+
+def fit(text: str, room: float) -> str:
+    """``text`` cut with "…" to fit ``room`` pixels (the full text stays in a tooltip)."""
+    if text_width(text) <= room:
+        return text
+    keep = max(1, int(room / CHAR_W) - 1)
+    return text[:keep] + "…"
+
+
 def _vline(axis: _Axis, t: float, span: tuple[float, float], colour_: str, label: str, *,
-           dash: bool = False) -> str:
+           dash: bool = False, row: int = 0) -> str:
+    """A marker line with its label in ``row`` of the band above the lanes (one row per marker,
+    so "issue start" and "root cause" never overlap), on the side of the line with room."""
     x, (y0, y1) = axis.x(t), span
     style = " stroke-dasharray='4 3'" if dash else ""
-    # A label near the right edge goes to the line's left so it is not cut off.
-    right = x > axis.x1 - 7 * len(label)
+    right = x > axis.x1 - text_width(label) - 3
+    room = (x - 3 - axis.x0 + LABEL_W) if right else (axis.x1 - x - 3 + 12)
     return (f"<line x1='{x}' y1='{y0}' x2='{x}' y2='{y1}' stroke='{colour_}' stroke-width='1.5'"
-            f"{style}/>" + _text(x - 3 if right else x + 3, y0 + 10, label, fill=colour_,
-                                 cls="mk", anchor="end" if right else "start"))
+            f"{style}/>" + _text(x - 3 if right else x + 3, y0 + 9 + MARK_ROW * row,
+                                 fit(label, room), fill=colour_, cls="mk",
+                                 anchor="end" if right else "start"))
 
 
 def _time_axis(axis: _Axis, ref: float, y: float) -> list[str]:
@@ -173,7 +192,7 @@ def timeline_svg(issue: dict[str, Any], width: int = WIDTH) -> str:
     """One issue as lanes of bars over time: root cause highlighted, start/end marked."""
     t0, t1, ref = _window(issue)
     rows = lanes(issue)
-    top = 22
+    top = 6 + 3 * MARK_ROW  # one label row for each of: issue start, root cause, resolved
     heights = [_lane_height(lane) for lane in rows]
     y_axis = top + sum(heights) + 4
     height = y_axis + 26
@@ -188,7 +207,7 @@ def timeline_svg(issue: dict[str, Any], width: int = WIDTH) -> str:
                    f"<title>{escape(', '.join(lane.hosts[:40]))}"
                    f"{' …' if len(lane.hosts) > 40 else ''}</title>"
                    f"<rect x='0' y='{y}' width='{width}' height='{heights[i]}' fill='{fill}'/>")
-        label = lane.label if len(lane.label) <= 38 else lane.label[:37] + "…"
+        label = fit(lane.label, LABEL_W - 12)
         out.append(_text(6, y + 14, label, cls="root-label" if lane.root else "lbl",
                          fill="#b00020" if lane.root else "#333"))
         out += _bars(lane, axis, y, t1)
@@ -198,12 +217,12 @@ def timeline_svg(issue: dict[str, Any], width: int = WIDTH) -> str:
     start, end = parse_ts(issue.get("started_at")), parse_ts(issue.get("ended_at"))
     if start is not None and abs(start.timestamp() - ref) >= 1:
         out.append(_vline(axis, start.timestamp(), (2, y_axis), "#555",
-                          f"issue start {clock(start)}", dash=True))
+                          f"issue start {clock(start)}", dash=True, row=1))
     out.append(_vline(axis, ref, (2, y_axis), "#b00020",
                       f"root cause {clock(datetime.fromtimestamp(ref, UTC))}"))
     if end is not None:
         out.append(_vline(axis, end.timestamp(), (2, y_axis), "#2e7d32",
-                          f"resolved {clock(end)}", dash=True))
+                          f"resolved {clock(end)}", dash=True, row=2))
     out.append("</svg>")
     return "".join(out)
 
@@ -236,8 +255,15 @@ def _bars(lane: Lane, axis: _Axis, y: float, t_end: float) -> list[str]:
                    f"height='{h}' fill='{col}' fill-opacity='{0.9 if lane.root else 0.55}'"
                    f"{stroke}><title>{escape(tip)}</title></rect>")
         count = f" ×{len(facts)}" if len(facts) > 1 else ""
-        out.append(_text(x0 + 4, yy + h - 3, f"{name}{count}", cls="bn",
-                         fill="#fff" if lane.root else "#1d2127"))
+        name_text = f"{name}{count}"
+        # inside the bar from its start when it fits before the chart's edge, else to the
+        # bar's left (its row is its own), cut to the room there: never clipped by the edge
+        if x0 + 4 + text_width(name_text) <= axis.x1:
+            out.append(_text(x0 + 4, yy + h - 3, name_text, cls="bn",
+                             fill="#fff" if lane.root else "#1d2127"))
+        else:
+            out.append(_text(x0 - 4, yy + h - 3, fit(name_text, x0 - 4 - axis.x0), cls="bn",
+                             anchor="end", fill="#1d2127"))
         if len(lane.hosts) > 1:
             for t in sorted(set(onsets))[:MAX_TICKS]:
                 x = axis.x(t)
@@ -273,9 +299,9 @@ def activity_svg(series: Sequence[tuple[str, Sequence[tuple[float, float]]]],
             out.append(f"<polyline class='series' fill='none' stroke='{col}' stroke-width='1.8' "
                        f"points='{path}'/>")
         out.append(_text(right - 4, top + 12 + 14 * k, name, anchor="end", fill=col))
-    for t, label, col in markers:
+    for k, (t, label, col) in enumerate(sorted(markers)):
         if t0 <= t <= t1:
-            out.append(_vline(axis, t, (top, bottom), col, label))
+            out.append(_vline(axis, t, (top, bottom), col, label, row=k % 3))
     step = _nice_step(t1 - t0, 6)
     t = t0 - t0 % step + step
     while t <= t1:

@@ -34,8 +34,9 @@ from wandb_infra.catalog.recovery import (
     from_driver_label,
     stronger,
 )
+from wandb_infra.catalog.runbook import CLASS_ALERT
 from wandb_infra.catalog.vocabulary import CauseClass
-from wandb_infra.catalog.xid import CATALOG_URL, XIDS, XidClass
+from wandb_infra.catalog.xid import CATALOG_URL, XIDS, XidClass, codes
 from wandb_infra.common.configfile import ConfigError
 from wandb_infra.common.nodestate import schedulable
 
@@ -120,9 +121,14 @@ class Need:
         return SPECS[self.action].needs
 
 
+# An XID alert whose class holds one code names it even without its ``xid`` label (a user's
+# Alertmanager may drop labels): GpuContainedEccError is XID 94.
+_ONLY_CODE = {alert: codes(cls)[0] for cls, alert in CLASS_ALERT.items() if len(codes(cls)) == 1}
+
+
 def _xid_code(fact: AlertFact) -> int | None:
     raw = fact.labels.get("xid", "")
-    return int(raw) if raw.isdigit() else None
+    return int(raw) if raw.isdigit() else _ONLY_CODE.get(fact.alertname)
 
 
 def need_of(fact: AlertFact, policy: Policy) -> Need:

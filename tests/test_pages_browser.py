@@ -127,7 +127,8 @@ def test_cascade_run_page_in_chromium(tmp_path):
     found = _run_in_chromium(tmp_path, "cascade")
     assert "GpuContainedEccError" in found["cardText"] and "node017 GPU 3" in found["cardText"]
     assert "Restart the job from its last checkpoint" in found["cardText"]
-    assert found["runbook"] == f"{RUNBOOK}#gpucontainedeccerror"
+    # the bridge's own runbook, never the URL an alert carries
+    assert found["runbook"].endswith("/runbook#gpucontainedeccerror")
     assert found["lanes"] == ["1", "64"] and found["bars"] == 3
     assert found["details"] == 2 and found["state"] == "open"
 
@@ -139,3 +140,55 @@ def test_thermal_run_page_in_chromium(tmp_path):
     assert "throughput (MFU) of the whole job drops" in found["cardText"]
     assert found["state"].startswith("resolved 2026-11-29 12:04:00")
     assert found["lanes"] == ["1", "1"] and found["details"] == 2
+
+
+# Every chart label drawn inside its chart, marker labels apart, text at least 9.5 px on screen.
+LABELS = """(() => {
+  const out = {clipped: [], overlaps: [], small: [], charts: 0};
+  for (const svg of document.querySelectorAll('svg.timeline, svg.activity')) {
+    out.charts += 1;
+    const box = svg.getBoundingClientRect();
+    const scale = box.width / svg.viewBox.baseVal.width;
+    for (const t of svg.querySelectorAll('text')) {
+      const r = t.getBoundingClientRect();
+      if (r.left < box.left - 0.5 || r.right > box.right + 0.5) out.clipped.push(t.textContent);
+      if (parseFloat(getComputedStyle(t).fontSize) * scale < 9.5) out.small.push(t.textContent);
+    }
+    const marks = [...svg.querySelectorAll('text.mk')].map(t => [t.textContent,
+                                                                  t.getBoundingClientRect()]);
+    for (let i = 0; i < marks.length; i++) for (let j = i + 1; j < marks.length; j++) {
+      const a = marks[i][1], b = marks[j][1];
+      if (a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom)
+        out.overlaps.push([marks[i][0], marks[j][0]]);
+    }
+  }
+  return out;
+})()"""
+
+
+async def _labels_at(base: str, path: str, width: int) -> dict:
+    async with Browser() as browser:
+        await browser.send("Emulation.setDeviceMetricsOverride", width=width, height=900,
+                           deviceScaleFactor=1, mobile=False)
+        await browser.goto(base + path)
+        await browser.eval(f"document.querySelector('input[name=token]').value = "
+                           f"'{PAGE_TOKEN}'")
+        await browser.submit("form[action='/login']")
+        return await browser.eval(LABELS)
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_chart_labels_are_whole_apart_and_readable_at_two_widths(tmp_path, name):
+    """At 1280 and 800 px: no label cut by its chart's edge ("GpuThermalV"), no marker label
+    over another ("issue start" over "root cause"), no text shrunk below 9.5 px."""
+    path, alerts, prom = SCENARIOS[name]
+    with serve_app(prom.app()) as prom_url:
+        ctx = make_context(tmp_path, worker=fake_worker(prom_url), pages=PageAuth(PAGE_TOKEN))
+        with serve(ctx) as running:
+            post_alerts(running, alerts())
+            for width in (1280, 800):
+                found = asyncio.run(_labels_at(running.url, path, width))
+                assert found["charts"] == 2, (width, found)
+                assert found["clipped"] == [], (width, found["clipped"])
+                assert found["overlaps"] == [], (width, found["overlaps"])
+                assert found["small"] == [], (width, found["small"][:5])

@@ -230,7 +230,7 @@ def test_runs_page_shows_resolved_warning_colour(tmp_path):
 ALLOWED = {"html", "head", "meta", "title", "style", "body", "main", "header", "section", "h1",
            "h2", "p", "a", "b", "br", "span", "code", "dl", "dt", "dd", "details", "summary", "ul",
            "li", "table", "tr", "th", "td", "form", "label", "input", "select", "option",
-           "button", "svg", "g", "rect", "line", "text", "polyline"}
+           "button", "svg", "g", "rect", "line", "text", "polyline", "div"}
 TEXT = st.text(st.characters(codec="utf-8"), max_size=40) | st.sampled_from(
     ["<script>alert(1)</script>", "'><svg onload=alert(1)>", "\"/><a href=javascript:x>",
      "</text><script>x</script>", "]]><!--", "&lt;b&gt;"])

@@ -75,7 +75,9 @@ def test_markdown_runbook_has_the_same_anchors():
 def test_catalog_text_is_escaped_and_its_markdown_rendered():
     assert _inline("a <b> `c<d>` **e**") == (
         "a &lt;b&gt; <code>c&lt;d&gt;</code> <strong>e</strong>")
-    assert "{{ $labels" in page(), "alert templates are shown as text, not evaluated"
+    # templates read as placeholders, never raw (or evaluated)
+    html = page()
+    assert "{{" not in html and "XID ‹xid› on GPU ‹gpu› on ‹hostname›" in html
 
 
 def test_the_demo_points_every_runbook_url_at_its_own_bridge():

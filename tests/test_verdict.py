@@ -148,6 +148,12 @@ def test_advice_verdict_and_quarantine_agree_in_every_state(name, f):
             assert d.verdict == UNKNOWN and d.drain, where
 
 
+def test_single_code_alerts_name_their_xid_without_the_label():
+    d = run(fact("GpuContainedEccError"), in_pool(), healthy())
+    assert d.verdict == SAFE and d.need.subject == "XID 94"
+    assert run(fact("GpuUncontainedEccError"), in_pool(), healthy(gpus={})).verdict == UNSAFE
+
+
 def test_xid_94_needs_only_an_application_restart_and_stays_in_service():
     d = run(fact("GpuContainedEccError", xid=94), in_pool(), healthy())
     assert d.verdict == SAFE and not d.drain and not d.exclusion
