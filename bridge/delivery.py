@@ -29,12 +29,15 @@ from wandb_infra.bridge.endings import EndingsPass, EndingsPolicy, RunEndings, o
 from wandb_infra.bridge.explain import PrometheusHistory
 from wandb_infra.bridge.grafana import GrafanaLinks
 from wandb_infra.bridge.identity import PrometheusRunLookup
+from wandb_infra.bridge.impact import Impact
+from wandb_infra.bridge.impact_reader import ImpactHistory, run_total
 from wandb_infra.bridge.markers import MARKER_SETTLE, MISSING_SDK, MarkerWriter
 from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.notes import LinkFn, render_section, replace_section
 from wandb_infra.bridge.placement import PlacementCheck
 from wandb_infra.bridge.projection import (
     TAG_PREFIX,
+    impact_entries,
     merged_tags,
     plan_markers,
     summary_entries,
@@ -145,6 +148,9 @@ class DeliveryWorker:
                                              cache_seconds=min(10.0, policy.node_state_refresh),
                                              tolerated_taints=policy.tolerated_taints)
                             if lookup is not None and policy.node_state_refresh > 0 else None)
+        # What each issue cost the run, measured on its GPUs (bridge/impact.py).
+        self.impact = (ImpactHistory(lookup.base_url, lookup.timeout)
+                       if lookup is not None else None)
         self._next_refresh = 0.0
         self.endings = (EndingsPass(store, RunEndings(PrometheusHistory(lookup.base_url,
                                                                         lookup.timeout),
@@ -269,6 +275,16 @@ class DeliveryWorker:
             if action and issue.key in rems:
                 rems[issue.key] = replace(rems[issue.key], action=action)
         return rems
+
+    def impacts(self, run: RunKey, diagnosis: Diagnosis) -> dict[str, Impact] | None:
+        """Issue key -> measured impact (None without Prometheus or while it is down); the
+        run's total GPU-hours go to /metrics per project."""
+        if self.impact is None or not run.attributed:
+            return None
+        found = self.impact.for_diagnosis(run, diagnosis)
+        if found is not None:
+            self.metrics.record_gpu_hours(run, run_total(found) or 0.0)
+        return found
 
     def _quarantine_pass(self, now: float) -> None:
         """Offer the open issues of recently active runs whose decision lets the hosts be taken
@@ -399,7 +415,9 @@ class DeliveryWorker:
         # read-to-write window on the user's notes and tags is one W&B round trip.
         remediations = self.remediations(diagnosis)
         outcome = outcome_for(self.store, run, diagnosis, self.clock())
-        section = render_section(diagnosis, self._link_for(run), remediations or {}, outcome)
+        impacts = self.impacts(run, diagnosis)
+        section = render_section(diagnosis, self._link_for(run), remediations or {}, outcome,
+                                 impacts)
         written = {m.removeprefix(TAG_MARK) for m in self.store.markers(run)
                    if m.startswith(TAG_MARK)}
         info = self.client.find_run(run.entity, run.project, run.run_id)
@@ -408,6 +426,7 @@ class DeliveryWorker:
         if info.state != "running":
             wanted = summary_entries(diagnosis) | summary_verdict(remediations or {}, diagnosis)
             wanted |= outcome.summary() if outcome is not None else {}
+            wanted |= impact_entries(diagnosis, impacts)
             if any(info.summary.get(k) != v for k, v in wanted.items()):
                 summary = {**info.summary, **wanted}
             summary_seq = row.dirty_seq

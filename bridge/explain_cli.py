@@ -22,6 +22,7 @@ from wandb_infra.bridge.explain import (
     parse_when,
 )
 from wandb_infra.bridge.grafana import GrafanaLinks
+from wandb_infra.bridge.impact_reader import ImpactHistory, views
 from wandb_infra.bridge.outcome import Outcome
 from wandb_infra.bridge.outcome import judge as judge_outcome
 from wandb_infra.bridge.pages import run_detail
@@ -119,6 +120,8 @@ def run(args: argparse.Namespace) -> int:
                       lambda fact, s, e: links.link(fact, target, s, e), None)
     # is it safe to restart now: the same decision the bridge writes into the run
     view |= run_remediation(NodeStateHistory(args.prometheus), facts, DEFAULT_GAP)
+    view |= views(ImpactHistory(args.prometheus, cache_seconds=0, min_step=args.step)
+                  .for_diagnosis(target, diagnosis))
     head = diagnosis.root_cause
     if head is not None:
         view["headline"] = {"issue": diagnosis.issues.index(head), "title": head.title,

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from wandb_infra.common.runkey import RunKey
+
 PREFIX = "wandb_infra_bridge_"
+MAX_PROJECTS = 200  # label sets on /metrics; later projects are summed as _other/_other
+MAX_RUNS = 50_000  # runs whose GPU-hours are remembered (the oldest are forgotten first)
+OTHER = "_other"
 
 
 class BridgeMetrics:
@@ -71,3 +76,31 @@ class BridgeMetrics:
                                     "nothing is quarantined: no record, no action).",
                                     registry=r)
         self.audit_writable.set(1)
+        self.gpu_hours = Gauge(PREFIX + "gpu_hours_lost",
+                               "GPU-hours lost to infrastructure issues, summed over the "
+                               "project's runs the bridge measured since it started "
+                               "(bridge/impact.py).", ["entity", "project"], registry=r)
+        self._run_hours: dict[RunKey, float] = {}
+
+    def gpu_hours_of(self, run: RunKey) -> float | None:
+        """A run's GPU-hours lost as last recorded (None: never measured)."""
+        hours = self._run_hours.get(run)
+        return None if hours is None else round(hours, 3)
+
+    def record_gpu_hours(self, run: RunKey, hours: float) -> None:
+        """A run's latest GPU-hours lost; its project's gauge is re-summed (the first
+        ``MAX_PROJECTS`` projects get their own labels, the rest share ``_other``)."""
+        self._run_hours.pop(run, None)
+        self._run_hours[run] = hours
+        while len(self._run_hours) > MAX_RUNS:
+            del self._run_hours[next(iter(self._run_hours))]
+        totals: dict[tuple[str, str], float] = {}
+        for key, value in sorted(self._run_hours.items(),
+                                key=lambda kv: (kv[0].entity, kv[0].project)):
+            label = (key.entity, key.project)
+            if label not in totals and len(totals) >= MAX_PROJECTS:
+                label = (OTHER, OTHER)
+            totals[label] = totals.get(label, 0.0) + value
+        self.gpu_hours.clear()
+        for (entity, project), value in totals.items():
+            self.gpu_hours.labels(entity, project).set(value)

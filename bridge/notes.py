@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 
 from wandb_infra.bridge.diagnosis import AlertFact, Diagnosis, Issue
+from wandb_infra.bridge.impact import UNMEASURED, Impact, hours_text, run_gpu_hours
 from wandb_infra.bridge.outcome import Outcome
 from wandb_infra.bridge.remediation import Remediation
 from wandb_infra.catalog.vocabulary import CauseClass
@@ -120,8 +121,24 @@ def _remediation_lines(rem: Remediation) -> list[str]:
     return lines
 
 
+def impact_lines(root: AlertFact, impact: Impact | None) -> list[str]:
+    """The impact as measured on the run (bridge/impact.py), what it cost and why the onset
+    moved; the catalog's prose stays for what cannot be measured."""
+    prose = root.text("impact")
+    if impact is None or impact.kind == UNMEASURED:
+        return [f"- Impact on this run: {md_escape(prose)}"] if prose else []
+    lines = [f"- Impact on this run (measured): {md_escape(impact.headline, 1000)}"]
+    if prose:
+        lines.append(f"- Expected from this fault: {md_escape(prose)}")
+    lines.append(f"- GPU-hours lost: {md_escape(impact.cost_text, 1000)}")
+    if impact.onset_reason:
+        lines.append(f"- Onset: {md_escape(_upper_first(impact.onset_reason), 1000)}")
+    return lines
+
+
 def _issue_block(n: int, issue: Issue, headline: bool, link_for: LinkFn,
-                 rem: Remediation | None = None, *, seen_through: str = "") -> list[str]:
+                 rem: Remediation | None = None, *, seen_through: str = "",
+                 impact: Impact | None = None) -> list[str]:
     root = issue.root
     role = "headline" if headline else "separate issue, not the headline"
     link = _url(link_for(root, issue.started_at, issue.ended_at))
@@ -133,9 +150,9 @@ def _issue_block(n: int, issue: Issue, headline: bool, link_for: LinkFn,
         f"{md_escape(root.text('summary') or root.alertname)} "
         f"({md_escape(root.severity or 'unknown severity')})",
     ]
-    for key, label in (("description", "What happened"), ("impact", "Impact on this run")):
-        if root.text(key):
-            lines.append(f"- {label}: {md_escape(root.text(key))}")
+    if root.text("description"):
+        lines.append(f"- What happened: {md_escape(root.text('description'))}")
+    lines += impact_lines(root, impact)
     # the restart decision's advice where the issue has one, so advice and verdict agree
     advice = rem.advice if rem is not None and rem.advice else root.text("remediation")
     if advice:
@@ -169,11 +186,14 @@ def _issue_block(n: int, issue: Issue, headline: bool, link_for: LinkFn,
 
 def render_section(diagnosis: Diagnosis, link_for: LinkFn,
                    remediations: Mapping[str, Remediation] | None = None,
-                   outcome: Outcome | None = None) -> str:
+                   outcome: Outcome | None = None,
+                   impacts: Mapping[str, Impact] | None = None) -> str:
     """The delimited notes section (BEGIN..END): the ended run's verdict, the headline, then
     the other issues, each with its restart verdict and node state where ``remediations`` (by
-    issue key) has it, and what the rules saw of the run (``outcome``'s coverage)."""
+    issue key) has it, its measured impact where ``impacts`` has it, and what the rules saw of
+    the run (``outcome``'s coverage)."""
     remediations = remediations or {}
+    impacts = impacts or {}
     lines = [BEGIN, TITLE, ""]
     head = diagnosis.root_cause
     seen_through = "" if outcome is None else outcome.coverage_line
@@ -187,12 +207,15 @@ def render_section(diagnosis: Diagnosis, link_for: LinkFn,
         lines += [f"**Headline: {md_escape(head.title)}** ({state_text(head)})", ""]
         if diagnosis.headline_reason:
             lines += [md_escape(diagnosis.headline_reason, 1000), ""]
+        if any(i.kind != UNMEASURED for i in impacts.values()):
+            lines += [f"GPU-hours lost by this run: **{hours_text(run_gpu_hours(impacts.values()))}"
+                      "**", ""]
     ranked = diagnosis.ranked
     size = sum(map(len, lines))
     shown = 0
     for n, issue in enumerate(ranked[:MAX_ISSUES], start=1):
         block = _issue_block(n, issue, issue is head, link_for, remediations.get(issue.key),
-                             seen_through=seen_through)
+                             seen_through=seen_through, impact=impacts.get(issue.key))
         block_size = sum(map(len, block)) + len(block)
         if shown and size + block_size > MAX_SECTION_CHARS:
             break

@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from wandb_infra.bridge.diagnosis import AlertFact, Diagnosis, Issue
+from wandb_infra.bridge.impact import hours_text
 from wandb_infra.bridge.notes import LinkFn
 from wandb_infra.bridge.store import OutboxRow
 from wandb_infra.bridge.timeline import (
@@ -213,6 +214,9 @@ def runs_html(rows: list[dict[str, Any]], unattributed: int, *,
             head = "<span class='muted'>no issue</span>"
         else:
             head = f"<b>{escape(root['alertname'])}</b> on {escape(root['where'])}"
+        if r.get("gpu_hours_lost") is not None:
+            head += (f" <span class='muted small'>&middot; {hours_text(r['gpu_hours_lost'])} "
+                     "GPU-hours lost</span>")
         sev = r.get("severity") or ""
         bar = "#c9ced6" if root is None else colour(sev)
         state = ("open" if r.get("open_issues") else "resolved") if r.get("issues") else ""
@@ -302,7 +306,24 @@ def _by_name(facts: Sequence[dict[str, Any]]) -> list[tuple[str, list[dict[str, 
     return sorted(groups.items(), key=lambda kv: min(onset(f) for f in kv[1]))
 
 
-def _card(issue: dict[str, Any], headline: bool, remediation: dict[str, Any] | None) -> str:
+def impact_rows(root: dict[str, Any], impact: dict[str, Any] | None) -> list[str]:
+    """The card's impact: measured on the run (bridge/impact.py) with what it cost, else the
+    catalog's prose."""
+    prose = escape(root.get("impact") or "")
+    if not impact or impact.get("kind") == "unmeasured":
+        return [f"<dt>Impact</dt><dd>{prose}"]
+    rows = [f"<dt>Impact</dt><dd><b>{escape(str(impact.get('headline', '')))}</b>"
+            + (f"<br><span class='muted small'>Expected from this fault: {prose}</span>"
+               if prose else "")]
+    if impact.get("onset_reason"):
+        rows.append(f"<br><span class='muted small'>{escape(str(impact['onset_reason']))}"
+                    "</span>")
+    rows.append(f"</dd><dt>GPU-hours lost</dt><dd>{escape(str(impact.get('cost_text', '')))}")
+    return rows
+
+
+def _card(issue: dict[str, Any], headline: bool, remediation: dict[str, Any] | None,
+          impact: dict[str, Any] | None = None) -> str:
     root = issue["root_cause"]
     # the restart decision's advice where the issue has one (advice and verdict agree), else
     # the alert's own
@@ -322,7 +343,7 @@ def _card(issue: dict[str, Any], headline: bool, remediation: dict[str, Any] | N
         f"<dt>When</dt><dd>{escape(when(root.get('onset') or root['starts_at']))} "
         f"<span class='pill{' bad' if issue['open'] else ' ok'}'>{escape(state)}</span></dd>",
         f"<dt>What</dt><dd>{escape(root.get('description') or root.get('summary') or '')}</dd>",
-        f"<dt>Impact</dt><dd>{escape(root.get('impact') or '')}{impact_extra}</dd>",
+        "".join(impact_rows(root, impact)) + f"{impact_extra}</dd>",
         f"<dt>What to do</dt><dd><b>{escape(advice)}</b></dd>",
     ]
     if remediation:
@@ -408,7 +429,8 @@ def run_html(detail: dict[str, Any], title: str, activity: dict[str, Any] | None
         issue = issues[index]
         rem = (detail.get("remediations") or {}).get(issue.get("key")) or (
             detail.get("remediation") if rank == 0 else None)
-        out.append(_card(issue, rank == 0, rem))
+        out.append(_card(issue, rank == 0, rem,
+                         (detail.get("impacts") or {}).get(issue.get("key"))))
         out.append(f"<h2>Timeline <span class='muted small'>(UTC, offsets from the root cause;"
                    f" {len(issue['consequences'])} consequence(s) on "
                    f"{len({c['hostname'] for c in issue['consequences']})} host(s))</span></h2>")

@@ -9,10 +9,12 @@ stable ids so each is written once, and wait until the issue's root cause has se
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from wandb_infra.bridge.diagnosis import Diagnosis, Issue
+from wandb_infra.bridge.impact import UNMEASURED, Impact, run_gpu_hours
 from wandb_infra.bridge.notes import strip_controls
 
 TAG_PREFIX = "infra:"
@@ -72,6 +74,18 @@ def summary_entries(diagnosis: Diagnosis) -> dict[str, Any]:
         "infra/root_cause_alert": "" if head is None else head.root.alertname,
         "infra/root_cause_severity": "" if head is None else head.root.severity,
     }
+
+
+def impact_entries(diagnosis: Diagnosis, impacts: Mapping[str, Impact] | None) -> dict[str, Any]:
+    """``infra/gpu_hours_lost`` (the run's total) and ``infra/impact`` (the headline's measured
+    effect), only when something was measured."""
+    measured = {k: v for k, v in (impacts or {}).items() if v.kind != UNMEASURED}
+    if not measured:
+        return {}
+    head = diagnosis.root_cause
+    found = None if head is None else measured.get(head.key)
+    return {"infra/gpu_hours_lost": round(run_gpu_hours(measured.values()), 3),
+            "infra/impact": "" if found is None else found.kind}
 
 
 @dataclass(frozen=True)

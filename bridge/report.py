@@ -34,12 +34,26 @@ def _consequence_lines(consequences: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _impact_lines(root: dict[str, Any], impact: dict[str, Any] | None) -> list[str]:
+    """The measured effect and its cost (bridge/impact.py), else the catalog's prose."""
+    if not impact or impact.get("kind") == "unmeasured":
+        return [f"    impact      {root.get('impact') or ''}"]
+    lines = [f"    effect      {impact.get('headline')}",
+             f"    expected    {root.get('impact') or ''}",
+             f"    lost        {impact.get('cost_text')}"]
+    if impact.get("onset_reason"):
+        lines.append(f"    onset       {impact['onset_reason']}")
+    return lines
+
+
 def render_run(view: dict[str, Any]) -> str:
     """The issues of one run, root cause first, as the user would read them."""
     run = f"{view.get('entity')}/{view.get('project')}/{view.get('run_id')}"
     issues = view.get("issues") or []
     lines = [f"Run {run}: {len(issues)} infrastructure issue(s)"]
     head = view.get("headline") or {}
+    if view.get("impacts"):
+        lines.append(f"  GPU-hours lost: {view.get('gpu_hours_lost')}")
     if head:
         lines.append(f"  Headline: {head.get('title')}. {head.get('reason') or ''}".rstrip())
     for number, issue in enumerate(issues, 1):
@@ -60,7 +74,7 @@ def render_run(view: dict[str, Any]) -> str:
             f"{root.get('category')}]",
             f"    when        {_when(root)}",
             f"    what        {root.get('description') or root.get('summary') or ''}",
-            f"    impact      {root.get('impact') or ''}",
+            *_impact_lines(root, (view.get("impacts") or {}).get(issue.get("key"))),
             f"    do now      {(restart or {}).get('advice') or root.get('remediation') or ''}",
             f"    why         {issue.get('reasoning') or ''}",
         ]

@@ -35,6 +35,8 @@ from wandb_infra.bridge.endings import current
 from wandb_infra.bridge.explain import PrometheusHistory
 from wandb_infra.bridge.grafana import GrafanaLinks
 from wandb_infra.bridge.identity import UNATTRIBUTED, Identity, IdentityReader
+from wandb_infra.bridge.impact import Impact
+from wandb_infra.bridge.impact_reader import views
 from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.outcome import VERDICTS, Outcome
 from wandb_infra.bridge.pages import (
@@ -427,9 +429,15 @@ class Handlers:
                 ending = store.ending(entry.run)
                 rows.append({**summary, "wandb": delivery_status(store.outbox(entry.run),
                                                                  self._wandb_enabled),
-                             "verdict": None if ending is None else ending.verdict})
+                             "verdict": None if ending is None else ending.verdict,
+                             "gpu_hours_lost": self._gpu_hours(entry.run)})
             if len(chunk) < MAX_PAGE:
                 return rows, store.unattributed_count(), False
+
+    def _gpu_hours(self, run: RunKey) -> float | None:
+        """The run's GPU-hours lost as last measured by the delivery worker (None: not yet)."""
+        worker = self.ctx.worker
+        return None if worker is None else worker.metrics.gpu_hours_of(run)
 
     def _matching(self, entry: RunIndexEntry, filters: dict[str, str]) -> dict[str, Any] | None:
         """The run's cached summary when it passes the filters, else None."""
@@ -513,6 +521,14 @@ class Handlers:
             return _broken(run, exc, self.ctx.store.outbox(run)) | {
                 "issues": [], "wandb": delivery_status(self.ctx.store.outbox(run), enabled)}
 
+    def _impacts(self, run: RunKey, facts: list[AlertFact]) -> dict[str, Impact] | None:
+        """Each issue's measured impact (bridge/impact.py) when the bridge knows a Prometheus,
+        on its own thread like the plot."""
+        worker = self.ctx.worker
+        if worker is None:
+            return None
+        return worker.impacts(run, diagnose(facts, self.ctx.incident_gap))
+
     def _activity(self, run: RunKey, issues: list[dict[str, Any]]) -> dict[str, Any] | None:
         """The GPU-activity plot's data when the bridge knows a Prometheus (its run lookup's)."""
         lookup = None if self.ctx.worker is None else self.ctx.worker.lookup
@@ -573,6 +589,12 @@ class Handlers:
             if _wants_json(request):
                 return _error(404, "no alerts and no verdict stored for this run")
             return web.Response(status=404, text=empty_html(title), content_type="text/html")
+        if run.attributed and detail.get("issues"):
+            try:
+                facts = await loop.run_in_executor(self.ctx.read_pool, self.ctx.store.facts, run)
+            except StoreError as exc:
+                return _error(503, str(exc))
+            detail |= views(await loop.run_in_executor(None, self._impacts, run, facts))
         if _wants_json(request):
             return web.json_response(detail)
         # Prometheus may be slow or down: its own thread, bounded by its timeout, never the

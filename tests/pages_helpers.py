@@ -18,6 +18,7 @@ from aiohttp import web
 from harness.bridge_payloads import T0, TOKEN, Running, cascade, make_context, notification, serve
 from wandb_infra.bridge.delivery import DeliveryPolicy
 from wandb_infra.bridge.identity import PrometheusRunLookup
+from wandb_infra.bridge.metrics import BridgeMetrics
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 HTML = {**AUTH, "Accept": "text/html"}
@@ -26,10 +27,12 @@ STALL_AT = T0.timestamp() + 40  # the cascade's first stall: activity drops here
 
 def fake_worker(prometheus_url: str = "", wandb: bool = False) -> SimpleNamespace:
     """What the pages read from the service's delivery worker: its W&B client (None: W&B off),
-    its Prometheus run lookup and node-state history (None: no remediation verdict)."""
+    its Prometheus run lookup and node-state history (None: no remediation verdict), no
+    measured impact and its metrics (GPU-hours lost per run for /runs)."""
     lookup = PrometheusRunLookup(prometheus_url, 2.0) if prometheus_url else None
     return SimpleNamespace(client=object() if wandb else None, lookup=lookup, remediation=None,
-                           policy=DeliveryPolicy(), wake=lambda: None)
+                           policy=DeliveryPolicy(), wake=lambda: None,
+                           impacts=lambda _run, _diagnosis: None, metrics=BridgeMetrics())
 
 
 def post_alerts(running: Running, alerts: list[dict[str, Any]]) -> None:
