@@ -6,7 +6,7 @@ GPUs say what did happen. For each issue the edge (bridge/impact_reader.py) read
 the mean over the affected GPUs the run holds, the mean over all of the run's GPUs, and the
 busiest of them. From those:
 
-* **crash**: the run's join series ended shortly after the onset;
+* **crash**: the run's join series ended while the issue was open (shortly after the onset);
 * **hang**: the busiest GPU of the run went idle, so no GPU of the run computed;
 * **slowdown**: the affected GPUs' level dropped by at least ``MIN_DROP`` (the single best
   change point in the window, so noise does not count);
@@ -209,7 +209,7 @@ def measure(signals: Signals, *, onset: float, fired: float, ended: float | None
                       gpus * (end_at - moved) / 3600.0, drop, changed, signals.signal)
 
     run_end = signals.run_end
-    if run_end is not None and lo <= run_end <= fired + AFTER:
+    if run_end is not None and lo <= run_end <= (ended if ended is not None else fired + AFTER):
         text = (f"the run ended at {clock(run_end)}, "
                 f"{duration(run_end - onset)} after the root cause's onset")
         return impact(CRASH, text, (run_end, "the run's end"))

@@ -109,3 +109,10 @@ def test_run_gpu_hours_counts_overlapping_issues_once():
                       gpus * (end - start) / 3600)
     assert run_gpu_hours([cost(0, 3600), cost(1800, 5400), cost(7200, 9000)]) == \
         pytest.approx(8 * 1.5 + 8 * 0.5)
+
+
+def test_a_run_that_ended_after_its_issue_did_not_crash_of_it():
+    affected = steps([(T0, 0.50), (T0 + 100, 0.25), (T0 + 200, 0.50)], T0 + 300)
+    got = measure(signals(affected, run_end=T0 + 300), onset=T0 + 100, fired=T0 + 110,
+                  ended=T0 + 210, now=T0 + 600)
+    assert got.kind == SLOWDOWN and got.until == T0 + 200 and got.until_what == "recovery"
