@@ -610,7 +610,9 @@ max by (hostname, gpu, ${RUN}) (
   )
   * on (namespace, pod) group_left (${RUN})
   topk by (namespace, pod) (1,
-    max by (namespace, pod, ${RUN}) (${POD_INFO})
+    max by (namespace, pod, ${RUN}) (
+      ${RUN_PODS}
+    )
   )
 )
 """
@@ -622,13 +624,18 @@ def pod_gpu_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
                       SCRAPED=s.dcgm_raw(s.DCGM_GPU_TEMP, matchers='exported_pod!=""'))
     honoured = s.dcgm_raw(s.DCGM_GPU_TEMP, matchers='pod!="",exported_pod=""')
     held = _from_dcgm_host(promql(POD_HELD, EXPORTED=exported, HONOURED=honoured), host)
+    # The exporter's side behind a ServiceMonitor without honorLabels: its namespace/pod are the
+    # training pod's as exported_*, and namespace/pod the exporter's own (never a GPU's pod).
+    run_pods = promql("${EXPORTED}\nor\n${POD_INFO}{exported_pod=\"\"}",
+                      EXPORTED=promql(POD_EXPORTED, SCRAPED=f'{L.POD_INFO}{{exported_pod!=""}}'))
     return [Recording(
-        s.POD_GPU_ROWS, promql(POD_GPU_ROWS, HELD=held),
+        s.POD_GPU_ROWS, promql(POD_GPU_ROWS, HELD=held, RUN_PODS=run_pods),
         "The run on each GPU a Kubernetes pod holds: dcgm-exporter's pod labels on the GPU "
-        "(pod/namespace, or exported_pod/exported_namespace behind a ServiceMonitor without "
-        f"honorLabels) joined to the exporter's {L.POD_INFO}. A GPU fault then goes to the run "
-        "whose pod holds the GPU instead of every run on the node; read wherever "
-        f"{L.GPU_INFO} is.")]
+        f"joined to the exporter's {L.POD_INFO}, on either side pod/namespace, or "
+        "exported_pod/exported_namespace when a ServiceMonitor without honorLabels renamed them "
+        "(the target's own pod/namespace are then the exporter's, never a GPU's). A GPU fault "
+        "then goes to the run whose pod holds the GPU instead of every run on the node; read "
+        f"wherever {L.GPU_INFO} is.")]
 
 
 RUN_GPU_ROWS = """

@@ -669,6 +669,81 @@ def kubernetes_cases() -> list[Case]:
     return cases
 
 
+# Labels Prometheus puts on a series scraped through each path the project ships or documents.
+# A ServiceMonitor adds the target's namespace, pod, service, endpoint and container; without
+# honorLabels a scraped label of the same name is renamed exported_<name>, with it the scraped
+# one wins and the target's is added only where the series has none.
+EXPORTER_TARGET = {"instance": "10.2.0.5:9842", "job": "wandb-infra-exporter",
+                   "namespace": "monitoring", "pod": "wandb-infra-exporter-7d9f", "service":
+                   "wandb-infra-exporter", "endpoint": "metrics", "container": "exporter"}
+DCGM_TARGET = {"instance": "10.1.0.7:9400", "job": "nvidia-dcgm-exporter",
+               "namespace": "gpu-operator", "pod": "nvidia-dcgm-exporter-x2k4l",
+               "service": "nvidia-dcgm-exporter", "endpoint": "gpu-metrics",
+               "container": "nvidia-dcgm-exporter"}
+
+
+def _scraped(scraped: dict[str, str], target: dict[str, str], honor: bool | None
+             ) -> dict[str, str]:
+    """A series' labels after the scrape: ``honor`` None is file_sd/static (instance and job
+    only), True/False a ServiceMonitor with or without honorLabels."""
+    if honor is None:
+        return {**scraped, "instance": target["instance"], "job": target["job"]}
+    if honor:
+        return {**target, **scraped}
+    renamed = {(f"exported_{k}" if k in target else k): v for k, v in scraped.items()}
+    return {**renamed, **target}
+
+
+def scrape_path_cases() -> list[Case]:
+    """GPU attribution through every scrape path of both exporters: the exporter's join metrics
+    and dcgm-exporter's GPU series scraped by a ServiceMonitor with and without honorLabels, or
+    by file_sd/static. Two runs' pods on n1 hold GPUs 0-1 (A) and 2 (B); GPU 3 is free."""
+    ecc = "GpuContainedEccError"
+    desc = "Contained uncorrectable ECC error (XID 94) on GPU {g} on n1 (1 event(s))."
+    paths = {"honorLabels true": True, "honorLabels false": False}
+    cases = []
+    for e_name, e_honor in paths.items():
+        for d_name, d_honor in paths.items():
+            def exporter(s: Series, honor: bool | None = e_honor) -> Series:
+                return Series(s.name, _scraped(s.labels, EXPORTER_TARGET, honor), s.values)
+
+            def held(metric: str, values: str, gpu: int, honor: bool | None = d_honor,
+                     **extra: str) -> Series:
+                pod = {0: "train-a-0", 1: "train-a-0", 2: "train-b-0"}.get(gpu)
+                workload = {"pod": pod, "namespace": "ml", "container": "trainer"} if pod else {}
+                s = dcgm("hostname", metric, values, gpu=str(gpu), **workload, **extra)
+                own = {k: v for k, v in s.labels.items() if k not in ("instance", "job")}
+                return Series(metric, _scraped(own, DCGM_TARGET, honor), values)
+
+            runs = [exporter(s) for s in (node_info(RUN_A, source="kubernetes"),
+                                          node_info(RUN_B, source="kubernetes"),
+                                          pod_info(RUN_A, "train-a-0"),
+                                          pod_info(RUN_B, "train-b-0"))]
+            temps = [held("DCGM_FI_DEV_GPU_TEMP", "40x80", gpu) for gpu in range(4)]
+            where = f"exporter ServiceMonitor {e_name}, dcgm-exporter ServiceMonitor {d_name}"
+            for gpu, run in ((2, RUN_B), (0, RUN_A), (3, None)):
+                xid = held("DCGM_FI_DEV_XID_ERRORS", "_x20 94x60", gpu, err_code="94",
+                           err_msg="msg")
+                whom = f"the run whose pod holds GPU {gpu}" if run else f"nobody for free GPU {gpu}"
+                cases.append(Case(f"{ecc}: {where}: {whom}", ecc, [*runs, *temps, xid], "12m",
+                                  [Expect({**(run or {}), **g(gpu=str(gpu), xid="94")},
+                                          desc.format(g=gpu))]))
+    # file_sd/static (Slurm, bare metal): no pod labels; the exporter's per-GPU rows attribute.
+    static = [Series(s.name, _scraped(s.labels, EXPORTER_TARGET, None), s.values)
+              for s in (node_info(RUN_A), node_info(RUN_B), gpu_info(RUN_A, "0"),
+                        gpu_info(RUN_A, "1"), gpu_info(RUN_B, "2"))]
+    dcgm_static = [dcgm("hostname", "DCGM_FI_DEV_GPU_TEMP", "40x80", gpu=str(i))
+                   for i in range(4)]
+    for gpu, run in ((2, RUN_B), (3, None)):
+        xid = _xid("hostname", "94", "_x20 94x60", gpu=str(gpu))
+        whom = f"the run holding GPU {gpu}" if run else f"nobody for free GPU {gpu}"
+        cases.append(Case(f"{ecc}: exporter and dcgm-exporter by file_sd/static: {whom}", ecc,
+                          [*static, *dcgm_static, xid], "12m",
+                          [Expect({**(run or {}), **g(gpu=str(gpu), xid="94")},
+                                  desc.format(g=gpu))]))
+    return cases
+
+
 def mig_cases() -> list[Case]:
     """Two runs on two MIG instances of the same GPUs: one hangs, the other computes."""
     mig = EXPOSITION["mig"]
@@ -775,6 +850,7 @@ def files(cfg: dict[str, Any]) -> dict[str, str]:
         groups[f"gpu_alerts_{sp}.test.yml"] = gpu_cases(sp) + dcgm_node_cases(sp)
         groups[f"workload_{sp}.test.yml"] = workload_cases(sp)
         groups[f"attribution_{sp}.test.yml"] = attribution_cases(sp)
+    groups["scrape_paths.test.yml"] = scrape_path_cases()
     out = {}
     for name, cases in groups.items():
         doc = {"rule_files": [rules], "evaluation_interval": "30s",
