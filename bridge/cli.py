@@ -1,7 +1,8 @@
 """``wandb-infra-bridge``: the Alertmanager -> W&B bridge command line.
 
-Subcommands: ``serve`` (the daemon) and ``explain`` (post-mortem from Prometheus history); each
-registers itself in ``SUBCOMMANDS`` with a function that adds its parser.
+Subcommands: ``serve`` (the daemon), ``explain`` (post-mortem from Prometheus history) and
+``quarantine`` (the one process with scheduler rights); each registers itself in ``SUBCOMMANDS``
+with a function that adds its parser.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import replace
 
 from wandb_infra.bridge.config import ENV_PREFIX, HELP, BridgeConfig, load
 from wandb_infra.bridge.explain_cli import add_parser as add_explain
+from wandb_infra.bridge.quarantine_cli import add_parser as add_quarantine
 from wandb_infra.bridge.store import StoreLocked, StoreTooNew
 from wandb_infra.common.configfile import ConfigError
 from wandb_infra.common.logsetup import setup_logging
@@ -78,7 +80,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_serve)
 
 
-SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_serve, add_explain]
+SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_serve, add_explain,
+                                                                   add_quarantine]
 
 
 def build_parser() -> argparse.ArgumentParser:

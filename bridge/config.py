@@ -298,6 +298,7 @@ def build_config(raw: dict[str, Any], environ: Mapping[str, str] | None = None,
         marker_settle=_number(raw, "wandb", "marker_settle_seconds"),
         node_state_refresh=_number(raw, "prometheus", "node_state_refresh_seconds"),
         quarantine=quarantine.check(raw["quarantine"]),
+        quarantine_acts=False,  # the serve process never acts: wandb-infra-bridge quarantine
         restart_policy=Policy.from_config({k: v for k, v in raw["restart_policy"].items()
                                            if k != "scheduler"}),
         tolerated_taints=_taints(raw["prometheus"]["tolerated_taints"]),

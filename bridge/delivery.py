@@ -97,6 +97,9 @@ class DeliveryPolicy:
     node_state_refresh: float = 60.0
     quarantine: Mapping[str, Any] | None = None
     restart_policy: Policy = field(default_factory=Policy)
+    # Whether this process acts on the quarantine's decisions. ``serve`` sets False: the receiver
+    # of untrusted webhooks holds no scheduler rights, ``wandb-infra-bridge quarantine`` acts.
+    quarantine_acts: bool = True
     # With Prometheus, write a run only with alerts the join metrics place on their host.
     verify_placement: bool = True
     tolerated_taints: tuple[str, ...] = DEFAULT_TOLERATED
@@ -160,7 +163,8 @@ class DeliveryWorker:
                         if lookup is not None and policy.endings is not None
                         and policy.endings.enabled else None)
         self.quarantine = build_quarantine(policy.quarantine,
-                                           Path(store.path).resolve().parent)
+                                           Path(store.path).resolve().parent,
+                                           acting=policy.quarantine_acts)
         self._audit_status()
 
     def _audit_status(self) -> None:
@@ -230,8 +234,10 @@ class DeliveryWorker:
         if (self.remediation is not None or self.quarantine is not None) \
                 and now >= self._next_refresh:
             self._next_refresh = now + (self.policy.node_state_refresh or 60.0)
-            if self.quarantine is not None:
-                self._quarantine_pass(now)
+            if self.quarantine is not None and self.quarantine.acting:
+                self.quarantine_pass(now)
+            elif self.quarantine is not None:
+                self.quarantine.refresh()  # what the quarantine process decided, to show
             if self.client is not None and now >= self.paused_until:
                 delivered += self._refresh_remediation(now)
         if self.client is not None:
@@ -286,7 +292,7 @@ class DeliveryWorker:
             self.metrics.record_gpu_hours(run, run_total(found) or 0.0)
         return found
 
-    def _quarantine_pass(self, now: float) -> None:
+    def quarantine_pass(self, now: float) -> None:
         """Offer the open issues of recently active runs whose decision lets the hosts be taken
         out (the fault needs the node out of service and that has not happened) to the
         quarantine, which checks its own limits."""

@@ -222,7 +222,7 @@ class Quarantine:
     """Decides and (unless dry run) acts; thread-safe; the audit log is its memory, shared with
     every process that appends to the same file (each decision holds its ``flock``)."""
 
-    def __init__(self, cfg: Mapping[str, Any], actions: SlurmActions | KubernetesActions,
+    def __init__(self, cfg: Mapping[str, Any], actions: SlurmActions | KubernetesActions | None,
                  audit_log: Path, clock: Callable[[], float] = time.time) -> None:
         self.dry_run = bool(cfg.get("dry_run", True))
         self.max_nodes = int(cfg.get("max_nodes", 2))
@@ -299,9 +299,25 @@ class Quarantine:
         return [d for i, d in enumerate(mine) if d.outcome != "acting"
                 or not any(later.host == d.host for later in mine[i + 1:])]
 
+    @property
+    def acting(self) -> bool:
+        """False in the receiver (``serve``): it only shows what ``wandb-infra-bridge
+        quarantine``, the one process with scheduler rights, decided."""
+        return self.actions is not None
+
+    def refresh(self) -> None:
+        """Read what the acting process appended to the audit log since the last read."""
+        try:
+            with self._lock, self.audit_log.open("rb") as handle:
+                self._read_new(handle)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            log.warning("quarantine audit log not readable", extra=log_fields(error=str(exc)))
+
     def consider(self, issue: Issue) -> list[Decision]:
         """Act on the issue's faulty hosts where allowed; returns the new decisions."""
-        if not self.wanted(issue):
+        if self.actions is None or not self.wanted(issue):
             return []
         out = []
         final = {"done", "already_out", "acting", *(("dry_run",) if self.dry_run else ())}
@@ -350,6 +366,7 @@ class Quarantine:
         self.audit_writable = False
 
     def _decide(self, issue: Issue, host: str, handle: Any) -> Decision:
+        assert self.actions is not None  # consider() never decides without actions
         now = self.clock()
         reason = f"wandb-infra: {issue.root.alertname} {issue.where}"[:200]
         invalid = one_node(host)
@@ -444,16 +461,17 @@ def check(raw: Mapping[str, Any] | None) -> dict[str, Any]:
     return cfg
 
 
-def build(raw: Mapping[str, Any] | None, store_dir: Path) -> Quarantine | None:
-    """The configured quarantine, or None when disabled."""
+def build(raw: Mapping[str, Any] | None, store_dir: Path,
+          acting: bool = True) -> Quarantine | None:
+    """The configured quarantine, or None when disabled; ``acting`` False builds only the view
+    of its audit log (no scheduler client, no credentials read)."""
     cfg = check(raw)
     if not cfg["enabled"]:
         return None
-    actions: SlurmActions | KubernetesActions
-    if cfg["scheduler"] == "slurm":
-        actions = SlurmActions(cfg["slurm_command"])
-    else:
-        actions = KubernetesActions(cfg["kubernetes"] or {}, str(cfg["taint_key"]))
+    actions: SlurmActions | KubernetesActions | None = None
+    if acting:
+        actions = (SlurmActions(cfg["slurm_command"]) if cfg["scheduler"] == "slurm"
+                   else KubernetesActions(cfg["kubernetes"] or {}, str(cfg["taint_key"])))
     audit = Path(str(cfg["audit_log"])) if cfg["audit_log"] else store_dir / \
         "quarantine-audit.jsonl"
     return Quarantine(cfg, actions, audit)

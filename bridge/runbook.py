@@ -31,8 +31,8 @@ _TEMPLATE = re.compile(r"\{\{\s*\$(?:labels\.(\w+)|(value))[^}]*\}\}")
 
 
 def placeholders(text: str) -> str:
-    """Alert templates as the reader's placeholders: ``{{ $labels.gpu }}`` -> ``‹gpu›``,
-    ``{{ $value | humanize }}`` -> ``‹value›`` (the page documents every alert, not one)."""
+    """Alert templates as the reader's placeholders: ``{{ $labels.gpu }}`` becomes "gpu" in angle
+    quotes, ``{{ $value | humanize }}`` "value" (the page documents every alert, not one)."""
     return _TEMPLATE.sub(lambda m: f"‹{m.group(1) or m.group(2)}›", text)
 
 

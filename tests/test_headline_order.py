@@ -151,7 +151,6 @@ def test_one_event_on_four_gpus_and_impact_already_seen_in_the_notes():
                  start=T0 + timedelta(minutes=1), severity="warning")
     parsed = parse_notification(json.dumps(notification([*hot, slow])).encode())
     section = render_section(diagnose(as_facts(parsed.alerts)), lambda *_: "")
-    assert r"**Headline: GpuTemperatureHigh on gpu\-node\-065 GPUs 0\-3**" in section
+    assert "**Headline: GpuTemperatureHigh on gpu-node-065 GPUs 0-3**" in section
     assert "Likely consequences (1 alerts)" in section
-    assert r"Already seen on this run: TrainingStraggler since 2026\-11\-29 12\:01\:00 UTC" \
-        in section
+    assert "Already seen on this run: TrainingStraggler since 2026-11-29 12:01:00 UTC" in section

@@ -1,0 +1,91 @@
+"""``wandb-infra-bridge quarantine``: the one process that drains or cordons nodes.
+
+The receiver (``serve``) parses untrusted webhook bodies and serves pages, so it holds no
+scheduler rights: it only shows, in each issue, what this process decided. This process reads
+the bridge's store (the alerts the receiver acknowledged), decides with the same restart
+decision (``bridge/verdict.py``: only faults that need the node out of service) and placement
+check, and acts through its own credentials (an ``scontrol`` operator account, or a Kubernetes
+token allowed to ``patch nodes``), writing every decision to the audit log both read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+import time
+from dataclasses import replace
+from types import FrameType
+
+from wandb_infra.bridge.config import load
+from wandb_infra.bridge.delivery import DeliveryWorker
+from wandb_infra.bridge.grafana import GrafanaLinks
+from wandb_infra.bridge.identity import PrometheusRunLookup
+from wandb_infra.bridge.metrics import BridgeMetrics
+from wandb_infra.bridge.store import Store, StoreError, StoreTooNew
+from wandb_infra.common.configfile import ConfigError
+from wandb_infra.common.logsetup import log_fields, setup_logging
+
+log = logging.getLogger(__name__)
+
+
+def build_worker(config: str | None) -> DeliveryWorker:
+    """A worker that only decides quarantines: no W&B client, no markers; ConfigError when the
+    quarantine is not enabled (there would be nothing to do)."""
+    cfg = load(config, insecure_no_auth=True)  # it serves nothing: webhook credentials unused
+    if not cfg.policy.quarantine or not cfg.policy.quarantine.get("enabled"):
+        raise ConfigError("quarantine.enabled is false: this process would have nothing to do")
+    raw = cfg.raw
+    lookup = None
+    if raw["prometheus"]["url"]:
+        lookup = PrometheusRunLookup(str(raw["prometheus"]["url"]),
+                                     float(raw["prometheus"]["timeout_seconds"]))
+    policy = replace(cfg.policy, quarantine_acts=True)
+    return DeliveryWorker(Store(cfg.store_path), client=None, markers=None,
+                          links=GrafanaLinks(""), metrics=BridgeMetrics(), policy=policy,
+                          lookup=lookup)
+
+
+def _run(args: argparse.Namespace) -> int:
+    setup_logging(args.log_level, [])
+    try:
+        worker = build_worker(args.config)
+    except (ConfigError, StoreTooNew) as exc:
+        print(f"wandb-infra-bridge quarantine: {exc}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+
+    def _stop(_signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    while True:
+        try:
+            worker.quarantine_pass(time.time())
+        except StoreError as exc:
+            log.error("store unreadable; trying again", extra=log_fields(error=str(exc)))
+        if args.once or stop.wait(args.interval):
+            return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register ``quarantine`` on the bridge's command line."""
+    p = sub.add_parser(
+        "quarantine", help="drain or cordon the nodes of faults that need them out of service",
+        description="The quarantine as its own process, with its own scheduler credentials: "
+                    "reads the bridge's store, offers each open critical issue whose fault needs "
+                    "the node out of service (and has not had it) to the quarantine "
+                    "(quarantine.* settings: breaker, dry run, audit log), and acts. The "
+                    "receiver (serve) never acts; it shows the audit log's decisions.")
+    p.add_argument("--config", metavar="FILE", help="the bridge's YAML configuration (the same "
+                                                    "file serve reads: store.path, prometheus.*, "
+                                                    "restart_policy.*, quarantine.*)")
+    p.add_argument("--interval", type=float, default=60.0,
+                   help="seconds between passes (default 60)")
+    p.add_argument("--once", action="store_true", help="one pass, then exit (cron, tests)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="log level (JSON lines on stderr)")
+    p.set_defaults(func=_run)
