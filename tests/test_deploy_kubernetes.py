@@ -300,3 +300,40 @@ def test_bridge_reads_every_secret_from_the_mounted_secret_keys_the_comment_crea
     assert cfg.secrets.pages_token == values["pages-token"]
     assert cfg.secrets.bearer_token == values["bearer-token"]
     assert cfg.port == deployment["containers"][0]["ports"][0]["containerPort"]
+
+
+# --- the quarantine component -------------------------------------------------------------------
+
+def test_quarantine_component_gives_only_its_container_the_node_rights(tmp_path):
+    """Opted in from an overlay: every object passes its schema; the pod mounts no token for
+    the bridge container; the quarantine container alone mounts the token of the account whose
+    ClusterRole may get, list and patch nodes (nothing more), and runs the quarantine command."""
+    overlay = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+               "resources": [os.path.relpath(K8S, tmp_path)],
+               "components": [os.path.relpath(K8S / "components" / "quarantine", tmp_path)]}
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
+    objects = kustomize(tmp_path)
+    for obj in objects:
+        assert schema_errors(obj) == [], (obj["kind"], obj["metadata"]["name"])
+    by = {(o["kind"], o["metadata"]["name"]): o for o in objects}
+    pod = by[("Deployment", "wandb-infra-bridge")]["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    containers = {c["name"]: c for c in pod["containers"]}
+    assert containers["bridge"]["args"][0] == "serve"
+    assert containers["quarantine"]["args"][:1] == ["quarantine"]
+
+    def token_mounted(container: dict) -> bool:
+        return any(m["name"] == "quarantine-token" for m in container.get("volumeMounts", []))
+
+    assert token_mounted(containers["quarantine"]) and not token_mounted(containers["bridge"])
+    role = by[("ClusterRole", "wandb-infra-quarantine")]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"],
+                              "verbs": ["get", "list", "patch"]}]
+    secret = by[("Secret", "wandb-infra-quarantine-token")]
+    assert secret["type"] == "kubernetes.io/service-account-token"
+    env = {e["name"]: e["value"] for e in containers["quarantine"]["env"]}
+    assert env["WANDB_INFRA_BRIDGE__QUARANTINE__KUBERNETES__TOKEN_FILE"].startswith(
+        "/var/run/secrets/quarantine/")
+    # without the component nothing may patch anything
+    assert not [r for o in built() if o["kind"] in ("ClusterRole", "Role")
+                for r in o["rules"] if set(r["verbs"]) - {"get", "list", "watch"}]
