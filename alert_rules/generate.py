@@ -90,6 +90,11 @@ DCGM_COUNTERS: tuple[tuple[str, str, str], ...] = (
      "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION)."),
     ("DCGM_EXP_XID_ERRORS_COUNT", "gauge", "Count of XID errors within the window set by "
      "--xid-count-window-size."),
+    # issue 28: NVLink fabric and NVSwitches
+    ("DCGM_FI_DEV_FABRIC_MANAGER_STATUS", "gauge", "Fabric Manager status: 1 not started; 2 in "
+     "progress; 3 success; 4 failure."),
+    ("DCGM_FI_DEV_SXID_FATAL_ERROR", "gauge", "Last fatal NVSwitch error (SXid; legacy name "
+     "DCGM_FI_DEV_NVSWITCH_FATAL_ERRORS)."),
 )
 # dcgm-exporter counts XIDs over s.XID_COUNT_WINDOW (its flag takes milliseconds).
 XID_COUNT_WINDOW_MS = round(duration_seconds(s.XID_COUNT_WINDOW) * 1000)
@@ -218,6 +223,10 @@ def recording_groups(violation_unit: str, strip_domain: bool = True
         ("normalise-workload", tiers.SLOW, normalise.workload_history_rules(host)),
         ("normalise-gpu-wear", tiers.WEAR, normalise.dcgm_wear_rules(host)),
         ("normalise-link-wear", tiers.WEAR, normalise.link_wear_rules()),
+        # issue 28: the host around the GPUs (normalise.py, its section)
+        ("normalise-host", tiers.MEDIUM, normalise.host_rules(host)),
+        ("normalise-host-history", tiers.SLOW, normalise.host_history_rules()),
+        ("normalise-repeat-offenders", tiers.FAST, normalise.repeat_rules()),
     ]
 
 
@@ -368,6 +377,13 @@ NORMALISE_NOTES = {
                           "GPU is (their job-ending forms arrive as XIDs on the fast path).",
     "normalise-link-wear": "InfiniBand flaps and physical errors, Ethernet carrier changes: a "
                            "link degrading (one going down shows on the fast path).",
+    "normalise-host": "The host around the GPUs: OOM kills, memory pressure, the run filesystems "
+                      "(read-only, full, not answering), reboots, maintenance, NVSwitch and "
+                      "Fabric Manager, local disks and IPMI sensors.",
+    "normalise-host-history": "Filesystems read-only all hour (no fault) and the DIMM error "
+                              "counters.",
+    "normalise-repeat-offenders": "Hardware-fault episodes per host and GPU, from ALERTS, for "
+                                  "the repeat offenders.",
 }
 
 

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from wandb_infra.catalog import host_alerts as h
+from wandb_infra.catalog import selfmetrics as m
 from wandb_infra.catalog import series as s
 from wandb_infra.catalog.alerts import (
     STALL_ACTIVITY_MAX,
@@ -31,8 +33,10 @@ from wandb_infra.catalog.alerts import (
     STRAGGLER_RUN_BUSY_MIN,
     TEMP_WARNING_C,
 )
+from wandb_infra.catalog.alerts import TEMPLATE_VALUES as TEMPLATE_VALUES_OF_ALERTS
 from wandb_infra.catalog.template import Value, fill
 from wandb_infra.common import labels as L
+from wandb_infra.common import nodestate
 
 RUN = ", ".join(L.RUN_LABELS)
 VIOLATION_DIVISORS = {"ns": "1e9", "us": "1e6"}
@@ -58,6 +62,7 @@ COMMON: dict[str, Value] = {
     **s.RECORDS,
     "RUN": RUN, "RUN_GPUS": RUN_GPUS, "NODE_INFO": L.NODE_INFO, "GPU_INFO": L.GPU_INFO,
     "POD_INFO": L.POD_INFO, "TARGET_LABEL": s.TARGET_LABEL, "FQDN": FQDN,
+    "PIPELINE_LABEL": s.PIPELINE_LABEL,
     "DCGM_SERIES": DCGM_SERIES, "LINK": LINK, "IFACE": s.PHYSICAL_INTERFACES,
     "VIOLATION_WINDOW": s.VIOLATION_WINDOW, "WEAR_WINDOW": s.WEAR_WINDOW,
     "FLAP_WINDOW": s.FLAP_WINDOW, "HISTORY_WINDOW": s.HISTORY_WINDOW,
@@ -459,6 +464,34 @@ label_replace(
   "${TARGET_LABEL}", "${EXPORTER}", "", ""
 )
 """
+# The maps seen within the hour, else what this record held at its last evaluation for the
+# targets still down (up == 0: still in discovery), or gone from discovery while their host has a
+# run: a host down for a day still names its host, and it is forgotten when its target is up
+# again or removed from discovery with no run on it (decommissioned). The seen maps win, so a
+# target keeps one host.
+TARGET_REMEMBERED = """
+topk by (instance, job) (1,
+  ${SEEN}
+  or
+  (
+    (
+      (
+        last_over_time(${TARGET_HOSTS}[${HISTORY_WINDOW}])
+        and on (instance, job)
+        (up == 0)
+      )
+      or
+      (
+        (last_over_time(${TARGET_HOSTS}[${HISTORY_WINDOW}]) unless on (instance, job) up)
+        and on (hostname)
+        ${NODE_INFO}
+      )
+    )
+    unless on (instance, job)
+    ${SEEN}
+  )
+)
+"""
 TARGET_VANISHED = """
 (
   max by (hostname, ${TARGET_LABEL}) (${TARGET_HOSTS} unless on (instance, job) up)
@@ -471,17 +504,18 @@ ${NODE_INFO}
 
 
 def target_map_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
-    """Which host each telemetry target reports, remembered for an hour, and the hosts whose
-    target is gone (slow tier)."""
+    """Which host each telemetry target reports, remembered while it is down, the hosts whose
+    target is gone, and this project's own targets (slow tier)."""
     first_gpus = s.dcgm_raw(s.DCGM_GPU_TEMP, matchers='gpu=~"0|1"')
     uname_host = host.canonical(
         'label_replace(node_uname_info, "hostname", "$1", "nodename", "(.+)")')
     gpu_hosts = _from_dcgm_host(
         promql("count by (instance, job, Hostname, hostname) (${FIRST})", FIRST=first_gpus), host)
-    targets = "\nor\n".join(
+    seen = _paren("\nor\n".join(
         promql(TARGET_OF, TARGET=target, EXPORTER=exporter)
         for exporter, target in (("node_exporter", s.NODE_EXPORTER_TARGET),
-                                 ("dcgm_exporter", s.DCGM_EXPORTER_TARGET)))
+                                 ("dcgm_exporter", s.DCGM_EXPORTER_TARGET))))
+    targets = promql(TARGET_REMEMBERED, SEEN=seen)
     return [
         Recording(s.NODE_EXPORTER_TARGET, promql(NODE_EXPORTER_TARGET, UNAME_HOST=uname_host),
                   "The host each node_exporter target (instance, job) reports, from "
@@ -492,15 +526,44 @@ def target_map_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
                   "0 and 1 (two, so one fallen off the bus does not hide the host; a quarter of "
                   "an 8-GPU host's series to read)."),
         Recording(s.TARGET_HOSTS, targets,
-                  f"Both target maps remembered for {s.span(s.HISTORY_WINDOW)}, labelled with "
-                  f"the {s.TARGET_LABEL} they map: a target that went down or vanished still "
-                  "names its host."),
+                  f"Both target maps, labelled with the {s.TARGET_LABEL} they map: those seen "
+                  f"within the {s.span(s.HISTORY_WINDOW)}, and for as long as it stays down "
+                  "(up = 0) or, with a run on its host, gone from discovery, what this record "
+                  "held for a target: a target down for a day still names its host (reads its "
+                  "own last value; forgotten when the target is up again or removed from "
+                  "discovery with no run on its host)."),
         Recording(s.TARGET_VANISHED, promql(TARGET_VANISHED),
                   f"Hosts (with a run) whose {s.TARGET_LABEL} target the last "
                   f"{s.span(s.HISTORY_WINDOW)} knew and none is scraped now (removed from "
                   "discovery), valued 1; per host, so a target that moved to a new address is "
                   "not gone. NodeDown reads it as up = 0."),
+        Recording(s.PIPELINE_TARGETS, promql(PIPELINE_REMEMBERED, SEEN="\nor\n".join(
+            promql(PIPELINE_SEEN, METRIC=metric, COMPONENT=component)
+            for component, metric in (("exporter", m.EXPORTER_HOSTS),
+                                      ("bridge", m.BRIDGE_QUEUE_RUNS)))),
+                  f"This project's exporter and bridge targets by {s.PIPELINE_LABEL}: seen "
+                  f"serving their metrics within the {s.span(s.HISTORY_WINDOW)}, or down "
+                  "(up = 0) since (reads its own last value), so their down alerts last as long "
+                  "as the target is down; forgotten when it is up again or removed from "
+                  "discovery."),
     ]
+
+
+PIPELINE_SEEN = """
+label_replace(
+  clamp(max by (instance, job) (max_over_time(${METRIC}[${HISTORY_WINDOW}])), 1, 1),
+  "${PIPELINE_LABEL}", "${COMPONENT}", "", ""
+)
+"""
+PIPELINE_REMEMBERED = """
+${SEEN}
+or
+(
+  last_over_time(${PIPELINE_TARGETS}[${HISTORY_WINDOW}])
+  and on (instance, job)
+  (up == 0)
+)
+"""
 
 
 TARGET_DOWN = """
@@ -854,4 +917,249 @@ def workload_history_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
                   f"GPUs more than {STRAGGLER_GAP * 100:g} points below their run's busiest "
                   f"GPU while that one is above {STRAGGLER_RUN_BUSY_MIN:.0%} busy, valued with "
                   "their utilisation; TrainingStraggler fires on it."),
+    ]
+
+
+# --- issue 28: host memory, storage, reboots and maintenance, NVSwitch, power, repeat offenders --
+# Sparse like the rest: every raw family is filtered by its threshold before any join. node_exporter
+# series are named by host through the target map; smartctl_exporter and ipmi_exporter series by
+# the host part of their ``instance`` (``exporter_host``). Read by catalog/host_alerts.py.
+
+HOST_LEVEL = """
+max by (hostname) (
+  max by (instance, job) (
+    ${INNER}
+  )
+  * on (instance, job) group_left (hostname)
+  ${NODE_EXPORTER_TARGET}
+)
+"""
+HOST_LEVEL_BY = """
+max by (hostname, ${BY}) (
+  sum by (instance, job, ${BY}) (
+    ${INNER}
+  )
+  * on (instance, job) group_left (hostname)
+  ${NODE_EXPORTER_TARGET}
+)
+"""
+# NFS major timeouts per mount point: the mountpoint info is the many side (one export may be
+# mounted twice), the timeouts summed per export the one side.
+NFS_TIMEOUTS = """
+max by (instance, job, mountpoint) (
+  node_mountstats_nfs_mountpoint_info
+  * on (instance, job, export, mountaddr, protocol) group_left ()
+  sum by (instance, job, export, mountaddr, protocol) (
+    increase(node_mountstats_nfs_operations_major_timeouts_total[${WEAR_WINDOW}]) > 0
+  )
+)
+"""
+FS_NOT_ANSWERING = """
+max by (instance, job, mountpoint) (
+  node_filesystem_device_error{${RUN_FILESYSTEMS}} == 1
+)
+or
+${NFS}
+"""
+FS_AVAIL_RATIO = """
+node_filesystem_avail_bytes{${RUN_FILESYSTEMS}}
+/
+(node_filesystem_size_bytes{${RUN_FILESYSTEMS}} > 0)
+< ${FS_FREE_MIN_RATIO}
+"""
+BOOT_ADVANCED = """
+max_over_time(node_boot_time_seconds[${BOOT_WINDOW}])
+> min_over_time(node_boot_time_seconds[${BOOT_WINDOW}]) + ${REBOOT_MIN_SECONDS}
+"""
+MAINTENANCE = """
+max by (hostname, scheduler, state, reason) (
+  ${STATE}{scheduler="slurm",state=~"${SLURM_STATES}"}
+  or
+  ${STATE}{reason=~"${REASONS}"}
+)
+"""
+# The host part of the scrape target (``host:port``), for exporters that name no host.
+INSTANCE_HOST = """
+label_replace(
+  ${EXPR},
+  "hostname", "$1", "instance", "(.+?)(:[0-9]+)?"
+)
+"""
+TAGGED_CHECK = 'label_replace(${EXPR}, "check", "${CHECK}", "", "")'
+DISK_CHECKS = (
+    ("smart_status failed", "smartctl_device_smart_status == 0"),
+    ("NVMe critical warning", "smartctl_device_critical_warning > 0"),
+    ("media errors", "increase(smartctl_device_media_errors[${WEAR_WINDOW}]) > 0"),
+)
+FABRIC_NOT_READY = """
+${STATUS} == ${FM_NOT_STARTED}
+or
+${STATUS} >= ${FM_FAILURE_MIN}
+"""
+IPMI_POWER = """
+ipmi_sensor_state{type=~"${POWER_TYPES}"} >= ${IPMI_CRITICAL}
+or
+ipmi_power_state >= ${IPMI_CRITICAL}
+or
+ipmi_voltage_state >= ${IPMI_CRITICAL}
+or
+ipmi_current_state >= ${IPMI_CRITICAL}
+"""
+IPMI_CHASSIS = """
+ipmi_fan_speed_state >= ${IPMI_CRITICAL}
+or
+ipmi_temperature_state >= ${IPMI_CRITICAL}
+or
+ipmi_sensor_state{type!~"${POWER_TYPES}"} >= ${IPMI_CRITICAL}
+"""
+HARDWARE_FIRING = """
+max by (${BY}) (
+  ALERTS{alertstate="firing",alertname=~"${NAMES}"}
+)
+"""
+# When each host's (GPU's) current hardware-fault episode began: the start the previous
+# evaluation recorded while the fault still fires, else now. Each episode keeps one value, so
+# changes() over a window counts the episodes in it, whatever the group's interval (episodes less
+# than the lookback apart merge into one).
+EPISODE_START = """
+(${SINCE} and on (${BY}) ${FIRING})
+or
+(${FIRING} * 0 + time())
+"""
+
+
+def _host_values() -> dict[str, Value]:
+    return {
+        "RUN_FILESYSTEMS": s.RUN_FILESYSTEMS, "BOOT_WINDOW": s.BOOT_WINDOW,
+        "FS_FREE_MIN_RATIO": h.FS_FREE_MIN_RATIO, "REBOOT_MIN_SECONDS": h.REBOOT_MIN_SECONDS,
+        "STATE": nodestate.STATE, "SLURM_STATES": h.SLURM_MAINTENANCE_STATES,
+        "REASONS": h.MAINTENANCE_REASONS, "FM_NOT_STARTED": h.FM_NOT_STARTED,
+        "FM_FAILURE_MIN": h.FM_FAILURE_MIN, "IPMI_CRITICAL": h.IPMI_CRITICAL,
+        "POWER_TYPES": h.POWER_SENSOR_TYPES, "NODE_EXPORTER_TARGET": s.NODE_EXPORTER_TARGET,
+    }
+
+
+def _host(inner: str) -> str:
+    """node_exporter series reduced to one per host (max per target, then named by host)."""
+    return promql(HOST_LEVEL, INNER=inner, **_host_values())
+
+
+def _host_by(inner: str, by: str) -> str:
+    """node_exporter series summed per target and ``by`` labels, named by host."""
+    return promql(HOST_LEVEL_BY, INNER=inner, BY=by, **_host_values())
+
+
+def _instance_host(expr: str, by: str, host: HostKey) -> str:
+    """An exporter's series without a host name, named by the host part of ``instance``."""
+    named = host.canonical(promql(INSTANCE_HOST, EXPR=expr))
+    return promql(f"max by (hostname, {by}) (\n  ${{EXPR}}\n)", EXPR=named)
+
+
+def _h(template: str, **values: Value) -> str:
+    return promql(template, **{**_host_values(), **values})
+
+
+def host_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
+    """Host memory, filesystems, reboots, maintenance, NVSwitch/fabric, disks and IPMI sensors
+    (medium tier, sparse)."""
+    fs = s.RUN_FILESYSTEMS
+    disks = "\nor\n".join(_h(TAGGED_CHECK, EXPR=_paren(_h(expr)), CHECK=check)
+                           for check, expr in DISK_CHECKS)
+    fm_status = "DCGM_FI_DEV_FABRIC_MANAGER_STATUS"
+    sxid = '{__name__=~"DCGM_FI_DEV_SXID_FATAL_ERROR|DCGM_FI_DEV_NVSWITCH_FATAL_ERRORS"} > 0'
+    nvswitch = promql(PER_HOST_GPU.replace("gpu", "nvswitch"), RENAMED=_from_dcgm_host(
+        promql("max by (Hostname, hostname, nvswitch) (\n  ${INNER}\n)", INNER=sxid), host))
+    fabric = _host_label(_h(FABRIC_NOT_READY, STATUS=fm_status), host)
+    return [
+        Recording(s.HOST_OOM_KILLS, _host(_h("increase(node_vmstat_oom_kill[${WEAR_WINDOW}]) > 0")),
+                  f"OOM kills per host in the last {s.WEAR_WINDOW} (node_vmstat_oom_kill, "
+                  "non-zero only): the kernel killed a process for lack of system memory."),
+        Recording(s.HOST_MEMORY_PRESSURE, _host(_h(
+            "rate(node_pressure_memory_stalled_seconds_total[${VIOLATION_WINDOW}]) > ${MIN}",
+            MIN=h.MEMORY_PRESSURE_RATIO / 2)),
+                  "Share of time every task of the host waited for memory (PSI memory full, "
+                  f"over {s.VIOLATION_WINDOW}), hosts above half the alert's threshold only."),
+        Recording(s.FS_READONLY, s.node_with_host(
+            f"node_filesystem_readonly{{{fs}}} == 1", "mountpoint"),
+                  "Run filesystems (data, checkpoint, scratch types; no pseudo, overlay or boot "
+                  "mounts) mounted read-only now, by host and mount point."),
+        Recording(s.FS_AVAIL_LOW, s.node_with_host(_h(FS_AVAIL_RATIO), "mountpoint"),
+                  f"Free share of the run filesystems below {h.FS_FREE_MIN_RATIO:.0%} "
+                  "(avail / size), by host and mount point."),
+        Recording(s.FS_NOT_ANSWERING, s.node_with_host(
+            _h(FS_NOT_ANSWERING, NFS=_paren(_h(NFS_TIMEOUTS))), "mountpoint"),
+                  "Run filesystems not answering: statfs failing (node_filesystem_device_error, "
+                  f"a stuck mount) or NFS major timeouts in the last {s.WEAR_WINDOW} (mountstats "
+                  "collector), by host and mount point."),
+        Recording(s.HOST_BOOTED, _host(_h(BOOT_ADVANCED)),
+                  f"The new boot time of hosts whose node_boot_time_seconds moved later by more "
+                  f"than {h.REBOOT_MIN_SECONDS} s within the last {s.BOOT_WINDOW}: a reboot, "
+                  "seen once the node is back."),
+        Recording(s.NODE_MAINTENANCE, _h(MAINTENANCE),
+                  f"Hosts under maintenance as the exporter's {nodestate.STATE} says: a Slurm "
+                  "MAINT or REBOOT state, or a reason (drain reason, Kubernetes taint or "
+                  "condition) naming maintenance or a scheduled host event."),
+        Recording(s.NVSWITCH_FATAL, nvswitch,
+                  "The last fatal SXid of each NVSwitch (DCGM field 856, current and legacy "
+                  "name; non-zero only), by host and switch."),
+        Recording(s.FABRIC_MANAGER_DOWN, fabric,
+                  "GPUs whose Fabric Manager status fails DCGM's health check (1 not started, "
+                  ">= 4 failure, unrecognized, NVML too old), by host and GPU."),
+        Recording(s.DISK_FAILING, _instance_host(disks, "device, check", host),
+                  "Local disks smartctl_exporter reports failing (SMART status failed, an NVMe "
+                  f"critical warning, media errors in the last {s.WEAR_WINDOW}), tagged with the "
+                  "check, named by the host part of the exporter's instance."),
+        Recording(s.IPMI_POWER_FAULT, _instance_host(_h(IPMI_POWER), "name", host),
+                  "IPMI power-supply, power, voltage and current sensors in critical state "
+                  "(ipmi_exporter), named by the host part of the exporter's instance (or its "
+                  "relabelled instance: remote BMC scrapes must set it to the node's name)."),
+        Recording(s.IPMI_CHASSIS_CRITICAL, _instance_host(_h(IPMI_CHASSIS), "name", host),
+                  "IPMI fan, temperature and other (CPU, memory, chassis) sensors in critical "
+                  "state (ipmi_exporter), by host and sensor name."),
+    ]
+
+
+def host_history_rules() -> list[Recording]:
+    """Read-only for the whole hour and the DIMM error counters (slow tier, sparse)."""
+    fs = s.RUN_FILESYSTEMS
+    return [
+        Recording(s.FS_READONLY_1H, s.node_with_host(
+            _h(f"min_over_time(node_filesystem_readonly{{{fs}}}[${{HISTORY_WINDOW}}]) == 1"),
+            "mountpoint"),
+                  f"Run filesystems read-only for the whole last {s.span(s.HISTORY_WINDOW)} "
+                  "(mounted so on purpose): FilesystemReadOnly subtracts them."),
+        Recording(s.HOST_EDAC_UNCORRECTABLE, _host_by(
+            "node_edac_uncorrectable_errors_total > 0", "controller"),
+                  "Uncorrectable system-memory errors since boot per host and memory controller "
+                  "(EDAC, non-zero only); the count clears when the node reboots."),
+        Recording(s.HOST_EDAC_CORRECTABLE, _host(_h(
+            "sum by (instance, job) (\n  increase(node_edac_correctable_errors_total"
+            "[${WEAR_WINDOW}]) > 0\n)")),
+                  f"Corrected system-memory errors per host in the last {s.WEAR_WINDOW} (EDAC, "
+                  "non-zero only)."),
+    ]
+
+
+def repeat_rules() -> list[Recording]:
+    """Hardware-fault episodes per host and GPU, for the repeat offenders."""
+    from_catalog = TEMPLATE_VALUES_OF_ALERTS
+    host_firing = promql(HARDWARE_FIRING, BY="hostname", NAMES=from_catalog["HARDWARE_ALERTS"])
+    gpu, gpu_by = s.GPU_HARDWARE_FIRING, "hostname, gpu, gpu_uuid"
+    gpu_firing = promql(HARDWARE_FIRING, BY=gpu_by, NAMES=from_catalog["HARDWARE_GPU_ALERTS"])
+    return [
+        Recording(s.HOST_HARDWARE_FIRING, host_firing,
+                  "1 for each host with a hardware-class alert firing (GPU or host: the "
+                  "catalog's hardware alerts but the repeat offenders), from ALERTS."),
+        Recording(s.HOST_HARDWARE_SINCE,
+                  promql(EPISODE_START, SINCE=s.HOST_HARDWARE_SINCE,
+                         FIRING=s.HOST_HARDWARE_FIRING, BY="hostname"),
+                  "When each host's current hardware-fault episode began (Unix time), read back "
+                  "from its own previous evaluation: changes() over a window + 1 is the number "
+                  "of episodes in it."),
+        Recording(gpu, gpu_firing,
+                  "1 for each GPU (by UUID, so a replaced GPU starts afresh) with a GPU "
+                  "hardware alert firing."),
+        Recording(s.GPU_HARDWARE_SINCE,
+                  promql(EPISODE_START, SINCE=s.GPU_HARDWARE_SINCE, FIRING=gpu, BY=gpu_by),
+                  "When each GPU's current hardware-fault episode began."),
     ]

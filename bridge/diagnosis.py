@@ -45,8 +45,10 @@ _UNKNOWN_SEVERITY = _SEVERITY_RANK["warning"]
 
 _CAUSE_WORDS = {
     CauseClass.HARDWARE: "a hardware fault",
+    CauseClass.MAINTENANCE: "planned maintenance of a node",
     CauseClass.NODE_LOSS: "the loss of a node",
     CauseClass.LINK_LOSS: "the loss of a network link",
+    CauseClass.HOST_RESOURCE: "the loss of a host resource (memory, a filesystem)",
     CauseClass.DEGRADATION: "a performance degradation",
     CauseClass.SYMPTOM: "a symptom",
 }
@@ -225,6 +227,7 @@ class Diagnosis:
 _PLURAL_WORDS = {
     CauseClass.NODE_LOSS: "node losses",
     CauseClass.LINK_LOSS: "link losses",
+    CauseClass.HOST_RESOURCE: "host resource losses",
     CauseClass.DEGRADATION: "performance degradations",
     CauseClass.SYMPTOM: "symptoms such as stalls and stragglers",
 }
@@ -278,6 +281,9 @@ def _reasoning(root: AlertFact, peers: list[AlertFact], consequences: list[Alert
     if rival.rank_key() < root.rank_key() and rival.strength == root.strength:
         decided = (f"the driver's diagnosis decided: {rival.alertname} is the same event, "
                    f"seen by a counter")
+    elif rival.rank_key() < root.rank_key() and root.cause is CauseClass.MAINTENANCE:
+        decided = (f"the node was under maintenance before {rival.alertname} began, so the "
+                   f"work on it explains that alert, {_severity(rival)} as it is")
     elif rival.rank_key() < root.rank_key():
         decided = f"{rival.alertname} is {_severity(rival)} but a symptom, which explains nothing"
     else:
@@ -327,6 +333,10 @@ def _explains(root: AlertFact, fact: AlertFact) -> bool:
     if fact.onset < root.onset - _lead(root, fact):
         return False
     if fact.cause is CauseClass.SYMPTOM and root.cause is not CauseClass.SYMPTOM:
+        return True
+    if root.cause is CauseClass.MAINTENANCE and fact.hostname == root.hostname:
+        # A node under maintenance reboots, loses its links and GPUs: whatever its alerts say
+        # afterwards, the work on it explains them, whatever their severity.
         return True
     return fact.cause >= root.cause and fact.severity_rank >= root.severity_rank
 

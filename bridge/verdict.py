@@ -275,6 +275,29 @@ def resolve(need: Need, issue: Issue, evidence: Mapping[str, HostEvidence] | Non
                 _and(need.policy, f"the driver's recovery action asks for {SPECS[said].needs}"))
 
 
+# issue 28: a GPU flagged as a repeat offender (its Nth hardware fault in the window) needs a
+# replacement whatever the fault itself asks: a reset clears the fault, not its cause.
+REPEAT_OFFENDER = "GpuRepeatOffender"
+
+
+def repeat_offender(need: Need, issue: Issue) -> Need:
+    """The need raised to a replacement when the issue's own host and GPU are flagged as a
+    repeat offender (``GpuRepeatOffender`` among its alerts)."""
+    root = issue.root
+    if root.alertname == REPEAT_OFFENDER or need.application:
+        return need
+    flagged = [f for f in (*issue.peers, *issue.consequences)
+               if f.alertname == REPEAT_OFFENDER and f.hostname == root.hostname
+               and (not root.gpu or f.gpu == root.gpu)]
+    if not flagged:
+        return need
+    gpus = ", ".join(sorted({f.gpu for f in flagged if f.gpu}))
+    note = (f"GPU {gpus} of {root.hostname} is a repeat offender ({REPEAT_OFFENDER}): "
+            "replace, not reset")
+    return Need(stronger(need.action, Action.REPLACE), need.subject, False,
+                _and(need.policy, note))
+
+
 def _and(a: str, b: str) -> str:
     return f"{a}; {b}" if a and b else a or b
 
@@ -429,7 +452,7 @@ def decide(issue: Issue, policy: Policy, *, timelines: Mapping[str, Timeline] | 
                   f"{', '.join(hosts)} explains it yet, so no node is known to be faulty; if "
                   "none appears, look at the application")
         return Decision(UNKNOWN, need, detail, root.text("remediation"), "", tuple(hosts), False)
-    need = resolve(need_of(root, policy), issue, evidence)
+    need = repeat_offender(resolve(need_of(root, policy), issue, evidence), issue)
     known = ALERTS.get(root.alertname)
     # the catalog's own specifics (an alert's annotations can be forged), or a user's own rule's
     catalog_detail = known.remediation if known is not None and known.needs in (

@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from wandb_infra.catalog import host_alerts
 from wandb_infra.catalog import selfmetrics as m
 from wandb_infra.catalog import series as s
 from wandb_infra.catalog.recovery import DRIVER_ACTIONS, Action
@@ -740,7 +741,7 @@ time() - max by (instance, job, source) (${EXPORTER_SOURCE_LAST_SUCCESS} > 0)
         condition="""
 up == 0
 and on (instance, job)
-max_over_time(${EXPORTER_HOSTS}[${HISTORY_WINDOW}])
+${PIPELINE_TARGETS}{component="exporter"}
 """,
         for_="2m", group="pipeline",
         needs=Action.NONE, clears_when_fixed=True),
@@ -775,7 +776,7 @@ absent(${NODE_INFO})
         condition="""
 up == 0
 and on (instance, job)
-max_over_time(${BRIDGE_QUEUE_RUNS}[${HISTORY_WINDOW}])
+${PIPELINE_TARGETS}{component="bridge"}
 """,
         for_="2m", group="pipeline",
         needs=Action.NONE, clears_when_fixed=True),
@@ -823,3 +824,17 @@ max by (instance, job) (${BRIDGE_OLDEST_UNDELIVERED})
         for_="1m", group="pipeline",
         needs=Action.NONE, clears_when_fixed=True),
 )
+
+
+# --- issue 28: host memory, storage, reboots and maintenance, NVSwitch, power, repeat offenders ---
+# Defined in catalog/host_alerts.py (plain data with AlertDef's keywords); registered here, last,
+# so the repeat-offender records count every hardware alert the catalog has.
+
+register(*host_alerts.definitions(AlertDef))
+_HOST_VALUES: dict[str, str | int | float] = {
+    **host_alerts.TEMPLATE_VALUES,
+    "HARDWARE_ALERTS": host_alerts.hardware_alerts(ALERTS, ("gpu", "host")),
+    "HARDWARE_GPU_ALERTS": host_alerts.hardware_alerts(ALERTS, ("gpu",)),
+}
+TEMPLATE_VALUES.update(_HOST_VALUES)
+PLAIN_VALUES.update(_HOST_VALUES)

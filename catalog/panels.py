@@ -92,6 +92,15 @@ PANELS: dict[str, Panel] = {
               ("pipeline",)),
         Panel("pipeline_delivery", 62, "Bridge delivery: queue, parked runs, backlog age, store",
               ("pipeline",)),
+        # issue 28: the host around the GPUs
+        Panel("host_memory", 70, "Host memory: OOM kills, memory pressure, DIMM errors", _BOTH),
+        Panel("filesystems", 71, "Run filesystems: free space, read-only, not answering", _BOTH),
+        Panel("local_disks", 72, "Local disks (SMART, smartctl_exporter)", _BOTH),
+        Panel("reboots", 73, "Reboots and maintenance", _BOTH),
+        Panel("fabric", 74, "NVSwitch fatal errors and Fabric Manager status", _BOTH),
+        Panel("power_chassis", 75, "Power and chassis sensors (IPMI)", _BOTH),
+        Panel("repeat_offenders", 76, "Hardware-fault episodes (repeat offenders)",
+              ("run", "node", "pipeline")),
     )
 }
 

@@ -37,6 +37,15 @@ CONFIRM = {
                 "`NCCL_DEBUG=INFO` output of the ranks.",
     "pipeline": "the exporter's or bridge's `/metrics`, `/healthz`, `/readyz` and its log (one "
                 "structured line per event); the bridge's `/runs` page for parked runs.",
+    "host": "`dmesg -T | grep -iE 'oom|edac|mce|i/o error'`, `free -g`, "
+            "`cat /proc/pressure/memory`, `edac-util -v`; `smartctl -a <disk>`; the BMC's "
+            "sensors and SEL (`ipmitool sdr elist`, `ipmitool sel list`).",
+    "storage": "`findmnt -o TARGET,OPTIONS <mount>` (ro?), `df -h <mount>`, `stat -f <mount>` "
+               "(hangs when not answering), `nfsstat -m` / `mountstats`; dmesg for the I/O "
+               "error.",
+    "maintenance": "`scontrol show node <node>` (State, Reason) and `scontrol show res`; "
+                   "`kubectl describe node <node>` (taints, conditions); the cloud's host "
+                   "events.",
 }
 
 

@@ -104,6 +104,10 @@ TARGET_DOWN = "hostname:telemetry_target:down"
 TARGET_VANISHED = f"hostname:telemetry_target:vanished_{HISTORY_WINDOW}"
 HOST_GPU_COUNT_DROP = f"hostname:dcgm_gpus:dropped_{HISTORY_WINDOW}"
 TARGET_LABEL = "exporter"
+# This project's own exporter and bridge targets, labelled with their ``component``: seen within
+# the hour, or down (up == 0) since; the pipeline's down alerts read it.
+PIPELINE_TARGETS = "instance:wandb_infra_target:remembered"
+PIPELINE_LABEL = "component"
 
 IB_PORT_DOWN = "link:node_infiniband_state_id:not_active"
 IB_PORT_IDLE_1H = f"link:node_infiniband_state_id:not_active_{HISTORY_WINDOW}"
@@ -127,6 +131,39 @@ LAGGING_RUN_GPU_ROWS = "wandb_run_gpu:wandb_run_gpu_info:of_lagging_runs"
 GPU_UTIL_LAGGING_RUN_HOSTS = f"gpu:dcgm_gpu_util:avg{UTIL_WINDOW}_on_lagging_run_hosts"
 RUN_GPU_UTIL_BUSIEST = f"wandb_run:dcgm_gpu_util:max_avg{UTIL_WINDOW}"
 RUN_GPU_STRAGGLING = f"wandb_run_gpu:dcgm_gpu_util:straggling_avg{UTIL_WINDOW}"
+
+# --- issue 28: host memory, storage, reboots and maintenance, NVSwitch, power, repeat offenders -
+# Levels: ``filesystem`` = (hostname, mountpoint); ``hostname`` as above. node_exporter series are
+# named by host through NODE_EXPORTER_TARGET; smartctl_exporter and ipmi_exporter series carry no
+# host name, so theirs comes from a ``hostname`` target label when the scrape config sets one,
+# else from the host part of ``instance`` (alert_rules/normalise.py, ``exporter_host``).
+HOST_OOM_KILLS = f"hostname:node_vmstat_oom_kill:increase{WEAR_WINDOW}"
+HOST_MEMORY_PRESSURE = f"hostname:node_pressure_memory_stalled:ratio_rate{VIOLATION_WINDOW}"
+HOST_EDAC_UNCORRECTABLE = "hostname:node_edac_uncorrectable_errors:max"
+HOST_EDAC_CORRECTABLE = f"hostname:node_edac_correctable_errors:increase{WEAR_WINDOW}"
+FS_READONLY = "filesystem:node_filesystem_readonly:now"
+FS_READONLY_1H = f"filesystem:node_filesystem_readonly:readonly_{HISTORY_WINDOW}"
+FS_AVAIL_LOW = "filesystem:node_filesystem_avail:ratio_low"
+FS_NOT_ANSWERING = f"filesystem:node_filesystem_device_error:not_answering_{WEAR_WINDOW}"
+HOST_BOOTED = "hostname:node_boot_time_seconds:advanced"
+NODE_MAINTENANCE = "hostname:wandb_infra_node_state:maintenance"
+DISK_FAILING = "hostname:smartctl_device:failing"
+NVSWITCH_FATAL = "hostname:dcgm_nvswitch_fatal_error:max"
+FABRIC_MANAGER_DOWN = "gpu:dcgm_fabric_manager_status:not_ready"
+IPMI_POWER_FAULT = "hostname:ipmi_power_sensor_state:max_not_nominal"
+IPMI_CHASSIS_CRITICAL = "hostname:ipmi_sensor_state:max_critical"
+HOST_HARDWARE_FIRING = "hostname:hardware_alerts:firing"
+HOST_HARDWARE_SINCE = "hostname:hardware_alerts:episode_start"
+GPU_HARDWARE_FIRING = "gpu:hardware_alerts:firing"
+GPU_HARDWARE_SINCE = "gpu:hardware_alerts:episode_start"
+# A boot time that moved later by more than this is a reboot (btime jitters by a second).
+BOOT_WINDOW = "30m"  # how long a reboot stays an alert after the node is back
+REPEAT_WINDOW = "7d"  # repeat offenders: hardware faults counted over this window
+# Filesystems a run reads or writes (data, checkpoints, scratch): local and shared; the others
+# (pseudo, overlay, squashfs, boot partitions) are never alerted on.
+RUN_FSTYPES = ("ext[234]|xfs|btrfs|zfs|nfs4?|lustre|gpfs|beegfs|wekafs|ceph|cifs|"
+               "fuse[.].*")
+RUN_FILESYSTEMS = f'fstype=~"{RUN_FSTYPES}",mountpoint!~"/boot(/.*)?"'
 
 # Every record above by its constant's name: the placeholders the catalog's PromQL templates use
 # (``${ECC_DBE}``).

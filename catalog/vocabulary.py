@@ -7,6 +7,9 @@ from enum import IntEnum
 SEVERITIES: tuple[str, ...] = ("critical", "warning", "info")
 CATEGORIES: tuple[str, ...] = (
     "gpu_hardware", "gpu_thermal", "gpu_interconnect", "network", "node", "workload", "pipeline",
+    # issue 28: the host around the GPUs (memory, power, chassis, local disks), the run's
+    # filesystems, and the scheduler's or cloud's maintenance of a node.
+    "host", "storage", "maintenance",
 )
 
 # Alert annotations that carry the Grafana deep-link target to the bridge.
@@ -25,10 +28,17 @@ class CauseClass(IntEnum):
     """Root-cause precedence: a lower value explains a higher one (hardware explains a stall)."""
 
     HARDWARE = 0
-    NODE_LOSS = 1
-    LINK_LOSS = 2
-    DEGRADATION = 3
-    SYMPTOM = 4
+    # A node taken for maintenance (the scheduler's state or reason, a cloud's scheduled event):
+    # it explains whatever follows on that host, and is never called a hardware fault.
+    MAINTENANCE = 1
+    NODE_LOSS = 2
+    LINK_LOSS = 3
+    # The host ran out of something a job needs: memory (an OOM kill), a filesystem (full,
+    # read-only, not answering). It explains the NCCL errors and stalls that follow, but not a
+    # later hardware fault.
+    HOST_RESOURCE = 4
+    DEGRADATION = 5
+    SYMPTOM = 6
 
 
 # Fallback when an alert is not in the catalog (a user's own rule routed to the bridge).
@@ -41,4 +51,7 @@ CATEGORY_DEFAULT_CAUSE: dict[str, CauseClass] = {
     "workload": CauseClass.SYMPTOM,
     # This project's own telemetry path; never on a run, so never a run's root cause.
     "pipeline": CauseClass.SYMPTOM,
+    "host": CauseClass.HARDWARE,
+    "storage": CauseClass.HOST_RESOURCE,
+    "maintenance": CauseClass.MAINTENANCE,
 }

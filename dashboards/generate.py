@@ -78,6 +78,7 @@ ROWS: dict[int, tuple[int, str]] = {
     4: (104, "Workload: activity and memory (MFU proxy)"),
     5: (105, "Network and telemetry"),
     6: (106, "This project's pipeline: exporter and bridge"),
+    7: (107, "Host: memory, filesystems, reboots and maintenance, fabric, power"),
 }
 
 # Clock-event reason bits worth a line (dcgm bitmask, gpu-faults.md).
@@ -332,6 +333,80 @@ def specs(alert_selector: str, scope: str) -> dict[str, PanelSpec]:
     }
 
 
+# ---- issue 28: the host around the GPUs (catalog/host_alerts.py) -----------------------------
+
+def host_specs(board_key: str) -> dict[str, PanelSpec]:
+    """Panels of the host alerts: the sparse records they read (no series: nothing recorded)."""
+    sel = "" if board_key == "pipeline" else HOST_SELECTOR
+
+    def rec(record: str, legend: str, fn: str = "max") -> Query:
+        return record_q(fn, record, sel, legend)
+
+    mount = f"{HOST_LEGEND} {{{{mountpoint}}}}"
+    sensor = f"{HOST_LEGEND} {{{{name}}}}"
+    episodes = "changes({record}{{{sel}}}[{window}]) + 1"
+    return {
+        "host_memory": PanelSpec(
+            "timeseries", "short",
+            f"OOM kills in the last {span(series.WEAR_WINDOW)} (a process killed for lack of "
+            "system memory), the share of time every task waited for memory (PSI full), "
+            "uncorrectable DIMM errors since boot and corrected ones in the last "
+            f"{span(series.WEAR_WINDOW)} (EDAC).",
+            (rec(series.HOST_OOM_KILLS, f"{HOST_LEGEND} OOM kills"),
+             rec(series.HOST_MEMORY_PRESSURE, f"{HOST_LEGEND} memory pressure (share)"),
+             rec(series.HOST_EDAC_UNCORRECTABLE,
+                 f"{HOST_LEGEND} uncorrectable DIMM errors (mc {{{{controller}}}})"),
+             rec(series.HOST_EDAC_CORRECTABLE, f"{HOST_LEGEND} corrected DIMM errors")),
+            sparse=True),
+        "filesystems": PanelSpec(
+            "timeseries", "short",
+            "Run filesystems (data, checkpoints, scratch) in trouble: the free share of those "
+            "nearly full, 1 for those read-only now, and those not answering (1 statfs failing, "
+            "or the count of NFS major timeouts).",
+            (rec(series.FS_AVAIL_LOW, f"{mount} free share", "min"),
+             rec(series.FS_READONLY, f"{mount} read-only"),
+             rec(series.FS_NOT_ANSWERING, f"{mount} not answering")), sparse=True),
+        "local_disks": PanelSpec(
+            "timeseries", "short",
+            "Local disks smartctl_exporter reports failing: SMART status failed (0), an NVMe "
+            "critical warning (its bits), media errors.",
+            (rec(series.DISK_FAILING, f"{HOST_LEGEND} {{{{device}}}} {{{{check}}}}"),),
+            sparse=True),
+        "reboots": PanelSpec(
+            "timeseries", "short",
+            f"1 while a host is under maintenance (scheduler state or reason), and 1 for "
+            f"{span(series.BOOT_WINDOW)} after a host booted again.",
+            (rec(series.NODE_MAINTENANCE, f"{HOST_LEGEND} maintenance {{{{state}}}}"),
+             Query(f"count by ({labels.HOSTNAME}) (max_over_time({series.HOST_BOOTED}{{{sel}}}"
+                   "[$__rate_interval]))", f"{HOST_LEGEND} rebooted", (series.HOST_BOOTED,))),
+            sparse=True),
+        "fabric": PanelSpec(
+            "timeseries", "short",
+            "The last fatal SXid per NVSwitch, and the Fabric Manager status of GPUs whose "
+            "NVLink fabric is not trained (1 not started, 4 failure; 3 success is not shown).",
+            (rec(series.NVSWITCH_FATAL, f"{HOST_LEGEND} NVSwitch {{{{nvswitch}}}} SXid"),
+             rec(series.FABRIC_MANAGER_DOWN, f"{GPU_LEGEND} Fabric Manager status")),
+            sparse=True),
+        "power_chassis": PanelSpec(
+            "timeseries", "short",
+            "IPMI sensors in critical state (2), from ipmi_exporter where it is scraped: power "
+            "supplies, power, voltage and current; fans, temperatures and other chassis "
+            "sensors.",
+            (rec(series.IPMI_POWER_FAULT, f"{sensor} (power)"),
+             rec(series.IPMI_CHASSIS_CRITICAL, f"{sensor} (chassis)")), sparse=True),
+        "repeat_offenders": PanelSpec(
+            "timeseries", "short",
+            f"Hardware-fault episodes per host and per GPU in the last "
+            f"{span(series.REPEAT_WINDOW)}: from the third, replace the part instead of "
+            "resetting it again.",
+            (Query(episodes.format(record=series.HOST_HARDWARE_SINCE, sel=sel,
+                                   window=series.REPEAT_WINDOW), f"{HOST_LEGEND} episodes"),
+             Query(episodes.format(record=series.GPU_HARDWARE_SINCE, sel=sel,
+                                   window=series.REPEAT_WINDOW), f"{GPU_LEGEND} episodes")),
+            sparse=True),
+    }
+
+
 # ---- variables -------------------------------------------------------------------------------
 
 def datasource_variable() -> dash.DatasourceVariable:
@@ -481,7 +556,7 @@ def build_dashboard(board: catalog.Dashboard) -> dict[str, Any]:
         variables = node_variables()
         scope = "host"
         description = "All GPUs and links of one or a few hosts, for the operator."
-    panel_specs = specs(alert_selector, scope)
+    panel_specs = {**specs(alert_selector, scope), **host_specs(board.key)}
     other = catalog.NODE if board.key == "run" else catalog.RUN
     builder = (dash.Dashboard(board.title).uid(board.uid).description(description).tags(TAGS)
                .editable().time("now-6h", "now").refresh("1m").timezone("browser")

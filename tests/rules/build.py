@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from tests.rules import host_cases
 from wandb_infra.alert_rules import generate
 from wandb_infra.catalog.alerts import ALERTS
 from wandb_infra.common.generated import write_or_check
@@ -845,7 +846,9 @@ def files(cfg: dict[str, Any]) -> dict[str, str]:
                                      "link_attribution.test.yml": link_attribution_cases(),
                                      "dcgm_4_9.test.yml": dcgm49_cases(),
                                      "real_telemetry.test.yml": real_telemetry_cases(),
-                                     "pipeline.test.yml": pipeline_cases()}
+                                     "pipeline.test.yml": pipeline_cases(),
+                                     # issue 28: tests/rules/host_cases.py
+                                     "host_alerts.test.yml": host_cases.cases()}
     for sp in SPELLINGS:
         groups[f"gpu_alerts_{sp}.test.yml"] = gpu_cases(sp) + dcgm_node_cases(sp)
         groups[f"workload_{sp}.test.yml"] = workload_cases(sp)

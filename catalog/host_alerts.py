@@ -1,0 +1,342 @@
+"""Alerts on the host around the GPUs (issue 28): host memory, the run's filesystems, reboots and
+maintenance, NVSwitch and the fabric, power and chassis, and repeat offenders.
+
+The rest of the failure landscape after GPUs and links: of the 419 unexpected interruptions of
+Llama 3 pre-training ("The Llama 3 Herd of Models", Table 5), host maintenance, SSDs, power
+supplies, chassis, CPUs and system memory; of Meta's research clusters ("Revisiting Reliability
+in Large-Scale ML Research Clusters", 2024), filesystem mounts, main-memory errors, OOM and the
+repeat-offender ("lemon") nodes whose retirement cut the failure rate of 512+ GPU jobs from 14%
+to 4%.
+
+Plain data with the same keywords as ``AlertDef``: ``definitions(AlertDef)`` builds them and
+``catalog/alerts.py`` registers them, so this module imports nothing of ``alerts`` (no import
+cycle). Sources and exporters:
+
+* node_exporter (defaults): ``node_vmstat_oom_kill``, ``node_pressure_memory_*``,
+  ``node_edac_*``, ``node_filesystem_{readonly,avail_bytes,size_bytes,device_error}``, the
+  mountstats collector (``node_mountstats_nfs_*``, off by default: ``--collector.mountstats``),
+  ``node_boot_time_seconds``;
+* this project's exporter: ``wandb_infra_node_state`` (Slurm state and reason, Kubernetes
+  conditions and taints);
+* dcgm-exporter: ``DCGM_FI_DEV_FABRIC_MANAGER_STATUS`` (field 170) and the NVSwitch SXid fields
+  (856 ``DCGM_FI_DEV_SXID_FATAL_ERROR``, legacy ``DCGM_FI_DEV_NVSWITCH_FATAL_ERRORS``);
+* where scraped (off by default; the README's "Host hardware exporters"): smartctl_exporter
+  (``smartctl_device_smart_status``, ``..._critical_warning``, ``..._media_errors``) and
+  ipmi_exporter (``ipmi_*_state``: 0 nominal, 1 warning, 2 critical).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from wandb_infra.catalog import series as s
+from wandb_infra.catalog.recovery import Action
+from wandb_infra.catalog.series import span
+from wandb_infra.catalog.vocabulary import CauseClass
+
+T = TypeVar("T")
+
+# Thresholds (site policy; changed here once).
+MEMORY_PRESSURE_RATIO = 0.10  # share of time every task waited for memory ("full" PSI)
+EDAC_CORRECTABLE_PER_WINDOW = 10  # corrected DIMM errors per WEAR_WINDOW
+FS_FREE_MIN_RATIO = 0.03  # a run filesystem with less free space is full
+REBOOT_MIN_SECONDS = 60  # boot time moving later by more is a reboot (btime jitters)
+# Repeat offenders: the Nth hardware-fault episode of a host or GPU within REPEAT_WINDOW.
+REPEAT_FAULTS_MIN = 3
+# Slurm states of a node taken for maintenance (a MAINT reservation, scontrol reboot), and the
+# reasons or Kubernetes conditions/taints that say so (the exporter's ``reason`` label: the
+# drain reason, or the taints and abnormal conditions: AKS ``VMEventScheduled``, AWS node
+# termination handler's ``scheduled-maintenance`` taint, GKE's maintenance window).
+SLURM_MAINTENANCE_STATES = ".*(MAINT|REBOOT).*"
+MAINTENANCE_REASONS = (
+    "(?i).*(maint|scheduled.?event|vmeventscheduled|impending.?(node.?)?termination|"
+    "reboot|firmware|upgrade).*")
+# Fabric Manager states that fail DCGM's health check (dcgmFabricManagerStatus_t: 1 not
+# started, 4 failure, 5 unrecognized, 6 NVML too old; 0 is a GPU without NVSwitch, 2 in
+# progress, 3 success).
+FM_NOT_STARTED = 1
+FM_FAILURE_MIN = 4
+IPMI_CRITICAL = 2
+POWER_SENSOR_TYPES = "Power Supply|Power Unit"
+
+TEMPLATE_VALUES: dict[str, str | int | float] = {
+    "MEMORY_PRESSURE_RATIO": MEMORY_PRESSURE_RATIO,
+    "EDAC_CORRECTABLE_PER_WINDOW": EDAC_CORRECTABLE_PER_WINDOW,
+    "FS_FREE_MIN_RATIO": FS_FREE_MIN_RATIO,
+    "REPEAT_FAULTS_MIN": REPEAT_FAULTS_MIN,
+    "REPEAT_WINDOW": s.REPEAT_WINDOW,
+    "BOOT_WINDOW": s.BOOT_WINDOW,
+}
+
+_HOST = "{{ $labels.hostname }}"
+_WHOLE = '{{ $value | printf "%.0f" }}'
+_MOUNT = "{{ $labels.mountpoint }} on " + _HOST
+_RESTART = "Restart the job from its last checkpoint"
+
+
+def definitions(make: Callable[..., T]) -> list[T]:
+    """Every alert of this module, built with ``make`` (``AlertDef``)."""
+    d: list[dict[str, Any]] = [
+        # --- host memory ------------------------------------------------------------------------
+        dict(
+            name="HostOomKill", severity="critical", category="host",
+            cause=CauseClass.HOST_RESOURCE, scope="host",
+            summary="The kernel's OOM killer killed a process on a node.",
+            description=f"The OOM killer ran {_WHOLE} time(s) on {_HOST} in the last "
+                        f"{span(s.WEAR_WINDOW)} (node_vmstat_oom_kill).",
+            impact="System memory ran out: a rank or its data loader was killed, so the "
+                   "synchronous job fails and the other ranks report NCCL errors or hang.",
+            remediation=f"{_RESTART}; the node can stay in service. Lower the host memory the "
+                        "job uses (data-loader workers, pinned memory, prefetch) or request "
+                        "more; a node that keeps killing is flagged as a repeat offender.",
+            panel="host_memory",
+            condition="${HOST_OOM_KILLS}",
+            group="host-memory",
+            needs=Action.RESTART_APP),
+        dict(
+            name="HostMemoryPressure", severity="warning", category="host",
+            cause=CauseClass.HOST_RESOURCE, scope="host",
+            summary="A node's tasks are stalled waiting for memory.",
+            description=f"Every task on {_HOST} waited for memory "
+                        "{{ $value | humanizePercentage }} of the last "
+                        f"{span(s.VIOLATION_WINDOW)} (PSI memory full).",
+            impact="The host is reclaiming or swapping: data loading and host-side steps "
+                   "slow the whole job, and an OOM kill may follow.",
+            remediation="Reduce the job's host memory (data-loader workers, caches) or move it "
+                        "to a node with more memory; nothing to do on the node itself.",
+            panel="host_memory",
+            condition="${HOST_MEMORY_PRESSURE} > ${MEMORY_PRESSURE_RATIO}",
+            for_="5m", group="host-memory",
+            needs=Action.NONE, clears_when_fixed=True),
+        dict(
+            name="HostMemoryUncorrectableErrors", severity="critical", category="host",
+            cause=CauseClass.HARDWARE, scope="host",
+            summary="A node's system memory (DIMM) reported uncorrectable errors.",
+            description=f"{_WHOLE} uncorrectable memory error(s) on {_HOST} since boot (EDAC "
+                        "memory controller {{ $labels.controller }}).",
+            impact="The kernel killed the process that touched the bad memory (or panicked): "
+                   "the job crashed and the DIMM will fail again.",
+            remediation=f"{_RESTART} without this node; drain it and replace the DIMM the "
+                        "EDAC counters and the BMC's SEL name (the count clears at reboot).",
+            panel="host_memory",
+            condition="${HOST_EDAC_UNCORRECTABLE}",
+            copy_labels=("controller",), group="host-memory",
+            needs=Action.SERVICE, clears_when_fixed=True),
+        dict(
+            name="HostMemoryCorrectableErrors", severity="warning", category="host",
+            cause=CauseClass.DEGRADATION, scope="host",
+            summary="A node's system memory reports a storm of corrected errors.",
+            description=f"{_WHOLE} corrected memory errors on {_HOST} in the last "
+                        f"{span(s.WEAR_WINDOW)} (EDAC).",
+            impact="None yet; a DIMM correcting this often tends to fail uncorrectably next.",
+            remediation="Keep the job running; schedule the DIMM's replacement at the next "
+                        "maintenance window.",
+            panel="host_memory",
+            condition="${HOST_EDAC_CORRECTABLE} > ${EDAC_CORRECTABLE_PER_WINDOW}",
+            group="host-memory",
+            needs=Action.NONE),
+        # --- storage ----------------------------------------------------------------------------
+        dict(
+            name="FilesystemReadOnly", severity="critical", category="storage",
+            cause=CauseClass.HOST_RESOURCE, scope="host",
+            summary="A filesystem the node's jobs write to became read-only.",
+            description=f"{_MOUNT} is read-only (it was writable within the last "
+                        f"{span(s.HISTORY_WINDOW)}).",
+            impact="Checkpoints and logs can no longer be written (the kernel remounts "
+                   "read-only after I/O errors): the job fails at its next checkpoint or "
+                   "loses the work since the last one.",
+            remediation=f"{_RESTART} without this node; check dmesg for the I/O error behind "
+                        "the remount (disk, controller, NFS/Lustre server) and fix it.",
+            panel="filesystems",
+            condition="${FS_READONLY} unless on (hostname, mountpoint) ${FS_READONLY_1H}",
+            for_="1m", copy_labels=("mountpoint",), group="storage",
+            needs=Action.SERVICE, clears_when_fixed=True),
+        dict(
+            name="FilesystemFull", severity="critical", category="storage",
+            cause=CauseClass.HOST_RESOURCE, scope="host",
+            summary="A filesystem the node's jobs write to is full.",
+            description=f"{_MOUNT} has {{{{ $value | humanizePercentage }}}} free (full below "
+                        f"{FS_FREE_MIN_RATIO:.0%}).",
+            impact="Checkpoint and log writes fail with ENOSPC: the job crashes at its next "
+                   "checkpoint, or writes a truncated one.",
+            remediation="Free space (old checkpoints, caches) or move the job's output; the "
+                        "alert clears once space is back.",
+            panel="filesystems",
+            condition="${FS_AVAIL_LOW}",
+            for_="2m", copy_labels=("mountpoint",), group="storage",
+            needs=Action.SERVICE, clears_when_fixed=True),
+        dict(
+            name="FilesystemNotResponding", severity="critical", category="storage",
+            cause=CauseClass.HOST_RESOURCE, scope="host",
+            summary="A filesystem the node's jobs use stopped answering.",
+            description=f"{_MOUNT} is not answering (statfs failing, or {_WHOLE} NFS major "
+                        f"timeout(s) in the last {span(s.WEAR_WINDOW)}).",
+            impact="Reads and writes on the mount hang: data loading and checkpointing block, "
+                   "the rank stalls and the others wait in NCCL until the watchdog kills the "
+                   "job.",
+            remediation=f"{_RESTART} on nodes that see the mount; check the NFS/Lustre server "
+                        "and the storage network, then remount.",
+            panel="filesystems",
+            condition="${FS_NOT_ANSWERING}",
+            for_="2m", copy_labels=("mountpoint",), group="storage",
+            needs=Action.SERVICE, clears_when_fixed=True),
+        dict(
+            name="LocalDiskFailing", severity="warning", category="host",
+            cause=CauseClass.HARDWARE, scope="host",
+            summary="A node's local disk reports failing health (SMART).",
+            description="Disk {{ $labels.device }} on " + _HOST + ": {{ $labels.check }} "
+                        f"(value {_WHOLE}; smartctl_exporter).",
+            impact="Local scratch, caches or the OS disk may fail: reads and checkpoint writes "
+                   "on it error out and the node may go read-only or down.",
+            remediation="Move jobs off the node when they end; replace the disk.",
+            panel="local_disks",
+            condition="${DISK_FAILING}",
+            for_="5m", copy_labels=("device", "check"), group="storage",
+            needs=Action.SERVICE, clears_when_fixed=True),
+        # --- reboots and maintenance ------------------------------------------------------------
+        dict(
+            name="NodeRebooted", severity="critical", category="node",
+            cause=CauseClass.NODE_LOSS, scope="host",
+            summary="A node rebooted without a planned maintenance.",
+            description=f"{_HOST} booted again at {{{{ $value | humanizeTimestamp }}}} "
+                        "(node_boot_time_seconds moved later), with no maintenance state "
+                        f"seen in the last {span(s.BOOT_WINDOW)}.",
+            impact="Every process on the node died with it: the job lost its ranks there and "
+                   "crashed (or hangs in NCCL on the other nodes).",
+            remediation=f"{_RESTART}; the node is back and needs nothing more unless it "
+                        "reboots again (kernel panic, watchdog, power: read its BMC's SEL and "
+                        "the previous boot's journal).",
+            panel="reboots",
+            condition="""
+${HOST_BOOTED}
+unless on (hostname)
+max_over_time(${NODE_MAINTENANCE}[${BOOT_WINDOW}])
+""",
+            group="node-lifecycle",
+            needs=Action.NONE),
+        dict(
+            name="NodeMaintenance", severity="warning", category="maintenance",
+            cause=CauseClass.MAINTENANCE, scope="host",
+            summary="A node is under planned maintenance.",
+            description=f"The {{{{ $labels.scheduler }}}} state of {_HOST} is "
+                        "{{ $labels.state }} (reason: {{ $labels.reason }}).",
+            impact="Maintenance, not a fault: the scheduler or cloud takes the node (a "
+                   "reservation, a reboot, a host event); a job still on it is killed or "
+                   "loses the node when the work starts.",
+            remediation="Checkpoint and restart the job on other nodes; the node returns to "
+                        "the pool when the maintenance ends.",
+            panel="reboots",
+            condition="${NODE_MAINTENANCE}",
+            copy_labels=("scheduler", "state", "reason"), group="node-lifecycle",
+            needs=Action.SERVICE, clears_when_fixed=True),
+        # --- NVSwitch and the fabric ------------------------------------------------------------
+        dict(
+            name="NvswitchFatalError", severity="critical", category="gpu_interconnect",
+            cause=CauseClass.HARDWARE, scope="host",
+            summary="An NVSwitch of a node reported a fatal error (SXid).",
+            description=f"NVSwitch {{{{ $labels.nvswitch }}}} on {_HOST} reported fatal SXid "
+                        f"{_WHOLE}.",
+            impact="NVLink traffic through the switch stops: every job using the node's "
+                   "NVLink crashes or hangs, with no XID on the GPUs.",
+            remediation=f"{_RESTART} without this node; reboot it (the GPUs and NVSwitches are "
+                        "reset at boot) and open a ticket if the SXid returns.",
+            panel="fabric",
+            condition="${NVSWITCH_FATAL}",
+            copy_labels=("nvswitch",), group="fabric",
+            needs=Action.REBOOT_NODE),
+        dict(
+            name="FabricManagerNotReady", severity="critical", category="gpu_interconnect",
+            cause=CauseClass.HARDWARE, scope="host",
+            summary="The NVLink fabric of a node is not trained (Fabric Manager).",
+            description=f"The Fabric Manager status of GPU {{{{ $labels.gpu }}}} on {_HOST} is "
+                        f"{_WHOLE} (1 not started, 4 failure, 5 unrecognized, 6 NVML too old; 3 "
+                        "is success).",
+            impact="CUDA cannot use NVLink peer-to-peer on the node: jobs fail to start or "
+                   "their collectives fail.",
+            remediation="Restart nvidia-fabricmanager (or reboot the node); check its log "
+                        "for the failing switch or trunk link.",
+            panel="fabric",
+            condition="max by (hostname, gpu) (${FABRIC_MANAGER_DOWN})",
+            for_="5m", copy_labels=("gpu",), group="fabric",
+            needs=Action.SERVICE, clears_when_fixed=True),
+        # --- power and chassis (ipmi_exporter, off by default) ----------------------------------
+        dict(
+            name="HostPowerSupplyFault", severity="warning", category="host",
+            cause=CauseClass.HARDWARE, scope="host",
+            summary="A node's power supply or power sensor is not nominal (IPMI).",
+            description="IPMI sensor {{ $labels.name }} on " + _HOST + " is in state "
+                        f"{_WHOLE} (1 warning, 2 critical).",
+            impact="The node runs without power redundancy or out of its power envelope: the "
+                   "GPUs' power brake slows the job, and a second failure takes the node down.",
+            remediation="Replace or reseat the power supply and check the feed (PDU, rack "
+                        "circuit); move jobs off the node if it also throttles.",
+            panel="power_chassis",
+            condition="${IPMI_POWER_FAULT}",
+            for_="2m", copy_labels=("name",), group="host-power",
+            needs=Action.SERVICE, clears_when_fixed=True),
+        dict(
+            name="HostChassisSensorCritical", severity="warning", category="host",
+            cause=CauseClass.HARDWARE, scope="host",
+            summary="A node's chassis sensor (fan, temperature, CPU, memory) is critical (IPMI).",
+            description="IPMI sensor {{ $labels.name }} on " + _HOST + " is critical (state "
+                        f"{_WHOLE}).",
+            impact="A failed fan, an overheating chassis or a CPU/memory fault: the GPUs "
+                   "throttle or the node shuts down, slowing or ending the job.",
+            remediation="Read the BMC's SEL for the sensor; fix cooling or the failed part "
+                        "before the node takes jobs again.",
+            panel="power_chassis",
+            condition="${IPMI_CHASSIS_CRITICAL}",
+            for_="2m", copy_labels=("name",), group="host-power",
+            needs=Action.SERVICE, clears_when_fixed=True),
+        # --- repeat offenders -------------------------------------------------------------------
+        dict(
+            name="GpuRepeatOffender", severity="warning", category="gpu_hardware",
+            cause=CauseClass.HARDWARE, scope="gpu",
+            summary="A GPU keeps failing: replace it, do not reset it again.",
+            description=f"GPU {{{{ $labels.gpu }}}} on {_HOST} had {_WHOLE} hardware faults in "
+                        f"the last {span(s.REPEAT_WINDOW)} (repeat offender from "
+                        f"{REPEAT_FAULTS_MIN}).",
+            impact="A reset or reboot clears the fault but not its cause: the next job on this "
+                   "GPU is likely to fail the same way.",
+            remediation="Replace, not reset: drain the node and ask for a field diagnosis "
+                        "and replacement (RMA) of this GPU.",
+            panel="repeat_offenders",
+            condition="""
+changes(${GPU_HARDWARE_SINCE}[${REPEAT_WINDOW}]) + 1
+>= ${REPEAT_FAULTS_MIN}
+""",
+            group="repeat-offenders",
+            needs=Action.REPLACE),
+        dict(
+            name="HostRepeatOffender", severity="warning", category="pipeline",
+            cause=CauseClass.SYMPTOM, scope="pipeline",
+            summary="A node keeps having hardware faults: take it out for repair.",
+            description=f"{_HOST} had {_WHOLE} hardware-fault episodes in the last "
+                        f"{span(s.REPEAT_WINDOW)} (repeat offender from {REPEAT_FAULTS_MIN}).",
+            impact="A lemon node fails job after job; retiring the few repeat offenders is "
+                   "what cuts the failure rate of large jobs (Meta: 14% to 4% for 512+ GPUs).",
+            remediation="Drain the node and have it repaired (replace the failing GPU, DIMM, "
+                        "PSU or board) instead of resetting it again.",
+            panel="repeat_offenders",
+            condition="""
+changes(${HOST_HARDWARE_SINCE}[${REPEAT_WINDOW}]) + 1
+>= ${REPEAT_FAULTS_MIN}
+""",
+            group="pipeline-repeat-offenders",
+            needs=Action.NONE, clears_when_fixed=True),
+    ]
+    return [make(**spec) for spec in d]
+
+
+# The alerts that count as a hardware fault for the repeat-offender records: the hardware class
+# on a GPU or host, but never the repeat offenders themselves.
+REPEAT_EXCLUDED = ("GpuRepeatOffender", "HostRepeatOffender")
+
+
+def hardware_alerts(alerts: dict[str, Any], scopes: tuple[str, ...]) -> str:
+    """A regex of the catalog's hardware-class alerts of the given scopes."""
+    names = sorted(a.name for a in alerts.values()
+                   if a.cause is CauseClass.HARDWARE and a.scope in scopes
+                   and a.name not in REPEAT_EXCLUDED)
+    return "|".join(names)

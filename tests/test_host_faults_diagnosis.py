@@ -1,0 +1,177 @@
+"""Issue 28 end to end through the bridge's diagnosis: the host alerts, with the labels and
+annotations the shipped rules give them (alert_rules/wandb-infra.rules.yml), parsed from a
+webhook body as the bridge parses it, then diagnosed and decided (bridge/verdict.py). A host OOM
+kill or a lost mount explains the NCCL errors and stalls that follow; maintenance is shown as
+maintenance, never as a hardware fault; a later hardware fault is its own issue; a repeat
+offender is "replace, not reset"."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness.bridge_payloads import T0, alert
+from tests.test_bridge_diagnosis import facts
+from wandb_infra.bridge.diagnosis import diagnose
+from wandb_infra.bridge.remediation import exclusion
+from wandb_infra.bridge.verdict import Policy, decide
+from wandb_infra.catalog.alerts import ALERTS
+from wandb_infra.catalog.recovery import Action
+from wandb_infra.catalog.vocabulary import CauseClass
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parent.parent
+RULES = ROOT / "alert_rules" / "wandb-infra.rules.yml"
+RUN = "r28"
+HOSTS = [f"gpu-{i:02d}" for i in range(8)]
+
+
+def _shipped() -> dict[str, dict]:
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    return {r["alert"]: r for g in groups for r in g["rules"] if "alert" in r}
+
+
+SHIPPED = _shipped()
+
+
+def shipped(name: str, *, host: str, gpu: str = "", minutes: float = 0,
+            extra: dict[str, str] | None = None) -> dict:
+    """A webhook alert as the shipped rule raises it: its labels and static annotations, started
+    ``minutes`` after T0 (Prometheus' startsAt: the onset plus the rule's ``for``)."""
+    rule = SHIPPED[name]
+    labels = rule["labels"]
+    annotations = {k: v for k, v in rule["annotations"].items() if "{{" not in v}
+    annotations["description"] = f"{name} on {host}"
+    for_seconds = int(annotations.get("for_seconds", "0"))
+    return alert(name, category=labels["category"], severity=labels["severity"], host=host,
+                 gpu=gpu, run=RUN, start=T0 + timedelta(minutes=minutes, seconds=for_seconds),
+                 annotations=annotations, extra=extra)
+
+
+def nccl_aftermath(minutes: float, skip: str = "") -> list[dict]:
+    """What the other ranks report after one dies: application XIDs (NCCL errors surfacing as
+    illegal accesses) and a stall on every host."""
+    out = [shipped("GpuXidApplicationError", host=h, gpu="0", minutes=minutes,
+                   extra={"xid": "13"}) for h in HOSTS if h != skip]
+    out += [shipped("TrainingStalled", host=h, minutes=minutes + 1) for h in HOSTS if h != skip]
+    return out
+
+
+def test_every_host_alert_is_shipped_and_attributed():
+    for name in ("HostOomKill", "FilesystemNotResponding", "NodeMaintenance", "NodeRebooted",
+                 "HostMemoryUncorrectableErrors", "GpuRepeatOffender"):
+        assert name in SHIPPED
+        assert "wandb_run_node_info" in SHIPPED[name]["expr"] or "wandb_run_gpu" in \
+            SHIPPED[name]["expr"], name
+
+
+def test_host_oom_kill_explains_the_nccl_errors_and_stalls():
+    diagnosis = diagnose(facts([shipped("HostOomKill", host="gpu-03"), *nccl_aftermath(1)]))
+    assert len(diagnosis.issues) == 1
+    issue = diagnosis.issues[0]
+    assert issue.root.alertname == "HostOomKill"
+    assert issue.root.cause is CauseClass.HOST_RESOURCE
+    assert {c.alertname for c in issue.consequences} == {"GpuXidApplicationError",
+                                                         "TrainingStalled"}
+    assert len(issue.consequences) == 16
+    assert "the loss of a host resource" in issue.reasoning
+    decision = decide(issue, Policy(), timelines=None, evidence=None,
+                      now=(T0 + timedelta(minutes=5)).timestamp(), exclusion_for=exclusion)
+    assert decision is not None and decision.need.action is Action.RESTART_APP
+    assert decision.verdict == "safe" and not decision.drain
+
+
+def test_lost_mount_on_every_host_explains_the_stalls():
+    mount = {"mountpoint": "/mnt/ckpt"}
+    lost = [shipped("FilesystemNotResponding", host=h, extra=mount) for h in HOSTS]
+    diagnosis = diagnose(facts([*lost, *[shipped("TrainingStalled", host=h, minutes=3)
+                                         for h in HOSTS]]))
+    assert len(diagnosis.issues) == 1
+    issue = diagnosis.issues[0]
+    assert issue.root.alertname == "FilesystemNotResponding"
+    assert {c.alertname for c in issue.consequences} == {"FilesystemNotResponding",
+                                                         "TrainingStalled"}
+
+
+def test_a_later_hardware_fault_is_its_own_issue_and_the_headline():
+    alerts = [shipped("HostOomKill", host="gpu-03"), *nccl_aftermath(1),
+              shipped("GpuFallenOffBus", host="gpu-05", gpu="2", minutes=4)]
+    diagnosis = diagnose(facts(alerts))
+    roots = [i.root.alertname for i in diagnosis.issues]
+    assert roots == ["HostOomKill", "GpuFallenOffBus"]
+    assert diagnosis.root_cause is not None
+    assert diagnosis.root_cause.root.alertname == "GpuFallenOffBus"
+
+
+def test_maintenance_is_shown_as_maintenance_and_explains_the_node_loss():
+    maint = {"scheduler": "slurm", "state": "ALLOCATED+MAINT", "reason": "BIOS update"}
+    alerts = [shipped("NodeMaintenance", host="gpu-06", extra=maint),
+              shipped("NodeDown", host="gpu-06", minutes=4, extra={"exporter": "node_exporter"}),
+              shipped("GpuFallenOffBus", host="gpu-06", gpu="1", minutes=4),
+              *(shipped("TrainingStalled", host=h, minutes=5) for h in HOSTS if h != "gpu-06")]
+    diagnosis = diagnose(facts(alerts))
+    assert len(diagnosis.issues) == 1
+    issue = diagnosis.issues[0]
+    assert issue.root.alertname == "NodeMaintenance"
+    assert issue.root.cause is CauseClass.MAINTENANCE
+    assert "hardware" not in issue.root.cause.name.lower()
+    assert "under maintenance" in issue.reasoning
+    assert {c.alertname for c in issue.consequences} == {"NodeDown", "GpuFallenOffBus",
+                                                         "TrainingStalled"}
+
+
+def test_unplanned_reboot_needs_nothing_once_back():
+    diagnosis = diagnose(facts([shipped("NodeRebooted", host="gpu-01"), *nccl_aftermath(0)]))
+    issue = diagnosis.issues[0]
+    assert issue.root.alertname == "NodeRebooted"
+    decision = decide(issue, Policy(), timelines=None, evidence=None,
+                      now=(T0 + timedelta(minutes=5)).timestamp(), exclusion_for=exclusion)
+    assert decision is not None and decision.need.action is Action.NONE
+    assert decision.verdict == "safe"
+
+
+def test_edac_uncorrectable_needs_service():
+    diagnosis = diagnose(facts([shipped("HostMemoryUncorrectableErrors", host="gpu-02",
+                                        extra={"controller": "0"}), *nccl_aftermath(1)]))
+    issue = diagnosis.issues[0]
+    assert issue.root.alertname == "HostMemoryUncorrectableErrors"
+    decision = decide(issue, Policy(), timelines=None, evidence=None,
+                      now=(T0 + timedelta(minutes=5)).timestamp(), exclusion_for=exclusion)
+    assert decision is not None and decision.need.action is Action.SERVICE
+    assert "without gpu-02" in decision.advice
+
+
+def test_repeat_offender_gpu_is_replace_not_reset():
+    fault = shipped("GpuDoubleBitEccErrors", host="gpu-04", gpu="3")
+    flagged = shipped("GpuRepeatOffender", host="gpu-04", gpu="3", minutes=3)
+    now = (T0 + timedelta(minutes=10)).timestamp()
+    plain = diagnose(facts([fault])).issues[0]
+    base = decide(plain, Policy(), timelines=None, evidence=None, now=now,
+                  exclusion_for=exclusion)
+    assert base is not None and base.need.action is Action.RESET_GPU
+    issue = diagnose(facts([fault, flagged, *nccl_aftermath(1, skip="gpu-04")])).issues[0]
+    assert issue.root.alertname == "GpuDoubleBitEccErrors"
+    assert "GpuRepeatOffender" in issue.alertnames
+    decision = decide(issue, Policy(), timelines=None, evidence=None, now=now,
+                      exclusion_for=exclusion)
+    assert decision is not None and decision.need.action is Action.REPLACE
+    assert "replace, not reset" in decision.detail
+    assert "replacement" in decision.advice
+
+
+def test_catalog_needs_follow_the_recovery_model():
+    needs = {n: ALERTS[n].needs for n in ("HostOomKill", "HostMemoryUncorrectableErrors",
+                                          "FilesystemReadOnly", "FilesystemFull", "NodeRebooted",
+                                          "NodeMaintenance", "GpuRepeatOffender")}
+    assert needs == {"HostOomKill": Action.RESTART_APP,
+                     "HostMemoryUncorrectableErrors": Action.SERVICE,
+                     "FilesystemReadOnly": Action.SERVICE, "FilesystemFull": Action.SERVICE,
+                     "NodeRebooted": Action.NONE, "NodeMaintenance": Action.SERVICE,
+                     "GpuRepeatOffender": Action.REPLACE}
+    assert ALERTS["FilesystemReadOnly"].clears_when_fixed
+    assert ALERTS["FilesystemFull"].clears_when_fixed
+    assert ALERTS["NodeMaintenance"].cause is CauseClass.MAINTENANCE
