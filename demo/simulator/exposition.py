@@ -230,6 +230,26 @@ def _pod_labels(pods: PodOf, host: str, index: int) -> str:
     return f',pod="{pod}",namespace="{namespace}",container="trainer"'
 
 
+# Steady, healthy host series the issue-28 rules read (vmstat, PSI, EDAC, filesystems: a root
+# disk, local scratch, a shared checkpoint mount and an excluded boot partition), so the rules
+# benchmark pays for them as on a real node.
+_MOUNTS = (("/dev/nvme0n1p2", "ext4", "/"), ("/dev/md0", "xfs", "/scratch"),
+           ("storage:/ckpt", "nfs4", "/checkpoints"), ("/dev/nvme0n1p1", "vfat", "/boot/efi"))
+HOST_HEALTH = "".join([
+    "# TYPE node_vmstat_oom_kill untyped\nnode_vmstat_oom_kill 0\n",
+    "# TYPE node_pressure_memory_stalled_seconds_total counter\n"
+    "node_pressure_memory_stalled_seconds_total 0\n",
+    *(f"# TYPE node_edac_{kind}_errors_total counter\n"
+      + "".join(f'node_edac_{kind}_errors_total{{controller="{c}"}} 0\n' for c in "01")
+      for kind in ("correctable", "uncorrectable")),
+    *(f"# TYPE node_filesystem_{metric} gauge\n"
+      + "".join(f'node_filesystem_{metric}{{device="{d}",fstype="{f}",mountpoint="{m}"}} '
+                f"{value}\n" for d, f, m in _MOUNTS)
+      for metric, value in (("readonly", 0), ("device_error", 0), ("avail_bytes", 4e11),
+                            ("size_bytes", 1e12))),
+])
+
+
 def node_text(host: Host, now: float) -> str:
     """One host's node_exporter page: uname, boot time, Ethernet up/carrier, InfiniBand ports."""
     release = "5.15.0-131-generic"
@@ -254,6 +274,7 @@ def node_text(host: Host, now: float) -> str:
           f"{math.floor(e.carrier.value(now))}\n" for e in host.eth.values()),
         'node_network_carrier_changes_total{device="lo"} 0\n',
     ]
+    out.append(HOST_HEALTH)
     if not host.ib:
         return "".join(out)
     ports = list(host.ib.values())
