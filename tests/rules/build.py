@@ -100,6 +100,8 @@ class Case:
     # More times at which the same expectation must hold (one ``alert_rule_test`` each), for a
     # result that must not depend on the evaluation a rule group's timer happens to land on.
     also_at: tuple[str, ...] = ()
+    # promtool's input series interval (the rule evaluation interval is the file's).
+    interval: str = "30s"
 
     def as_dict(self, cfg: dict[str, Any]) -> dict[str, Any]:
         """The promtool test entry."""
@@ -116,7 +118,7 @@ class Case:
             if exp:
                 test["exp_alerts"] = exp
             checks.append(test)
-        return {"name": self.name, "interval": "30s",
+        return {"name": self.name, "interval": self.interval,
                 "input_series": [s.as_dict() for s in self.series],
                 "alert_rule_test": checks}
 
@@ -839,6 +841,100 @@ def pipeline_cases() -> list[Case]:
     ]
 
 
+@dataclass
+class Timeline:
+    """One promtool test over shared series with several alerts checked at several times: for
+    scenarios that span hours, where each test case costs every rule at every step."""
+
+    name: str
+    series: list[Series]
+    interval: str
+    # (alert, times, expected alerts at each of them)
+    checks: list[tuple[str, tuple[str, ...], list[Expect]]]
+
+    def as_dict(self, cfg: dict[str, Any]) -> dict[str, Any]:
+        """The promtool test entry."""
+        tests = []
+        for alert, times, expect in self.checks:
+            case = Case(self.name, alert, self.series, times[0], expect, times[1:],
+                        self.interval).as_dict(cfg)
+            tests += case["alert_rule_test"]
+        return {"name": self.name, "interval": self.interval,
+                "input_series": [s.as_dict() for s in self.series], "alert_rule_test": tests}
+
+
+def down_cases() -> list[Timeline]:
+    """Down means down: NodeDown, WandbInfraExporterDown and WandbInfraBridgeDown fire for as
+    long as the target is down and its host still matters (checked at 2 h and 24 h, one sample a
+    minute), and end when it is back or removed from discovery on purpose (no run on its host).
+    One timeline, one host or target per scenario."""
+    day = 1450  # minutes of samples: a day and a little
+    down = f"1x10 0x{day}"
+    back = f"1x10 0x110 1x{day - 120}"
+    decommissioned = "1x10 0x110 stale"
+
+    def up(instance: str, job: str, values: str) -> Series:
+        return Series("up", {"instance": instance, "job": job}, values)
+
+    def host(name: str, up_values: str, uname_values: str = "1x10", run: bool = False
+             ) -> list[Series]:
+        out = [node("node_uname_info", uname_values, name, nodename=name, sysname="Linux"),
+               up(f"{name}:9100", "node", up_values)]
+        if run:
+            info = node_info({**RUN_A, "wandb_run_id": f"run-{name}"}, name)
+            out.append(Series(info.name, info.labels, f"1x{day}"))
+        return out
+
+    series = [
+        *host("down-run", down, run=True),  # down for a day under a run
+        *host("down-idle", down),  # down for a day, no run
+        *host("gone-run", "1x10 stale", run=True),  # removed from discovery under a run
+        *host("back", back, "1x10 _x110 1x1330", run=True),  # back after 2 hours
+        *host("decom", decommissioned),  # down, then removed from discovery, no run
+        dcgm("hostname", "DCGM_FI_DEV_GPU_TEMP", "40x10", "gpu-down"),
+        up("gpu-down:9400", "dcgm", down),  # dcgm-exporter down for a day
+    ]
+
+    def node_down(name: str, run: bool = False, exporter: str = "node_exporter") -> Expect:
+        labels = {"hostname": name, "exporter": exporter}
+        if run:
+            labels = {**RUN_A, "wandb_run_id": f"run-{name}", **labels}
+        return Expect(labels, f"The {exporter} target of {name} is down or gone (up = 0).")
+
+    always = [node_down("down-run", True), node_down("down-idle"), node_down("gone-run", True),
+              node_down("gpu-down", exporter="dcgm_exporter")]
+    checks = [("NodeDown", ("1h55m", "2h"),
+               [*always, node_down("back", True), node_down("decom")]),
+              ("NodeDown", ("2h10m", "24h"), always)]
+    for alert, metric, what, port in (("WandbInfraExporterDown", "wandb_infra_exporter_hosts",
+                                       "exporter", "9842"),
+                                      ("WandbInfraBridgeDown", "wandb_infra_bridge_queue_runs",
+                                       "bridge", "9461")):
+        job = f"wandb-infra-{what}"
+        targets = {kind: {"instance": f"{what}-{kind}:{port}", "job": job}
+                   for kind in ("down", "back", "decom")}
+        series += [Series(metric, targets["down"], "3x10"), Series("up", targets["down"], down),
+                   Series(metric, targets["back"], "3x10 _x110 3x1330"),
+                   Series("up", targets["back"], back),
+                   Series(metric, targets["decom"], "3x10"),
+                   Series("up", targets["decom"], decommissioned)]
+
+        def gone(kind: str, what: str = what, job: str = job, port: str = port) -> Expect:
+            instance = f"{what}-{kind}:{port}"
+            return Expect({"instance": instance, "job": job},
+                          f"The {what} target {instance} (job {job}) is down (up = 0).")
+
+        checks += [(alert, ("1h55m", "2h"), [gone("down"), gone("back"), gone("decom")]),
+                   (alert, ("2h10m", "24h"), [gone("down")])]
+    return [Timeline("down means down: node, exporter and bridge targets over a day", series,
+                     "1m", checks)]
+
+
+# Files whose cases span a day evaluate once a minute (promtool evaluates every group at every
+# step); the others every 30 s, the recommended evaluation_interval.
+EVALUATION_INTERVAL = {"down_long.test.yml": "1m"}
+
+
 def files(cfg: dict[str, Any]) -> dict[str, str]:
     """Test file name -> YAML text."""
     rules = f"../../alert_rules/{generate.RULES_FILE}"
@@ -855,8 +951,10 @@ def files(cfg: dict[str, Any]) -> dict[str, str]:
         groups[f"attribution_{sp}.test.yml"] = attribution_cases(sp)
     groups["scrape_paths.test.yml"] = scrape_path_cases()
     out = {}
-    for name, cases in groups.items():
-        doc = {"rule_files": [rules], "evaluation_interval": "30s",
+    timelines: dict[str, list[Timeline]] = {"down_long.test.yml": down_cases()}
+    for name, cases in [*groups.items(), *timelines.items()]:
+        doc = {"rule_files": [rules],
+               "evaluation_interval": EVALUATION_INTERVAL.get(name, "30s"),
                "tests": [c.as_dict(cfg) for c in cases]}
         out[name] = generate.HEADER.replace("alert_rules/generate.py", "tests/rules/build.py") \
             + generate.dump(doc)
