@@ -398,20 +398,57 @@ def _tier_note(tier: str | None) -> str:
     return note
 
 
+def describe_group(group: dict[str, Any], lead: str, tier: str | None) -> str:
+    """A group's comment, built from the rules the group holds (so it cannot describe another
+    group): an optional lead sentence, its records by kind, its alerts, how often it runs."""
+    records = [r["record"] for r in group["rules"] if "record" in r]
+    alerts = [r["alert"] for r in group["rules"] if "alert" in r]
+    faults = [r for r in records if ":alert_" in r]
+    joins = [r for r in records if ":faulty_" in r]
+    other = [r for r in records if r not in faults and r not in joins]
+    parts = [lead] if lead else []
+    if other:
+        parts.append(f"Records {', '.join(other)}.")
+    if faults:
+        parts.append("The faulty entities of each alert below, recorded once: "
+                     f"{', '.join(faults)}.")
+    if joins:
+        parts.append("The run rows of the hosts with such a fault (the join metrics read once "
+                     f"per evaluation): {', '.join(joins)}.")
+    if alerts:
+        how = (", each attributing its fault record to the runs through those rows"
+               if joins else "")
+        parts.append(f"Alerts {', '.join(alerts)}{how}.")
+    parts.append(_tier_note(tier))
+    return " ".join(parts)
+
+
 def group_comments(cfg: dict[str, Any]) -> dict[str, str]:
-    """What each rule group holds and how often it runs, by group name (printed above it)."""
-    alerts = families()
+    """What each rule group holds and how often it runs, by group name (printed above it),
+    described from the group's own rules (``describe_group``)."""
     out = {}
-    for name, tier, records in recordings(cfg):
-        if name in alerts:
-            what = (f"The {name} alerts ({', '.join(a.name for a in alerts[name])}): each "
-                    "alert's faulty entities recorded once, the join rows of the hosts with such "
-                    "a fault, then the alerts attributing each fault to the runs on it.")
-        else:
-            what = NORMALISE_NOTES[name]
-        rules = len(records) + len(alerts.get(name, []))
-        for gname, _ in _chunks(list(range(rules)), f"{cfg['group_prefix']}-{name}"):
-            out[gname] = f"{what} {_tier_note(tier)}"
+    for group in groups(cfg):
+        tier = group.get("interval")
+        base = group["name"].removeprefix(f"{cfg['group_prefix']}-")
+        lead = next((note for name, note in NORMALISE_NOTES.items()
+                     if base == name or re.fullmatch(rf"{re.escape(name)}-\d+", base)), "")
+        out[group["name"]] = describe_group(group, lead, tier)
+    return out
+
+
+def alert_comments(cfg: dict[str, Any]) -> dict[str, list[str]]:
+    """Above each alert: its summary and, for an attributed alert, the catalog's condition as
+    its fault record holds it, so the condition is readable where the alert is."""
+    by_record = record_tiers(cfg["violation_unit"])
+    out: dict[str, list[str]] = {}
+    for alert in ALERTS.values():
+        record = fault_record(alert)
+        if record is None:
+            out[alert.name] = [f"{alert.name}: {alert.summary}"]
+            continue
+        out[alert.name] = [f"{alert.name}: {alert.summary} Fires for each {alert.scope} in "
+                           f"{record}, which holds (catalog/alerts.py):",
+                           *("  " + line for line in condition(alert, by_record).splitlines())]
     return out
 
 
@@ -432,13 +469,14 @@ def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
 _Dumper.add_representer(str, _str)
 
 
-# Long prose (annotations) folds at spaces onto lines of about this width; YAML reads it back
-# as the same single line.
-YAML_WIDTH = 96
+# Nothing is folded: a folded scalar breaks PromQL or a template ("{{ $value" across lines) where
+# an operator reads it, so every single-line string stays on its line however long.
+YAML_WIDTH = 1 << 30
 
 
 def dump(data: object) -> str:
-    """Deterministic YAML (insertion order); long plain strings fold at spaces."""
+    """Deterministic YAML (insertion order); strings are never folded, multi-line ones are
+    literal blocks."""
     return yaml.dump(data, Dumper=_Dumper, sort_keys=False, width=YAML_WIDTH, allow_unicode=True)
 
 
@@ -447,11 +485,13 @@ COMMENT_WIDTH = 100
 
 def _comment(text: str, indent: str) -> list[str]:
     return [f"{indent}# {line}"
-            for line in textwrap.wrap(text, COMMENT_WIDTH - len(indent) - 2)]
+            for line in textwrap.wrap(text, COMMENT_WIDTH - len(indent) - 2,
+                                      break_on_hyphens=False, break_long_words=False)]
 
 
 def groups_yaml(groups: list[dict[str, Any]], notes: dict[str, str],
-                group_notes: dict[str, str], indent: str = "") -> str:
+                group_notes: dict[str, str], indent: str = "",
+                alert_notes: dict[str, list[str]] | None = None) -> str:
     """``groups:`` as YAML at ``indent``, a comment above each group (what it holds, how often it
     runs) and above each recording rule (what it holds and why), a blank line between groups.
     PyYAML writes no comments, so each group's header and each rule are dumped on their own and
@@ -467,13 +507,18 @@ def groups_yaml(groups: list[dict[str, Any]], notes: dict[str, str],
         for rule in group["rules"]:
             if "record" in rule:
                 out += _comment(notes[rule["record"]], indent + "  ")
+            elif alert_notes and rule["alert"] in alert_notes:
+                head_line, *promql_lines = alert_notes[rule["alert"]]
+                out += _comment(head_line, indent + "  ")
+                out += [f"{indent}  # {line}" for line in promql_lines]
             out += [indent + "  " + line for line in dump([rule]).splitlines()]
     return "\n".join(out) + "\n"
 
 
 def rules_text(cfg: dict[str, Any]) -> str:
     """The Prometheus rule file."""
-    return HEADER + groups_yaml(groups(cfg), comments(cfg), group_comments(cfg))
+    return HEADER + groups_yaml(groups(cfg), comments(cfg), group_comments(cfg),
+                                alert_notes=alert_comments(cfg))
 
 
 def manifest_text(cfg: dict[str, Any]) -> str:
@@ -489,7 +534,8 @@ def manifest_text(cfg: dict[str, Any]) -> str:
         },
     }
     return HEADER + dump(manifest) + "spec:\n" + groups_yaml(groups(cfg), comments(cfg),
-                                                             group_comments(cfg), "  ")
+                                                             group_comments(cfg), "  ",
+                                                             alert_comments(cfg))
 
 
 def counters_text() -> str:

@@ -304,3 +304,67 @@ def test_templates_substitute_names_and_indent_nested_values():
     assert placeholders("${A} or ${B} or ${A}") == ["A", "B"]
     with pytest.raises(KeyError):
         fill("${UNKNOWN} > 0", {})
+
+
+def _group_comment_blocks(text: str) -> dict[str, str]:
+    """The comment lines right above each ``- name:`` line, joined, by group name."""
+    out, pending = {}, []
+    for line in text.splitlines():
+        if line.startswith("# "):
+            pending.append(line[2:])
+        elif line.startswith("- name: "):
+            out[line.removeprefix("- name: ")] = " ".join(pending)
+            pending = []
+        elif line.strip():
+            pending = []
+    return out
+
+
+def test_group_comments_name_exactly_their_own_alerts_and_records():
+    """Comments are built from the group they stand above: every alert and record of the group
+    is named there, and no alert of another group is."""
+    text = RULES.read_text()
+    blocks = _group_comment_blocks(text)
+    groups = _groups()
+    assert set(blocks) == {g["name"] for g in groups}
+    for group in groups:
+        comment = blocks[group["name"]]
+        names = {r.get("alert") or r["record"] for r in group["rules"]}
+        assert all(re.search(rf"(?<![\w:]){re.escape(n)}(?![\w:])", comment) for n in names), \
+            group["name"]
+        listed = re.search(r"Alerts ((?:[A-Z]\w+(?:, )?)+)", comment)
+        alerts = {r["alert"] for r in group["rules"] if "alert" in r}
+        assert set(listed.group(1).rstrip(", ").split(", ") if listed else ()) == alerts, \
+            group["name"]
+
+
+def test_no_folding_inside_promql_or_templates():
+    """Every annotation and single-line expression is on one line of the file, as read back; a
+    template such as ``{{ $value`` never breaks across lines."""
+    for path in (RULES, ROOT / "alert_rules" / generate.MANIFEST_FILE):
+        text = path.read_text()
+        assert not re.search(r"\{\{[^}]*\n", text), path.name
+        lines = set(text.splitlines())
+        for rule in (r for g in _groups() for r in g["rules"]):
+            singles = [*rule.get("annotations", {}).values(), rule["expr"]]
+            for value in (v for v in singles if "\n" not in v):
+                assert any(value in line or value.replace("'", "''") in line
+                           or json.dumps(value) in line for line in lines), (path.name, value)
+
+
+def test_each_alert_shows_its_condition_above_it():
+    """An attributed alert's condition is printed as a comment right above the alert."""
+    text = RULES.read_text().splitlines()
+    by_record = generate.record_tiers()
+    for alert in ALERTS.values():
+        at = text.index(f"  - alert: {alert.name}")
+        above = []
+        for line in reversed(text[:at]):
+            if not line.startswith("  #"):
+                break
+            above.insert(0, line.removeprefix("  # "))
+        assert above and above[0].startswith(f"{alert.name}: "), alert.name
+        if generate.fault_record(alert):
+            shown = "\n".join(line.removeprefix("  ") for line in above[-len(
+                generate.condition(alert, by_record).splitlines()):])
+            assert shown == generate.condition(alert, by_record), alert.name
