@@ -23,7 +23,13 @@ from wandb_infra.alert_rules import normalise, tiers
 from wandb_infra.alert_rules.attribution import attributed, family_joins, faulty_joins
 from wandb_infra.catalog import panels, runbook
 from wandb_infra.catalog import series as s
-from wandb_infra.catalog.alerts import ALERTS, TEMPLATE_VALUES, AlertDef, duration_seconds
+from wandb_infra.catalog.alerts import (
+    ALERTS,
+    TEMP_WARNING_C,
+    TEMPLATE_VALUES,
+    AlertDef,
+    duration_seconds,
+)
 from wandb_infra.catalog.template import Value, fill, placeholders
 from wandb_infra.common.configfile import ConfigError, load_config
 from wandb_infra.common.generated import write_or_check
@@ -41,7 +47,33 @@ DEFAULTS: dict[str, Any] = {
     "group_prefix": "wandb-infra",
     "manifest_name": "wandb-infra-rules",
     "manifest_namespace": "monitoring",
+    # The canonical host key: the first group of this regex where it matches the exporter's host
+    # name (mixin _config.hostKeyRegex); "(.+)" keeps names whole.
+    "host_key_regex": normalise.FQDN,
+    # Alert thresholds by the mixin's _config.thresholds keys (THRESHOLDS); unset: the catalog's.
+    "thresholds": {},
 }
+# Thresholds an operator may set (generator config ``thresholds:``, mixin ``_config.thresholds``),
+# by the mixin's camelCase key, with the catalog name the alert conditions read. Only thresholds
+# that no normalisation record cuts at (a record's own cut, such as the 85 C warning, bounds what
+# an alert can see).
+THRESHOLDS: dict[str, str] = {
+    "tempCriticalC": "TEMP_CRITICAL_C",
+    "thermalViolationRatio": "THERMAL_VIOLATION_RATIO",
+    "powerViolationRatio": "POWER_VIOLATION_RATIO",
+    "pcieReplaysPerMinute": "PCIE_REPLAYS_PER_MINUTE",
+    "nvlinkCrcFailPerSecond": "NVLINK_CRC_FAIL_PER_SECOND",
+    "retiredPagesLimit": "RETIRED_PAGES_LIMIT",
+    "uncorrectableRowsLimit": "UNCORRECTABLE_ROWS_LIMIT",
+    "sbeStormPerWindow": "SBE_STORM_PER_WINDOW",
+    "ibPhysicalErrorsPerSecond": "IB_PHYSICAL_ERRORS_PER_SECOND",
+    "ibFlapsMin": "IB_FLAPS_MIN",
+    "carrierChangesMin": "CARRIER_CHANGES_MIN",
+    "sourceStaleSeconds": "SOURCE_STALE_SECONDS",
+    "deliveryBacklogSeconds": "DELIVERY_BACKLOG_SECONDS",
+}
+# mixin/rules.json carries these in place of the values; mixin/rules.libsonnet puts _config's in.
+MIXIN_TOKEN = "<<{}>>"
 RULES_FILE = "wandb-infra.rules.yml"
 MANIFEST_FILE = "wandb-infra.prometheusrule.yaml"
 COUNTERS_FILE = "dcgm-counters.csv"
@@ -122,6 +154,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--group-prefix", help="prefix of the rule group names")
     parser.add_argument("--manifest-name", help="metadata.name of the PrometheusRule")
     parser.add_argument("--manifest-namespace", help="metadata.namespace of the PrometheusRule")
+    parser.add_argument("--host-key-regex",
+                        help="regex whose first group is the canonical host key where it matches "
+                             "an exporter's host name (default: the first label of an FQDN; "
+                             "'(.+)' keeps names whole); the mixin's _config.hostKeyRegex")
     parser.add_argument("--out-dir", default=str(ROOT),
                         help="repository root to write into (default: this repository)")
     parser.add_argument("--check", action="store_true",
@@ -145,7 +181,33 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         if not isinstance(cfg[key], str) or not cfg[key]:
             raise ConfigError(f"{key} must be a non-empty string")
     cfg["runbook_base"] = cfg["runbook_base"].rstrip("/")
+    if not isinstance(cfg["host_key_regex"], str) or "(" not in cfg["host_key_regex"]:
+        raise ConfigError("host_key_regex must be a regex with a group (the host key)")
+    thresholds = cfg["thresholds"] or {}
+    if not isinstance(thresholds, dict) or set(thresholds) - set(THRESHOLDS):
+        raise ConfigError(f"thresholds takes only {sorted(THRESHOLDS)}")
+    for key, value in thresholds.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"thresholds.{key} must be a number, not {value!r}")
+    if thresholds.get("tempCriticalC", TEMPLATE_VALUES["TEMP_CRITICAL_C"]) < TEMP_WARNING_C:
+        raise ConfigError(f"thresholds.tempCriticalC must be at least the {TEMP_WARNING_C} C "
+                          "warning the temperature records start at")
+    cfg["thresholds"] = dict(thresholds)
     return cfg
+
+
+def threshold_values(cfg: dict[str, Any]) -> dict[str, Value]:
+    """The thresholds the alert conditions read: the catalog's, with the configured ones (or,
+    for the mixin, its tokens) in place."""
+    if cfg.get("mixin_tokens"):
+        return {name: MIXIN_TOKEN.format(key) for key, name in THRESHOLDS.items()}
+    return {THRESHOLDS[key]: value for key, value in cfg.get("thresholds", {}).items()}
+
+
+def _host_key_regex(cfg: dict[str, Any]) -> str:
+    if cfg.get("mixin_tokens"):
+        return MIXIN_TOKEN.format("hostKeyRegex")
+    return str(cfg.get("host_key_regex", normalise.FQDN))
 
 
 
@@ -177,7 +239,7 @@ def family(alert: AlertDef) -> str:
 
 def _alert(alert: AlertDef, cfg: dict[str, Any], by_record: dict[str, str | None]
            ) -> dict[str, Any]:
-    source = fault_record(alert) or condition(alert, by_record)
+    source = fault_record(alert) or condition(alert, by_record, threshold_values(cfg))
     out: dict[str, Any] = {
         "alert": alert.name,
         "expr": attributed(alert.scope, source, alert.copy_labels, family_joins(family(alert))),
@@ -207,10 +269,11 @@ def _chunks(rules: list[Any], name: str) -> Iterable[tuple[str, list]]:
 
 # Recording groups: (name, tier, rules). Order within a group matters (later rules read earlier
 # ones at the same timestamp); across groups, records are read at most one interval late.
-def recording_groups(violation_unit: str, strip_domain: bool = True
+def recording_groups(violation_unit: str, strip_domain: bool = True,
+                     host_key_regex: str = normalise.FQDN
                      ) -> list[tuple[str, str | None, list]]:
     """The normalisation groups, each at the tier its alerts' latency allows (``tiers.py``)."""
-    host = normalise.HostKey(strip_domain)
+    host = normalise.HostKey(strip_domain, host_key_regex)
     return [
         ("normalise-fast", tiers.FAST, normalise.target_rules() + normalise.xid_rules(host)),
         ("normalise-gpu", tiers.MEDIUM,
@@ -226,7 +289,9 @@ def recording_groups(violation_unit: str, strip_domain: bool = True
         # issue 28: the host around the GPUs (normalise.py, its section)
         ("normalise-host", tiers.MEDIUM, normalise.host_rules(host)),
         ("normalise-host-history", tiers.SLOW, normalise.host_history_rules()),
-        ("normalise-repeat-offenders", tiers.FAST, normalise.repeat_rules()),
+        # slow: GpuRepeatOffender's family runs at its input's pace and reads every GPU row of
+        # every run (0.2 s per cycle at 1,000 hosts when every cycle)
+        ("normalise-repeat-offenders", tiers.SLOW, normalise.repeat_rules()),
     ]
 
 
@@ -268,10 +333,12 @@ def reading(record: str, tier: str | None) -> str:
     return f"last_over_time({record}[{_duration(_read_window(tier))}])"
 
 
-def condition(alert: AlertDef, by_record: dict[str, str | None]) -> str:
-    """An alert's condition template filled in for the rule files: thresholds as stated, each
-    record through ``reading``. A record read that way cannot take a selector after its name."""
-    values: dict[str, Value] = dict(TEMPLATE_VALUES)
+def condition(alert: AlertDef, by_record: dict[str, str | None],
+              thresholds: dict[str, Value] | None = None) -> str:
+    """An alert's condition template filled in for the rule files: thresholds as stated (or as
+    configured, ``threshold_values``), each record through ``reading``. A record read that way
+    cannot take a selector after its name."""
+    values: dict[str, Value] = {**TEMPLATE_VALUES, **(thresholds or {})}
     for name in placeholders(alert.condition):
         if name in s.RECORDS:
             record = s.RECORDS[name]
@@ -311,12 +378,13 @@ def _group(name: str, tier: str | None, rules: list[dict[str, Any]]) -> dict[str
     return group
 
 
-def fault_recording(alert: AlertDef, by_record: dict[str, str | None]) -> normalise.Recording:
+def fault_recording(alert: AlertDef, by_record: dict[str, str | None],
+                    thresholds: dict[str, Value] | None = None) -> normalise.Recording:
     """The recording rule of an alert's per-entity faults (``fault_record``)."""
     entity = {"gpu": "GPU", "host": "host", "link": "link"}[alert.scope]
     what = alert.summary[0].lower() + alert.summary[1:].rstrip(".")
     return normalise.Recording(
-        str(fault_record(alert)), condition(alert, by_record),
+        str(fault_record(alert)), condition(alert, by_record, thresholds),
         f"{alert.name} per {entity} ({what}): the faulty {entity}s only, valued with the "
         f"measured figure. Recorded once, so the join rows and the alert below read these few "
         f"series instead of every {entity} again.")
@@ -325,10 +393,12 @@ def fault_recording(alert: AlertDef, by_record: dict[str, str | None]) -> normal
 def recordings(cfg: dict[str, Any]) -> list[tuple[str, str | None, list[normalise.Recording]]]:
     """Every recording rule by group (name without prefix, tier): normalisation first, then each
     alert family's fault records and the join rows of its faulty hosts."""
-    out = list(recording_groups(cfg["violation_unit"], cfg["strip_domain"]))
+    out = list(recording_groups(cfg["violation_unit"], cfg["strip_domain"],
+                                _host_key_regex(cfg)))
     by_record = record_tiers(cfg["violation_unit"])
     for name, alerts in families().items():
-        faults = [fault_recording(a, by_record) for a in alerts if fault_record(a)]
+        faults = [fault_recording(a, by_record, threshold_values(cfg))
+                  for a in alerts if fault_record(a)]
         gpu = [f.record for a, f in zip([a for a in alerts if fault_record(a)], faults,
                                         strict=True) if a.scope == "gpu"]
         other = [f.record for f in faults if f.record not in gpu]
@@ -448,7 +518,8 @@ def alert_comments(cfg: dict[str, Any]) -> dict[str, list[str]]:
             continue
         out[alert.name] = [f"{alert.name}: {alert.summary} Fires for each {alert.scope} in "
                            f"{record}, which holds (catalog/alerts.py):",
-                           *("  " + line for line in condition(alert, by_record).splitlines())]
+                           *("  " + line for line in
+                             condition(alert, by_record, threshold_values(cfg)).splitlines())]
     return out
 
 
@@ -638,6 +709,16 @@ def runbook_text(cfg: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
+def mixin_rules_text(cfg: dict[str, Any]) -> str:
+    """mixin/rules.json: the same groups with the configurable thresholds and the host key as
+    tokens (``MIXIN_TOKEN``), and their defaults; mixin/rules.libsonnet fills in _config's, so
+    the mixin with a changed _config renders what the generator writes with the same options."""
+    tokens = {**cfg, "mixin_tokens": True}
+    defaults = {"thresholds": {key: TEMPLATE_VALUES[name] for key, name in THRESHOLDS.items()},
+                "hostKeyRegex": normalise.FQDN}
+    return json.dumps({"defaults": defaults, "groups": groups(tokens)}, indent=1) + "\n"
+
+
 def outputs(cfg: dict[str, Any]) -> dict[Path, str]:
     """Every generated file, relative to the repository root."""
     return {
@@ -645,7 +726,7 @@ def outputs(cfg: dict[str, Any]) -> dict[Path, str]:
         Path("alert_rules") / MANIFEST_FILE: manifest_text(cfg),
         Path("alert_rules") / COUNTERS_FILE: counters_text(),
         RUNBOOK: runbook_text(cfg),
-        MIXIN_RULES: json.dumps({"groups": groups(cfg)}, indent=1) + "\n",
+        MIXIN_RULES: mixin_rules_text(cfg),
     }
 
 
