@@ -73,7 +73,7 @@ THRESHOLDS: dict[str, str] = {
     "deliveryBacklogSeconds": "DELIVERY_BACKLOG_SECONDS",
 }
 # mixin/rules.json carries these in place of the values; mixin/rules.libsonnet puts _config's in.
-MIXIN_TOKEN = "<<{}>>"
+MIXIN_PLACEHOLDER = "<<{}>>"
 RULES_FILE = "wandb-infra.rules.yml"
 MANIFEST_FILE = "wandb-infra.prometheusrule.yaml"
 COUNTERS_FILE = "dcgm-counters.csv"
@@ -200,13 +200,13 @@ def threshold_values(cfg: dict[str, Any]) -> dict[str, Value]:
     """The thresholds the alert conditions read: the catalog's, with the configured ones (or,
     for the mixin, its tokens) in place."""
     if cfg.get("mixin_tokens"):
-        return {name: MIXIN_TOKEN.format(key) for key, name in THRESHOLDS.items()}
+        return {name: MIXIN_PLACEHOLDER.format(key) for key, name in THRESHOLDS.items()}
     return {THRESHOLDS[key]: value for key, value in cfg.get("thresholds", {}).items()}
 
 
 def _host_key_regex(cfg: dict[str, Any]) -> str:
     if cfg.get("mixin_tokens"):
-        return MIXIN_TOKEN.format("hostKeyRegex")
+        return MIXIN_PLACEHOLDER.format("hostKeyRegex")
     return str(cfg.get("host_key_regex", normalise.FQDN))
 
 
@@ -711,7 +711,7 @@ def runbook_text(cfg: dict[str, Any]) -> str:
 
 def mixin_rules_text(cfg: dict[str, Any]) -> str:
     """mixin/rules.json: the same groups with the configurable thresholds and the host key as
-    tokens (``MIXIN_TOKEN``), and their defaults; mixin/rules.libsonnet fills in _config's, so
+    tokens (``MIXIN_PLACEHOLDER``), and their defaults; mixin/rules.libsonnet fills in _config's, so
     the mixin with a changed _config renders what the generator writes with the same options."""
     tokens = {**cfg, "mixin_tokens": True}
     defaults = {"thresholds": {key: TEMPLATE_VALUES[name] for key, name in THRESHOLDS.items()},

@@ -138,12 +138,15 @@ class HostKey:
     """
 
     strip_domain: bool = True
+    # The host key is the first group of this regex where it matches the whole host name (the
+    # generator's host_key_regex, the mixin's hostKeyRegex); default: the first label of an FQDN.
+    regex: str = FQDN
 
     def canonical(self, expr: str) -> str:
         """``expr`` with its ``hostname`` label reduced to the canonical key."""
         if not self.strip_domain:
             return expr
-        return promql(STRIP_DOMAIN, EXPR=expr)
+        return promql(STRIP_DOMAIN, EXPR=expr, FQDN=self.regex)
 
 
 DEFAULT_HOST_KEY = HostKey()

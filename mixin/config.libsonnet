@@ -1,3 +1,4 @@
+local generated = import 'rules.json';
 {
   _config+:: {
     // The runbook_url prefix the rules were generated with (alert_rules/generate.py
@@ -7,5 +8,12 @@
     runbookURLBase: self.generatedRunbookURLBase,
     // Extra labels on every alert (e.g. a team label your Alertmanager routes on).
     alertLabels: {},
+    // Alert thresholds, the catalog's by default (catalog/alerts.py); the generator takes the
+    // same keys in its config file (thresholds: {tempCriticalC: 92}), so both render the same.
+    thresholds: generated.defaults.thresholds,
+    // The canonical host key: the first group of this regex where it matches an exporter's
+    // host name (default: the first label of an FQDN; '(.+)' keeps names whole). Must match the
+    // exporter's hostnames.strip_domain. The generator's --host-key-regex / host_key_regex.
+    hostKeyRegex: generated.defaults.hostKeyRegex,
   },
 }

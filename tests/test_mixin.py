@@ -67,3 +67,38 @@ def test_promtool_accepts_the_rendered_rules(tmp_path, field):
     proc = subprocess.run([PROMTOOL, "check", "rules", str(path)], capture_output=True,
                           text=True, timeout=60, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+CHANGED = {"thresholds": {"tempCriticalC": 92, "ibFlapsMin": 5, "thermalViolationRatio": 0.2},
+           "hostKeyRegex": "(.+)"}
+
+
+def test_changed_config_renders_what_the_generator_writes_with_the_same_options(tmp_path):
+    """kubernetes-mixin style _config: thresholds and the host key set in the mixin give the
+    groups the generator writes when given the same options in its config file."""
+    overrides = ('thresholds+: { tempCriticalC: 92, ibFlapsMin: 5, thermalViolationRatio: 0.2 }, '
+                 "hostKeyRegex: '(.+)'")
+    rendered = {g["name"]: g for f in ("prometheusRules", "prometheusAlerts")
+                for g in render(f"{_mixin(overrides)}.{f}")["groups"]}
+    config = tmp_path / "rules.yml"
+    config.write_text(yaml.safe_dump({"thresholds": CHANGED["thresholds"],
+                                      "host_key_regex": CHANGED["hostKeyRegex"]}))
+    cfg = generate.options(generate.parse_args(["--config", str(config)]))
+    generated = {g["name"]: g for g in generate.groups(cfg)}
+    assert rendered == generated
+    text = "\n".join(r["expr"] for g in rendered.values() for r in g["rules"])
+    assert "<<" not in text
+    assert "gpu:dcgm_gpu_temp:max_from_warning >= 92" in text
+    assert '"hostname", "$1", "hostname", "(.+)"' in text
+    assert "([^.]*[^0-9.][^.]*)" not in text
+    default = "\n".join(r["expr"] for g in render(f"{_mixin()}.prometheusRules")["groups"]
+                        for r in g["rules"])
+    assert "([^.]*[^0-9.][^.]*)" in default
+
+
+def test_generator_refuses_unknown_or_unsafe_thresholds(tmp_path):
+    config = tmp_path / "rules.yml"
+    for bad in ({"thresholds": {"tempCritical": 92}}, {"thresholds": {"tempCriticalC": "hot"}},
+                {"thresholds": {"tempCriticalC": 80}}, {"host_key_regex": "no-group"}):
+        config.write_text(yaml.safe_dump(bad))
+        assert generate.main(["--config", str(config), "--out-dir", str(tmp_path)]) == 2, bad
