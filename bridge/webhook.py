@@ -657,8 +657,12 @@ class Handlers:
         return resp
 
     async def logout(self, request: web.Request) -> web.Response:
-        """POST /logout: ends this browser's session and clears its cookie."""
-        self.ctx.pages.sessions.end(request.cookies.get(PAGE_COOKIE))
+        """POST /logout: ends this browser's session and clears its cookie (401 without a live
+        session: there is nothing to end, and no route changes state for a stranger)."""
+        cookie = request.cookies.get(PAGE_COOKIE)
+        if not self.ctx.pages.sessions.valid(cookie):
+            return _error(401, "no session to end")
+        self.ctx.pages.sessions.end(cookie)
         resp = web.Response(status=303, headers={"Location": "/login"})
         resp.del_cookie(PAGE_COOKIE, path="/")
         return resp

@@ -115,12 +115,18 @@ def xid94_cascade(stack: Stack, hosts: list[str], timeout: float = 240,
 def restart_verdict(stack: Stack, run: RunRef, wanted: str, timeout: float = 90,
                     contains: str = "") -> dict:
     """Wait until the run's restart verdict is ``wanted`` (and its detail says ``contains``)."""
+    seen: list[dict] = [{}]
+
     def verdict() -> dict | None:
-        rem = run_view(stack, run).get("remediation") or {}
+        rem = seen[0] = run_view(stack, run).get("remediation") or {}
         ok = rem.get("verdict") == wanted and contains in str(rem.get("detail", ""))
         return rem if ok else None
 
-    return wait_for(verdict, timeout, f"a {wanted} restart verdict for {run.path}", 1.0)
+    try:
+        return wait_for(verdict, timeout, f"a {wanted} restart verdict for {run.path}", 1.0)
+    except TimeoutError as exc:  # say what it showed instead
+        raise TimeoutError(f"{exc}; last seen: {seen[0].get('verdict')}: "
+                           f"{seen[0].get('detail')}") from None
 
 
 def gpu_reset(stack: Stack, host: str, gpu: int = 5, timeout: float = 180

@@ -122,7 +122,7 @@ def test_oldest_undelivered_ignores_parked_runs(tmp_path, wb):
     ingest(store, [alert("NodeDown", category="node", host="h1", run="ghost")], clock.now)
     worker.run_once()  # not found in W&B: parked
     assert len(store.parked()) == 1
-    clock.now += 7200
+    clock.now += 240  # before the parked run's first retry (5 minutes)
     worker.run_once()
     assert _metric(worker, "wandb_infra_bridge_queue_runs") == 0
     assert _metric(worker, "wandb_infra_bridge_oldest_undelivered_seconds") == 0

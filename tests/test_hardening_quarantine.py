@@ -27,6 +27,10 @@ from wandb_infra.bridge.quarantine import KubernetesActions, Quarantine, SlurmAc
 from wandb_infra.bridge.store import Store
 from wandb_infra.common.runkey import RunKey
 
+# Some tests start the bridge as a process (a second bridge on one store): the module is not
+# in the in-process unit layer.
+pytestmark = pytest.mark.integration
+
 START = datetime.now(UTC) - timedelta(minutes=2)
 FORGED = ["gpu01,gpu[02-40]", "gpu[02-40]", "gpu*", "gpu0?", "ALL", "all", "gpu01 gpu02",
           "gpu01\tgpu02", "NodeName=gpu01", "../nodes", "gpu01/status", "gpu01,", ",gpu01",

@@ -256,7 +256,7 @@ def test_label_text_stays_inert_in_card_timeline_and_table(name, host, gpu, text
         assert not any(a.startswith("on") for a in attrs), attrs
         href = attrs.get("href")
         if href is not None:
-            assert href.startswith(("/runs", "http://grafana.invalid/d/")), href
+            assert href.startswith(("/runs", "/runbook#", "http://grafana.invalid/d/")), href
 
 
 def test_headline_card_first_even_when_an_older_issue_exists(tmp_path):
