@@ -1,8 +1,8 @@
 """``wandb-infra-bridge``: the Alertmanager -> W&B bridge command line.
 
 Subcommands: ``serve`` (the daemon), ``explain`` (post-mortem from Prometheus history) and
-``quarantine`` (the one process with scheduler rights); each registers itself in ``SUBCOMMANDS``
-with a function that adds its parser.
+``quarantine`` (the one process with scheduler rights) and ``view`` (a saved W&B view with the
+markers); each registers itself in ``SUBCOMMANDS`` with a function that adds its parser.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from wandb_infra.bridge.config import ENV_PREFIX, HELP, BridgeConfig, load
 from wandb_infra.bridge.explain_cli import add_parser as add_explain
 from wandb_infra.bridge.quarantine_cli import add_parser as add_quarantine
 from wandb_infra.bridge.store import StoreLocked, StoreTooNew
+from wandb_infra.bridge.view_cli import add_parser as add_view
 from wandb_infra.common.configfile import ConfigError
 from wandb_infra.common.logsetup import setup_logging
 
@@ -81,7 +82,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
 
 
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_serve, add_explain,
-                                                                   add_quarantine]
+                                                                   add_quarantine, add_view]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -48,7 +48,23 @@ type Query {
 type Mutation {
   upsertBucket(input: UpsertBucketInput!): UpsertBucketPayload
   notifyScriptableRunAlert(input: NotifyScriptableRunAlertInput!): NotifyScriptableRunAlertPayload
+  upsertView(input: UpsertViewInput!): UpsertViewPayload
 }
+
+enum ViewSource { WANDB_UI WANDB_SDK }
+input UpsertViewInput {
+  id: ID
+  entityName: String
+  projectName: String
+  name: String
+  displayName: String
+  description: String
+  type: String
+  spec: String
+  createdUsing: ViewSource
+}
+type View { id: ID! name: String! }
+type UpsertViewPayload { view: View inserted: Boolean }
 
 type ServerInfo { features: [ServerFeature!]! }
 type ServerFeature { name: String! isEnabled: Boolean! }
@@ -258,6 +274,21 @@ class _Resolver:
     def upsertBucket(self, _info: Any, input: dict[str, Any]) -> dict[str, Any]:
         return self.server._upsert_bucket(input)
 
+    def upsertView(self, _info: Any, input: dict[str, Any]) -> dict[str, Any]:
+        """A saved workspace view (wandb-workspaces' UpsertView2); the spec must be JSON."""
+        s = self.server
+        if not s._has_project(input.get("entityName") or "", input.get("projectName") or ""):
+            raise GraphQLError("project not found")
+        try:
+            spec = json.loads(input.get("spec") or "")
+        except ValueError as exc:
+            raise GraphQLError("spec is not JSON") from exc
+        with s._lock:
+            view = {**input, "spec": spec, "id": input.get("id") or f"view-{len(s.views) + 1}"}
+            s.views.append(view)
+        return {"view": {"id": view["id"], "name": view.get("name") or ""},
+                "inserted": not input.get("id")}
+
     def notifyScriptableRunAlert(self, _info: Any, input: dict[str, Any]) -> dict[str, Any]:
         s = self.server
         key = (input["entityName"], input["projectName"], input["runName"])
@@ -433,6 +464,7 @@ class WandbStandin:
         self.requests: list[Recorded] = []
         self.rejected: list[Recorded] = []
         self.alerts: list[dict[str, Any]] = []
+        self.views: list[dict[str, Any]] = []  # saved workspace views (upsertView)
         self._runs: dict[tuple[str, str, str], RunRecord] = {}
         self._projects: dict[tuple[str, str], int] = {}
         self._faults: list[Fault] = []

@@ -1,0 +1,59 @@
+"""``wandb-infra-bridge view`` (issue 29 item 4): a saved W&B view, built with W&B's own
+wandb-workspaces library and sent to the W&B stand-in, that draws the runs' metrics with the
+``infra/issue`` markers on wall time (the axis on which they line up) and pins the infra
+columns in the runs table."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness.wandb_standin import WandbStandin
+
+pytestmark = pytest.mark.integration
+
+
+def _view(tmp_path: Path, wb: WandbStandin, *args: str) -> subprocess.CompletedProcess:
+    cfg = {"wandb": {"base_url": wb.url, "api_key": wb.api_key}}
+    (tmp_path / "bridge.yaml").write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "HOME": str(tmp_path), "WANDB_SILENT": "true",
+           "WANDB__GRAPHQL_RETRY_MAX": "1"}
+    return subprocess.run([sys.executable, "-m", "wandb_infra.bridge.cli", "view", *args,
+                           "--config", str(tmp_path / "bridge.yaml")],
+                          env=env, capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_view_draws_the_runs_metrics_with_the_markers_on_wall_time(tmp_path):
+    with WandbStandin() as wb:
+        wb.add_run("team", "llm", "r1")
+        done = _view(tmp_path, wb, "team/llm", "--metrics", "loss,mfu")
+        assert done.returncode == 0, done.stderr
+        (view,) = wb.views
+    assert (view["entityName"], view["projectName"], view["type"]) == ("team", "llm",
+                                                                       "project-view")
+    spec = json.dumps(view["spec"])
+    panels = [p for section in view["spec"]["section"]["panelBankConfig"]["sections"]
+              for p in section["panels"]]
+    plotted = {tuple(p["config"]["metrics"]): p["config"]["xAxis"] for p in panels}
+    assert plotted == {("loss", "infra/issue"): "_timestamp", ("mfu", "infra/issue"): "_timestamp",
+                       ("infra/issue",): "_timestamp"}
+    for column in ("summary:infra/verdict", "summary:infra/restart_verdict",
+                   "summary:infra/gpu_hours_lost", "run:tags"):
+        assert column in spec, column
+
+
+def test_view_refuses_bad_input_in_one_line(tmp_path):
+    with WandbStandin() as wb:
+        bad = _view(tmp_path, wb, "team", "--metrics", "loss")
+        assert bad.returncode == 2
+        assert bad.stderr.strip() == ("wandb-infra-bridge view: expected ENTITY/PROJECT, got "
+                                      "'team'")
+        none = _view(tmp_path, wb, "team/llm", "--metrics", " , ")
+        assert none.returncode == 2 and "--metrics names at least one" in none.stderr
+        assert wb.views == []
