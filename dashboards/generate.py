@@ -24,14 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grafana_foundation_sdk.builders import common as common_builder
-from grafana_foundation_sdk.builders import dashboard as dash
-from grafana_foundation_sdk.builders import prometheus, statetimeline, table, timeseries
-from grafana_foundation_sdk.cog.encoder import JSONEncoder
-from grafana_foundation_sdk.models import common as common_model
-from grafana_foundation_sdk.models import dashboard as model
-from grafana_foundation_sdk.models import prometheus as prom_model
-
 from wandb_infra.alert_rules.generate import record_tiers
 from wandb_infra.catalog import panels as catalog
 from wandb_infra.catalog import selfmetrics as m
@@ -49,6 +41,20 @@ from wandb_infra.catalog.series import span
 from wandb_infra.catalog.xid import XidClass, codes, prose
 from wandb_infra.common import labels
 from wandb_infra.common.generated import write_or_check
+
+MISSING_SDK = ("the dashboard generator needs Grafana's foundation SDK: "
+               "pip install 'wandb-infra-issues[generate]'")
+
+try:  # the generator's one dependency the runtime does not need: the `generate` extra
+    from grafana_foundation_sdk.builders import common as common_builder
+    from grafana_foundation_sdk.builders import dashboard as dash
+    from grafana_foundation_sdk.builders import prometheus, statetimeline, table, timeseries
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+    from grafana_foundation_sdk.models import common as common_model
+    from grafana_foundation_sdk.models import dashboard as model
+    from grafana_foundation_sdk.models import prometheus as prom_model
+except ImportError as exc:
+    raise ImportError(MISSING_SDK) from exc
 
 ROOT = Path(__file__).resolve().parent.parent
 
