@@ -89,7 +89,8 @@ def definitions(make: Callable[..., T]) -> list[T]:
                    "synchronous job fails and the other ranks report NCCL errors or hang.",
             remediation=f"{_RESTART}; the node can stay in service. Lower the host memory the "
                         "job uses (data-loader workers, pinned memory, prefetch) or request "
-                        "more; a node that keeps killing is flagged as a repeat offender.",
+                        "more. If OOM kills recur on this node under other jobs, drain it and "
+                        "look for a leaking daemon or memory the node lost.",
             panel="host_memory",
             condition="${HOST_OOM_KILLS}",
             group="host-memory",
