@@ -142,8 +142,8 @@ def definitions(make: Callable[..., T]) -> list[T]:
             name="FilesystemReadOnly", severity="critical", category="storage",
             cause=CauseClass.HOST_RESOURCE, scope="host",
             summary="A filesystem the node's jobs write to became read-only.",
-            description=f"{_MOUNT} is read-only (it was writable within the last "
-                        f"{span(s.HISTORY_WINDOW)}).",
+            description=f"{_MOUNT} is read-only (readonly = {_WHOLE}; it was writable within "
+                        f"the last {span(s.HISTORY_WINDOW)}).",
             impact="Checkpoints and logs can no longer be written (the kernel remounts "
                    "read-only after I/O errors): the job fails at its next checkpoint or "
                    "loses the work since the last one.",
@@ -221,7 +221,7 @@ max_over_time(${NODE_MAINTENANCE}[${BOOT_WINDOW}])
             cause=CauseClass.MAINTENANCE, scope="host",
             summary="A node is under planned maintenance.",
             description=f"The {{{{ $labels.scheduler }}}} state of {_HOST} is "
-                        "{{ $labels.state }} (reason: {{ $labels.reason }}).",
+                        "{{ $labels.state }} (reason: {{ $labels.reason }}; value {{ $value }}).",
             impact="Maintenance, not a fault: the scheduler or cloud takes the node (a "
                    "reservation, a reboot, a host event); a job still on it is killed or "
                    "loses the node when the work starts.",

@@ -402,13 +402,13 @@ def host_specs(board_key: str) -> dict[str, PanelSpec]:
              rec(series.IPMI_CHASSIS_CRITICAL, f"{sensor} (chassis)")), sparse=True),
         "repeat_offenders": PanelSpec(
             "timeseries", "short",
-            f"Hardware-fault episodes per host and per GPU in the last "
-            f"{span(series.REPEAT_WINDOW)}: from the third, replace the part instead of "
-            "resetting it again.",
+            "Hardware-fault episodes per host and per GPU in the dashboard's time range (the "
+            f"alerts count the last {span(series.REPEAT_WINDOW)}): from the third, replace the "
+            "part instead of resetting it again.",
             (Query(episodes.format(record=series.HOST_HARDWARE_SINCE, sel=sel,
-                                   window=series.REPEAT_WINDOW), f"{HOST_LEGEND} episodes"),
+                                   window="$__range"), f"{HOST_LEGEND} episodes"),
              Query(episodes.format(record=series.GPU_HARDWARE_SINCE, sel=sel,
-                                   window=series.REPEAT_WINDOW), f"{GPU_LEGEND} episodes")),
+                                   window="$__range"), f"{GPU_LEGEND} episodes")),
             sparse=True),
     }
 

@@ -86,7 +86,8 @@ def storage_cases() -> list[b.Case]:
                [b.node("node_filesystem_readonly", "0x40 1x40", **CKPT)],
                [b.node("node_filesystem_readonly", "1x80", **CKPT)], "25m",
                {"mountpoint": "/checkpoints"},
-               "/checkpoints on n1 is read-only (it was writable within the last hour)."),
+               "/checkpoints on n1 is read-only (readonly = 1; it was writable within the "
+               "last hour)."),
         *_case("checkpoint filesystem 1% free", "FilesystemFull",
                [size, b.node("node_filesystem_avail_bytes", "1e11x40 1e10x40", **CKPT)],
                [size, b.node("node_filesystem_avail_bytes", "5e11x80", **CKPT)], "26m",
@@ -137,7 +138,7 @@ def lifecycle_cases() -> list[b.Case]:
                [state("n1", "slurm", "IDLE+MAINT+RESERVED", "firmware update")],
                [state("n1", "slurm", "ALLOCATED", "")], "5m",
                {"scheduler": "slurm", "state": "IDLE+MAINT+RESERVED", "reason": "firmware update"},
-               "The slurm state of n1 is IDLE+MAINT+RESERVED (reason: firmware update)."),
+               "The slurm state of n1 is IDLE+MAINT+RESERVED (reason: firmware update; value 1)."),
     ]
     taint = ("taint aws-node-termination-handler/scheduled-maintenance=i-0abc:NoSchedule")
     cases.append(b.Case("NodeMaintenance: Kubernetes scheduled-maintenance taint",
@@ -146,7 +147,7 @@ def lifecycle_cases() -> list[b.Case]:
                         [b.Expect({**_run(), "scheduler": "kubernetes", "state": "Ready,Tainted",
                                    "reason": taint},
                                   f"The kubernetes state of n1 is Ready,Tainted (reason: "
-                                  f"{taint}).")]))
+                                  f"{taint}; value 1).")]))
     cases.append(b.Case("NodeMaintenance: a drain for a hardware fault is no maintenance",
                         "NodeMaintenance",
                         [*_base(), state("n1", "slurm", "IDLE+DRAIN",
