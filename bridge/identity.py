@@ -180,33 +180,30 @@ class PrometheusRunLookup:
         expr = (f"count({L.NODE_INFO}{{{L.ENTITY}={_quote(run.entity)},"
                 f"{L.PROJECT}={_quote(run.project)},{L.RUN_ID}={_quote(run.run_id)},"
                 f"{L.HOSTNAME}={_quote(hostname)}}})")
+        result = self._vector(expr, at, "placement check")
+        return None if result is None else bool(result)
+
+    def _vector(self, expr: str, at: datetime, what: str) -> list[dict] | None:
+        """An instant query's result at ``at``; None (logged) when Prometheus cannot answer."""
         try:
             resp = self.session.get(f"{self.base_url}/api/v1/query",
                                     params={"query": expr, "time": f"{at.timestamp():.3f}"},
                                     timeout=self.timeout)
             body = resp.json()
         except (requests.RequestException, ValueError) as exc:
-            log.warning("prometheus placement check failed: %s", type(exc).__name__)
+            log.warning("prometheus %s failed: %s", what, type(exc).__name__)
             return None
         if body.get("status") != "success":
-            log.warning("prometheus placement check failed: %s", str(body.get("error"))[:200])
+            log.warning("prometheus %s failed: %s", what, str(body.get("error"))[:200])
             return None
-        return bool(body.get("data", {}).get("result"))
+        return list(body.get("data", {}).get("result", []))
 
     def _query(self, expr: str, at: datetime) -> list[RunKey]:
-        try:
-            resp = self.session.get(f"{self.base_url}/api/v1/query",
-                                    params={"query": expr, "time": f"{at.timestamp():.3f}"},
-                                    timeout=self.timeout)
-            body = resp.json()
-        except (requests.RequestException, ValueError) as exc:
-            log.warning("prometheus run lookup failed: %s", type(exc).__name__)
-            return []
-        if body.get("status") != "success":
-            log.warning("prometheus run lookup failed: %s", str(body.get("error"))[:200])
+        result = self._vector(expr, at, "run lookup")
+        if result is None:
             return []
         keys = []
-        for series in body.get("data", {}).get("result", []):
+        for series in result:
             metric = series.get("metric", {})
             key = RunKey(metric.get(L.ENTITY, ""), metric.get(L.PROJECT, ""),
                          metric.get(L.RUN_ID, ""))
