@@ -29,6 +29,7 @@ from wandb_infra.catalog.recovery import (
     BUCKETS,
     DRIVER_ACTION_WORDS,
     SPECS,
+    STRENGTH,
     Action,
     driver_action,
     from_driver_label,
@@ -247,13 +248,11 @@ def onset(issue: Issue) -> float:
 def _driver_seen(ev: HostEvidence | None, gpus: Sequence[str], since: float) -> int:
     """The driver recovery action value, of those ``gpus`` reported from ``since`` on, that
     asks for the most (0: none reported)."""
-    best = 0
-    for g in gpus if ev is not None else ():
-        for at, value in (ev.gpus.get(g) or GpuEvidence()).driver:  # type: ignore[union-attr]
-            if value and at >= since and (not best or stronger(
-                    driver_action(value), driver_action(best)) is not driver_action(best)):
-                best = value
-    return best
+    values = [v for g in gpus for at, v in ((ev.gpus.get(g) or GpuEvidence()).driver
+                                            if ev is not None else ()) if v and at >= since]
+    # the value whose action is strongest (recovery.STRENGTH), the first of equals
+    return max(values, key=lambda v: -STRENGTH.index(driver_action(v))
+               if driver_action(v) in STRENGTH else -len(STRENGTH), default=0)
 
 
 def resolve(need: Need, issue: Issue, evidence: Mapping[str, HostEvidence] | None) -> Need:
