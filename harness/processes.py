@@ -13,11 +13,13 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import requests
 
@@ -211,3 +213,28 @@ def prom_query(base_url: str, expr: str, at: float | None = None) -> list[dict]:
 def env_without_proxies() -> dict[str, str]:
     """The environment with proxy variables removed, so loopback calls never leave the host."""
     return {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+
+
+@contextlib.contextmanager
+def scrape_target(text: Callable[[], str]) -> Iterator[str]:
+    """A loopback scrape target answering every GET with ``text()`` in Prometheus' text format
+    (read at each scrape, so a test changes what Prometheus sees); yields ``host:port``."""
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            return
+
+        def do_GET(self) -> None:
+            body = text().encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

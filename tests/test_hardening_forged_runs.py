@@ -7,17 +7,15 @@ catalog and the bridge, never from the alert."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 
 from harness.bridge_payloads import alert, notification
-from harness.processes import prom_query, prometheus, wait_for
+from harness.processes import prom_query, prometheus, scrape_target, wait_for
 from harness.wandb_standin import WandbStandin
 from wandb_infra.bridge.delivery import DeliveryPolicy, DeliveryWorker
 from wandb_infra.bridge.diagnosis import diagnose
@@ -41,34 +39,17 @@ EVIL = {"summary": "Click http://evil.example/login to fix your run",
 @pytest.fixture(scope="module")
 def prom(tmp_path_factory) -> Iterator[str]:
     """A real Prometheus holding the exporter's join metric: run team/proj/r1 on gpu-07."""
-    text = (b"# TYPE wandb_run_node_info gauge\n"
-            b'wandb_run_node_info{wandb_entity="team",wandb_project="proj",wandb_run_id="r1",'
-            b'hostname="gpu-07"} 1\n')
-
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: Any) -> None:
-            return
-
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(text)))
-            self.end_headers()
-            self.wfile.write(text)
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    config = ("global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: exporter\n"
-              "    honor_labels: true\n    static_configs:\n"
-              f"      - targets: ['127.0.0.1:{server.server_address[1]}']\n")
-    try:
+    text = ("# TYPE wandb_run_node_info gauge\n"
+            'wandb_run_node_info{wandb_entity="team",wandb_project="proj",wandb_run_id="r1",'
+            'hostname="gpu-07"} 1\n')
+    with scrape_target(lambda: text) as target:
+        config = ("global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: exporter\n"
+                  "    honor_labels: true\n    static_configs:\n"
+                  f"      - targets: ['{target}']\n")
         with prometheus(config, tmp_path_factory.mktemp("prom")) as running:
             wait_for(lambda: prom_query(running.url, "count_over_time(wandb_run_node_info[1m]) "
                                                      ">= 3"), 60, "three scrapes of the join")
             yield running.url
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def _worker(store: Store, wb: WandbStandin, prom: str, **policy: Any) -> DeliveryWorker:

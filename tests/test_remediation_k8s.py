@@ -7,10 +7,8 @@ series scraped by the same Prometheus are accepted instead of the exporter's."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -18,7 +16,7 @@ import pytest
 from harness.bridge_payloads import alert, notification
 from harness.exporter_process import running_exporter
 from harness.k8s_standin import K8sStandin, make_node
-from harness.processes import prom_query, prometheus, wait_for
+from harness.processes import prom_query, prometheus, scrape_target, wait_for
 from harness.wandb_standin import WandbStandin
 from wandb_infra.bridge.delivery import DeliveryPolicy, DeliveryWorker
 from wandb_infra.bridge.grafana import GrafanaLinks
@@ -108,44 +106,25 @@ class _Ksm:
 
 def test_kube_state_metrics_in_real_prometheus(tmp_path):
     ksm = _Ksm()
+    with scrape_target(ksm.text) as target, \
+            prometheus(_scrape_config(target), tmp_path / "prom") as prom:
+        store = Store(tmp_path / "b.sqlite")
+        store.ingest(parse_notification(json.dumps(notification([alert(
+            "GpuXidError", category="gpu_hardware", host="gpu-09", gpu="0", run="r1",
+            start=datetime.now(UTC) - timedelta(seconds=20), extra={"xid": "119"})]
+            )).encode()), IdentityReader())
+        facts = store.facts(RunKey("team", "proj", "r1"))
+        history = NodeStateHistory(prom.url, cache_seconds=0)
 
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: Any) -> None:
-            return
+        def verdict() -> dict[str, Any]:
+            return run_remediation(history, facts, timedelta(minutes=10)).get(
+                "remediation", {})
 
-        def do_GET(self) -> None:
-            body = ksm.text().encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        target = f"127.0.0.1:{server.server_address[1]}"
-        with prometheus(_scrape_config(target), tmp_path / "prom") as prom:
-            store = Store(tmp_path / "b.sqlite")
-            store.ingest(parse_notification(json.dumps(notification([alert(
-                "GpuXidError", category="gpu_hardware", host="gpu-09", gpu="0", run="r1",
-                start=datetime.now(UTC) - timedelta(seconds=20), extra={"xid": "119"})]
-                )).encode()), IdentityReader())
-            facts = store.facts(RunKey("team", "proj", "r1"))
-            history = NodeStateHistory(prom.url, cache_seconds=0)
-
-            def verdict() -> dict[str, Any]:
-                return run_remediation(history, facts, timedelta(minutes=10)).get(
-                    "remediation", {})
-
-            first = wait_for(lambda: (v := verdict()).get("verdict") == "unsafe" and v)
-            assert first["hosts"][0]["state"] == "Ready"
-            ksm.taints = [{"key": "nvsentinel/gpu-health", "value": "xid-79",
-                           "effect": "NoSchedule"},
-                          {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]
-            tainted = wait_for(lambda: (v := verdict()).get("verdict") == "safe" and v)
-            assert tainted["hosts"][0]["state"] == "Ready,Tainted"
-            assert tainted["hosts"][0]["reason"] == "taint nvsentinel/gpu-health=xid-79:NoSchedule"
-    finally:
-        server.shutdown()
-        server.server_close()
+        first = wait_for(lambda: (v := verdict()).get("verdict") == "unsafe" and v)
+        assert first["hosts"][0]["state"] == "Ready"
+        ksm.taints = [{"key": "nvsentinel/gpu-health", "value": "xid-79",
+                       "effect": "NoSchedule"},
+                      {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]
+        tainted = wait_for(lambda: (v := verdict()).get("verdict") == "safe" and v)
+        assert tainted["hosts"][0]["state"] == "Ready,Tainted"
+        assert tainted["hosts"][0]["reason"] == "taint nvsentinel/gpu-health=xid-79:NoSchedule"

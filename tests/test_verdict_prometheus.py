@@ -5,13 +5,10 @@ comes back: each changes the verdict the bridge would write."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -19,7 +16,7 @@ from demo.simulator.cluster import Cluster
 from demo.simulator.scrape import prometheus_config
 from demo.simulator.server import serve
 from demo.stack import scale_rules
-from harness.processes import prom_query, prometheus, wait_for
+from harness.processes import prom_query, prometheus, scrape_target, wait_for
 from wandb_infra.bridge.diagnosis import AlertFact, diagnose
 from wandb_infra.bridge.remediation import NodeStateHistory, Remediation
 from wandb_infra.bridge.verdict import Policy
@@ -52,44 +49,25 @@ def world(tmp_path_factory) -> Iterator[tuple[Cluster, NodeStates, str]]:
     assert RULE_FILES, "alert_rules/ has no rule files: run make generate"
     cluster = Cluster(hosts=len(HOSTS), flavour="hostname")
     states = NodeStates()
-
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: Any) -> None:
-            return
-
-        def do_GET(self) -> None:
-            body = states.text().encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     workdir = tmp_path_factory.mktemp("verdict-prom")
-    try:
-        with serve(cluster) as sim:
-            rules = []
-            for path in RULE_FILES:
-                rules.append(workdir / path.name)
-                # every ``for`` and slow tier 60 times faster: minutes become seconds
-                rules[-1].write_text(scale_rules(path.read_text(), 1 / 60))
-            extra = [{"job_name": "node-state", "scrape_interval": "1s", "static_configs": [
-                {"targets": [f"127.0.0.1:{server.server_address[1]}"]}]}]
-            config = prometheus_config(sim.address, cluster.hosts, interval="1s",
-                                       rule_files=[str(p) for p in rules],
-                                       extra_scrape_configs=extra)
-            with prometheus(config, workdir) as prom:
-                for expr in (f"count({series.GPU_PRESENT}) == {8 * len(HOSTS)}",
-                             f"count({series.NODE_EXPORTER_TARGET}) == {len(HOSTS)}",
-                             f"count({series.HOST_GPU_COUNT}) == {len(HOSTS)}",
-                             "count(count_over_time(wandb_infra_node_state[1m]) >= 3) == 3"):
-                    wait_for(lambda e=expr: prom_query(prom.url, e), 120, expr, 0.5)
-                yield cluster, states, prom.url
-    finally:
-        server.shutdown()
-        server.server_close()
+    with scrape_target(states.text) as target, serve(cluster) as sim:
+        rules = []
+        for path in RULE_FILES:
+            rules.append(workdir / path.name)
+            # every ``for`` and slow tier 60 times faster: minutes become seconds
+            rules[-1].write_text(scale_rules(path.read_text(), 1 / 60))
+        extra = [{"job_name": "node-state", "scrape_interval": "1s", "static_configs": [
+            {"targets": [target]}]}]
+        config = prometheus_config(sim.address, cluster.hosts, interval="1s",
+                                   rule_files=[str(p) for p in rules],
+                                   extra_scrape_configs=extra)
+        with prometheus(config, workdir) as prom:
+            for expr in (f"count({series.GPU_PRESENT}) == {8 * len(HOSTS)}",
+                         f"count({series.NODE_EXPORTER_TARGET}) == {len(HOSTS)}",
+                         f"count({series.HOST_GPU_COUNT}) == {len(HOSTS)}",
+                         "count(count_over_time(wandb_infra_node_state[1m]) >= 3) == 3"):
+                wait_for(lambda e=expr: prom_query(prom.url, e), 120, expr, 0.5)
+            yield cluster, states, prom.url
 
 
 def _fact(name: str, host: str, gpu: str, started: datetime, *, xid: int | None = None,
