@@ -223,3 +223,17 @@ def _wait_for(check: object, what: str, cluster: SlurmCluster, timeout: float = 
             return
         time.sleep(0.2)
     raise TimeoutError(f"{what} not ready after {timeout}s:\n{cluster.logs()}")
+
+
+SHIPPED_HOOKS = Path(__file__).resolve().parent.parent / "deploy" / "slurm"
+
+
+def shipped_hook(path: Path, script: str, port: int) -> str:
+    """The shipped prolog/epilog (``script``), pointed at the test's exporter on ``port`` as a
+    site's /etc/default file would; returns the wrapper's path for slurm.conf."""
+    path.write_text("#!/bin/bash\n"
+                    f"export WANDB_INFRA_EXPORTER_URL=http://127.0.0.1:{port}\n"
+                    "export WANDB_INFRA_EXPORTER_ENV_FILE=/nonexistent\n"
+                    f"exec {SHIPPED_HOOKS / script}\n")
+    path.chmod(0o755)
+    return str(path)

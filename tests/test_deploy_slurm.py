@@ -19,7 +19,7 @@ import pytest
 
 from harness.exporter_process import metric_samples, running_exporter
 from harness.processes import PROMTOOL, free_port, wait_for
-from tests.slurm_cluster import slurm_cluster, unavailable_reason
+from tests.slurm_cluster import shipped_hook, slurm_cluster, unavailable_reason
 from wandb_infra.common import labels
 
 pytestmark = pytest.mark.slurm
@@ -48,16 +48,6 @@ JOB = textwrap.dedent("""\
     """)
 
 
-def _hook(path: Path, script: str, port: int) -> str:
-    """The shipped prolog/epilog, pointed at the test's exporter (as /etc/default would)."""
-    path.write_text("#!/bin/bash\n"
-                    f"export WANDB_INFRA_EXPORTER_URL=http://127.0.0.1:{port}\n"
-                    "export WANDB_INFRA_EXPORTER_ENV_FILE=/nonexistent\n"
-                    f"exec {DEPLOY / script}\n")
-    path.chmod(0o755)
-    return str(path)
-
-
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     """Slurm with the shipped prolog/epilog, their registration exporter, and a central exporter
@@ -66,8 +56,8 @@ def site(tmp_path_factory):
     assert reason is None, reason  # setup/system-deps.sh installs Slurm and munge
     base = tmp_path_factory.mktemp("slurm-deploy")
     reg_port = free_port()
-    prolog = _hook(base / "prolog", "prolog.sh", reg_port)
-    epilog = _hook(base / "epilog", "epilog.sh", reg_port)
+    prolog = shipped_hook(base / "prolog", "prolog.sh", reg_port)
+    epilog = shipped_hook(base / "epilog", "epilog.sh", reg_port)
     with running_exporter({}, base / "registrations", port=reg_port) as reg_url, \
             slurm_cluster(base / "cluster", gpus=2, prolog=prolog, epilog=epilog) as slurm:
         central = {"registrations": {"enabled": False},

@@ -14,23 +14,13 @@ import pytest
 
 from harness.exporter_process import metric_samples, metric_value, running_exporter
 from harness.processes import free_port, prom_query, prometheus, wait_for
-from tests.slurm_cluster import slurm_cluster, unavailable_reason
+from tests.slurm_cluster import shipped_hook, slurm_cluster, unavailable_reason
 from wandb_infra.common import labels
 
 pytestmark = [pytest.mark.slurm,
               pytest.mark.skipif(unavailable_reason() is not None,
                                  reason=unavailable_reason() or "")]
 
-DEPLOY = Path(__file__).resolve().parent.parent / "deploy" / "slurm"
-
-
-def _wrapper(path: Path, script: str, port: int) -> str:
-    path.write_text("#!/bin/bash\n"
-                    f"export WANDB_INFRA_EXPORTER_URL=http://127.0.0.1:{port}\n"
-                    "export WANDB_INFRA_EXPORTER_ENV_FILE=/nonexistent\n"
-                    f"exec {DEPLOY / script}\n")
-    path.chmod(0o755)
-    return str(path)
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +28,8 @@ def cluster(tmp_path_factory):
     """Slurm whose Prolog/Epilog are the shipped scripts, pointed at a registration exporter."""
     base = tmp_path_factory.mktemp("slurm")
     reg_port = free_port()
-    prolog = _wrapper(base / "prolog", "prolog.sh", reg_port)
-    epilog = _wrapper(base / "epilog", "epilog.sh", reg_port)
+    prolog = shipped_hook(base / "prolog", "prolog.sh", reg_port)
+    epilog = shipped_hook(base / "epilog", "epilog.sh", reg_port)
     with running_exporter({}, base / "registrations", port=reg_port) as reg_url, \
             slurm_cluster(base / "cluster", gpus=2, prolog=prolog, epilog=epilog) as slurm:
         yield slurm, reg_url, base
