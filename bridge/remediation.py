@@ -220,11 +220,6 @@ class NodeStateHistory:
         return remediations_for(diagnosis, policy or Policy(), read, self.clock(),
                                 scheduler=scheduler)
 
-    def timelines(self, hosts: tuple[str, ...], start: float) -> dict[str, Timeline] | None:
-        """Each host's scheduler state changes from ``start`` to now (None: no answer)."""
-        read = self.read(hosts, start)
-        return None if read is None else read[0]
-
     def read(self, hosts: tuple[str, ...], start: float
              ) -> tuple[dict[str, Timeline], dict[str, HostEvidence]] | None:
         """Timelines and evidence from ``start`` to now. While Prometheus fails (and for

@@ -131,11 +131,6 @@ def driver_action(value: int) -> Action:
     return DRIVER_ACTIONS.get(value, ("other", Action.UNKNOWN))[1]
 
 
-def driver_label(value: int) -> str:
-    """The ``recovery_action`` label the rules give a field-1523 value."""
-    return DRIVER_ACTIONS.get(value, ("other", Action.UNKNOWN))[0]
-
-
 def from_driver_label(label: str) -> Action:
     """The action of a ``recovery_action`` label value (as the rules write it)."""
     for name, action in DRIVER_ACTIONS.values():
