@@ -65,7 +65,11 @@ def _bounded(command: list[str], timeout: float, max_bytes: int) -> tuple[int, s
         raise SourceError(f"{command[0]} failed: {exc}") from exc
     assert proc.stdout is not None and proc.stderr is not None
     deadline = time.monotonic() + timeout
-    out, err = bytearray(), bytearray()
+    # stdout as its chunks: one growing buffer is reallocated (and at times copied) as it grows,
+    # which made the peak memory of a refused flood depend on the allocator's luck
+    out: list[bytes] = []
+    size = 0
+    err = bytearray()
     problem = ""
     with proc, selectors.DefaultSelector() as selector:
         selector.register(proc.stdout, selectors.EVENT_READ, out)
@@ -81,8 +85,9 @@ def _bounded(command: list[str], timeout: float, max_bytes: int) -> tuple[int, s
                     if not chunk:
                         selector.unregister(key.fileobj)
                     elif key.data is out:
-                        out += chunk
-                        if len(out) > max_bytes:
+                        out.append(chunk)
+                        size += len(chunk)
+                        if size > max_bytes:
                             problem = _too_large(command, max_bytes)
                     elif len(err) < _STDERR_BYTES:
                         err += chunk[:_STDERR_BYTES - len(err)]
@@ -98,7 +103,8 @@ def _bounded(command: list[str], timeout: float, max_bytes: int) -> tuple[int, s
                 proc.wait()
         if problem:
             raise SourceError(problem)
-        return proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+        return (proc.returncode, b"".join(out).decode("utf-8", "replace"),
+                err.decode("utf-8", "replace"))
 
 
 def json_list(text: str, command: str, key: str) -> list[Any]:
