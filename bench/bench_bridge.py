@@ -22,11 +22,11 @@ from aiohttp import web
 from bench.common import Result, median_seconds
 from harness import bridge_payloads as bp
 from harness.wandb_standin import WandbStandin
-from wandb_infra.bridge.delivery import DeliveryPolicy, DeliveryWorker
-from wandb_infra.bridge.grafana import GrafanaLinks
+from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.metrics import BridgeMetrics
-from wandb_infra.bridge.wandb_client import WandbClient
-from wandb_infra.bridge.webhook import BridgeContext
+from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorker
+from wandb_infra.bridge.projection.wandb_client import WandbClient
+from wandb_infra.bridge.web.webhook import BridgeContext
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -24,12 +24,12 @@ from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 from bench.common import Result
-from wandb_infra.bridge.delivery import DeliveryPolicy, DeliveryWorker
-from wandb_infra.bridge.endings import EndingsPolicy
-from wandb_infra.bridge.grafana import GrafanaLinks
-from wandb_infra.bridge.identity import PrometheusRunLookup
+from wandb_infra.bridge.diagnosis.links import GrafanaLinks
+from wandb_infra.bridge.ingest.identity import PrometheusRunLookup
+from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.metrics import BridgeMetrics
-from wandb_infra.bridge.store import Store
+from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorker
+from wandb_infra.bridge.prometheus.endings import EndingsPolicy
 
 HOSTS = 2000
 RUNS_PER_HOUR = 1000

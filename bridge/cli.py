@@ -16,8 +16,8 @@ from dataclasses import replace
 
 from wandb_infra.bridge.config import ENV_PREFIX, HELP, BridgeConfig, load
 from wandb_infra.bridge.explain_cli import add_parser as add_explain
+from wandb_infra.bridge.ingest.store import StoreLocked, StoreTooNew
 from wandb_infra.bridge.quarantine_cli import add_parser as add_quarantine
-from wandb_infra.bridge.store import StoreLocked, StoreTooNew
 from wandb_infra.bridge.view_cli import add_parser as add_view
 from wandb_infra.common.configfile import ConfigError
 from wandb_infra.common.logsetup import setup_logging

@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from wandb_infra.bridge import quarantine
-from wandb_infra.bridge.delivery import DeliveryPolicy
-from wandb_infra.bridge.endings import EndingsPolicy
-from wandb_infra.bridge.identity import DEFAULT_PATHS
-from wandb_infra.bridge.markers import MARKER_SETTLE
-from wandb_infra.bridge.verdict import DEFAULT_SETTLE, Policy
+from wandb_infra.bridge.diagnosis.verdict import DEFAULT_SETTLE, Policy
+from wandb_infra.bridge.ingest.identity import DEFAULT_PATHS
+from wandb_infra.bridge.projection.delivery import DeliveryPolicy
+from wandb_infra.bridge.projection.markers import MARKER_SETTLE
+from wandb_infra.bridge.prometheus.endings import EndingsPolicy
+from wandb_infra.bridge.quarantine import actuator as quarantine
 from wandb_infra.common.configfile import ConfigError, load_config, read_secret
 from wandb_infra.common.nodestate import DEFAULT_TOLERATED
 

@@ -9,9 +9,13 @@ import time
 from datetime import timedelta
 
 from wandb_infra.bridge.config import load
-from wandb_infra.bridge.diagnosis import DEFAULT_GAP, diagnose
-from wandb_infra.bridge.endings import EndingsPolicy, RunEndings
-from wandb_infra.bridge.explain import (
+from wandb_infra.bridge.diagnosis.links import GrafanaLinks
+from wandb_infra.bridge.diagnosis.outcome import Outcome
+from wandb_infra.bridge.diagnosis.outcome import judge as judge_outcome
+from wandb_infra.bridge.diagnosis.report import render_run
+from wandb_infra.bridge.diagnosis.root_cause import DEFAULT_GAP, diagnose
+from wandb_infra.bridge.prometheus.endings import EndingsPolicy, RunEndings
+from wandb_infra.bridge.prometheus.history import (
     ExplainError,
     Explanation,
     PrometheusHistory,
@@ -21,13 +25,9 @@ from wandb_infra.bridge.explain import (
     parse_run,
     parse_when,
 )
-from wandb_infra.bridge.grafana import GrafanaLinks
-from wandb_infra.bridge.impact_reader import ImpactHistory, views
-from wandb_infra.bridge.outcome import Outcome
-from wandb_infra.bridge.outcome import judge as judge_outcome
-from wandb_infra.bridge.pages import run_detail
-from wandb_infra.bridge.remediation import NodeStateHistory, run_remediation
-from wandb_infra.bridge.report import render_run
+from wandb_infra.bridge.prometheus.impact_reader import ImpactHistory, views
+from wandb_infra.bridge.prometheus.remediation import NodeStateHistory, run_remediation
+from wandb_infra.bridge.web.pages import run_detail
 from wandb_infra.common.configfile import ConfigError
 from wandb_infra.common.logsetup import setup_logging
 

@@ -79,7 +79,7 @@ class BridgeMetrics:
         self.gpu_hours = Gauge(PREFIX + "gpu_hours_lost",
                                "GPU-hours lost to infrastructure issues, summed over the "
                                "project's runs the bridge measured since it started "
-                               "(bridge/impact.py).", ["entity", "project"], registry=r)
+                               "(bridge/diagnosis/impact.py).", ["entity", "project"], registry=r)
         self._run_hours: dict[RunKey, float] = {}
 
     def gpu_hours_of(self, run: RunKey) -> float | None:

@@ -3,7 +3,7 @@
 The receiver (``serve``) parses untrusted webhook bodies and serves pages, so it holds no
 scheduler rights: it only shows, in each issue, what this process decided. This process reads
 the bridge's store (the alerts the receiver acknowledged), decides with the same restart
-decision (``bridge/verdict.py``: only faults that need the node out of service) and placement
+decision (``diagnosis/verdict.py``: only faults that need the node out of service) and placement
 check, and acts through its own credentials (an ``scontrol`` operator account, or a Kubernetes
 token allowed to ``patch nodes``), writing every decision to the audit log both read.
 """
@@ -20,11 +20,11 @@ from dataclasses import replace
 from types import FrameType
 
 from wandb_infra.bridge.config import load
-from wandb_infra.bridge.delivery import DeliveryWorker
-from wandb_infra.bridge.grafana import GrafanaLinks
-from wandb_infra.bridge.identity import PrometheusRunLookup
+from wandb_infra.bridge.diagnosis.links import GrafanaLinks
+from wandb_infra.bridge.ingest.identity import PrometheusRunLookup
+from wandb_infra.bridge.ingest.store import Store, StoreError, StoreTooNew
 from wandb_infra.bridge.metrics import BridgeMetrics
-from wandb_infra.bridge.store import Store, StoreError, StoreTooNew
+from wandb_infra.bridge.projection.delivery import DeliveryWorker
 from wandb_infra.common.configfile import ConfigError
 from wandb_infra.common.logsetup import log_fields, setup_logging
 

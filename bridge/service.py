@@ -15,15 +15,15 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
 from wandb_infra.bridge.config import BridgeConfig
-from wandb_infra.bridge.delivery import DeliveryWorker
-from wandb_infra.bridge.grafana import GrafanaLinks
-from wandb_infra.bridge.identity import IdentityReader, PrometheusRunLookup
-from wandb_infra.bridge.markers import SdkMarkerWriter, startup_checks
+from wandb_infra.bridge.diagnosis.links import GrafanaLinks
+from wandb_infra.bridge.ingest.identity import IdentityReader, PrometheusRunLookup
+from wandb_infra.bridge.ingest.store import Store, StoreError
+from wandb_infra.bridge.ingest.store import lock as lock_store
 from wandb_infra.bridge.metrics import BridgeMetrics
-from wandb_infra.bridge.store import Store, StoreError
-from wandb_infra.bridge.store import lock as lock_store
-from wandb_infra.bridge.wandb_client import WandbClient
-from wandb_infra.bridge.webhook import BridgeContext, Credentials, PageAuth, create_app
+from wandb_infra.bridge.projection.delivery import DeliveryWorker
+from wandb_infra.bridge.projection.markers import SdkMarkerWriter, startup_checks
+from wandb_infra.bridge.projection.wandb_client import WandbClient
+from wandb_infra.bridge.web.webhook import BridgeContext, Credentials, PageAuth, create_app
 from wandb_infra.common.logsetup import log_fields
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """What a fault needs before a job may run on its hardware again: the recovery-action model.
 
-One ``Action`` per fault, decided once (``bridge/verdict.py``) and read by everything that
+One ``Action`` per fault, decided once (``bridge/diagnosis/verdict.py``) and read by everything that
 advises or acts: the "what to do" text, the restart verdict and the optional quarantine. Sources:
 
 * NVIDIA's XID catalog ("Analyzing Xid Errors with the Xid Catalog",

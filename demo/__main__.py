@@ -21,7 +21,7 @@ from pathlib import Path
 
 from demo import scenarios
 from demo.stack import ROOT, Stack, StackConfig
-from wandb_infra.bridge.report import render_run
+from wandb_infra.bridge.diagnosis.report import render_run
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -16,11 +16,11 @@ from typing import Any
 from aiohttp import web
 
 from harness.processes import free_port
-from wandb_infra.bridge.grafana import GrafanaLinks
-from wandb_infra.bridge.identity import IdentityReader
+from wandb_infra.bridge.diagnosis.links import GrafanaLinks
+from wandb_infra.bridge.ingest.identity import IdentityReader
+from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.metrics import BridgeMetrics
-from wandb_infra.bridge.store import Store
-from wandb_infra.bridge.webhook import BridgeContext, Credentials, create_app
+from wandb_infra.bridge.web.webhook import BridgeContext, Credentials, create_app
 
 T0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 TOKEN = "test-bridge-token-0123456789"

@@ -16,9 +16,9 @@ import requests
 from aiohttp import web
 
 from harness.bridge_payloads import T0, TOKEN, Running, cascade, make_context, notification, serve
-from wandb_infra.bridge.delivery import DeliveryPolicy
-from wandb_infra.bridge.identity import PrometheusRunLookup
+from wandb_infra.bridge.ingest.identity import PrometheusRunLookup
 from wandb_infra.bridge.metrics import BridgeMetrics
+from wandb_infra.bridge.projection.delivery import DeliveryPolicy
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 HTML = {**AUTH, "Accept": "text/html"}

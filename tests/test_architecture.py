@@ -28,6 +28,11 @@ TOOLS: dict[str, set[str]] = {
     "tests": {"harness", "demo"},
 }
 FOLDERS = (*PRODUCT, *TOOLS)
+# Inside the bridge, lowest first: each part imports only the parts before it (and itself). The
+# entry points (cli, config, service and the *_cli commands) sit above all of them; ``metrics``
+# (the bridge's own counters) is a leaf every part may count into.
+BRIDGE_PARTS = ("metrics", "diagnosis", "ingest", "prometheus", "quarantine", "projection", "web")
+BRIDGE_ENTRY_POINTS = {"cli", "config", "service", "explain_cli", "quarantine_cli", "view_cli"}
 
 
 def _layer(module: str) -> str:
@@ -63,6 +68,36 @@ def test_each_product_package_imports_only_the_layers_below_it(folder):
     allowed = PRODUCT[folder] | {folder}
     bad = [(m, n) for m, n in IMPORTS if _layer(m) == folder and _layer(n) not in allowed]
     assert bad == []
+
+
+def _bridge_part(module: str) -> str:
+    """The part of the bridge a module belongs to (``wandb_infra.bridge.web.pages`` -> ``web``);
+    the entry points are ``run``."""
+    parts = module.split(".")
+    if parts[0] == NAMESPACE:
+        parts = parts[1:]
+    part = parts[1] if len(parts) > 1 else ""
+    return "run" if part in BRIDGE_ENTRY_POINTS else part
+
+
+def test_bridge_parts_import_one_way():
+    """Lower parts never import higher ones, and nothing but the entry points imports them."""
+    order = {part: i for i, part in enumerate(BRIDGE_PARTS)} | {"run": len(BRIDGE_PARTS)}
+    edges = [(_bridge_part(m), _bridge_part(n)) for m, n in IMPORTS
+             if _layer(m) == "bridge" and _layer(n) == "bridge"]
+    assert {p for edge in edges for p in edge} <= set(order), edges
+    bad = sorted({(a, b) for a, b in edges if order[b] > order[a]})
+    assert bad == []
+
+
+def test_every_bridge_module_lives_in_a_part():
+    """The bridge's top level holds only its entry points and the metrics leaf; each part is a
+    subpackage whose docstring says its job."""
+    top = {p.stem for p in (ROOT / "bridge").glob("*.py")} - {"__init__"}
+    assert top == BRIDGE_ENTRY_POINTS | {"metrics"}
+    for part in BRIDGE_PARTS[1:]:
+        init = ROOT / "bridge" / part / "__init__.py"
+        assert ast.get_docstring(ast.parse(init.read_text())), part
 
 
 @pytest.mark.parametrize("folder", TOOLS)

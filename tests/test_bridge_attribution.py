@@ -10,12 +10,12 @@ from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from harness.bridge_payloads import alert, notification
 from harness.processes import free_port, prom_query, prometheus, wait_for
-from wandb_infra.bridge.delivery import DeliveryPolicy, DeliveryWorker
-from wandb_infra.bridge.grafana import GrafanaLinks
-from wandb_infra.bridge.identity import IdentityReader, PrometheusRunLookup
+from wandb_infra.bridge.diagnosis.links import GrafanaLinks
+from wandb_infra.bridge.ingest.identity import IdentityReader, PrometheusRunLookup
+from wandb_infra.bridge.ingest.payload import parse_notification
+from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.metrics import BridgeMetrics
-from wandb_infra.bridge.payload import parse_notification
-from wandb_infra.bridge.store import Store
+from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorker
 from wandb_infra.common import labels as L
 from wandb_infra.common.runkey import RunKey
 

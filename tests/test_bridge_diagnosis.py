@@ -7,9 +7,9 @@ import random
 from datetime import timedelta
 
 from harness.bridge_payloads import T0, alert, cascade, notification
-from wandb_infra.bridge.diagnosis import AlertFact, diagnose
-from wandb_infra.bridge.identity import IdentityReader
-from wandb_infra.bridge.payload import parse_notification
+from wandb_infra.bridge.diagnosis.root_cause import AlertFact, diagnose
+from wandb_infra.bridge.ingest.identity import IdentityReader
+from wandb_infra.bridge.ingest.payload import parse_notification
 
 
 def facts(alerts: list[dict]) -> list[AlertFact]:

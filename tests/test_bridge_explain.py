@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from wandb_infra.bridge.diagnosis import AlertFact
-from wandb_infra.bridge.explain import (
+from wandb_infra.bridge.diagnosis.links import GrafanaLinks
+from wandb_infra.bridge.diagnosis.root_cause import AlertFact
+from wandb_infra.bridge.prometheus.history import (
     Placement,
     _belongs,
     _regex_literal,
@@ -21,7 +22,6 @@ from wandb_infra.bridge.explain import (
     parse_when,
     pick_step,
 )
-from wandb_infra.bridge.grafana import GrafanaLinks
 from wandb_infra.catalog.alerts import ALERTS
 from wandb_infra.catalog.panels import link_annotations
 from wandb_infra.common.runkey import RunKey

@@ -7,9 +7,9 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 from harness.bridge_payloads import T0
-from wandb_infra.bridge.diagnosis import AlertFact
-from wandb_infra.bridge.grafana import GrafanaLinks
-from wandb_infra.bridge.identity import UNATTRIBUTED
+from wandb_infra.bridge.diagnosis.links import GrafanaLinks
+from wandb_infra.bridge.diagnosis.root_cause import AlertFact
+from wandb_infra.bridge.ingest.identity import UNATTRIBUTED
 from wandb_infra.catalog import panels as P
 from wandb_infra.catalog.alerts import ALERTS
 from wandb_infra.common.runkey import RunKey

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.bridge_payloads import T0
-from wandb_infra.bridge.diagnosis import AlertFact, Diagnosis, diagnose
-from wandb_infra.bridge.notes import (
+from wandb_infra.bridge.diagnosis.root_cause import AlertFact, Diagnosis, diagnose
+from wandb_infra.bridge.projection.notes import (
     BEGIN,
     END,
     md_escape,

@@ -10,9 +10,9 @@ from datetime import timedelta
 from pathlib import Path
 
 from harness.bridge_payloads import T0, alert, notification
-from wandb_infra.bridge.identity import IdentityReader
-from wandb_infra.bridge.payload import parse_notification
-from wandb_infra.bridge.store import SCHEMA_VERSION, Store, iso
+from wandb_infra.bridge.ingest.identity import IdentityReader
+from wandb_infra.bridge.ingest.payload import parse_notification
+from wandb_infra.bridge.ingest.store import SCHEMA_VERSION, Store, iso
 from wandb_infra.common.runkey import RunKey
 
 # The schema every store had before version 1, as the bridge created it (do not edit: it is the

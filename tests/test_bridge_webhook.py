@@ -17,10 +17,16 @@ from hypothesis import strategies as st
 
 from harness.bridge_payloads import T0, TOKEN, alert, make_context, notification, serve
 from wandb_infra.bridge.config import load
-from wandb_infra.bridge.identity import IdentityReader
-from wandb_infra.bridge.payload import PayloadError, _alert, _bulk, _Invalid, parse_notification
-from wandb_infra.bridge.store import INSERT_ROWS, Store
-from wandb_infra.bridge.webhook import Credentials
+from wandb_infra.bridge.ingest.identity import IdentityReader
+from wandb_infra.bridge.ingest.payload import (
+    PayloadError,
+    _alert,
+    _bulk,
+    _Invalid,
+    parse_notification,
+)
+from wandb_infra.bridge.ingest.store import INSERT_ROWS, Store
+from wandb_infra.bridge.web.webhook import Credentials
 from wandb_infra.common.configfile import ConfigError
 from wandb_infra.common.runkey import RunKey
 

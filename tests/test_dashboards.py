@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from wandb_infra.alert_rules.generate import records_read
-from wandb_infra.bridge.diagnosis import AlertFact
-from wandb_infra.bridge.grafana import GrafanaLinks
+from wandb_infra.bridge.diagnosis.links import GrafanaLinks
+from wandb_infra.bridge.diagnosis.root_cause import AlertFact
 from wandb_infra.catalog import panels as catalog
 from wandb_infra.catalog.alerts import ALERTS
 from wandb_infra.common.runkey import RunKey

@@ -8,7 +8,7 @@ import yaml
 
 from demo.stack import RULES_FILE, scale_rules
 from demo.trainer import TrainingJob, host_mfu
-from wandb_infra.bridge.report import render_run
+from wandb_infra.bridge.diagnosis.report import render_run
 from wandb_infra.catalog.alerts import ALERTS, duration_seconds
 
 

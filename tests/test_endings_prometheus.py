@@ -21,15 +21,15 @@ from demo.stack import scale_rules
 from harness.processes import prom_query, prometheus, wait_for
 from harness.wandb_standin import WandbStandin
 from wandb_infra.bridge import explain_cli
-from wandb_infra.bridge.delivery import DeliveryPolicy, DeliveryWorker
-from wandb_infra.bridge.endings import EndingsPolicy
-from wandb_infra.bridge.explain import PrometheusHistory, as_notification, explain
-from wandb_infra.bridge.grafana import GrafanaLinks
-from wandb_infra.bridge.identity import IdentityReader, PrometheusRunLookup
+from wandb_infra.bridge.diagnosis.links import GrafanaLinks
+from wandb_infra.bridge.diagnosis.outcome import Outcome
+from wandb_infra.bridge.ingest.identity import IdentityReader, PrometheusRunLookup
+from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.metrics import BridgeMetrics
-from wandb_infra.bridge.outcome import Outcome
-from wandb_infra.bridge.store import Store
-from wandb_infra.bridge.wandb_client import WandbClient
+from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorker
+from wandb_infra.bridge.projection.wandb_client import WandbClient
+from wandb_infra.bridge.prometheus.endings import EndingsPolicy
+from wandb_infra.bridge.prometheus.history import PrometheusHistory, as_notification, explain
 from wandb_infra.catalog import series
 from wandb_infra.common.runkey import RunKey
 

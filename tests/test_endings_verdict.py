@@ -9,13 +9,13 @@ from datetime import UTC, datetime
 import pytest
 
 from wandb_infra.bridge import config as C
-from wandb_infra.bridge.coverage import DCGM, NODE, Coverage, judge
-from wandb_infra.bridge.diagnosis import AlertFact, diagnose
-from wandb_infra.bridge.endings import outcome_for, targets_query, vanished_query
-from wandb_infra.bridge.notes import render_section
-from wandb_infra.bridge.outcome import CLEAR, INCOMPLETE, INFRASTRUCTURE, Outcome
-from wandb_infra.bridge.outcome import judge as verdict
-from wandb_infra.bridge.store import Store
+from wandb_infra.bridge.diagnosis.coverage import DCGM, NODE, Coverage, judge
+from wandb_infra.bridge.diagnosis.outcome import CLEAR, INCOMPLETE, INFRASTRUCTURE, Outcome
+from wandb_infra.bridge.diagnosis.outcome import judge as verdict
+from wandb_infra.bridge.diagnosis.root_cause import AlertFact, diagnose
+from wandb_infra.bridge.ingest.store import Store
+from wandb_infra.bridge.projection.notes import render_section
+from wandb_infra.bridge.prometheus.endings import outcome_for, targets_query, vanished_query
 from wandb_infra.common.configfile import ConfigError
 from wandb_infra.common.runkey import RunKey
 

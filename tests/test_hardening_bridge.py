@@ -19,9 +19,9 @@ from harness.bridge_payloads import TOKEN, alert, make_context, notification, se
 from harness.processes import wait_for
 from harness.wandb_standin import WandbStandin
 from tests.test_bridge_delivery import Clock, ingest, make_worker
-from wandb_infra.bridge import webhook
-from wandb_infra.bridge.identity import IdentityReader
-from wandb_infra.bridge.payload import Alert, Notification
+from wandb_infra.bridge.ingest.identity import IdentityReader
+from wandb_infra.bridge.ingest.payload import Alert, Notification
+from wandb_infra.bridge.web import webhook
 from wandb_infra.common.runkey import RunKey
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

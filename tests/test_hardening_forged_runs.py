@@ -17,15 +17,15 @@ import pytest
 from harness.bridge_payloads import alert, notification
 from harness.processes import prom_query, prometheus, scrape_target, wait_for
 from harness.wandb_standin import WandbStandin
-from wandb_infra.bridge.delivery import DeliveryPolicy, DeliveryWorker
-from wandb_infra.bridge.diagnosis import diagnose
-from wandb_infra.bridge.grafana import GrafanaLinks
-from wandb_infra.bridge.identity import IdentityReader, PrometheusRunLookup
+from wandb_infra.bridge.diagnosis.links import GrafanaLinks
+from wandb_infra.bridge.diagnosis.root_cause import diagnose
+from wandb_infra.bridge.ingest.identity import IdentityReader, PrometheusRunLookup
+from wandb_infra.bridge.ingest.payload import parse_notification
+from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.metrics import BridgeMetrics
-from wandb_infra.bridge.pages import run_detail
-from wandb_infra.bridge.payload import parse_notification
-from wandb_infra.bridge.store import Store
-from wandb_infra.bridge.wandb_client import WandbClient
+from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorker
+from wandb_infra.bridge.projection.wandb_client import WandbClient
+from wandb_infra.bridge.web.pages import run_detail
 from wandb_infra.common.runkey import RunKey
 
 pytestmark = pytest.mark.integration

@@ -23,10 +23,10 @@ from hypothesis import strategies as st
 
 from harness.bridge_payloads import TOKEN, make_context, serve
 from harness.wandb_standin import WandbStandin
-from wandb_infra.bridge.delivery import DeliveryPolicy, DeliveryWorker
-from wandb_infra.bridge.grafana import GrafanaLinks
+from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.metrics import BridgeMetrics
-from wandb_infra.bridge.wandb_client import WandbClient
+from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorker
+from wandb_infra.bridge.projection.wandb_client import WandbClient
 
 AUTH = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
 SUPPRESS = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]

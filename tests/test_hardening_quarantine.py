@@ -20,11 +20,16 @@ import pytest
 from harness.bridge_payloads import alert, notification
 from harness.bridge_process import BRIDGE_CLI, ROOT, bridge_env, start_bridge
 from harness.k8s_standin import K8sStandin, make_node
-from wandb_infra.bridge.diagnosis import Issue, diagnose
-from wandb_infra.bridge.identity import IdentityReader
-from wandb_infra.bridge.payload import parse_notification
-from wandb_infra.bridge.quarantine import KubernetesActions, Quarantine, SlurmActions, one_node
-from wandb_infra.bridge.store import Store
+from wandb_infra.bridge.diagnosis.root_cause import Issue, diagnose
+from wandb_infra.bridge.ingest.identity import IdentityReader
+from wandb_infra.bridge.ingest.payload import parse_notification
+from wandb_infra.bridge.ingest.store import Store
+from wandb_infra.bridge.quarantine.actuator import (
+    KubernetesActions,
+    Quarantine,
+    SlurmActions,
+    one_node,
+)
 from wandb_infra.common.runkey import RunKey
 
 # Some tests start the bridge as a process (a second bridge on one store): the module is not

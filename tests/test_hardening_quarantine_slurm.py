@@ -14,11 +14,11 @@ import pytest
 
 from harness.bridge_payloads import alert, notification
 from tests.slurm_cluster import slurm_cluster, unavailable_reason
-from wandb_infra.bridge.diagnosis import diagnose
-from wandb_infra.bridge.identity import IdentityReader
-from wandb_infra.bridge.payload import parse_notification
-from wandb_infra.bridge.quarantine import Quarantine, SlurmActions
-from wandb_infra.bridge.store import Store
+from wandb_infra.bridge.diagnosis.root_cause import diagnose
+from wandb_infra.bridge.ingest.identity import IdentityReader
+from wandb_infra.bridge.ingest.payload import parse_notification
+from wandb_infra.bridge.ingest.store import Store
+from wandb_infra.bridge.quarantine.actuator import Quarantine, SlurmActions
 from wandb_infra.common.runkey import RunKey
 
 pytestmark = [pytest.mark.slurm,

@@ -9,8 +9,8 @@ import requests
 from harness.bridge_payloads import cascade, make_context, serve
 from tests.pages_helpers import fake_worker, post_alerts
 from tests.test_pages_run import RUN_PATH
-from wandb_infra.bridge.sessions import FAILURES_PER_CLIENT, WINDOW, LoginLimiter, Sessions
-from wandb_infra.bridge.webhook import PAGE_COOKIE, PageAuth
+from wandb_infra.bridge.web.sessions import FAILURES_PER_CLIENT, WINDOW, LoginLimiter, Sessions
+from wandb_infra.bridge.web.webhook import PAGE_COOKIE, PageAuth
 
 PAGE_TOKEN = "page-token-0123456789abcdef"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import timedelta
 
 from harness.bridge_payloads import T0
-from wandb_infra.bridge.diagnosis import AlertFact, diagnose
-from wandb_infra.bridge.projection import plan_markers
+from wandb_infra.bridge.diagnosis.root_cause import AlertFact, diagnose
+from wandb_infra.bridge.projection.plan import plan_markers
 
 SETTLE = 75.0
 

@@ -1,6 +1,6 @@
 """Issue 28 end to end through the bridge's diagnosis: the host alerts, with the labels and
 annotations the shipped rules give them (alert_rules/wandb-infra.rules.yml), parsed from a
-webhook body as the bridge parses it, then diagnosed and decided (bridge/verdict.py). A host OOM
+webhook body as the bridge parses it, then diagnosed and decided (diagnosis/verdict.py). A host OOM
 kill or a lost mount explains the NCCL errors and stalls that follow; maintenance is shown as
 maintenance, never as a hardware fault; a later hardware fault is its own issue; a repeat
 offender is "replace, not reset"."""
@@ -15,9 +15,9 @@ import yaml
 
 from harness.bridge_payloads import T0, alert
 from tests.test_bridge_diagnosis import facts
-from wandb_infra.bridge.diagnosis import diagnose
-from wandb_infra.bridge.remediation import exclusion
-from wandb_infra.bridge.verdict import Policy, decide
+from wandb_infra.bridge.diagnosis.root_cause import diagnose
+from wandb_infra.bridge.diagnosis.verdict import Policy, decide
+from wandb_infra.bridge.prometheus.remediation import exclusion
 from wandb_infra.catalog.alerts import ALERTS
 from wandb_infra.catalog.recovery import Action
 from wandb_infra.catalog.vocabulary import CauseClass

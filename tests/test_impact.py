@@ -1,4 +1,4 @@
-"""bridge/impact.py on made-up series: a slowdown moves the onset to the measured drop, a hang
+"""diagnosis/impact.py on made-up series: a slowdown moves the onset to the measured drop, a hang
 spans the busiest GPU's idle time, noise is no effect, a run that ended is a crash, and the run's
 GPU-hours do not count overlapping issues twice."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from wandb_infra.bridge.impact import (
+from wandb_infra.bridge.diagnosis.impact import (
     CRASH,
     HANG,
     MAX_LEAD,

@@ -20,10 +20,10 @@ from demo.simulator.server import serve
 from demo.stack import scale_rules
 from harness.processes import prom_query, prometheus, wait_for
 from wandb_infra.bridge import explain_cli
-from wandb_infra.bridge.diagnosis import Diagnosis, diagnose
-from wandb_infra.bridge.explain import PrometheusHistory, as_facts, explain
-from wandb_infra.bridge.impact import HANG, NONE, SLOWDOWN, Impact
-from wandb_infra.bridge.impact_reader import ImpactHistory
+from wandb_infra.bridge.diagnosis.impact import HANG, NONE, SLOWDOWN, Impact
+from wandb_infra.bridge.diagnosis.root_cause import Diagnosis, diagnose
+from wandb_infra.bridge.prometheus.history import PrometheusHistory, as_facts, explain
+from wandb_infra.bridge.prometheus.impact_reader import ImpactHistory
 from wandb_infra.catalog import series
 from wandb_infra.common.runkey import RunKey
 

@@ -12,9 +12,9 @@ from aiohttp import web
 
 from harness.bridge_payloads import serve_app
 from harness.processes import PROMETHEUS, prom_query, prometheus, wait_for
-from wandb_infra.bridge import activity
-from wandb_infra.bridge.explain import PrometheusHistory
-from wandb_infra.bridge.timeline import seconds
+from wandb_infra.bridge.prometheus.history import PrometheusHistory
+from wandb_infra.bridge.web import activity
+from wandb_infra.bridge.web.timeline import seconds
 from wandb_infra.common.runkey import RunKey
 
 RUN = RunKey("team", "proj", "act1")

@@ -10,7 +10,7 @@ from harness.bridge_payloads import TOKEN, cascade, make_context, serve
 from tests.pages_helpers import AUTH, HTML, fake_worker, post_alerts
 from tests.test_pages_run import RUN_PATH
 from wandb_infra.bridge.config import load
-from wandb_infra.bridge.webhook import PAGE_COOKIE, PageAuth
+from wandb_infra.bridge.web.webhook import PAGE_COOKIE, PageAuth
 from wandb_infra.common.configfile import ConfigError
 
 PAGE_TOKEN = "page-token-0123456789abcdef"

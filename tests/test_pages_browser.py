@@ -19,8 +19,8 @@ import pytest
 from harness.bridge_payloads import T0, alert, cascade, make_context, serve, serve_app
 from tests.cdp_browser import CHROMIUM, Browser
 from tests.pages_helpers import FakePrometheus, fake_worker, post_alerts
-from wandb_infra.bridge.explain import catalog_annotations
-from wandb_infra.bridge.webhook import PageAuth
+from wandb_infra.bridge.prometheus.history import catalog_annotations
+from wandb_infra.bridge.web.webhook import PageAuth
 
 PAGE_TOKEN = "browser-page-token-0123456789"
 CASCADE = "/runs/team/proj/cascade1"

@@ -22,10 +22,10 @@ from tests.pages_helpers import (
     post_alerts,
     tags,
 )
-from wandb_infra.bridge.diagnosis import AlertFact, diagnose
-from wandb_infra.bridge.pages import run_detail, run_html, runs_html, wandb_text
-from wandb_infra.bridge.store import OutboxRow
-from wandb_infra.bridge.timeline import MAX_HOST_LANES, lanes, offset_text, timeline_svg
+from wandb_infra.bridge.diagnosis.root_cause import AlertFact, diagnose
+from wandb_infra.bridge.ingest.store import OutboxRow
+from wandb_infra.bridge.web.pages import run_detail, run_html, runs_html, wandb_text
+from wandb_infra.bridge.web.timeline import MAX_HOST_LANES, lanes, offset_text, timeline_svg
 from wandb_infra.common.runkey import RunKey
 
 RUN_PATH = "/runs/team/proj/cascade1"
@@ -162,7 +162,7 @@ def _outbox(**kw) -> OutboxRow:
 
 
 def test_wandb_status_is_truthful(tmp_path):
-    from wandb_infra.bridge.pages import delivery_status  # noqa: PLC0415 - the function under test
+    from wandb_infra.bridge.web.pages import delivery_status  # noqa: PLC0415 - the function under test
 
     assert wandb_text(delivery_status(_outbox(), enabled=False))[0] == (
         "W&B: off (no API key configured)")

@@ -9,9 +9,9 @@ import requests
 
 from harness.bridge_payloads import make_context, serve
 from tests.pages_helpers import AUTH, HTML
-from wandb_infra.bridge.coverage import DCGM, NODE, judge
-from wandb_infra.bridge.diagnosis import diagnose
-from wandb_infra.bridge.outcome import judge as verdict
+from wandb_infra.bridge.diagnosis.coverage import DCGM, NODE, judge
+from wandb_infra.bridge.diagnosis.outcome import judge as verdict
+from wandb_infra.bridge.diagnosis.root_cause import diagnose
 from wandb_infra.common.runkey import RunKey
 
 START = datetime(2026, 11, 29, 10, 2, tzinfo=UTC).timestamp()

@@ -19,13 +19,13 @@ from harness.bridge_payloads import alert, notification
 from harness.wandb_standin import WandbStandin
 from tests.slurm_cluster import slurm_cluster, unavailable_reason
 from wandb_infra.bridge.config import DEFAULTS, build_config
-from wandb_infra.bridge.delivery import DeliveryWorker
-from wandb_infra.bridge.grafana import GrafanaLinks
-from wandb_infra.bridge.identity import IdentityReader
+from wandb_infra.bridge.diagnosis.links import GrafanaLinks
+from wandb_infra.bridge.ingest.identity import IdentityReader
+from wandb_infra.bridge.ingest.payload import parse_notification
+from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.metrics import BridgeMetrics
-from wandb_infra.bridge.payload import parse_notification
-from wandb_infra.bridge.store import Store
-from wandb_infra.bridge.wandb_client import WandbClient
+from wandb_infra.bridge.projection.delivery import DeliveryWorker
+from wandb_infra.bridge.projection.wandb_client import WandbClient
 
 pytestmark = [pytest.mark.slurm, pytest.mark.integration,
               pytest.mark.skipif(unavailable_reason() is not None,

@@ -23,7 +23,7 @@ from harness.bridge_payloads import T0, TOKEN, alert, notification
 from harness.bridge_process import bridge_env, section_blocks, start_bridge
 from harness.processes import wait_for
 from harness.wandb_standin import WandbStandin
-from wandb_infra.bridge.notes import BEGIN, END
+from wandb_infra.bridge.projection.notes import BEGIN, END
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ from harness.bridge_payloads import TOKEN
 from harness.bridge_process import bridge_env, section_blocks, start_bridge
 from harness.processes import alertmanager, wait_for
 from harness.wandb_standin import WandbStandin
-from wandb_infra.bridge.notes import BEGIN
+from wandb_infra.bridge.projection.notes import BEGIN
 
 pytestmark = pytest.mark.integration
 

@@ -23,15 +23,15 @@ from markdown_it import MarkdownIt
 from harness.bridge_payloads import T0, TOKEN, alert, make_context, notification, serve
 from harness.bridge_process import raw_status
 from harness.wandb_standin import WandbStandin
-from wandb_infra.bridge.delivery import DeliveryPolicy, DeliveryWorker
-from wandb_infra.bridge.diagnosis import AlertFact, diagnose
-from wandb_infra.bridge.grafana import GrafanaLinks
-from wandb_infra.bridge.identity import IdentityReader
+from wandb_infra.bridge.diagnosis.links import GrafanaLinks
+from wandb_infra.bridge.diagnosis.root_cause import AlertFact, diagnose
+from wandb_infra.bridge.ingest.identity import IdentityReader
+from wandb_infra.bridge.ingest.payload import parse_notification
 from wandb_infra.bridge.metrics import BridgeMetrics
-from wandb_infra.bridge.notes import BEGIN, END, TITLE, render_section
-from wandb_infra.bridge.pages import run_detail, run_html, run_summary, runs_html
-from wandb_infra.bridge.payload import parse_notification
-from wandb_infra.bridge.wandb_client import WandbClient
+from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorker
+from wandb_infra.bridge.projection.notes import BEGIN, END, TITLE, render_section
+from wandb_infra.bridge.projection.wandb_client import WandbClient
+from wandb_infra.bridge.web.pages import run_detail, run_html, run_summary, runs_html
 from wandb_infra.common.runkey import RunKey
 
 pytestmark = pytest.mark.integration
@@ -193,7 +193,7 @@ BAD_CREDENTIALS = [None, "", "Bearer", "Bearer ", f"Bearer {TOKEN}x", f"Bearer {
 
 def test_every_state_changing_route_requires_credentials(bridge):
     """Walks the app's router, so a route added later is covered too."""
-    from wandb_infra.bridge.webhook import create_app  # noqa: PLC0415 - only to list the routes
+    from wandb_infra.bridge.web.webhook import create_app  # noqa: PLC0415 - only to list the routes
 
     routes = [(r.method, r.resource.canonical) for r in create_app(bridge.ctx).router.routes()]
     changing = [(m, p) for m, p in routes if m not in ("GET", "HEAD", "OPTIONS")]

@@ -18,15 +18,15 @@ from harness.exporter_process import running_exporter
 from harness.k8s_standin import K8sStandin, make_node
 from harness.processes import prom_query, prometheus, scrape_target, wait_for
 from harness.wandb_standin import WandbStandin
-from wandb_infra.bridge.delivery import DeliveryPolicy, DeliveryWorker
-from wandb_infra.bridge.grafana import GrafanaLinks
-from wandb_infra.bridge.identity import IdentityReader, PrometheusRunLookup
+from wandb_infra.bridge.diagnosis.links import GrafanaLinks
+from wandb_infra.bridge.ingest.identity import IdentityReader, PrometheusRunLookup
+from wandb_infra.bridge.ingest.payload import parse_notification
+from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.metrics import BridgeMetrics
-from wandb_infra.bridge.payload import parse_notification
-from wandb_infra.bridge.quarantine import check
-from wandb_infra.bridge.remediation import NodeStateHistory, run_remediation
-from wandb_infra.bridge.store import Store
-from wandb_infra.bridge.wandb_client import WandbClient
+from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorker
+from wandb_infra.bridge.projection.wandb_client import WandbClient
+from wandb_infra.bridge.prometheus.remediation import NodeStateHistory, run_remediation
+from wandb_infra.bridge.quarantine.actuator import check
 from wandb_infra.common.runkey import RunKey
 
 pytestmark = pytest.mark.integration

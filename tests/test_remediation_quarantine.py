@@ -14,15 +14,15 @@ import pytest
 from harness.bridge_payloads import alert, notification
 from harness.k8s_standin import K8sStandin, make_node
 from harness.wandb_standin import WandbStandin
-from wandb_infra.bridge.delivery import DeliveryPolicy, DeliveryWorker
-from wandb_infra.bridge.diagnosis import Issue, diagnose
-from wandb_infra.bridge.grafana import GrafanaLinks
-from wandb_infra.bridge.identity import IdentityReader
+from wandb_infra.bridge.diagnosis.links import GrafanaLinks
+from wandb_infra.bridge.diagnosis.root_cause import Issue, diagnose
+from wandb_infra.bridge.ingest.identity import IdentityReader
+from wandb_infra.bridge.ingest.payload import parse_notification
+from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.metrics import BridgeMetrics
-from wandb_infra.bridge.payload import parse_notification
-from wandb_infra.bridge.quarantine import KubernetesActions, Quarantine, check
-from wandb_infra.bridge.store import Store
-from wandb_infra.bridge.wandb_client import WandbClient
+from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorker
+from wandb_infra.bridge.projection.wandb_client import WandbClient
+from wandb_infra.bridge.quarantine.actuator import KubernetesActions, Quarantine, check
 from wandb_infra.common.configfile import ConfigError
 from wandb_infra.common.runkey import RunKey
 

@@ -21,16 +21,16 @@ from harness.exporter_process import metric_samples, metric_value, running_expor
 from harness.processes import prometheus, stays_true, wait_for
 from harness.wandb_standin import WandbStandin
 from tests.slurm_cluster import slurm_cluster, unavailable_reason
-from wandb_infra.bridge.delivery import DeliveryPolicy, DeliveryWorker
-from wandb_infra.bridge.diagnosis import diagnose
-from wandb_infra.bridge.grafana import GrafanaLinks
-from wandb_infra.bridge.identity import IdentityReader, PrometheusRunLookup
+from wandb_infra.bridge.diagnosis.links import GrafanaLinks
+from wandb_infra.bridge.diagnosis.root_cause import diagnose
+from wandb_infra.bridge.ingest.identity import IdentityReader, PrometheusRunLookup
+from wandb_infra.bridge.ingest.payload import parse_notification
+from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.metrics import BridgeMetrics
-from wandb_infra.bridge.payload import parse_notification
-from wandb_infra.bridge.quarantine import Quarantine, SlurmActions
-from wandb_infra.bridge.remediation import run_remediation
-from wandb_infra.bridge.store import Store
-from wandb_infra.bridge.wandb_client import WandbClient
+from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorker
+from wandb_infra.bridge.projection.wandb_client import WandbClient
+from wandb_infra.bridge.prometheus.remediation import run_remediation
+from wandb_infra.bridge.quarantine.actuator import Quarantine, SlurmActions
 from wandb_infra.common.runkey import RunKey
 
 pytestmark = [pytest.mark.slurm,

@@ -17,16 +17,21 @@ import requests
 
 from harness.bridge_payloads import TOKEN, alert, make_context, notification, serve
 from harness.wandb_standin import WandbStandin
-from wandb_infra.bridge.delivery import DeliveryPolicy, DeliveryWorker
-from wandb_infra.bridge.diagnosis import diagnose
-from wandb_infra.bridge.grafana import GrafanaLinks
-from wandb_infra.bridge.identity import IdentityReader, PrometheusRunLookup
+from wandb_infra.bridge.diagnosis.links import GrafanaLinks
+from wandb_infra.bridge.diagnosis.root_cause import diagnose
+from wandb_infra.bridge.ingest.identity import IdentityReader, PrometheusRunLookup
+from wandb_infra.bridge.ingest.payload import parse_notification
+from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.metrics import BridgeMetrics
-from wandb_infra.bridge.notes import render_section
-from wandb_infra.bridge.payload import parse_notification
-from wandb_infra.bridge.remediation import NodeStateHistory, exclusion, run_remediation, signature
-from wandb_infra.bridge.store import Store
-from wandb_infra.bridge.wandb_client import WandbClient
+from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorker
+from wandb_infra.bridge.projection.notes import render_section
+from wandb_infra.bridge.projection.wandb_client import WandbClient
+from wandb_infra.bridge.prometheus.remediation import (
+    NodeStateHistory,
+    exclusion,
+    run_remediation,
+    signature,
+)
 from wandb_infra.common.runkey import RunKey
 
 pytestmark = pytest.mark.integration

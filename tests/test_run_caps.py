@@ -6,9 +6,9 @@ from __future__ import annotations
 from datetime import timedelta
 
 from harness.bridge_payloads import T0
-from wandb_infra.bridge.diagnosis import AlertFact, diagnose
-from wandb_infra.bridge.notes import MAX_GROUPS, MAX_SECTION_CHARS, render_section
-from wandb_infra.bridge.projection import MAX_INFRA_TAGS, TAG_PREFIX, infra_tags, merged_tags
+from wandb_infra.bridge.diagnosis.root_cause import AlertFact, diagnose
+from wandb_infra.bridge.projection.notes import MAX_GROUPS, MAX_SECTION_CHARS, render_section
+from wandb_infra.bridge.projection.plan import MAX_INFRA_TAGS, TAG_PREFIX, infra_tags, merged_tags
 from wandb_infra.exporter.sources import valid_run_key
 
 

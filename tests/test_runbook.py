@@ -13,7 +13,7 @@ import yaml
 
 from demo.stack import point_runbook
 from harness import bridge_payloads as bp
-from wandb_infra.bridge.runbook import _inline, page
+from wandb_infra.bridge.web.runbook import _inline, page
 from wandb_infra.catalog import runbook
 from wandb_infra.catalog.alerts import ALERTS
 

@@ -1,4 +1,4 @@
-"""The restart decision (bridge/verdict.py) over every catalogued fault and every action state:
+"""The restart decision (diagnosis/verdict.py) over every catalogued fault and every action state:
 the advice, the verdict and the quarantine's permission come from one decision and agree; the
 scheduler-state probe cases; the site policy; XIDs against NVIDIA's vendored catalog."""
 
@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from wandb_infra.bridge.diagnosis import AlertFact, Issue, diagnose
-from wandb_infra.bridge.remediation import exclusion, remediations_for
-from wandb_infra.bridge.verdict import (
+from wandb_infra.bridge.diagnosis.root_cause import AlertFact, Issue, diagnose
+from wandb_infra.bridge.diagnosis.verdict import (
     SAFE,
     UNKNOWN,
     UNSAFE,
@@ -24,6 +23,7 @@ from wandb_infra.bridge.verdict import (
     Timeline,
     decide,
 )
+from wandb_infra.bridge.prometheus.remediation import exclusion, remediations_for
 from wandb_infra.catalog.alerts import ALERTS
 from wandb_infra.catalog.recovery import SPECS, Action
 from wandb_infra.catalog.runbook import CLASS_ALERT

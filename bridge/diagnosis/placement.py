@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-from wandb_infra.bridge.diagnosis import AlertFact
+from wandb_infra.bridge.diagnosis.root_cause import AlertFact
 from wandb_infra.common.runkey import RunKey
 
 MAX_REMEMBERED = 100_000

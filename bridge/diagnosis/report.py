@@ -35,7 +35,7 @@ def _consequence_lines(consequences: list[dict[str, Any]]) -> list[str]:
 
 
 def _impact_lines(root: dict[str, Any], impact: dict[str, Any] | None) -> list[str]:
-    """The measured effect and its cost (bridge/impact.py), else the catalog's prose."""
+    """The measured effect and its cost (bridge/diagnosis/impact.py), else the catalog's prose."""
     if not impact or impact.get("kind") == "unmeasured":
         return [f"    impact      {root.get('impact') or ''}"]
     lines = [f"    effect      {impact.get('headline')}",

@@ -15,11 +15,11 @@ from html import escape
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from wandb_infra.bridge.diagnosis import AlertFact, Diagnosis, Issue
-from wandb_infra.bridge.impact import hours_text
-from wandb_infra.bridge.notes import LinkFn
-from wandb_infra.bridge.store import OutboxRow
-from wandb_infra.bridge.timeline import (
+from wandb_infra.bridge.diagnosis.impact import hours_text
+from wandb_infra.bridge.diagnosis.root_cause import AlertFact, Diagnosis, Issue
+from wandb_infra.bridge.ingest.store import OutboxRow
+from wandb_infra.bridge.projection.notes import LinkFn
+from wandb_infra.bridge.web.timeline import (
     activity_svg,
     clock,
     colour,
@@ -277,7 +277,7 @@ def _facts_when(fact: dict[str, Any], ref: float) -> str:
 
 
 def _remediation_html(rem: dict[str, Any]) -> str:
-    """Whether restarting the run is safe now (bridge/verdict.py: what the fault needs, whether
+    """Whether restarting the run is safe now (diagnosis/verdict.py: what the fault needs, whether
     it happened, the hosts' scheduler state), with the exclusion to use when it is not."""
     verdict = str(rem.get("verdict", "unknown"))
     cls = {"safe": "ok", "unsafe": "bad"}.get(verdict, "warn")
@@ -310,7 +310,7 @@ def _by_name(facts: Sequence[dict[str, Any]]) -> list[tuple[str, list[dict[str, 
 
 
 def impact_rows(root: dict[str, Any], impact: dict[str, Any] | None) -> list[str]:
-    """The card's impact: measured on the run (bridge/impact.py) with what it cost, else the
+    """The card's impact: measured on the run (diagnosis/impact.py) with what it cost, else the
     catalog's prose."""
     prose = escape(root.get("impact") or "")
     if not impact or impact.get("kind") == "unmeasured":

@@ -13,13 +13,13 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from wandb_infra.bridge.explain import (
+from wandb_infra.bridge.prometheus.history import (
     ExplainError,
     PrometheusHistory,
     _regex_literal,
     find_placement,
 )
-from wandb_infra.bridge.timeline import onset, seconds
+from wandb_infra.bridge.web.timeline import onset, seconds
 from wandb_infra.catalog import series as S
 from wandb_infra.common.runkey import RunKey
 

@@ -8,7 +8,7 @@ For each issue's faulty hosts, one set of range queries from shortly before the 
 * the evidence that a recovery action happened: the driver's recovery action per GPU (DCGM field
   1523), the GPUs' UUIDs and count, the host's ``node_boot_time_seconds``.
 
-``bridge/verdict.py`` decides from them; this module turns its ``Decision`` into the
+``bridge/diagnosis/verdict.py`` decides from them; this module turns its ``Decision`` into the
 ``Remediation`` the notes, the run page, the summary and the quarantine read. Without Prometheus
 every issue naming a host still gets a verdict ("safe" where the fault needs no hardware action,
 else "unknown" saying what is missing).
@@ -29,9 +29,8 @@ from typing import Any
 
 import requests
 
-from wandb_infra.bridge.diagnosis import AlertFact, Diagnosis, Issue, diagnose
-from wandb_infra.bridge.explain import _regex_literal, pick_step
-from wandb_infra.bridge.verdict import (
+from wandb_infra.bridge.diagnosis.root_cause import AlertFact, Diagnosis, Issue, diagnose
+from wandb_infra.bridge.diagnosis.verdict import (
     NO_PROMETHEUS,
     Change,
     Decision,
@@ -42,6 +41,7 @@ from wandb_infra.bridge.verdict import (
     decide,
     faulty_hosts,
 )
+from wandb_infra.bridge.prometheus.history import _regex_literal, pick_step
 from wandb_infra.catalog import series
 from wandb_infra.catalog.template import fill
 from wandb_infra.common.nodestate import DEFAULT_TOLERATED, STATE

@@ -2,7 +2,7 @@
 fault needs it out of service.
 
 Off by default; ``dry_run`` (the default once enabled) only records what it would do. For an open
-issue whose root cause is critical and whose restart decision (``bridge/verdict.py``) says the
+issue whose root cause is critical and whose restart decision (``diagnosis/verdict.py``) says the
 node must leave the pool before its fault's action is done (a GPU reset, a reboot, a replacement:
 never for XID 94 or an application fault, which need only a restart), the faulty host is
 drained in Slurm (``scontrol update NodeName=... State=DRAIN Reason=...``) or cordoned and
@@ -48,8 +48,8 @@ from typing import Any
 
 import requests
 
-from wandb_infra.bridge.diagnosis import Issue
-from wandb_infra.bridge.verdict import faulty_hosts
+from wandb_infra.bridge.diagnosis.root_cause import Issue
+from wandb_infra.bridge.diagnosis.verdict import faulty_hosts
 from wandb_infra.common.commands import SourceError, run_command
 from wandb_infra.common.configfile import ConfigError
 from wandb_infra.common.kubeapi import KubeApi
@@ -287,7 +287,7 @@ class Quarantine:
     @staticmethod
     def wanted(issue: Issue) -> bool:
         """Only an open issue with a critical root cause; the caller offers only issues whose
-        restart decision lets the node be taken out (bridge/verdict.py: the fault needs the
+        restart decision lets the node be taken out (diagnosis/verdict.py: the fault needs the
         node out of service and that has not happened)."""
         return issue.root_ended_at is None and issue.root.severity == "critical"
 

@@ -2,7 +2,7 @@
 
 Why: "no alert" is not an answer. A run with an issue is **infrastructure** (its headline, as
 the notes already say); a run without one is **clear** only when its telemetry was complete for
-its whole life (bridge/coverage.py), and **incomplete** otherwise, naming what was not seen, so a
+its whole life (diagnosis/coverage.py), and **incomplete** otherwise, naming what was not seen, so a
 blind host is never read as healthy. The same text goes to W&B (summary and notes), the run
 page and ``explain``.
 """
@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from wandb_infra.bridge.coverage import Coverage
-from wandb_infra.bridge.diagnosis import Diagnosis
+from wandb_infra.bridge.diagnosis.coverage import Coverage
+from wandb_infra.bridge.diagnosis.root_cause import Diagnosis
 
 INFRASTRUCTURE = "infrastructure"
 CLEAR = "clear"

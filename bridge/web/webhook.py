@@ -27,19 +27,28 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from wandb_infra.bridge import activity
-from wandb_infra.bridge import runbook as runbook_page
-from wandb_infra.bridge.delivery import DeliveryPolicy, DeliveryWorker
-from wandb_infra.bridge.diagnosis import DEFAULT_GAP, AlertFact, Diagnosis, diagnose
-from wandb_infra.bridge.endings import current
-from wandb_infra.bridge.explain import PrometheusHistory
-from wandb_infra.bridge.grafana import GrafanaLinks
-from wandb_infra.bridge.identity import UNATTRIBUTED, Identity, IdentityReader
-from wandb_infra.bridge.impact import Impact
-from wandb_infra.bridge.impact_reader import views
+from wandb_infra.bridge.diagnosis.impact import Impact
+from wandb_infra.bridge.diagnosis.links import GrafanaLinks
+from wandb_infra.bridge.diagnosis.outcome import VERDICTS, Outcome
+from wandb_infra.bridge.diagnosis.root_cause import DEFAULT_GAP, AlertFact, Diagnosis, diagnose
+from wandb_infra.bridge.ingest.identity import UNATTRIBUTED, Identity, IdentityReader
+from wandb_infra.bridge.ingest.payload import Notification, PayloadError, parse_notification
+from wandb_infra.bridge.ingest.store import (
+    IngestResult,
+    OutboxRow,
+    RunIndexEntry,
+    Store,
+    StoreError,
+)
 from wandb_infra.bridge.metrics import BridgeMetrics
-from wandb_infra.bridge.outcome import VERDICTS, Outcome
-from wandb_infra.bridge.pages import (
+from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorker
+from wandb_infra.bridge.prometheus.endings import current
+from wandb_infra.bridge.prometheus.history import PrometheusHistory
+from wandb_infra.bridge.prometheus.impact_reader import views
+from wandb_infra.bridge.prometheus.remediation import run_remediation
+from wandb_infra.bridge.web import activity
+from wandb_infra.bridge.web import runbook as runbook_page
+from wandb_infra.bridge.web.pages import (
     delivery_status,
     empty_html,
     login_html,
@@ -48,10 +57,7 @@ from wandb_infra.bridge.pages import (
     run_summary,
     runs_html,
 )
-from wandb_infra.bridge.payload import Notification, PayloadError, parse_notification
-from wandb_infra.bridge.remediation import run_remediation
-from wandb_infra.bridge.sessions import SESSION_SECONDS, LoginLimiter, Sessions
-from wandb_infra.bridge.store import IngestResult, OutboxRow, RunIndexEntry, Store, StoreError
+from wandb_infra.bridge.web.sessions import SESSION_SECONDS, LoginLimiter, Sessions
 from wandb_infra.catalog import runbook
 from wandb_infra.common.labels import NAME_CHARS, RUN_ID_CHARS
 from wandb_infra.common.logsetup import log_fields
@@ -109,7 +115,7 @@ class PageAuth:
 
     ``token`` opens them as ``Authorization: Bearer <token>``, or typed into the login form,
     which starts a session: a random cookie per login that expires after ``SESSION_SECONDS`` and
-    ends at sign-out (``bridge/sessions.py``). The webhook's credentials open them only when
+    ends at sign-out (``bridge/web/sessions.py``). The webhook's credentials open them only when
     ``accept_webhook`` says so; ``None`` means "only while no page token is configured" (API
     clients of older configs). ``secure_cookie``: None sets ``Secure`` when the request came over
     TLS or through a proxy that says so (``X-Forwarded-Proto: https``).
@@ -522,7 +528,7 @@ class Handlers:
                 "issues": [], "wandb": delivery_status(self.ctx.store.outbox(run), enabled)}
 
     def _impacts(self, run: RunKey, facts: list[AlertFact]) -> dict[str, Impact] | None:
-        """Each issue's measured impact (bridge/impact.py) when the bridge knows a Prometheus,
+        """Each issue's measured impact (diagnosis/impact.py) when the bridge knows a Prometheus,
         on its own thread like the plot."""
         worker = self.ctx.worker
         if worker is None:

@@ -1,7 +1,7 @@
 """What an issue cost the run, measured from its GPUs' own signals. Pure: plain data in and out.
 
 The catalog's impact text is written before anything happened ("the job may crash"); the run's
-GPUs say what did happen. For each issue the edge (bridge/impact_reader.py) reads one signal
+GPUs say what did happen. For each issue the edge (prometheus/impact_reader.py) reads one signal
 (tensor activity, else utilisation, else power) as three series around the root cause's onset:
 the mean over the affected GPUs the run holds, the mean over all of the run's GPUs, and the
 busiest of them. From those:

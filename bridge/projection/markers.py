@@ -17,7 +17,7 @@ import threading
 from pathlib import Path
 from typing import Any, Protocol
 
-from wandb_infra.bridge.wandb_client import PermanentError, TransientError, WandbClient
+from wandb_infra.bridge.projection.wandb_client import PermanentError, TransientError, WandbClient
 from wandb_infra.common.logsetup import log_fields
 from wandb_infra.common.runkey import RunKey
 

@@ -3,7 +3,7 @@
 Why: silence is only evidence when someone was listening. A run with no alert is "not the
 infrastructure" only if every one of its hosts had its dcgm-exporter and node_exporter up and
 every one of its GPUs reported for the whole run; otherwise the windows nobody saw are named, by
-host and time. Plain data in and out: the samples come from range queries (bridge/endings.py),
+host and time. Plain data in and out: the samples come from range queries (prometheus/endings.py),
 judged here on the queries' step grid.
 """
 

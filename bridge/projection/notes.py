@@ -11,10 +11,10 @@ import re
 from collections.abc import Callable, Mapping
 from datetime import datetime
 
-from wandb_infra.bridge.diagnosis import AlertFact, Diagnosis, Issue
-from wandb_infra.bridge.impact import UNMEASURED, Impact, hours_text, run_gpu_hours
-from wandb_infra.bridge.outcome import Outcome
-from wandb_infra.bridge.remediation import Remediation
+from wandb_infra.bridge.diagnosis.impact import UNMEASURED, Impact, hours_text, run_gpu_hours
+from wandb_infra.bridge.diagnosis.outcome import Outcome
+from wandb_infra.bridge.diagnosis.root_cause import AlertFact, Diagnosis, Issue
+from wandb_infra.bridge.prometheus.remediation import Remediation
 from wandb_infra.catalog.vocabulary import CauseClass
 
 BEGIN = "<!-- wandb-infra-bridge:begin -->"
@@ -122,7 +122,7 @@ def _remediation_lines(rem: Remediation) -> list[str]:
 
 
 def impact_lines(root: AlertFact, impact: Impact | None) -> list[str]:
-    """The impact as measured on the run (bridge/impact.py), what it cost and why the onset
+    """The impact as measured on the run (diagnosis/impact.py), what it cost and why the onset
     moved; the catalog's prose stays for what cannot be measured."""
     prose = root.text("impact")
     if impact is None or impact.kind == UNMEASURED:

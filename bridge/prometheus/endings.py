@@ -17,12 +17,17 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 
-from wandb_infra.bridge.coverage import Coverage, judge
-from wandb_infra.bridge.diagnosis import AlertFact, Diagnosis, diagnose
-from wandb_infra.bridge.explain import ExplainError, Placement, PrometheusHistory, find_placement
-from wandb_infra.bridge.outcome import Outcome
-from wandb_infra.bridge.outcome import judge as judge_outcome
-from wandb_infra.bridge.store import Store
+from wandb_infra.bridge.diagnosis.coverage import Coverage, judge
+from wandb_infra.bridge.diagnosis.outcome import Outcome
+from wandb_infra.bridge.diagnosis.outcome import judge as judge_outcome
+from wandb_infra.bridge.diagnosis.root_cause import AlertFact, Diagnosis, diagnose
+from wandb_infra.bridge.ingest.store import Store
+from wandb_infra.bridge.prometheus.history import (
+    ExplainError,
+    Placement,
+    PrometheusHistory,
+    find_placement,
+)
 from wandb_infra.catalog import series as S
 from wandb_infra.common import labels as L
 from wandb_infra.common.logsetup import log_fields

@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from wandb_infra.bridge.diagnosis import Diagnosis, Issue
-from wandb_infra.bridge.impact import UNMEASURED, Impact, run_gpu_hours
-from wandb_infra.bridge.notes import strip_controls
+from wandb_infra.bridge.diagnosis.impact import UNMEASURED, Impact, run_gpu_hours
+from wandb_infra.bridge.diagnosis.root_cause import Diagnosis, Issue
+from wandb_infra.bridge.projection.notes import strip_controls
 
 TAG_PREFIX = "infra:"
 MAX_TAG = 64

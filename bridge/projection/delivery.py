@@ -7,7 +7,7 @@ Transient failures back off exponentially with jitter, at least as long as ``Ret
 and pause the whole worker (W&B being down is not a per-run problem, so no retry storm); permanent
 failures, and anything else one run's rendering or delivery raises, park that run, counted and
 visible, without blocking other runs. With Prometheus configured, each issue also shows its faulty
-hosts' scheduler state and a restart verdict (bridge/remediation.py); recently active runs are
+hosts' scheduler state and a restart verdict (prometheus/remediation.py); recently active runs are
 re-checked every ``node_state_refresh`` seconds and re-projected when that changed.
 """
 
@@ -24,35 +24,45 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from wandb_infra.bridge.diagnosis import AlertFact, Diagnosis, diagnose
-from wandb_infra.bridge.endings import EndingsPass, EndingsPolicy, RunEndings, outcome_for
-from wandb_infra.bridge.explain import PrometheusHistory
-from wandb_infra.bridge.grafana import GrafanaLinks
-from wandb_infra.bridge.identity import PrometheusRunLookup
-from wandb_infra.bridge.impact import Impact
-from wandb_infra.bridge.impact_reader import ImpactHistory, run_total
-from wandb_infra.bridge.markers import MARKER_SETTLE, MISSING_SDK, MarkerWriter
+from wandb_infra.bridge.diagnosis.impact import Impact
+from wandb_infra.bridge.diagnosis.links import GrafanaLinks
+from wandb_infra.bridge.diagnosis.placement import PlacementCheck
+from wandb_infra.bridge.diagnosis.root_cause import AlertFact, Diagnosis, diagnose
+from wandb_infra.bridge.diagnosis.verdict import Policy
+from wandb_infra.bridge.ingest.identity import PrometheusRunLookup
+from wandb_infra.bridge.ingest.store import OutboxRow, Store, StoreError, from_iso
 from wandb_infra.bridge.metrics import BridgeMetrics
-from wandb_infra.bridge.notes import LinkFn, render_section, replace_section
-from wandb_infra.bridge.placement import PlacementCheck
-from wandb_infra.bridge.projection import (
+from wandb_infra.bridge.projection.markers import MARKER_SETTLE, MISSING_SDK, MarkerWriter
+from wandb_infra.bridge.projection.notes import LinkFn, render_section, replace_section
+from wandb_infra.bridge.projection.plan import (
     TAG_PREFIX,
     impact_entries,
     merged_tags,
     plan_markers,
     summary_entries,
 )
-from wandb_infra.bridge.quarantine import build as build_quarantine
-from wandb_infra.bridge.remediation import (
+from wandb_infra.bridge.projection.wandb_client import (
+    PermanentError,
+    TransientError,
+    WandbClient,
+    WandbError,
+)
+from wandb_infra.bridge.prometheus.endings import (
+    EndingsPass,
+    EndingsPolicy,
+    RunEndings,
+    outcome_for,
+)
+from wandb_infra.bridge.prometheus.history import PrometheusHistory
+from wandb_infra.bridge.prometheus.impact_reader import ImpactHistory, run_total
+from wandb_infra.bridge.prometheus.remediation import (
     NodeStateHistory,
     Remediation,
     remediations_for,
     signature,
     summary_verdict,
 )
-from wandb_infra.bridge.store import OutboxRow, Store, StoreError, from_iso
-from wandb_infra.bridge.verdict import Policy
-from wandb_infra.bridge.wandb_client import PermanentError, TransientError, WandbClient, WandbError
+from wandb_infra.bridge.quarantine.actuator import build as build_quarantine
 from wandb_infra.catalog.alerts import ALERTS
 from wandb_infra.common.logsetup import log_fields
 from wandb_infra.common.nodestate import DEFAULT_TOLERATED
@@ -105,7 +115,7 @@ class DeliveryPolicy:
     tolerated_taints: tuple[str, ...] = DEFAULT_TOLERATED
     # The exclusion's syntax (slurm, kubernetes) when no faulty host's state names its scheduler.
     scheduler: str = ""
-    # With Prometheus: every ended run gets a verdict (bridge/endings.py); None: off.
+    # With Prometheus: every ended run gets a verdict (bridge/prometheus/endings.py); None: off.
     endings: EndingsPolicy | None = None
 
 
@@ -151,7 +161,7 @@ class DeliveryWorker:
                                              cache_seconds=min(10.0, policy.node_state_refresh),
                                              tolerated_taints=policy.tolerated_taints)
                             if lookup is not None and policy.node_state_refresh > 0 else None)
-        # What each issue cost the run, measured on its GPUs (bridge/impact.py).
+        # What each issue cost the run, measured on its GPUs (bridge/diagnosis/impact.py).
         self.impact = (ImpactHistory(lookup.base_url, lookup.timeout)
                        if lookup is not None else None)
         self._next_refresh = 0.0

@@ -2,9 +2,9 @@
 been seen to happen, and where the scheduler stands.
 
 Pure: plain data in (the issue, the site's policy, each faulty host's scheduler timeline and GPU
-evidence read from Prometheus by ``bridge/remediation.py``), a ``Decision`` out. The "what to do"
-text, the verdict and the quarantine's permission are all fields of that one decision, so they
-cannot disagree:
+evidence read from Prometheus by ``prometheus/remediation.py``), a ``Decision`` out. The "what
+to do" text, the verdict and the quarantine's permission are all fields of that one decision, so
+they cannot disagree:
 
 * the **need** is the root cause's recovery action (``catalog/recovery.py``): the XID's bucket in
   NVIDIA's catalog, the alert's own, or the driver's recovery action (DCGM field 1523) when it
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from wandb_infra.bridge.diagnosis import AlertFact, Issue
+from wandb_infra.bridge.diagnosis.root_cause import AlertFact, Issue
 from wandb_infra.catalog.alerts import ALERTS
 from wandb_infra.catalog.recovery import (
     BUCKETS,

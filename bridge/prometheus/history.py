@@ -21,8 +21,8 @@ from typing import Any
 
 import requests
 
-from wandb_infra.bridge.diagnosis import AlertFact
-from wandb_infra.bridge.payload import Alert, Notification
+from wandb_infra.bridge.diagnosis.root_cause import AlertFact
+from wandb_infra.bridge.ingest.payload import Alert, Notification
 from wandb_infra.catalog import panels as P
 from wandb_infra.catalog.alerts import ALERTS
 from wandb_infra.common import labels as L

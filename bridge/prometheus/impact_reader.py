@@ -1,4 +1,4 @@
-"""The edge of bridge/impact.py: the run's GPU signals around each issue, from Prometheus.
+"""The edge of bridge/diagnosis/impact.py: the run's GPU signals around each issue, from Prometheus.
 
 Per run, the join metrics once (hosts, GPUs, lifetime, as ``explain`` reads them); per issue, one
 range query holding four series of one signal (mean over the affected GPUs the run holds, mean
@@ -6,7 +6,7 @@ and max over all of the run's GPUs, their count), read through ``catalog.series.
 both dcgm-exporter label spellings and field generations work. Tensor activity first; utilisation
 or power only when dcgm-exporter has no tensor activity. Answers are cached for a few seconds
 (a run page and a delivery in the same moment ask once) and Prometheus is left alone for
-``DOWN_BACKOFF`` after it failed, as bridge/remediation.py's NodeStateHistory does.
+``DOWN_BACKOFF`` after it failed, as bridge/prometheus/remediation.py's NodeStateHistory does.
 """
 
 from __future__ import annotations
@@ -17,15 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from wandb_infra.bridge.diagnosis import Diagnosis, Issue
-from wandb_infra.bridge.explain import (
-    ExplainError,
-    Placement,
-    PrometheusHistory,
-    _regex_literal,
-    find_placement,
-)
-from wandb_infra.bridge.impact import (
+from wandb_infra.bridge.diagnosis.impact import (
     AFTER,
     MAX_LEAD,
     Impact,
@@ -33,6 +25,14 @@ from wandb_infra.bridge.impact import (
     measure,
     run_gpu_hours,
     unmeasured,
+)
+from wandb_infra.bridge.diagnosis.root_cause import Diagnosis, Issue
+from wandb_infra.bridge.prometheus.history import (
+    ExplainError,
+    Placement,
+    PrometheusHistory,
+    _regex_literal,
+    find_placement,
 )
 from wandb_infra.catalog import series as S
 from wandb_infra.catalog.series import Field

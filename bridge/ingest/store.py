@@ -30,9 +30,9 @@ from pathlib import Path
 
 import orjson
 
-from wandb_infra.bridge.diagnosis import AlertFact
-from wandb_infra.bridge.identity import Identity, IdentityReader
-from wandb_infra.bridge.payload import Notification
+from wandb_infra.bridge.diagnosis.root_cause import AlertFact
+from wandb_infra.bridge.ingest.identity import Identity, IdentityReader
+from wandb_infra.bridge.ingest.payload import Notification
 from wandb_infra.common.logsetup import log_fields
 from wandb_infra.common.runkey import RunKey
 
@@ -97,8 +97,8 @@ OTHER_SCHEMA = (
     "CREATE INDEX IF NOT EXISTS alerts_looked_up ON alerts (fingerprint, starts_at) "
     "WHERE lookup_done=1 AND entity!=''",
 )
-# Schema version 2: ended runs and their verdicts (bridge/endings.py, bridge/outcome.py), with
-# or without alerts; and the time up to which Prometheus was searched for ended runs.
+# Schema version 2: ended runs and their verdicts (prometheus/endings.py, diagnosis/outcome.py),
+# with or without alerts; and the time up to which Prometheus was searched for ended runs.
 ENDINGS_SCHEMA = (
     """CREATE TABLE IF NOT EXISTS endings (
     entity TEXT NOT NULL,
