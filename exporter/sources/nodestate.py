@@ -39,13 +39,24 @@ class _Published:
         self._states: tuple[NodeState, ...] = ()
         self._at = 0.0
 
-    def put(self, states: Sequence[NodeState]) -> None:
+    def put(self, states: Sequence[NodeState]) -> list[str]:
+        """Publish ``states`` under their mapped host names. A name that several distinct nodes
+        map to (``gpu-07.rack-a`` and ``gpu-07.rack-b`` both ``gpu-07``) is published with no
+        state: either node's would tell the bridge where the other stands (the faulty one
+        reported out of the pool). Returns one problem per such name."""
         mapped: dict[str, NodeState] = {}
+        nodes: dict[str, set[str]] = {}
         for s in states:
             host = self.mapper(s.hostname)
+            nodes.setdefault(host, set()).add(s.hostname)
             mapped.setdefault(host, s._replace(hostname=host))
+        shared = {h: sorted(n) for h, n in nodes.items() if len(n) > 1}
         with self._lock:
-            self._states, self._at = tuple(mapped.values()), self.clock()
+            self._states = tuple(s for h, s in mapped.items() if h not in shared)
+            self._at = self.clock()
+        return [f"nodes {', '.join(n)} all map to host name {h!r}: no state published for it "
+                "(set hostnames.strip_domain: false or a rewrite that tells them apart)"
+                for h, n in sorted(shared.items())]
 
     def states(self) -> tuple[NodeState, ...]:
         """What to publish now (nothing once the last good poll is older than the grace)."""
@@ -75,10 +86,11 @@ class SlurmNodeSource(_Published):
         self._run = runner
 
     def poll(self) -> SourceResult:
-        """Run the command; publish every node's state."""
+        """Run the command; publish every node's state (a host name shared by several nodes,
+        none, and a problem)."""
         parse = parse_scontrol_nodes if self.mode == "scontrol" else parse_sinfo_json
-        self.put(parse(run_command(self.command, self.timeout, self._run, self.max_bytes)))
-        return SourceResult()
+        states = parse(run_command(self.command, self.timeout, self._run, self.max_bytes))
+        return SourceResult(problems=self.put(states))
 
 
 class KubernetesNodeSource(_Published):
@@ -111,5 +123,5 @@ class KubernetesNodeSource(_Published):
                 continue
             if state:
                 states.append(state)
-        self.put(states)
+        result.problems += self.put(states)
         return result
