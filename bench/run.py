@@ -1,8 +1,10 @@
 """Runs every ``bench/bench_*.py`` (each exposes ``run() -> list[Result]``), writes results.json.
 
 Usage: ``python -m bench.run [NAME_SUBSTRING ...]`` to run only matching benchmark modules;
-``python -m bench.run --markdown`` prints the last results.json as a Markdown table (README).
-A filtered run replaces only the rows of the benchmarks it ran.
+``python -m bench.run --markdown`` prints the last results.json as a Markdown table (the README's
+figures table, which ``make generate`` writes through ``tests/readme_tables.py``).
+A filtered run replaces only the rows of the benchmarks it ran. Any other argument starting with
+``-`` is refused before anything runs, so a mistyped option never rewrites results.json.
 """
 
 from __future__ import annotations
@@ -36,14 +38,34 @@ def markdown(path: Path) -> str:
     return "\n".join(lines)
 
 
+USAGE = ("usage: python -m bench.run [NAME_SUBSTRING ...] | --markdown\n\n"
+         "Run the benchmarks whose module name contains a NAME_SUBSTRING (all without one) and "
+         "write bench/results.json;\n--markdown prints the last results.json as the README's "
+         "figures table and runs nothing.")
+
+
 def main(argv: list[str]) -> int:
-    """Run the selected benchmarks; exit 1 if one crashed (a missed target is only reported)."""
+    """Run the selected benchmarks; exit 1 if one crashed (a missed target is only reported),
+    2 on an unknown option (nothing run or written)."""
+    if any(a in ("-h", "--help") for a in argv):
+        print(USAGE)
+        return 0
     if argv == ["--markdown"]:
         print(markdown(ROOT / "bench" / "results.json"))
         return 0
+    options = [a for a in argv if a.startswith("-")]
+    if options:
+        what = "--markdown takes no other argument" if "--markdown" in options else \
+            f"unknown option {options[0]}"
+        print(f"bench.run: {what} (see --help); nothing run", file=sys.stderr)
+        return 2
     modules = sorted(p.stem for p in (ROOT / "bench").glob("bench_*.py"))
     if argv:
         modules = [m for m in modules if any(a in m for a in argv)]
+        if not modules:
+            print(f"bench.run: no benchmark module matches {' '.join(argv)} (see --help); "
+                  "nothing run", file=sys.stderr)
+            return 2
     results: list[tuple[str, Result]] = []
     failed = []
     for name in modules:

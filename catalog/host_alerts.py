@@ -123,7 +123,9 @@ def definitions(make: Callable[..., T]) -> list[T]:
             panel="host_memory",
             condition="${HOST_EDAC_UNCORRECTABLE}",
             copy_labels=("controller",), group="host-memory",
-            needs=Action.SERVICE, clears_when_fixed=True),
+            # the count since boot ends at a reboot (a panic's too) with the DIMM still bad, or
+            # when node_exporter stops answering: only an operator's return counts
+            needs=Action.SERVICE),
         dict(
             name="HostMemoryCorrectableErrors", severity="warning", category="host",
             cause=CauseClass.DEGRADATION, scope="host",

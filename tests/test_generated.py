@@ -11,6 +11,7 @@ restart-action tables (``tests/readme_tables.py``).
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 from types import ModuleType
 
@@ -88,3 +89,17 @@ def test_generation_is_deterministic():
                                                                "promtool-cases", "kubernetes"])
 def test_each_generator_check_mode_writes_nothing_and_passes(main, capsys):
     assert main(["--check"]) == 0, capsys.readouterr().err
+
+
+def test_the_readme_figures_table_follows_bench_results(tmp_path):
+    """The figures table is bench/results.json as rendered now: a changed result makes the
+    committed README stale, and the table holds every row with its value."""
+    rows = json.loads(readme_tables.RESULTS.read_text())
+    assert readme_tables.figures() in readme_tables.README.read_text(encoding="utf-8")
+    changed = tmp_path / "results.json"
+    changed.write_text(json.dumps([{**rows[0], "value": 123.5, "met": False}, *rows[1:]]))
+    table = readme_tables.figures(changed)
+    assert f"| {rows[0]['name']} | 123.5 | {rows[0]['unit']} |" in table
+    assert table.count("\n| ") == len(rows) + 1  # the header and one line per result
+    committed = readme_tables.README.read_text(encoding="utf-8")
+    assert readme_tables.readme(committed, changed) != committed
