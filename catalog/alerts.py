@@ -544,7 +544,9 @@ or
 ${NVLINK_CRC_RATE} >= ${NVLINK_CRC_FAIL_PER_SECOND}
 """,
         group="gpu-interconnect",
-        needs=Action.SERVICE, clears_when_fixed=True),
+        # counted over a window: it ends once the link carries no traffic (the crashed job's
+        # NCCL gone), not when the link is fixed, so only an operator's return counts
+        needs=Action.SERVICE),
     AlertDef(
         name="GpuPcieReplayRate", severity="warning", category="gpu_interconnect",
         cause=CauseClass.DEGRADATION, scope="gpu",

@@ -3,7 +3,8 @@
 The exporter publishes the node's state from ``scontrol show node -o`` and ``sinfo --json``; a
 drain with a reason shows up with that reason and as not schedulable; a resume returns it. With a
 real Prometheus scraping that exporter, the bridge's issue notes in W&B (the stand-in) flip from
-unsafe (with the exact ``sbatch --exclude``) to safe when the node is drained, and back.
+unsafe (with the exact ``sbatch --exclude``) to safe when the node is drained, back to unsafe
+when it is resumed without the reboot its fault needs, and to safe once it has rebooted.
 """
 
 from __future__ import annotations
@@ -18,19 +19,22 @@ import pytest
 
 from harness.bridge_payloads import alert, notification
 from harness.exporter_process import metric_samples, metric_value, running_exporter
-from harness.processes import prometheus, stays_true, wait_for
+from harness.processes import prometheus, scrape_target, stays_true, wait_for
 from harness.wandb_standin import WandbStandin
 from tests.slurm_cluster import slurm_cluster, unavailable_reason
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.diagnosis.root_cause import diagnose
-from wandb_infra.bridge.ingest.identity import IdentityReader, PrometheusRunLookup
+from wandb_infra.bridge.ingest.identity import IdentityReader
 from wandb_infra.bridge.ingest.payload import parse_notification
 from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorker
 from wandb_infra.bridge.projection.wandb_client import WandbClient
+from wandb_infra.bridge.prometheus.client import PrometheusClient
 from wandb_infra.bridge.prometheus.remediation import run_remediation
+from wandb_infra.bridge.prometheus.run_lookup import PrometheusRunLookup
 from wandb_infra.bridge.quarantine.actuator import Quarantine, SlurmActions
+from wandb_infra.catalog import series
 from wandb_infra.common.runkey import RunKey
 
 pytestmark = [pytest.mark.slurm,
@@ -78,15 +82,33 @@ def _notes(wb: WandbStandin) -> str:
     return wb.run("team", "proj", "r1").notes.replace("\\", "")
 
 
-def test_verdict_flips_when_the_node_is_drained_and_resumed(slurm, tmp_path):
-    """Exporter -> real Prometheus -> bridge remediation -> W&B notes, on real Slurm state."""
+class NodeTelemetry:
+    """The node's boot time as node_exporter reports it, with the two records the shipped rules
+    derive for the bridge (the target's host name, the host's GPU count) served as they are."""
+
+    def __init__(self, node: str, boot_time: float) -> None:
+        self.node, self.boot_time = node, boot_time
+
+    def text(self) -> str:
+        return (f"node_boot_time_seconds {self.boot_time:.0f}\n"
+                f'{series.NODE_EXPORTER_TARGET}{{hostname="{self.node}"}} 1\n'
+                f'{series.HOST_GPU_COUNT}{{hostname="{self.node}"}} 2\n')
+
+
+def test_verdict_flips_when_the_node_is_drained_resumed_and_rebooted(slurm, tmp_path):
+    """Exporter -> real Prometheus -> bridge remediation -> W&B notes, on real Slurm state: a
+    fault that needs a reboot is safe while the node is drained, unsafe again when it is resumed
+    with its boot time from before the fault, safe once the boot time is later."""
     config = {"registrations": {"enabled": False},
               "node_state": {"slurm": {"enabled": True, "interval_seconds": 0.3}}}
+    telemetry = NodeTelemetry(slurm.node, time.time() - 86400)
     with running_exporter(config, tmp_path / "exporter", env=slurm.env()) as url, \
-            WandbStandin() as wb:
+            WandbStandin() as wb, scrape_target(telemetry.text) as node_exporter:
         target = url.removeprefix("http://")
         prom_cfg = (f"global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: exporter\n"
-                    f"    static_configs:\n      - targets: ['{target}']\n")
+                    f"    static_configs:\n      - targets: ['{target}']\n"
+                    f"  - job_name: node\n"
+                    f"    static_configs:\n      - targets: ['{node_exporter}']\n")
         with prometheus(prom_cfg, tmp_path / "prom") as prom:
             wb.add_run("team", "proj", "r1", notes="mine")
             store = Store(tmp_path / "bridge.sqlite")
@@ -96,10 +118,10 @@ def test_verdict_flips_when_the_node_is_drained_and_resumed(slurm, tmp_path):
                 # no join metrics in this Prometheus (placement: test_hardening_forged_runs.py)
                 policy=DeliveryPolicy(verify_placement=False, flush_interval=0,
                                       node_state_refresh=0.3),
-                lookup=PrometheusRunLookup(prom.url))
+                lookup=PrometheusRunLookup(PrometheusClient(prom.url)))
             start = datetime.now(UTC) - timedelta(seconds=20)
-            fault = alert("GpuUncontainedEccError", category="gpu_hardware", host=slurm.node,
-                          gpu="1", run="r1", start=start, extra={"xid": "95"})
+            fault = alert("GpuFallenOffBus", category="gpu_hardware", host=slurm.node,
+                          gpu="1", run="r1", start=start)
 
             def ingest(alerts: list) -> None:
                 store.ingest(parse_notification(json.dumps(notification(alerts)).encode()),
@@ -113,8 +135,9 @@ def test_verdict_flips_when_the_node_is_drained_and_resumed(slurm, tmp_path):
                      what="unsafe verdict")
             notes = _notes(wb)
             assert f"sbatch --exclude={slurm.node}" in notes
-            assert f"{slurm.node} is schedulable (IDLE" in notes and "XID 95 needs a GPU reset" \
-                in notes
+            assert f"{slurm.node} is schedulable (IDLE" in notes
+            assert "GpuFallenOffBus needs a reboot of the node" in notes
+            assert f"{slurm.node} has not rebooted since the fault" in notes
             before = upserts()
 
             slurm.run("scontrol", "update", f"NodeName={slurm.node}", "State=DRAIN",
@@ -143,10 +166,19 @@ def test_verdict_flips_when_the_node_is_drained_and_resumed(slurm, tmp_path):
                            "no projection while nothing changes", interval=0.3)
             finally:
                 slurm.run("scontrol", "update", f"NodeName={slurm.node}", "State=RESUME")
-            # Returned by the operator after the drain: treated as repaired, history kept.
-            wait_for(lambda: worker.run_once() >= 0 and "**safe**" in _notes(wb)
-                     and "back in service" in _notes(wb), what="safe after resume")
-            assert "treated as repaired by the operator" in _notes(wb)
+            # Returned by the operator, but the boot time predates the fault: the reboot it
+            # needs has not happened, so unsafe again (history kept).
+            wait_for(lambda: worker.run_once() >= 0 and "**unsafe**" in _notes(wb)
+                     and "back in service" in _notes(wb), what="unsafe after resume")
+            notes = _notes(wb)
+            assert f"{slurm.node} has not rebooted since the fault" in notes
+            assert "treated as repaired" not in notes
+            assert f"sbatch --exclude={slurm.node}" in notes
+            telemetry.boot_time = time.time()  # the node rebooted, its 2 GPUs back
+            wait_for(lambda: worker.run_once() >= 0 and "**safe**" in _notes(wb),
+                     what="safe after the reboot")
+            assert f"{slurm.node} rebooted at" in _notes(wb)
+            assert "with its GPUs back" in _notes(wb)
             assert _notes(wb).startswith("mine")
 
 

@@ -79,22 +79,29 @@ def run(f: AlertFact, timelines: dict[str, Timeline] | None,
     return got
 
 
-def _done_evidence(action: Action, f: AlertFact) -> tuple[AlertFact, dict[str, HostEvidence],
-                                                            float]:
-    """Telemetry in which ``action`` was seen done after the onset (fact, evidence, now)."""
+RETURNED = (Change(T + 60, "slurm", "IDLE+DRAIN", "repair"), Change(T + 900, "slurm", "IDLE", ""))
+
+
+def _done_evidence(action: Action, f: AlertFact) -> tuple[AlertFact, dict[str, Timeline],
+                                                            dict[str, HostEvidence], float]:
+    """Telemetry in which ``action`` was seen done after the onset (fact, scheduler state,
+    evidence, now)."""
     known = ALERTS.get(f.alertname)
     if SPECS[action].out_of_service is not True:
-        return f, healthy(), T + 600
+        return f, in_pool(), healthy(), T + 600
     if known is not None and known.clears_when_fixed:
         ended = ONSET + timedelta(seconds=60)
-        return (fact(f.alertname, end=ended, labels=dict(f.labels)), healthy(),
+        return (fact(f.alertname, end=ended, labels=dict(f.labels)), in_pool(), healthy(),
                 ended.timestamp() + SETTLE + 1)
     if action is Action.REBOOT_NODE:
-        return f, healthy(boot_time=T + 120), T + 600
+        return f, in_pool(), healthy(boot_time=T + 120), T + 600
     if action is Action.REPLACE:
-        return f, healthy(gpus={GPU: GpuEvidence(("GPU-aaa", "GPU-bbb"), True, ())}), T + 600
+        return (f, in_pool(), healthy(gpus={GPU: GpuEvidence(("GPU-aaa", "GPU-bbb"), True, ())}),
+                T + 600)
+    if action is Action.SERVICE:  # an alert whose end proves nothing: the operator's return
+        return f, in_pool(*RETURNED), healthy(), T + 1000
     driver = ((T - 3600, 0), (T + 10, 1), (T + 200, 0))
-    return f, healthy(gpus={GPU: GpuEvidence(("GPU-aaa",), True, driver)}), T + 600
+    return f, in_pool(), healthy(gpus={GPU: GpuEvidence(("GPU-aaa",), True, driver)}), T + 600
 
 
 def _cases() -> list[tuple[str, AlertFact]]:
@@ -121,8 +128,8 @@ def test_advice_verdict_and_quarantine_agree_in_every_state(name, f):
         "drained after the onset": run(f, in_pool(Change(T + 60, "slurm", "IDLE+DRAIN", "x")),
                                        healthy()),
     }
-    done_fact, done_ev, done_now = _done_evidence(need, f)
-    states["action seen done"] = run(done_fact, in_pool(), done_ev, done_now)
+    done_fact, done_pool, done_ev, done_now = _done_evidence(need, f)
+    states["action seen done"] = run(done_fact, done_pool, done_ev, done_now)
     for state, d in states.items():
         where = f"{name} / {state}: {d.verdict}: {d.detail}"
         assert d.need.action is need or state == "action seen done", where
@@ -199,6 +206,38 @@ def test_reboot_counts_only_with_the_gpus_back():
     assert d.verdict == SAFE and "gpu-07 rebooted at 2026-12-01 12:01:40 UTC" in d.detail
     # a reboot before the fault is not a repair
     assert run(f, in_pool(), healthy(boot_time=T - 100)).verdict == UNSAFE
+
+
+@pytest.mark.parametrize("name", ["GpuFallenOffBus", "NvswitchFatalError"])
+def test_returned_without_the_reboot_it_needs_is_unsafe(name):
+    """An operator's drain and return is no repair when the boot time shows the reboot the
+    fault needs has not happened."""
+    f = fact(name)
+    d = run(f, in_pool(*RETURNED), healthy(), T + 1000)
+    assert d.need.action is Action.REBOOT_NODE
+    assert d.verdict == UNSAFE and d.drain and d.exclusion == "sbatch --exclude=gpu-07"
+    assert "gpu-07 has not rebooted since the fault (up since 2026-11-30 12:00:00 UTC)" in \
+        d.detail
+    rebooted = run(f, in_pool(*RETURNED), healthy(boot_time=T + 300), T + 1000)
+    assert rebooted.verdict == SAFE and "gpu-07 rebooted at" in rebooted.detail
+    # no boot time read: nothing contradicts the operator
+    unread = run(f, in_pool(*RETURNED), healthy(boot_time=None), T + 1000)
+    assert unread.verdict == SAFE and "treated as repaired by the operator" in unread.detail
+
+
+@pytest.mark.parametrize("name", ["HostMemoryUncorrectableErrors", "GpuNvlinkFailure"])
+def test_a_counter_window_ending_is_no_repair(name):
+    """The alert ends when its count leaves the window (no traffic after the crash, a reboot
+    zeroing the EDAC count): only an operator's return counts."""
+    ended = ONSET + timedelta(minutes=10)
+    f = fact(name, end=ended)
+    later = ended.timestamp() + SETTLE + 60
+    d = run(f, in_pool(), healthy(), later)
+    assert d.verdict == UNSAFE and d.drain
+    assert "nothing on gpu-07 shows an operator's inspection of the node yet" in d.detail
+    assert run(f, in_pool(), healthy(boot_time=T + 120), later).verdict == UNSAFE
+    back = run(f, in_pool(*RETURNED), healthy(), later)
+    assert back.verdict == SAFE and "treated as repaired by the operator" in back.detail
 
 
 def test_link_back_counts_only_after_the_settle_time():

@@ -13,7 +13,9 @@ they cannot disagree:
   cleared, the node rebooted with its GPUs back, a new GPU, a fault that clears by itself
   (a link, a temperature) quiet for the settle time;
 * **safe**: nothing to do, done, or the host is out of the pool (or was taken out after the
-  onset and returned); **unsafe**: not done and schedulable; **unknown**: what is missing.
+  onset and returned, unless telemetry shows the action still needed: the driver still asking,
+  or a reboot the fault needs while the boot time predates it); **unsafe**: not done and
+  schedulable; **unknown**: what is missing.
 """
 
 from __future__ import annotations
@@ -337,7 +339,13 @@ def _done(action: Action, issue: Issue, host: str, *, ev: HostEvidence | None, n
         if gpu is not None and len(gpu.uuids) > 1 and gpu.reporting:
             return DONE, f"GPU {g} of {host} was replaced (new UUID {gpu.uuids[-1]})"
     if action is Action.REBOOT_NODE:
-        return UNSEEN, f"{host} has not rebooted since the fault"
+        if ev.boot_time is not None:
+            # the boot time is read and predates the fault: whatever the scheduler shows (an
+            # operator's drain and return included), the reboot the fault needs has not happened
+            return PENDING, (f"{host} has not rebooted since the fault (up since "
+                             f"{clock(ev.boot_time)})")
+        return UNSEEN, (f"no reboot of {host} seen (no node_boot_time_seconds from its "
+                        "node_exporter)")
     if action in (Action.RESET_GPU, Action.DRAIN_P2P):
         cleared = [_cleared_at(ev.gpus.get(g), since) for g in gpus]
         if gpus and all(c is not None for c in cleared):
