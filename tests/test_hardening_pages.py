@@ -1,17 +1,21 @@
 """Issue 24 item 6 (the parts done): every page carries security headers, a chunked POST /login
-body is bounded like every other body, /readyz says ready or not and nothing else, and a backward
-wall-clock step after a W&B 503 does not stop delivery."""
+body is bounded like every other body and counted against the in-flight bound, /readyz says
+ready or not and nothing else, and a backward wall-clock step after a W&B 503 does not stop
+delivery."""
 
 from __future__ import annotations
 
 import json
 import socket
 import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 
 import pytest
 import requests
 
 from harness.bridge_payloads import TOKEN, alert, make_context, notification, serve
+from harness.processes import wait_for
 from harness.wandb_standin import WandbStandin
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.ingest.identity import IdentityReader
@@ -20,7 +24,7 @@ from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorker
 from wandb_infra.bridge.projection.wandb_client import WandbClient
-from wandb_infra.bridge.web.webhook import PageAuth
+from wandb_infra.bridge.web.webhook import MAX_LOGIN_BYTES, PageAuth
 
 PAGE_TOKEN = "page-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -77,6 +81,49 @@ def test_a_chunked_login_body_is_bounded(running):
     resp = requests.post(running.url + "/login", data={"token": PAGE_TOKEN, "next": "/runs"},
                          allow_redirects=False, timeout=10)
     assert resp.status_code == 303  # a real login still works
+
+
+@contextmanager
+def _login_in_flight(url: str) -> Iterator[socket.socket]:
+    """A chunked POST /login whose body has begun but not ended (the handler is reading it)."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"POST /login HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+                     b"Content-Type: application/x-www-form-urlencoded\r\n"
+                     b"Connection: close\r\n\r\n6\r\ntoken=\r\n")
+        yield sock
+
+
+def _inflight_bytes(url: str) -> float:
+    text = requests.get(url + "/metrics", timeout=10).text
+    return next(float(line.rpartition(" ")[2]) for line in text.splitlines()
+                if line.startswith("wandb_infra_bridge_inflight_body_bytes "))
+
+
+def test_concurrent_login_bodies_fill_the_inflight_bound(tmp_path):
+    """Chunked login bodies announce no size, so each reserves the login form's bound for as long
+    as it is read: three fill a bound of three forms, and the next login and the next
+    notification get 503 until they end. Before, a login body did not show on
+    ``inflight_body_bytes``."""
+    ctx = make_context(tmp_path, pages=PageAuth(PAGE_TOKEN),
+                       max_inflight_bytes=3 * MAX_LOGIN_BYTES)
+    with serve(ctx) as running, ExitStack() as stack:
+        held = [stack.enter_context(_login_in_flight(running.url)) for _ in range(3)]
+        wait_for(lambda: _inflight_bytes(running.url) == 3 * MAX_LOGIN_BYTES, 10,
+                 "three login bodies in flight")
+        login = requests.post(running.url + "/login", data={"token": PAGE_TOKEN},
+                              allow_redirects=False, timeout=10)
+        assert login.status_code == 503 and login.headers["Retry-After"] == "5"
+        hook = requests.post(running.url + "/alertmanager", data=b"{}", timeout=10,
+                             headers=AUTH | {"Content-Type": "application/json"})
+        assert hook.status_code == 503
+        for sock in held:  # the held logins were being served all along: they end with 401
+            sock.sendall(b"5\r\nwrong\r\n0\r\n\r\n")
+            assert sock.recv(100).startswith(b"HTTP/1.1 401 ")
+        wait_for(lambda: _inflight_bytes(running.url) == 0, 10, "the bound given back")
+        login = requests.post(running.url + "/login", data={"token": PAGE_TOKEN},
+                              allow_redirects=False, timeout=10)
+        assert login.status_code == 303
 
 
 def test_a_backward_clock_step_does_not_stop_delivery(tmp_path):

@@ -1,15 +1,30 @@
 """Page sessions (issue 24 item 6): a cookie per login that expires and can be signed out,
-``Secure`` behind TLS or a TLS proxy, and login attempts throttled."""
+``Secure`` when configured or behind TLS or a TLS proxy, and guesses of the page token (at the
+login form or as a bearer header on a page) throttled per client, with the total only as a
+backstop."""
 
 from __future__ import annotations
 
+import logging
+import ssl
+
 import pytest
 import requests
+from aiohttp.test_utils import make_mocked_request
 
-from harness.bridge_payloads import cascade, make_context, serve
+from harness.bridge_payloads import TOKEN, cascade, make_context, serve
 from tests.pages_helpers import fake_worker, post_alerts
+from tests.test_pages_auth import _config
 from tests.test_pages_run import RUN_PATH
-from wandb_infra.bridge.web.sessions import FAILURES_PER_CLIENT, WINDOW, LoginLimiter, Sessions
+from wandb_infra.bridge.config import ConfigError, load
+from wandb_infra.bridge.web.sessions import (
+    FAILURES_PER_CLIENT,
+    FAILURES_TOTAL,
+    WINDOW,
+    LoginLimiter,
+    Sessions,
+    client_key,
+)
 from wandb_infra.bridge.web.webhook import PAGE_COOKIE, PageAuth
 
 PAGE_TOKEN = "page-token-0123456789abcdef"
@@ -47,6 +62,68 @@ def test_failed_logins_are_throttled_per_client_and_released_after_the_window():
     assert limiter.retry_after("10.0.0.2") == 0  # another client is not locked out
     clock.now += WINDOW + 1
     assert limiter.retry_after("10.0.0.1") == 0
+
+
+def _guess(limiter: LoginLimiter, client: str) -> bool:
+    """One wrong guess as the handlers make it: refused unasked while locked, else counted."""
+    if limiter.retry_after(client) > 0:
+        return False
+    limiter.failed(client)
+    return True
+
+
+@pytest.mark.unit
+def test_a_client_is_its_ipv4_address_or_its_ipv6_64():
+    assert client_key("10.0.0.1") == client_key("::ffff:10.0.0.1") == "10.0.0.1"
+    assert client_key("2001:db8::1") == client_key("2001:db8::ffff:1") == "2001:db8::/64"
+    assert client_key("2001:db8:0:1::1") == "2001:db8:0:1::/64"
+    assert client_key("fe80::1%eth0") == "fe80::/64"
+    assert client_key(None) == "" and client_key("/run/bridge.sock") == "/run/bridge.sock"
+
+
+@pytest.mark.unit
+def test_one_client_cannot_lock_everyone_out():
+    """Hammering from one address, or from every address of one IPv6 /64, locks that client
+    only: it stops at its own limit, which is far below the total's backstop."""
+    clock = Clock()
+    limiter = LoginLimiter(clock=clock)
+    assert sum(_guess(limiter, "10.0.0.1") for _ in range(1000)) == FAILURES_PER_CLIENT
+    rotated = [client_key(f"2001:db8::{i:x}") for i in range(1, 2 * FAILURES_TOTAL)]
+    assert sum(_guess(limiter, client) for client in rotated) == FAILURES_PER_CLIENT
+    assert limiter.retry_after("10.0.0.2") == 0
+    assert limiter.retry_after(client_key("2001:db8:1::1")) == 0
+
+
+@pytest.mark.unit
+def test_the_total_is_a_logged_backstop_against_many_clients(caplog):
+    clock = Clock()
+    limiter = LoginLimiter(clock=clock)
+    clients = [f"10.0.1.{i}" for i in range(FAILURES_TOTAL // FAILURES_PER_CLIENT)]
+    with caplog.at_level(logging.WARNING, logger="wandb_infra.bridge.web.sessions"):
+        for client in clients:
+            for _ in range(FAILURES_PER_CLIENT + 5):
+                _guess(limiter, client)
+    (line,) = [r for r in caplog.records if "many clients" in r.getMessage()]
+    assert line.fields == {"clients": len(clients), "failures": FAILURES_TOTAL,
+                           "window_seconds": WINDOW}
+    assert limiter.retry_after("10.0.2.1") == pytest.approx(WINDOW)  # the backstop holds
+    clock.now += WINDOW + 1
+    assert limiter.retry_after("10.0.2.1") == 0 and limiter.retry_after(clients[0]) == 0
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(("setting", "plain", "tls", "proxied"), [
+    (None, False, True, True),  # unset: Secure exactly when the browser used https
+    (True, True, True, True),  # a proxy that sends no X-Forwarded-Proto
+    (False, False, False, False),  # plain http end to end, whatever a header claims
+])
+def test_secure_cookie_setting(setting, plain, tls, proxied):
+    pages = PageAuth(PAGE_TOKEN, secure_cookie=setting)
+    forwarded = {"X-Forwarded-Proto": "HTTPS"}
+    assert pages.secure(make_mocked_request("POST", "/login")) is plain
+    assert pages.secure(make_mocked_request(
+        "POST", "/login", sslcontext=ssl.create_default_context())) is tls
+    assert pages.secure(make_mocked_request("POST", "/login", headers=forwarded)) is proxied
 
 
 @pytest.fixture
@@ -97,3 +174,42 @@ def test_guessing_the_page_token_is_throttled(bridge):
     # the right token gets no answer either while locked: guessing learns nothing
     right = _login(bridge)
     assert right.status_code == 429 and PAGE_COOKIE not in right.cookies
+
+
+@pytest.mark.integration
+def test_guessing_the_page_token_as_a_bearer_header_is_throttled(bridge):
+    """A wrong ``Authorization`` header on /runs is a guess like a wrong login, counted by the
+    same limiter; a session cookie from before keeps working."""
+    cookie = _login(bridge).cookies[PAGE_COOKIE]
+    url = bridge.url + "/runs?format=json"
+    for _ in range(FAILURES_PER_CLIENT - 1):
+        wrong = requests.get(url, headers={"Authorization": "Bearer wrong-token-0123456789"},
+                             timeout=10)
+        assert wrong.status_code == 401
+    assert _login(bridge, "wrong-token-0123456789").status_code == 401  # the tenth guess
+    for headers in ({"Authorization": f"Bearer {PAGE_TOKEN}"},  # right, but no answer now
+                    {"Authorization": "Bearer wrong-token-0123456789"}):
+        locked = requests.get(url, headers=headers, timeout=10)
+        assert locked.status_code == 429 and int(locked.headers["Retry-After"]) >= 1
+    assert _login(bridge).status_code == 429
+    assert _page(bridge, cookie) == 200
+    assert requests.get(url, timeout=10).status_code == 401  # no credentials: not a guess
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("value", "forwarded", "secure"), [
+    ("true", "", True), ("false", "https", False)])
+def test_auth_secure_cookie_reaches_the_login(tmp_path, value, forwarded, secure):
+    """``auth.secure_cookie`` from the configuration, through the service, onto the cookie."""
+    from wandb_infra.bridge.service import build  # noqa: PLC0415 - builds a whole service context
+
+    env = _config(tmp_path, bearer_token=TOKEN, pages_token=PAGE_TOKEN)
+    env["WANDB_INFRA_BRIDGE__STORE__PATH"] = str(tmp_path / "s.sqlite")
+    env["WANDB_INFRA_BRIDGE__AUTH__SECURE_COOKIE"] = value
+    with serve(build(load(None, environ=env))) as running:
+        headers = {"X-Forwarded-Proto": forwarded} if forwarded else {}
+        cookie = _login(running, **headers).headers["Set-Cookie"]
+    assert cookie.startswith(PAGE_COOKIE + "=") and ("; Secure" in cookie) is secure
+    env["WANDB_INFRA_BRIDGE__AUTH__SECURE_COOKIE"] = "sometimes"
+    with pytest.raises(ConfigError, match=r"auth\.secure_cookie"):
+        load(None, environ=env)

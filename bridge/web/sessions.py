@@ -3,26 +3,40 @@ and a bound on how fast anyone may guess the page token.
 
 A session id is 32 random bytes; the bridge keeps only its SHA-256 and expiry, in memory (a
 restart signs everyone out, which is the safe direction). The cookie is not the token, two logins
-never share a cookie, and signing out ends that session at once. Failed logins are counted per
-client address in a sliding window, and across all clients, so a password-guessing loop gets
-429 long before it could matter (the token is at least 16 characters).
+never share a cookie, and signing out ends that session at once.
+
+Failed guesses of the page token (the login form, or a wrong ``Authorization`` header on a page)
+are counted per client in a sliding window, so a guessing loop gets 429 long before it could
+matter (the token is at least 16 characters). A client is its IPv4 address or its IPv6 /64 (one
+host is commonly given a whole /64, so rotating addresses inside it is still one client). The
+count across all clients is only a backstop against guessing from many addresses: one client
+stops at its own limit, a tenth of the total, so it alone can never trip the total; when many
+do, new logins are refused for everyone for the rest of the window (live sessions keep working),
+and that is logged once as a warning naming how many clients took part.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
+import logging
 import secrets
 import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 
+from wandb_infra.common.logsetup import log_fields
+
+log = logging.getLogger(__name__)
+
 SESSION_SECONDS = 12 * 3600
 MAX_SESSIONS = 10_000
-FAILURES_PER_CLIENT = 10  # per WINDOW from one address
-FAILURES_TOTAL = 100  # per WINDOW from everyone
+FAILURES_PER_CLIENT = 10  # per WINDOW from one client
+FAILURES_TOTAL = 100  # per WINDOW from everyone: a backstop, ten clients at their limit
 WINDOW = 60.0
+IPV6_CLIENT_PREFIX = 64
 
 
 def _digest(value: str) -> bytes:
@@ -68,8 +82,22 @@ class Sessions:
                 self._live.pop(_digest(value), None)
 
 
+def client_key(remote: str | None) -> str:
+    """Who a failed guess is counted against: the IPv4 address, or the IPv6 /64 (an IPv4-mapped
+    IPv6 address counts as its IPv4 address); anything else (a Unix socket) as given."""
+    try:
+        address = ipaddress.ip_address((remote or "").split("%")[0])
+    except ValueError:
+        return remote or ""
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network((address, IPV6_CLIENT_PREFIX), strict=False))
+    return str(address)
+
+
 class LoginLimiter:
-    """Failed logins per client and in total over a sliding window."""
+    """Failed guesses per client, and in total as a backstop, over a sliding window."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
@@ -78,21 +106,30 @@ class LoginLimiter:
         self._total: deque[float] = deque()
 
     def retry_after(self, client: str) -> float:
-        """0 when ``client`` may try now, else the seconds until it may."""
+        """0 when ``client`` may try now, else the seconds until it may: its own limit first,
+        then the total."""
         now = self.clock()
         with self._lock:
             self._expire(now)
-            mine = self._by_client.get(client) or deque()
-            waits = [w for w, limit in ((mine, FAILURES_PER_CLIENT), (self._total, FAILURES_TOTAL))
-                     if len(w) >= limit]
-            return max((w[0] + WINDOW - now for w in waits), default=0.0)
+            mine = self._by_client.get(client)
+            if mine is not None and len(mine) >= FAILURES_PER_CLIENT:
+                return mine[0] + WINDOW - now
+            if len(self._total) >= FAILURES_TOTAL:
+                return self._total[0] + WINDOW - now
+            return 0.0
 
     def failed(self, client: str) -> None:
-        """Count one failed login of ``client``."""
+        """Count one failed guess of ``client`` (callers ask ``retry_after`` first, so a locked
+        client adds nothing)."""
         now = self.clock()
         with self._lock:
             self._by_client.setdefault(client, deque()).append(now)
             self._total.append(now)
+            if len(self._total) == FAILURES_TOTAL:
+                log.warning("page token guessed from many clients: new logins refused for "
+                            "everyone for up to the window (live sessions keep working)",
+                            extra=log_fields(clients=len(self._by_client),
+                                             failures=FAILURES_TOTAL, window_seconds=WINDOW))
 
     def _expire(self, now: float) -> None:
         while self._total and self._total[0] <= now - WINDOW:

@@ -57,7 +57,12 @@ from wandb_infra.bridge.web.pages import (
     run_summary,
     runs_html,
 )
-from wandb_infra.bridge.web.sessions import SESSION_SECONDS, LoginLimiter, Sessions
+from wandb_infra.bridge.web.sessions import (
+    SESSION_SECONDS,
+    LoginLimiter,
+    Sessions,
+    client_key,
+)
 from wandb_infra.catalog import runbook
 from wandb_infra.common.labels import NAME_CHARS, RUN_ID_CHARS
 from wandb_infra.common.logsetup import log_fields
@@ -115,7 +120,8 @@ class PageAuth:
 
     ``token`` opens them as ``Authorization: Bearer <token>``, or typed into the login form,
     which starts a session: a random cookie per login that expires after ``SESSION_SECONDS`` and
-    ends at sign-out (``bridge/web/sessions.py``). The webhook's credentials open them only when
+    ends at sign-out (``bridge/web/sessions.py``). Failed guesses either way are counted by one
+    ``limiter``. The webhook's credentials open them only when
     ``accept_webhook`` says so; ``None`` means "only while no page token is configured" (API
     clients of older configs). ``secure_cookie``: None sets ``Secure`` when the request came over
     TLS or through a proxy that says so (``X-Forwarded-Proto: https``).
@@ -139,12 +145,9 @@ class PageAuth:
         """Constant-time comparison of a typed token."""
         return bool(self.token) and hmac.compare_digest(_digest(token), _digest(self.token or ""))
 
-    def check(self, header: str | None, cookie: str | None) -> bool:
-        """True for the page token as a bearer header or a live session's cookie."""
-        if not self.token:
-            return False
-        ok = hmac.compare_digest(_digest(header or ""), self._bearer)
-        return self.sessions.valid(cookie) | ok
+    def check_header(self, header: str) -> bool:
+        """True for the page token as a bearer ``Authorization`` header (constant time)."""
+        return bool(self.token) and hmac.compare_digest(_digest(header), self._bearer)
 
     def secure(self, request: web.Request) -> bool:
         """Whether the session cookie gets ``Secure``."""
@@ -384,12 +387,27 @@ class Handlers:
         data = generate_latest(self.ctx.metrics.registry)
         return web.Response(body=data, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    def _pages_allowed(self, request: web.Request) -> bool:
+    def _pages_gate(self, request: web.Request) -> web.Response | None:
+        """None when the request may read the pages, else its refusal. A live session cookie
+        opens them whatever the limiter says (it cannot be guessed); an ``Authorization`` header
+        that opens nothing is a failed guess, counted with the login form's, and a locked client
+        gets 429 before its header is checked, so a guess learns nothing."""
         ctx = self.ctx
+        if ctx.public_pages or ctx.pages.sessions.valid(request.cookies.get(PAGE_COOKIE)):
+            return None
         header = request.headers.get("Authorization")
-        if ctx.public_pages or ctx.pages.check(header, request.cookies.get(PAGE_COOKIE)):
-            return True
-        return ctx.pages.webhook_opens_pages and ctx.credentials.check(header)
+        if header is None:
+            return self._pages_refused(request)
+        client = client_key(request.remote)
+        wait = ctx.pages.limiter.retry_after(client)
+        if wait > 0:
+            return _throttled(wait)
+        if ctx.pages.check_header(header) | (ctx.pages.webhook_opens_pages
+                                             and ctx.credentials.check(header)):
+            return None
+        ctx.pages.limiter.failed(client)
+        log.warning("page credentials refused", extra=log_fields(remote=client))
+        return self._pages_refused(request)
 
     def _pages_refused(self, request: web.Request) -> web.Response:
         """401: JSON for API clients; for a browser the login form, or (no page token) a page
@@ -547,8 +565,8 @@ class Handlers:
     async def runs(self, request: web.Request) -> web.Response:
         """The issues column, newest first: ``?limit=&offset=`` paging, ``?entity=&project=``
         and ``?state=open|resolved`` filters."""
-        if not self._pages_allowed(request):
-            return self._pages_refused(request)
+        if (refused := self._pages_gate(request)) is not None:
+            return refused
         try:
             limit = int(request.query.get("limit", MAX_PAGE))
             offset = int(request.query.get("offset", 0))
@@ -581,8 +599,8 @@ class Handlers:
 
     async def run(self, request: web.Request) -> web.Response:
         """The drawer of one run (or of the unattributed alerts)."""
-        if not self._pages_allowed(request):
-            return self._pages_refused(request)
+        if (refused := self._pages_gate(request)) is not None:
+            return refused
         info = request.match_info
         run = RunKey(info["entity"], info["project"], info["run_id"]) if info else UNATTRIBUTED
         title = run.path() if run.attributed else "Unattributed alerts"
@@ -630,7 +648,9 @@ class Handlers:
         if self.inflight_bytes and \
                 self.inflight_bytes + MAX_LOGIN_BYTES > self.ctx.max_inflight_bytes:
             return _error(503, "busy; retry", {"Retry-After": "5"})
+        gauge = self.ctx.metrics.inflight_bytes
         self.inflight_bytes += MAX_LOGIN_BYTES
+        gauge.set(self.inflight_bytes)
         try:
             async with asyncio.timeout(self.ctx.body_timeout):
                 body = await _read_body(request, MAX_LOGIN_BYTES)
@@ -640,17 +660,17 @@ class Handlers:
             return _error(400, "could not read the login form")
         finally:
             self.inflight_bytes -= MAX_LOGIN_BYTES
+            gauge.set(self.inflight_bytes)
         try:
             fields = urllib.parse.parse_qs(bytes(body).decode("utf-8"), max_num_fields=10)
         except (UnicodeDecodeError, ValueError):
             return _error(400, "could not read the login form")
         form = {k: v[0] for k, v in fields.items()}
         target = _next_path(str(form.get("next", "")))
-        client = request.remote or ""
+        client = client_key(request.remote)
         wait = pages.limiter.retry_after(client)
         if wait > 0:  # checked before the token, so guessing gets no answer at all
-            return _error(429, "too many failed logins; retry later",
-                          {"Retry-After": str(max(1, round(wait)))})
+            return _throttled(wait)
         if not pages.check_token(str(form.get("token", ""))):
             pages.limiter.failed(client)
             log.warning("page login refused", extra=log_fields(remote=client))
@@ -672,6 +692,12 @@ class Handlers:
         resp = web.Response(status=303, headers={"Location": "/login"})
         resp.del_cookie(PAGE_COOKIE, path="/")
         return resp
+
+
+def _throttled(wait: float) -> web.Response:
+    """429 for a client whose guesses of the page token are throttled (sessions.py)."""
+    return _error(429, "too many failed attempts at the page token; retry later",
+                  {"Retry-After": str(max(1, round(wait)))})
 
 
 def _next_path(value: str | None) -> str:
