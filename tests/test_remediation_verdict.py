@@ -318,3 +318,32 @@ def test_two_nodes_sharing_a_first_label_are_never_merged(tmp_path):
     with fake_prometheus(exact) as url:
         got = next(iter(NodeStateHistory(url, cache_seconds=0).for_diagnosis(diagnosis).values()))
     assert got.verdict == "unsafe"  # the node named exactly gpu-07 is schedulable
+
+
+class _Unanswering:
+    """NodeStateHistory while its Prometheus has never answered: None, "nothing read"."""
+
+    def for_diagnosis(self, *_args: Any, **_kw: Any) -> None:
+        return None
+
+
+def test_first_write_while_prometheus_is_not_answering_says_unknown(tmp_path):
+    """Prometheus configured but down at a run's first write: the notes and the crashed run's
+    summary say "unknown" and why, instead of carrying no verdict."""
+    with WandbStandin() as wb:
+        wb.add_run("team", "proj", "r1", state="crashed", summary={"loss": 1.0})
+        store = Store(tmp_path / "bridge.sqlite")
+        worker = DeliveryWorker(store, client=WandbClient(wb.url, wb.api_key, timeout=5),
+                                markers=None, links=GrafanaLinks(""), metrics=BridgeMetrics(),
+                                policy=DeliveryPolicy(verify_placement=False, flush_interval=0,
+                                                      scheduler="slurm"),
+                                lookup=None)
+        worker.remediation = _Unanswering()
+        store.ingest(parse_notification(json.dumps(notification([xid()])).encode()),
+                     IdentityReader())
+        assert worker.run_once() == 1
+        run = wb.run("team", "proj", "r1")
+    notes = run.notes.replace("\\", "")
+    assert "**unknown**" in notes and "Prometheus is not answering" in notes
+    assert "sbatch --exclude=gpu-07" in notes
+    assert run.summary["infra/restart_verdict"] == "unknown"

@@ -438,6 +438,7 @@ ExclusionFn = Callable[[Sequence[str], str], str]
 
 
 NO_PROMETHEUS = "the bridge has no Prometheus (prometheus.url not set)"
+NOT_ANSWERING = "Prometheus is not answering"
 
 
 def decide(issue: Issue, policy: Policy, *, timelines: Mapping[str, Timeline] | None,

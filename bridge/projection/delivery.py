@@ -28,7 +28,7 @@ from wandb_infra.bridge.diagnosis.impact import Impact
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.diagnosis.placement import PlacementCheck
 from wandb_infra.bridge.diagnosis.root_cause import AlertFact, Diagnosis, diagnose
-from wandb_infra.bridge.diagnosis.verdict import Policy
+from wandb_infra.bridge.diagnosis.verdict import NOT_ANSWERING, Policy
 from wandb_infra.bridge.ingest.identity import PrometheusRunLookup
 from wandb_infra.bridge.ingest.store import OutboxRow, Store, StoreError, from_iso
 from wandb_infra.bridge.metrics import BridgeMetrics
@@ -273,10 +273,12 @@ class DeliveryWorker:
         self.paused_until = now + max(0.0, self._pause_end - time.monotonic())
         self.store.rebase_retries(now, self.paused_until)
 
-    def remediations(self, diagnosis: Diagnosis) -> dict[str, Remediation] | None:
+    def remediations(self, diagnosis: Diagnosis, *, or_unknown: bool = False
+                     ) -> dict[str, Remediation] | None:
         """Issue key -> restart verdict (every issue naming a host, with or without Prometheus),
         node state history and the quarantine's decisions; None while Prometheus cannot answer
-        and nothing was read before (the run keeps what it shows)."""
+        and nothing was read before (the run keeps what it shows), unless ``or_unknown`` (a
+        write): then "unknown, Prometheus is not answering", so no write lacks a verdict."""
         p = self.policy
         if self.remediation is None:
             rems: dict[str, Remediation] | None = remediations_for(
@@ -284,6 +286,9 @@ class DeliveryWorker:
         else:
             rems = self.remediation.for_diagnosis(diagnosis, p.restart_policy,
                                                   scheduler=p.scheduler)
+            if rems is None and or_unknown:
+                rems = remediations_for(diagnosis, p.restart_policy, None, self.clock(),
+                                        scheduler=p.scheduler, unread=NOT_ANSWERING)
         if rems is None or self.quarantine is None:
             return rems
         for issue in diagnosis.issues:
@@ -429,7 +434,7 @@ class DeliveryWorker:
         diagnosis: Diagnosis = diagnose(facts, timedelta(seconds=self.policy.incident_gap))
         # Everything slow (Prometheus, rendering) happens before the run is read, so the
         # read-to-write window on the user's notes and tags is one W&B round trip.
-        remediations = self.remediations(diagnosis)
+        remediations = self.remediations(diagnosis, or_unknown=True)
         outcome = outcome_for(self.store, run, diagnosis, self.clock())
         impacts = self.impacts(run, diagnosis)
         section = render_section(diagnosis, self._link_for(run), remediations or {}, outcome,
