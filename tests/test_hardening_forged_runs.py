@@ -90,21 +90,37 @@ def test_forged_run_labels_write_nothing(prom, tmp_path):
         assert "the join metrics never placed team/proj/r2 on gpu-07" in parked.last_error
 
 
-def test_forged_run_labels_drain_nothing(prom, tmp_path):
+@pytest.mark.parametrize(("run", "offered"), [("r9", False), ("r1", True)],
+                         ids=["forged-run", "placed-run"])
+def test_forged_run_labels_drain_nothing(prom, tmp_path, run, offered):
     """A forged alert naming a real node under a run that was never there is not offered to the
-    quarantine (dry run here: its audit log records every decision)."""
+    quarantine (dry run here: its audit log records every decision). The positive control, the
+    same alert under the run the join metrics place on gpu-07, is offered and recorded, so the
+    empty log of the forged case is the placement check's doing."""
+    scontrol = tmp_path / "scontrol"  # Slurm knows gpu-07, idle: the only reason not to act
+    scontrol.write_text('#!/bin/sh\necho "NodeName=gpu-07 State=IDLE Reason="\n')
+    scontrol.chmod(0o755)
     store = Store(tmp_path / "bridge.sqlite")
+    audit = tmp_path / "quarantine-audit.jsonl"
     with WandbStandin() as wb:
         worker = _worker(store, wb, prom, node_state_refresh=0.01, quarantine={
             "enabled": True, "dry_run": True, "scheduler": "slurm", "max_nodes": 2,
             "max_fraction": 1.0, "window_seconds": 3600.0, "audit_log": "",
-            "taint_key": "wandb.ai/infra-quarantine", "slurm_command": ["false"],
+            "taint_key": "wandb.ai/infra-quarantine", "slurm_command": [str(scontrol)],
             "kubernetes": {}})
         _ingest(store, [alert("GpuUncontainedEccError", category="gpu_hardware", host="gpu-07",
-                              gpu="2", run="r9", start=datetime.now(UTC), extra={"xid": "95"})])
-        worker.run_once()
-    audit = tmp_path / "quarantine-audit.jsonl"
-    assert not audit.exists() or audit.read_text() == ""
+                              gpu="2", run=run, start=datetime.now(UTC), extra={"xid": "95"})])
+        for _ in range(3):  # the same passes either way
+            worker.run_once()
+            time.sleep(0.05)
+    lines = [json.loads(line) for line in audit.read_text().splitlines()] \
+        if audit.exists() else []
+    if not offered:
+        assert lines == []
+        return
+    (decision,) = lines
+    assert decision["host"] == "gpu-07" and decision["outcome"] == "dry_run"
+    assert "GpuUncontainedEccError" in decision["detail"]
 
 
 def test_wandb_alert_and_runbook_link_come_from_the_catalog(prom, tmp_path):
