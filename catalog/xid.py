@@ -2,11 +2,11 @@
 NVIDIA's immediate action, and the alert it raises.
 
 Source: NVIDIA's XID catalog, "Analyzing Xid Errors with the Xid Catalog" (Ampere and newer,
-https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html, read 2026): the codes that
-apply to A100, H100, B100 or GB200 and their *immediate action* bucket. Mnemonics as in
-NVIDIA/NVSentinel's ``xiderrorsmapping.csv``. Both are vendored under ``tests/data/nvidia/`` and
-``tests/test_xid_catalog.py`` checks this table against them. Where NVSentinel's copy differs
-(108, 154, 160, 162) the catalog is followed.
+https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html, transcribed 2026-12-01):
+the codes that apply to A100, H100, B100 or GB200 and their *immediate action* bucket. Mnemonics
+as in NVIDIA/NVSentinel's ``xiderrorsmapping.csv``. Both are kept under ``tests/data/nvidia/``
+(provenance in ``tests/data/README.md``) and ``tests/test_verdict.py`` checks this table against
+them. Where NVSentinel's copy differs (108, 154, 160, 162) the catalog is followed.
 
 The alert rules select XIDs by class (one regex per alert), the runbook prints this table, and
 the bridge turns a code's bucket into the recovery action its verdict follows

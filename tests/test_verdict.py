@@ -5,6 +5,7 @@ scheduler-state probe cases; the site policy; XIDs against NVIDIA's vendored cat
 from __future__ import annotations
 
 import csv
+import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -24,10 +25,11 @@ from wandb_infra.bridge.diagnosis.verdict import (
     decide,
 )
 from wandb_infra.bridge.prometheus.remediation import exclusion, remediations_for
+from wandb_infra.catalog import xid as xid_catalog
 from wandb_infra.catalog.alerts import ALERTS
 from wandb_infra.catalog.recovery import SPECS, Action
 from wandb_infra.catalog.runbook import CLASS_ALERT
-from wandb_infra.catalog.xid import XIDS, XidClass, codes
+from wandb_infra.catalog.xid import CATALOG_URL, XIDS, XidClass, codes
 from wandb_infra.common.configfile import ConfigError
 
 pytestmark = pytest.mark.unit
@@ -389,3 +391,15 @@ def test_each_code_raises_exactly_one_alert_class():
     assert {46, 110} <= set(codes(XidClass.HARDWARE))  # a GPU reset: critical, not a warning
     assert set(codes(XidClass.DECODE)) == {74, *range(144, 151)}
     assert XIDS[156].meaning == "Resource retirement event"
+
+
+def test_the_vendored_catalogs_say_where_they_come_from():
+    """Each file under tests/data/nvidia has its provenance row (NVIDIA's page for the catalog
+    transcription), and the tests catalog/xid.py cites exist."""
+    readme = (DATA.parent / "README.md").read_text()
+    missing = [p.name for p in sorted(DATA.iterdir()) if f"`nvidia/{p.name}`" not in readme]
+    assert not missing
+    assert CATALOG_URL in readme
+    cited = re.findall(r"``(tests/\w+\.py)``", xid_catalog.__doc__ or "")
+    root = Path(__file__).resolve().parent.parent
+    assert cited and [c for c in cited if not (root / c).exists()] == []
