@@ -128,7 +128,12 @@ class Browser:
             raise RuntimeError(f"{expression}: {result['exceptionDetails']}")
         return result["result"].get("value")
 
-    async def screenshot(self, path: Path) -> None:
-        """A PNG of the viewport (1280 x 900)."""
-        shot = await self.send("Page.captureScreenshot", format="png")
+    async def screenshot(self, path: Path, *, full_page: bool = False) -> None:
+        """A PNG of the viewport, or of the whole page (to look at everything a test saw)."""
+        params: dict[str, Any] = {"format": "png"}
+        if full_page:
+            size = (await self.send("Page.getLayoutMetrics"))["cssContentSize"]
+            params.update(captureBeyondViewport=True, clip={
+                "x": 0, "y": 0, "width": size["width"], "height": size["height"], "scale": 1})
+        shot = await self.send("Page.captureScreenshot", **params)
         path.write_bytes(base64.b64decode(shot["data"]))

@@ -20,6 +20,7 @@ from wandb_infra.bridge.diagnosis.root_cause import AlertFact, Diagnosis, Issue
 from wandb_infra.bridge.ingest.store import OutboxRow
 from wandb_infra.bridge.projection.notes import LinkFn
 from wandb_infra.bridge.web.timeline import (
+    CHART_WIDTHS,
     activity_svg,
     clock,
     colour,
@@ -54,10 +55,11 @@ _STYLE = (
     "td,th{border-bottom:1px solid #e3e5e8;padding:.35em .6em;text-align:left;"
     "vertical-align:top}th{background:#f8f9fa;font-weight:600}"
     "td.sev{width:6px;padding:0}details summary{cursor:pointer;color:#0b57d0}"
-    # charts never shrink below 1000 px (their 11 px text stays readable); a narrower window
-    # scrolls them sideways in their own box instead
+    # each chart comes laid out for two widths and fills the content box at its own scale:
+    # the wide layout from a 1060 px window (text >= 10 px), the narrow one below (11 px at 800)
     "svg{max-width:100%;height:auto;background:#fff;font-size:11px}"
-    ".chart{overflow-x:auto}.chart svg{min-width:1000px}"
+    ".chart svg{display:block;width:100%}.chart svg.narrow{display:none}"
+    "@media (max-width:1059px){.chart svg{display:none}.chart svg.narrow{display:block}}"
     "svg .mk{font-size:11px;font-weight:600}svg .ax{fill:#5f6368}"
     "code{background:#f1f3f4;padding:.1em .3em;border-radius:3px}"
     "code.excl{white-space:pre-wrap;display:inline-block;margin:.2em 0}"
@@ -408,8 +410,9 @@ def activity_html(activity: dict[str, Any] | None, issues: list[dict[str, Any]])
               for s in activity["series"]]
     return ("<h2>GPU activity <span class='muted small'>(mean over the run's "
             f"{int(activity.get('gpus', 0))} GPUs, from Prometheus)</span></h2>"
-            + "<div class='chart'>" + activity_svg(series, markers, (
-                float(activity["start"]), float(activity["end"]))) + "</div>")
+            + "<div class='chart'>" + "".join(
+                activity_svg(series, markers, (float(activity["start"]), float(activity["end"])),
+                             width=width) for width in CHART_WIDTHS) + "</div>")
 
 
 def run_html(detail: dict[str, Any], title: str, activity: dict[str, Any] | None = None) -> str:
@@ -437,7 +440,8 @@ def run_html(detail: dict[str, Any], title: str, activity: dict[str, Any] | None
         out.append(f"<h2>Timeline <span class='muted small'>(UTC, offsets from the root cause;"
                    f" {len(issue['consequences'])} consequence(s) on "
                    f"{len({c['hostname'] for c in issue['consequences']})} host(s))</span></h2>")
-        out.append(f"<div class='chart'>{timeline_svg(issue)}</div>")
+        out.append("<div class='chart'>" + "".join(timeline_svg(issue, width)
+                                                    for width in CHART_WIDTHS) + "</div>")
         if rank == 0:
             out.append(activity_html(activity, issues))
         out.append(_consequences_html(issue))
