@@ -1,8 +1,9 @@
 """Runs every ``bench/bench_*.py`` (each exposes ``run() -> list[Result]``), writes results.json.
 
 Usage: ``python -m bench.run [NAME_SUBSTRING ...]`` to run only matching benchmark modules;
-``python -m bench.run --markdown`` prints the last results.json as a Markdown table (the README's
-figures table, which ``make generate`` writes through ``tests/readme_tables.py``).
+``python -m bench.run --markdown [RESULTS_JSON]`` prints the last results.json (or the file
+given) as a Markdown table: the README's figures table, which ``make generate`` writes through
+``tests/readme_tables.py`` (it runs this command, so the table has one renderer).
 A filtered run replaces only the rows of the benchmarks it ran. Any other argument starting with
 ``-`` is refused before anything runs, so a mistyped option never rewrites results.json.
 """
@@ -38,10 +39,10 @@ def markdown(path: Path) -> str:
     return "\n".join(lines)
 
 
-USAGE = ("usage: python -m bench.run [NAME_SUBSTRING ...] | --markdown\n\n"
+USAGE = ("usage: python -m bench.run [NAME_SUBSTRING ...] | --markdown [RESULTS_JSON]\n\n"
          "Run the benchmarks whose module name contains a NAME_SUBSTRING (all without one) and "
-         "write bench/results.json;\n--markdown prints the last results.json as the README's "
-         "figures table and runs nothing.")
+         "write bench/results.json;\n--markdown prints the last results.json (or RESULTS_JSON) "
+         "as the README's figures table and runs nothing.")
 
 
 def main(argv: list[str]) -> int:
@@ -50,12 +51,12 @@ def main(argv: list[str]) -> int:
     if any(a in ("-h", "--help") for a in argv):
         print(USAGE)
         return 0
-    if argv == ["--markdown"]:
-        print(markdown(ROOT / "bench" / "results.json"))
+    if argv[:1] == ["--markdown"] and len(argv) <= 2:
+        print(markdown(Path(argv[1]) if len(argv) == 2 else ROOT / "bench" / "results.json"))
         return 0
     options = [a for a in argv if a.startswith("-")]
     if options:
-        what = "--markdown takes no other argument" if "--markdown" in options else \
+        what = "--markdown takes one file at most, first" if "--markdown" in options else \
             f"unknown option {options[0]}"
         print(f"bench.run: {what} (see --help); nothing run", file=sys.stderr)
         return 2

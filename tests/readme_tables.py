@@ -8,10 +8,10 @@ Only the text between each block's begin and end markers is replaced; the rest i
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 from pathlib import Path
 
-from bench.run import markdown
 from wandb_infra.catalog import runbook
 from wandb_infra.catalog.alerts import ALERTS
 from wandb_infra.catalog.recovery import SPECS
@@ -52,9 +52,12 @@ def block() -> str:
 
 
 def figures(results: Path = RESULTS) -> str:
-    """The figures table: every row of the last ``make bench`` (``python -m bench.run
-    --markdown``), between its markers."""
-    return "\n".join([FIGURES_BEGIN, "", markdown(results), "", FIGURES_END])
+    """The figures table: every row of ``results`` (the last ``make bench``) as ``python -m
+    bench.run --markdown`` prints it (a command, not an import: tests/ may not import bench/),
+    between its markers."""
+    table = subprocess.run([sys.executable, "-m", "bench.run", "--markdown", str(results)],
+                           cwd=ROOT, capture_output=True, text=True, check=True, timeout=60)
+    return "\n".join([FIGURES_BEGIN, "", table.stdout.rstrip("\n"), "", FIGURES_END])
 
 
 def _replace(text: str, begin: str, end: str, body: str) -> str:
