@@ -177,6 +177,19 @@ def test_guessing_the_page_token_is_throttled(bridge):
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("target", ["/runs\r\nSet-Cookie: evil=1", "/runs\nX-Evil: 1",
+                                    "/unattributed\r", "/runs/\x00", "/runs/\u2028x"])
+def test_a_control_character_in_the_login_target_is_no_header_and_no_broken_login(bridge,
+                                                                                  target):
+    """Before, aiohttp refused the ``Location`` header and dropped the connection: no header
+    was injected, but a crafted link broke the login of whoever followed it."""
+    resp = requests.post(bridge.url + "/login", data={"token": PAGE_TOKEN, "next": target},
+                         timeout=10, allow_redirects=False)
+    assert resp.status_code == 303 and resp.headers["Location"] == "/runs"
+    assert "evil" not in str(resp.headers).lower() and PAGE_COOKIE in resp.cookies
+
+
+@pytest.mark.integration
 def test_guessing_the_page_token_as_a_bearer_header_is_throttled(bridge):
     """A wrong ``Authorization`` header on /runs is a guess like a wrong login, counted by the
     same limiter; a session cookie from before keeps working."""

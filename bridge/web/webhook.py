@@ -701,8 +701,11 @@ def _throttled(wait: float) -> web.Response:
 
 
 def _next_path(value: str | None) -> str:
-    """Where to go after login: only this bridge's pages (no open redirect)."""
-    if value and value.startswith(("/runs", "/unattributed")) and "\\" not in value:
+    """Where to go after login: only this bridge's pages (no open redirect), in printable ASCII
+    (a CR or LF would make aiohttp drop the connection rather than send the ``Location``, so a
+    crafted link would break the login; a browser sends the path percent-encoded anyway)."""
+    if value and value.startswith(("/runs", "/unattributed")) and "\\" not in value \
+            and value.isascii() and value.isprintable():
         return value
     return "/runs"
 
