@@ -129,6 +129,7 @@ type Run {
   project: Project
   user: User
   historyKeys(format: String): JSON
+  sampledHistory(specs: [JSONString!]!): [JSON]
 }
 
 input UpsertBucketInput {
@@ -365,6 +366,34 @@ def _b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
 
+def _sampled_history(rows: list[dict[str, Any]], specs: list[str]) -> list[list[dict[str, Any]]]:
+    """``sampledHistory`` as the wandb SDK reads it (wandb/wandb, wandb/apis/public/history.py,
+    ``SampledHistoryScan``): one list per JSON spec ``{"keys", "minStep", "maxStep",
+    "samples"}``, of the rows in steps ``[minStep, maxStep)`` that hold every key, each with
+    those keys only; more rows than ``samples`` are thinned to that many, evenly spaced, first
+    and last kept (W&B does not document its own choice, so a client must not rely on which)."""
+    out = []
+    for text in specs:
+        try:
+            spec = json.loads(text)
+        except ValueError as exc:
+            raise GraphQLError(f"invalid sampledHistory spec: {exc}") from exc
+        keys = spec.get("keys") if isinstance(spec, dict) else None
+        if not isinstance(keys, list) or not keys or not all(isinstance(k, str) for k in keys):
+            raise GraphQLError("sampledHistory spec needs keys, a list of strings")
+        lo, hi = spec.get("minStep", 0), spec.get("maxStep")
+        samples = spec.get("samples", 500)
+        picked = [{k: row[k] for k in keys} for row in rows
+                  if all(k in row for k in keys) and row["_step"] >= lo
+                  and (hi is None or row["_step"] < hi)]
+        if len(picked) > samples:
+            last = len(picked) - 1
+            picked = [picked[round(i * last / max(1, samples - 1))]
+                      for i in range(max(0, samples))]
+        out.append(picked)
+    return out
+
+
 def _run_view(rec: RunRecord, project_id: int) -> dict[str, Any]:
     keys = sorted({k for row in rec.history for k in row if not k.startswith("_")})
     return {
@@ -382,6 +411,9 @@ def _run_view(rec: RunRecord, project_id: int) -> dict[str, Any]:
         "historyKeys": {"lastStep": len(rec.history) - 1,
                         "keys": {k: {"typeCounts": [{"type": "number", "count": 1}]}
                                  for k in keys}},
+        # read when asked (graphql-core calls it with the field's arguments); list() copies the
+        # rows appended so far in one step, so a concurrent file_stream append cannot tear it
+        "sampledHistory": lambda _info, specs: _sampled_history(list(rec.history), specs),
     }
 
 

@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import timedelta
 
+import pytest
+import requests
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.bridge_payloads import T0
+from harness.bridge_payloads import T0, cascade, notification
+from harness.wandb_standin import WandbStandin
+from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.diagnosis.root_cause import AlertFact, Diagnosis, diagnose
+from wandb_infra.bridge.ingest.identity import IdentityReader
+from wandb_infra.bridge.ingest.payload import parse_notification
+from wandb_infra.bridge.ingest.store import Store
+from wandb_infra.bridge.metrics import BridgeMetrics
+from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorker
 from wandb_infra.bridge.projection.notes import (
     BEGIN,
     END,
@@ -17,6 +27,13 @@ from wandb_infra.bridge.projection.notes import (
     render_section,
     replace_section,
     user_part,
+)
+from wandb_infra.bridge.projection.wandb_client import (
+    STEP_NEAR,
+    STEP_READS,
+    STEP_SAMPLES,
+    RunStep,
+    WandbClient,
 )
 
 
@@ -87,3 +104,98 @@ def test_catalog_texts_fill_in_missing_annotations():
                      "node1", "3", {}, {})
     section = render_section(diagnose([fact]), _link)
     assert "Impact on this run:" in section and "What to do:" in section
+
+
+# --- the run's step at an issue's onset, read from its W&B history (the stand-in) -------------
+
+def _log(wb, run: str, rows: list[dict]) -> None:
+    """Append history rows through ``file_stream``, as the wandb SDK does (the stand-in numbers
+    ``_step`` in arrival order, like the shared run's history)."""
+    lines = [json.dumps(r) for r in rows]
+    resp = requests.post(f"{wb.url}/files/team/proj/{run}/file_stream", timeout=5,
+                         auth=("api", wb.api_key),
+                         json={"files": {"wandb-history.jsonl": {"offset": 0, "content": lines}}})
+    assert resp.status_code == 200, resp.text
+
+
+@pytest.fixture
+def wb():
+    with WandbStandin() as server:
+        for run in ("r1", "long", "empty", "quiet"):
+            server.add_run("team", "proj", run)
+        yield server
+
+
+ONSET = T0.timestamp() + 55.5
+
+
+def _steps(wb, client, run, onset=ONSET):
+    info = client.find_run("team", "proj", run)
+    return client.steps_at(info, "team", "proj", run, {"issue": onset})
+
+
+def test_the_notes_say_at_which_step_the_issue_began(wb):
+    # a trainer logging every 10 s, then the bridge's own marker row stamped with the onset
+    _log(wb, "r1", [{"loss": 1.0 / (i + 1), "_timestamp": T0.timestamp() + 10 * i}
+                    for i in range(9)])
+    _log(wb, "r1", [{"infra/issue": 1, "infra/root_cause": "GpuXidError",
+                     "_timestamp": ONSET}])
+    client = WandbClient(wb.url, wb.api_key, timeout=5)
+    steps = _steps(wb, client, "r1")
+    # step 5 (logged at +50 s) is the last before the onset; the marker row (step 9) is not
+    assert steps == {"issue": RunStep(5, T0.timestamp() + 50, True)}
+    [call] = wb.calls("BridgeSampledHistory")
+    specs = [json.loads(s) for s in call.variables["specs"]]
+    assert specs[0]["keys"] == ["_step", "_timestamp"] and specs[0]["maxStep"] == 10
+    # settled (the run logged past the onset): not read again
+    assert _steps(wb, client, "r1") == steps and len(wb.calls("BridgeSampledHistory")) == 1
+    diagnosis = _diagnosis()
+    section = render_section(diagnosis, _link, steps={diagnosis.issues[0].key: steps["issue"]})
+    assert ("- Began at step 5 of the run (its last step logged before the onset, at "
+            "2026-11-29 12:00:50 UTC)") in section
+    assert "Began at step" not in render_section(diagnosis, _link)
+
+
+def test_a_long_history_is_narrowed_not_read_whole(wb):
+    _log(wb, "long", [{"mfu": 0.5, "_timestamp": T0.timestamp() + i} for i in range(2500)])
+    client = WandbClient(wb.url, wb.api_key, timeout=5)
+    onset = T0.timestamp() + 1234.5
+    assert _steps(wb, client, "long", onset)["issue"].step == 1234
+    calls = wb.calls("BridgeSampledHistory")
+    assert 2 <= len(calls) <= STEP_READS
+    last = json.loads(calls[-1].variables["specs"][0])
+    assert last["maxStep"] - last["minStep"] < STEP_SAMPLES  # the last read held every row
+
+
+def test_no_step_without_history_near_the_onset_and_a_failed_read_is_no_failure(wb):
+    client = WandbClient(wb.url, wb.api_key, timeout=5)
+    assert _steps(wb, client, "empty") == {}
+    assert wb.calls("BridgeSampledHistory") == []  # a run that logged nothing costs no read
+    _log(wb, "quiet", [{"loss": 1.0, "_timestamp": ONSET - STEP_NEAR - 1}])
+    assert _steps(wb, client, "quiet") == {}  # its last step is too long before the onset
+    _log(wb, "quiet", [{"loss": 0.9, "_timestamp": ONSET + 1}])
+    fresh = WandbClient(wb.url, wb.api_key, timeout=5)  # nothing cached
+    assert _steps(wb, fresh, "quiet") == {}  # and the next one is after it
+    _log(wb, "r1", [{"loss": 1.0, "_timestamp": ONSET - 1}])
+    wb.fail(500, None, operation="BridgeSampledHistory")
+    assert _steps(wb, client, "r1") == {}  # logged, the notes go out without the step
+    wb.clear_faults()
+    assert _steps(wb, client, "r1") == {}  # not read again before STEP_RETRY
+
+
+def test_delivery_writes_the_step_into_the_runs_notes(tmp_path, wb):
+    """Through the delivery worker: the XID 94 cascade's notes in the stand-in name the step the
+    trainer had logged at the issue's onset (T0, the alert's start)."""
+    _log(wb, "r1", [{"loss": 1.0, "_timestamp": T0.timestamp() - 60 + 7 * i} for i in range(20)])
+    store = Store(tmp_path / "bridge.sqlite")
+    worker = DeliveryWorker(store, client=WandbClient(wb.url, wb.api_key, timeout=5),
+                            markers=None, links=GrafanaLinks("https://grafana.example"),
+                            metrics=BridgeMetrics(), policy=DeliveryPolicy(flush_interval=0),
+                            clock=lambda: T0.timestamp() + 300, seed=1)
+    body = json.dumps(notification(cascade(hosts=2, gpus=1, run="r1"))).encode()
+    store.ingest(parse_notification(body), IdentityReader(), T0.timestamp() + 60)
+    assert worker.run_once() == 1
+    notes = wb.run("team", "proj", "r1").notes
+    # steps at -60 + 7 i s: step 8 (T0 - 4 s) is the last at or before T0
+    assert "- Began at step 8 of the run (its last step logged before the onset, at " \
+           "2026-11-29 11:59:56 UTC)" in notes

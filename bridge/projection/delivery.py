@@ -33,7 +33,12 @@ from wandb_infra.bridge.ingest.identity import PrometheusRunLookup
 from wandb_infra.bridge.ingest.store import OutboxRow, Store, StoreError, from_iso
 from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.projection.markers import MARKER_SETTLE, MISSING_SDK, MarkerWriter
-from wandb_infra.bridge.projection.notes import LinkFn, render_section, replace_section
+from wandb_infra.bridge.projection.notes import (
+    LinkFn,
+    issue_onsets,
+    render_section,
+    replace_section,
+)
 from wandb_infra.bridge.projection.plan import (
     TAG_PREFIX,
     impact_entries,
@@ -432,16 +437,20 @@ class DeliveryWorker:
                 raise PermanentError(placed.reason(run))
             facts = list(placed.confirmed)
         diagnosis: Diagnosis = diagnose(facts, timedelta(seconds=self.policy.incident_gap))
-        # Everything slow (Prometheus, rendering) happens before the run is read, so the
-        # read-to-write window on the user's notes and tags is one W&B round trip.
+        # Everything slow (Prometheus) happens before the run is read, so the read-to-write
+        # window on the user's notes and tags is one W&B round trip.
         remediations = self.remediations(diagnosis, or_unknown=True)
         outcome = outcome_for(self.store, run, diagnosis, self.clock())
         impacts = self.impacts(run, diagnosis)
-        section = render_section(diagnosis, self._link_for(run), remediations or {}, outcome,
-                                 impacts)
         written = {m.removeprefix(TAG_MARK) for m in self.store.markers(run)
                    if m.startswith(TAG_MARK)}
         info = self.client.find_run(run.entity, run.project, run.run_id)
+        # the run's step at each onset: read only for a run that logged steps, cached once the
+        # run has logged past it, so the window stays one round trip after the first time
+        steps = self.client.steps_at(info, run.entity, run.project, run.run_id,
+                                     issue_onsets(diagnosis, impacts))
+        section = render_section(diagnosis, self._link_for(run), remediations or {}, outcome,
+                                 impacts, steps=steps)
         summary = None
         summary_seq = row.summary_seq
         if info.state != "running":

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 
 from wandb_infra.bridge.diagnosis.impact import UNMEASURED, Impact, hours_text, run_gpu_hours
 from wandb_infra.bridge.diagnosis.outcome import Outcome
 from wandb_infra.bridge.diagnosis.root_cause import AlertFact, Diagnosis, Issue
+from wandb_infra.bridge.projection.wandb_client import RunStep
 from wandb_infra.bridge.prometheus.remediation import Remediation
 from wandb_infra.catalog.vocabulary import CauseClass
 
@@ -136,9 +137,25 @@ def impact_lines(root: AlertFact, impact: Impact | None) -> list[str]:
     return lines
 
 
+def issue_onsets(diagnosis: Diagnosis, impacts: Mapping[str, Impact] | None) -> dict[str, float]:
+    """Issue key -> the onset the notes give (the measured change where the impact moved it),
+    in epoch seconds: where to look up the run's step."""
+    impacts = impacts or {}
+    return {i.key: impacts[i.key].onset if i.key in impacts else i.started_at.timestamp()
+            for i in diagnosis.issues}
+
+
+def step_line(step: RunStep | None) -> list[str]:
+    """At which of the run's own steps the issue began, when its W&B history shows it."""
+    if step is None:
+        return []
+    return [f"- Began at step {step.step} of the run (its last step logged before the onset, "
+            f"at {_time(datetime.fromtimestamp(step.at, UTC))})"]
+
+
 def _issue_block(n: int, issue: Issue, headline: bool, link_for: LinkFn,
                  rem: Remediation | None = None, *, seen_through: str = "",
-                 impact: Impact | None = None) -> list[str]:
+                 impact: Impact | None = None, step: RunStep | None = None) -> list[str]:
     root = issue.root
     role = "headline" if headline else "separate issue, not the headline"
     link = _url(link_for(root, issue.started_at, issue.ended_at))
@@ -153,6 +170,7 @@ def _issue_block(n: int, issue: Issue, headline: bool, link_for: LinkFn,
     if root.text("description"):
         lines.append(f"- What happened: {md_escape(root.text('description'))}")
     lines += impact_lines(root, impact)
+    lines += step_line(step)
     # the restart decision's advice where the issue has one, so advice and verdict agree
     advice = rem.advice if rem is not None and rem.advice else root.text("remediation")
     if advice:
@@ -187,13 +205,15 @@ def _issue_block(n: int, issue: Issue, headline: bool, link_for: LinkFn,
 def render_section(diagnosis: Diagnosis, link_for: LinkFn,
                    remediations: Mapping[str, Remediation] | None = None,
                    outcome: Outcome | None = None,
-                   impacts: Mapping[str, Impact] | None = None) -> str:
+                   impacts: Mapping[str, Impact] | None = None, *,
+                   steps: Mapping[str, RunStep] | None = None) -> str:
     """The delimited notes section (BEGIN..END): the ended run's verdict, the headline, then
     the other issues, each with its restart verdict and node state where ``remediations`` (by
-    issue key) has it, its measured impact where ``impacts`` has it, and what the rules saw of
-    the run (``outcome``'s coverage)."""
+    issue key) has it, its measured impact where ``impacts`` has it, the run's step at its
+    onset where ``steps`` has it, and what the rules saw of the run (``outcome``'s coverage)."""
     remediations = remediations or {}
     impacts = impacts or {}
+    steps = steps or {}
     lines = [BEGIN, TITLE, ""]
     head = diagnosis.root_cause
     seen_through = "" if outcome is None else outcome.coverage_line
@@ -215,7 +235,8 @@ def render_section(diagnosis: Diagnosis, link_for: LinkFn,
     shown = 0
     for n, issue in enumerate(ranked[:MAX_ISSUES], start=1):
         block = _issue_block(n, issue, issue is head, link_for, remediations.get(issue.key),
-                             seen_through=seen_through, impact=impacts.get(issue.key))
+                             seen_through=seen_through, impact=impacts.get(issue.key),
+                             step=steps.get(issue.key))
         block_size = sum(map(len, block)) + len(block)
         if shown and size + block_size > MAX_SECTION_CHARS:
             break

@@ -4,20 +4,27 @@ Never ``run.update()`` (a read-modify-write of config, tags, notes and summary t
 what the live trainer wrote): each write is one ``upsertBucket`` naming only the fields the bridge
 changes. Errors are classified so the delivery worker can retry what may succeed later
 (``TransientError``, with ``Retry-After`` when the server sent one) and park what never will
-(``PermanentError``).
+(``PermanentError``). It also reads a run's history (``_step``, ``_timestamp``) to say at
+which of the run's steps an issue began.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import logging
 import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import Any
 
 import requests
+
+from wandb_infra.common.logsetup import log_fields
+
+log = logging.getLogger(__name__)
 
 USER_AGENT = "wandb-infra-bridge/0.1"
 PERMANENT_STATUSES = frozenset({400, 401, 403, 404, 405, 409, 410, 413, 422, 501})
@@ -38,7 +45,7 @@ VIEWER = "query BridgeViewer { viewer { id entity } }"
 RUN_QUERY = """
 query BridgeRun($project: String!, $entity: String!, $name: String!) {
   project(name: $project, entityName: $entity) {
-    run(name: $name) { id name state tags notes summaryMetrics }
+    run(name: $name) { id name state tags notes summaryMetrics historyKeys }
   }
 }"""
 
@@ -49,6 +56,31 @@ mutation BridgeUpsertBucket($id: String!, $tags: [String!], $notes: String,
     bucket { id }
   }
 }"""
+
+# The run's history, read the way the wandb SDK's public API reads it: the last step from
+# ``historyKeys`` (in RUN_QUERY; wandb/apis/public/runs.py, ``Run.lastHistoryStep``) and
+# ``sampledHistory`` with one JSON spec per series, ``{"keys", "minStep", "maxStep", "samples"}``,
+# answered with one list of rows per spec, each row holding the requested keys (wandb/wandb,
+# wandb/apis/public/history.py, ``SampledHistoryScan``, commit
+# 05d7f97c32279058f0fdafd02e9723a5bd13b3be).
+SAMPLED_HISTORY = """
+query BridgeSampledHistory($project: String!, $entity: String!, $name: String!,
+                           $specs: [JSONString!]!) {
+  project(name: $project, entityName: $entity) {
+    run(name: $name) { sampledHistory(specs: $specs) }
+  }
+}"""
+
+# Every row the bridge's own marker writer appends carries this key (projection/plan.py); those
+# rows are stamped with the issue's onset, so they are left out when finding the run's step.
+MARKER_KEY = "infra/issue"
+STEP_SAMPLES = 1000  # rows per sampled read; a step range with fewer rows comes back whole
+STEP_READS = 4  # sampled reads per onset, each narrowing the step range around it
+# The run's last step before the onset says where the issue began only if it was logged shortly
+# before it; a run that logged nothing for longer gets no step.
+STEP_NEAR = 600.0
+STEP_RETRY = 60.0  # an onset whose step is not settled yet is looked up again after this
+STEP_CACHE = 4096  # onsets remembered (oldest dropped first)
 
 NOTIFY = """
 mutation NotifyScriptableRunAlert($entityName: String!, $projectName: String!, $runName: String!,
@@ -84,6 +116,16 @@ class RunInfo:
     tags: tuple[str, ...]
     notes: str
     summary: dict[str, Any]
+    last_step: int = -1  # the last step of the run's history (-1: it logged none)
+
+
+@dataclass(frozen=True)
+class RunStep:
+    """The run's step at an issue's onset: the last step the run itself logged at or before it."""
+
+    step: int
+    at: float  # that step's ``_timestamp`` (epoch seconds)
+    settled: bool  # the run logged a later step too, so no earlier row can still arrive
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
@@ -117,6 +159,8 @@ class WandbClient:
         self._headers = {"Authorization": f"Basic {token}", "User-Agent": USER_AGENT,
                          "Content-Type": "application/json"}
         self.calls = 0
+        # (entity, project, run id, onset) -> the step found, or None, and until when it holds
+        self._steps: dict[tuple[str, str, str, float], tuple[RunStep | None, float]] = {}
 
     def _post(self, query: str, variables: dict[str, Any], operation: str) -> dict[str, Any]:
         self.calls += 1
@@ -182,8 +226,11 @@ class WandbClient:
             summary = json.loads(run.get("summaryMetrics") or "{}")
         except (TypeError, ValueError):
             summary = {}
+        keys = run.get("historyKeys")
+        last = keys.get("lastStep") if isinstance(keys, dict) else None
         return RunInfo(run["id"], run.get("state") or "", tuple(run.get("tags") or ()),
-                       run.get("notes") or "", summary if isinstance(summary, dict) else {})
+                       run.get("notes") or "", summary if isinstance(summary, dict) else {},
+                       last if isinstance(last, int) else -1)
 
     def upsert(self, storage_id: str, *, tags: list[str] | None = None, notes: str | None = None,
                summary: dict[str, Any] | None = None) -> None:
@@ -201,3 +248,82 @@ class WandbClient:
         self._post(NOTIFY, {"entityName": entity, "projectName": project, "runName": run_id,
                             "title": title[:200], "text": text[:2000], "severity": severity},
                    "NotifyScriptableRunAlert")
+
+    def _sampled(self, entity: str, project: str, run_id: str, lo: int, hi: int
+                 ) -> tuple[list[tuple[int, float]], int]:
+        """The run's own rows (step, timestamp) in steps ``[lo, hi)``, as sampled by W&B, and how
+        many rows the sample held (fewer than ``STEP_SAMPLES``: the whole range)."""
+        specs = [json.dumps({"keys": keys, "minStep": lo, "maxStep": hi,
+                             "samples": STEP_SAMPLES})
+                 for keys in (["_step", "_timestamp"], ["_step", MARKER_KEY])]
+        data = self._post(SAMPLED_HISTORY, {"entity": entity, "project": project,
+                                            "name": run_id, "specs": specs},
+                          "BridgeSampledHistory")
+        sampled = ((data.get("project") or {}).get("run") or {}).get("sampledHistory") or []
+        if len(sampled) != 2 or not all(isinstance(part, list) for part in sampled):
+            raise PermanentError("sampledHistory: expected one list of rows per spec")
+        markers = {r.get("_step") for r in sampled[1] if isinstance(r, dict)}
+        rows = []
+        for row in sampled[0]:
+            step, at = (row.get("_step"), row.get("_timestamp")) if isinstance(row, dict) \
+                else (None, None)
+            if isinstance(step, int) and isinstance(at, (int, float)) and step not in markers:
+                rows.append((step, float(at)))
+        return sorted(rows), len(sampled[0])
+
+    def step_at(self, entity: str, project: str, run_id: str, onset: float,
+                last_step: int) -> RunStep | None:
+        """The last step the run logged at or before ``onset`` (epoch seconds), read from its
+        history up to ``last_step`` (``RunInfo.last_step``): None when the run logged nothing
+        in the ``STEP_NEAR`` seconds before the onset. Each sampled read narrows the step range
+        to the rows around the onset, so a long run costs a few reads, not its whole history."""
+        if last_step < 0:
+            return None
+        lo, hi = 0, last_step + 1
+        best: tuple[int, float] | None = None
+        later = False
+        for _ in range(STEP_READS):
+            rows, held = self._sampled(entity, project, run_id, lo, hi)
+            before = [r for r in rows if r[1] <= onset]
+            after = [r for r in rows if r[1] > onset]
+            later = later or bool(after)
+            if before and (best is None or before[-1][0] > best[0]):
+                best = before[-1]
+            lo_next = before[-1][0] + 1 if before else lo
+            hi_next = after[0][0] if after else hi
+            if held < STEP_SAMPLES or lo_next >= hi_next:
+                break
+            lo, hi = lo_next, hi_next
+        if best is None or onset - best[1] > STEP_NEAR:
+            return None
+        return RunStep(best[0], best[1], later)
+
+    def steps_at(self, info: RunInfo, entity: str, project: str, run_id: str,
+                 onsets: Mapping[str, float]) -> dict[str, RunStep]:
+        """Issue key -> the run's step at that issue's onset, where its history shows one (no
+        call at all for a run that logged no step). A step is an addition to the notes, never
+        a reason to hold them back: a failed read is logged and the notes go out without it. A
+        step the run has logged past is kept; an unsettled or missing one is read again after
+        ``STEP_RETRY`` seconds."""
+        now = time.monotonic()
+        found: dict[str, RunStep] = {}
+        if info.last_step < 0:
+            return found
+        for key, onset in onsets.items():
+            where = (entity, project, run_id, round(onset, 3))
+            cached = self._steps.get(where)
+            if cached is None or cached[1] <= now:
+                try:
+                    step = self.step_at(entity, project, run_id, onset, info.last_step)
+                except WandbError as exc:
+                    log.info("run history not read; notes go out without the step",
+                             extra=log_fields(run=f"{entity}/{project}/{run_id}", error=str(exc)))
+                    step = None
+                until = float("inf") if step is not None and step.settled else now + STEP_RETRY
+                self._steps.pop(where, None)
+                self._steps[where] = cached = (step, until)
+                while len(self._steps) > STEP_CACHE:
+                    del self._steps[next(iter(self._steps))]
+            if cached[0] is not None:
+                found[key] = cached[0]
+        return found
