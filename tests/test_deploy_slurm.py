@@ -1,25 +1,29 @@
 """deploy/slurm/wandb-sbatch against a REAL single-node Slurm 22.05 (tests/slurm_cluster.py), as
-docs/deploy-slurm.md tells a site to run it: the shipped prolog/epilog register with one exporter,
-a central exporter reads ``squeue --json``, and inside the job the real ``wandb`` SDK (offline)
-and ``wandb_infra.exporter.client`` see the run the wrapper chose. Every path must agree on
-entity, project, run id, host and GPU."""
+docs/deploy-slurm.md tells a site to run it: the shipped prolog/epilog take the exporter's URL and
+token file from the node's defaults file (the guide's own lines) and register with an exporter
+that requires that token, a central exporter reads ``squeue --json``, and inside the job the real
+``wandb`` SDK (offline) and ``wandb_infra.exporter.client`` see the run the wrapper chose. Every
+path must agree on entity, project, run id, host and GPU."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import secrets
 import shlex
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
+import requests
 
 from harness.exporter_process import metric_samples, running_exporter
 from harness.processes import PROMTOOL, free_port, wait_for
-from tests.slurm_cluster import shipped_hook, slurm_cluster, unavailable_reason
+from tests.slurm_cluster import SHIPPED_HOOKS, SlurmCluster, slurm_cluster, unavailable_reason
 from wandb_infra.common import labels
 
 pytestmark = pytest.mark.slurm
@@ -48,23 +52,67 @@ JOB = textwrap.dedent("""\
     """)
 
 
+GUIDE = ROOT / "docs" / "deploy-slurm.md"
+
+
+class Site(NamedTuple):
+    """The running site: Slurm, the registration exporter, the central (squeue) exporter, the
+    nodes' defaults file and the token file it names."""
+
+    slurm: SlurmCluster
+    reg_url: str
+    central_url: str
+    defaults: Path
+    token: Path
+
+
+def guide_defaults(url: str, token_file: Path) -> str:
+    """The guide's /etc/default/wandb-infra-exporter lines, with this site's exporter URL and
+    token file in place of its example values (so a renamed setting fails here)."""
+    block = re.search(r"```sh\n(WANDB_INFRA_EXPORTER_URL=.*?)```", GUIDE.read_text(), re.S)
+    assert block, "the defaults file is missing from docs/deploy-slurm.md"
+    values = {"WANDB_INFRA_EXPORTER_URL": url, "WANDB_INFRA_EXPORTER_TOKEN_FILE": str(token_file)}
+    lines = [line.split("#")[0].strip() for line in block.group(1).splitlines()]
+    keys = [line.split("=", 1)[0] for line in lines if line]
+    assert keys == list(values), keys
+    return "".join(f"{key}={shlex.quote(values[key])}\n" for key in keys)
+
+
+def hook_reading(path: Path, script: str, defaults: Path) -> str:
+    """The shipped prolog/epilog (``script``) as slurm.conf runs it, reading its settings from
+    ``defaults`` (the test cannot write the real /etc/default/wandb-infra-exporter); returns
+    the wrapper's path."""
+    path.write_text("#!/bin/bash\n"
+                    f"export WANDB_INFRA_EXPORTER_ENV_FILE={shlex.quote(str(defaults))}\n"
+                    f"exec {SHIPPED_HOOKS / script}\n")
+    path.chmod(0o755)
+    return str(path)
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
-    """Slurm with the shipped prolog/epilog, their registration exporter, and a central exporter
-    with the squeue source (the two placements docs/deploy-slurm.md describes)."""
+    """Slurm with the shipped prolog/epilog configured through the node's defaults file, the
+    exporter they register with (``auth.token_file``: refuses any request without the token),
+    and a central exporter with the squeue source (the two placements the guide describes)."""
     reason = unavailable_reason()
     assert reason is None, reason  # setup/system-deps.sh installs Slurm and munge
     base = tmp_path_factory.mktemp("slurm-deploy")
     reg_port = free_port()
-    prolog = shipped_hook(base / "prolog", "prolog.sh", reg_port)
-    epilog = shipped_hook(base / "epilog", "epilog.sh", reg_port)
-    with running_exporter({}, base / "registrations", port=reg_port) as reg_url, \
+    token = base / "token"
+    token.write_text(secrets.token_urlsafe(24) + "\n")
+    token.chmod(0o600)
+    defaults = base / "default-wandb-infra-exporter"
+    defaults.write_text(guide_defaults(f"http://127.0.0.1:{reg_port}", token))
+    prolog = hook_reading(base / "prolog", "prolog.sh", defaults)
+    epilog = hook_reading(base / "epilog", "epilog.sh", defaults)
+    with running_exporter({"auth": {"token_file": str(token)}}, base / "registrations",
+                          port=reg_port) as reg_url, \
             slurm_cluster(base / "cluster", gpus=2, prolog=prolog, epilog=epilog) as slurm:
         central = {"registrations": {"enabled": False},
                    "sources": {"slurm": {"enabled": True, "mode": "squeue_json",
                                          "interval_seconds": 0.5}}}
         with running_exporter(central, base / "central", env=slurm.env()) as central_url:
-            yield slurm, reg_url, central_url
+            yield Site(slurm, reg_url, central_url, defaults, token)
 
 
 def wandb_sbatch(slurm, *args: str,
@@ -82,7 +130,7 @@ def _runs(url: str, name: str) -> dict[str, list[dict[str, str]]]:
 
 
 def test_wrapper_run_reaches_prolog_squeue_sdk_and_client_alike(site, tmp_path):
-    slurm, reg_url, central_url = site
+    slurm, reg_url, central_url = site.slurm, site.reg_url, site.central_url
     out = tmp_path / "job.json"
     script = tmp_path / "train.sh"
     script.write_text(JOB.format(python=sys.executable, out=out))
@@ -128,10 +176,59 @@ def test_wrapper_run_reaches_prolog_squeue_sdk_and_client_alike(site, tmp_path):
     wait_for(lambda: run_id not in _runs(central_url, labels.NODE_INFO))
 
 
+def test_exporter_requires_the_token_the_defaults_file_names(site, tmp_path):
+    """The guide's token setup end to end: the registration API refuses a request without the
+    token (or with another) and takes the token file's; a node whose defaults file names no
+    readable token file registers nothing when its job starts, and the same job registers once
+    the file names it again (the prolog reads the file at every job)."""
+    slurm, reg_url = site.slurm, site.reg_url
+    token = site.token.read_text().strip()
+    body = {"entity": "acme", "project": "auth", "run_id": "direct1", "hostname": slurm.node,
+            "gpus": ["0"]}
+    for headers in ({}, {"Authorization": "Bearer not-" + token}):
+        refused = requests.post(f"{reg_url}/v1/runs", json=body, headers=headers, timeout=10)
+        assert refused.status_code == 401, refused.text
+    accepted = requests.post(f"{reg_url}/v1/runs", json=body, timeout=10,
+                             headers={"Authorization": f"Bearer {token}"})
+    assert accepted.status_code == 201, accepted.text
+    assert "direct1" in _runs(reg_url, labels.NODE_INFO)
+    gone = requests.delete(f"{reg_url}/v1/runs/acme/auth/direct1", timeout=10,
+                           headers={"Authorization": f"Bearer {token}"})
+    assert gone.status_code == 200, gone.text
+
+    def job(run_id: str) -> str:
+        """A job naming ``run_id`` whose batch script (started after the prolog) says so."""
+        started = tmp_path / f"{run_id}.started"
+        job_id = slurm.submit("--comment", f"wandb:acme/auth/{run_id}", "--gres=gpu:1",
+                              "--chdir", str(tmp_path), "-o", "/dev/null",
+                              "--wrap", f"touch {started}; sleep 300")
+        wait_for(started.exists, timeout=60)
+        return job_id
+
+    configured = site.defaults.read_text()
+    site.defaults.write_text(configured.replace(str(site.token), str(tmp_path / "no-token")))
+    try:
+        refused_job = job("notoken1")
+    finally:
+        site.defaults.write_text(configured)
+    try:
+        assert "notoken1" not in _runs(reg_url, labels.NODE_INFO)
+    finally:
+        slurm.run("scancel", refused_job)
+    slurm.wait_state(refused_job, {""})  # its epilog is over: it cannot delete the next one
+    accepted_job = job("notoken1")
+    try:
+        [gpu] = wait_for(lambda: _runs(reg_url, labels.GPU_INFO).get("notoken1"))
+        assert (gpu["hostname"], gpu["wandb_project"]) == (slurm.node, "auth")
+    finally:
+        slurm.run("scancel", accepted_job)
+    wait_for(lambda: "notoken1" not in _runs(reg_url, labels.NODE_INFO))  # the epilog's token
+
+
 def test_wrapper_keeps_a_chosen_run_id_and_the_users_comment(site, tmp_path):
     """A resubmission of the same run (WANDB_RUN_ID already set) and --comment on the command
     line: the id is kept, the comment merged."""
-    slurm, _, central_url = site
+    slurm, central_url = site.slurm, site.central_url
     sub = wandb_sbatch(slurm, "--project", "llm", "--parsable", "--comment", "ablation 3",
                        "--chdir", str(tmp_path), "-o", "/dev/null", "--wrap", "sleep 300",
                        env={"WANDB_RUN_ID": "resume-42", "WANDB_ENTITY": "acme"})
@@ -154,7 +251,7 @@ def test_wrapper_keeps_a_chosen_run_id_and_the_users_comment(site, tmp_path):
 ])
 def test_wrapper_refuses_names_the_prolog_cannot_carry_without_submitting(site, tmp_path, args,
                                                                            message):
-    slurm, _, _ = site
+    slurm = site.slurm
     before = slurm.run("squeue", "-h", "-o", "%i").split()
     sub = wandb_sbatch(slurm, *args, "--chdir", str(tmp_path), "--wrap", "true")
     assert sub.returncode == 2 and message in sub.stderr, sub.stderr
