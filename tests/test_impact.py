@@ -1,6 +1,7 @@
 """diagnosis/impact.py on made-up series: a slowdown moves the onset to the measured drop, a hang
-spans the busiest GPU's idle time, noise is no effect, a run that ended is a crash, and the run's
-GPU-hours do not count overlapping issues twice."""
+spans the busiest GPU's idle time, noise is no effect, a run that ended soon after the fault is a
+crash (unless W&B says it finished) and one that ran on is not, and the run's GPU-hours do not
+count overlapping issues twice."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 
 from wandb_infra.bridge.diagnosis.impact import (
     CRASH,
+    CRASH_WINDOW,
     HANG,
     MAX_LEAD,
     NONE,
@@ -35,9 +37,9 @@ def steps(levels: list[tuple[float, float]], end: float, step: float = 1.0
     return out
 
 
-def signals(affected, mean=None, top=None, *, gpus=16, run_end=None) -> Signals:
+def signals(affected, mean=None, top=None, *, gpus=16, run_end=None, state=None) -> Signals:
     return Signals("tensor activity", "gpu-node-065 GPUs 0-3", affected, mean or affected,
-                   top or affected, gpus, T0, run_end)
+                   top or affected, gpus, T0, run_end, state)
 
 
 def test_a_slowdown_before_the_alert_moves_the_onset_and_costs_until_recovery():
@@ -116,3 +118,50 @@ def test_a_run_that_ended_after_its_issue_did_not_crash_of_it():
     got = measure(signals(affected, run_end=T0 + 300), onset=T0 + 100, fired=T0 + 110,
                   ended=T0 + 210, now=T0 + 600)
     assert got.kind == SLOWDOWN and got.until == T0 + 200 and got.until_what == "recovery"
+
+
+@pytest.mark.parametrize("state", [None, "finished"])
+def test_a_long_slowdown_on_a_run_that_finished_is_not_a_crash(state):
+    """A 2-hour thermal slowdown, the run finishing normally with the alert still firing (it
+    resolves when the join series go): a slowdown until the run's end, never a crash."""
+    end = T0 + 100 + 7200
+    affected = steps([(T0, 0.46), (T0 + 100, 0.30)], end, step=15)
+    got = measure(signals(affected, gpus=504, run_end=end, state=state), onset=T0 + 110,
+                  fired=T0 + 170, ended=end + 30, now=end + 600)
+    assert got.kind == SLOWDOWN, got
+    assert got.until == end and got.until_what == "the run's end"
+
+
+@pytest.mark.parametrize("state", [None, "finished"])
+def test_a_fault_with_no_effect_on_a_run_that_ended_later_is_no_effect(state):
+    """An XID 94 that left the GPUs computing; the run ended 10 minutes later (its alert
+    resolving with the join series): no visible effect, no GPU-hours."""
+    end = T0 + 100 + 600
+    assert end - (T0 + 100) > CRASH_WINDOW
+    busy = steps([(T0, 0.46)], end)
+    got = measure(signals(busy, run_end=end, state=state), onset=T0 + 100, fired=T0 + 100,
+                  ended=end + 20, now=end + 300)
+    assert got.kind == NONE and got.gpu_hours == 0.0, got
+    assert got.until_what == "the run's end"
+
+
+def test_a_run_wandb_says_finished_did_not_crash_even_right_after_the_fault():
+    busy = steps([(T0, 0.46)], T0 + 130)
+    got = measure(signals(busy, run_end=T0 + 130, state="finished"), onset=T0 + 100,
+                  fired=T0 + 105, ended=None, now=T0 + 600)
+    assert got.kind == NONE and got.gpu_hours == 0.0
+    crashed = measure(signals(busy, run_end=T0 + 130, state="crashed"), onset=T0 + 100,
+                      fired=T0 + 105, ended=None, now=T0 + 600)
+    assert crashed.kind == CRASH
+
+
+def test_a_run_that_stopped_computing_and_ended_later_hung_until_its_end():
+    """Ranks waiting on a dead peer until NCCL's watchdog ends the job 10 minutes on: the run
+    ended outside the crash window, so it is the hang, costed until the run's end."""
+    end = T0 + 130 + 600
+    busy = steps([(T0, 0.46), (T0 + 130, 0.0)], end, step=15)
+    got = measure(signals(busy, run_end=end), onset=T0 + 120, fired=T0 + 125, ended=None,
+                  now=end + 300)
+    assert got.kind == HANG, got
+    assert got.text == "no GPU of the run computed from 08:02:15 until the run ended at 08:12:10"
+    assert got.until == end and got.until_what == "the run's end"

@@ -6,7 +6,9 @@ GPUs say what did happen. For each issue the edge (prometheus/impact_reader.py) 
 the mean over the affected GPUs the run holds, the mean over all of the run's GPUs, and the
 busiest of them. From those:
 
-* **crash**: the run's join series ended while the issue was open (shortly after the onset);
+* **crash**: the run's join series ended while the issue was open, within ``CRASH_WINDOW`` of
+  the onset, and W&B does not say the run finished (a run that finished normally did not crash,
+  and one that ran on for longer ended for its own reasons);
 * **hang**: the busiest GPU of the run went idle, so no GPU of the run computed;
 * **slowdown**: the affected GPUs' level dropped by at least ``MIN_DROP`` (the single best
   change point in the window, so noise does not count);
@@ -36,6 +38,17 @@ IDLE = 0.02  # a ratio signal at or below this computes nothing
 ACTIVE = 0.05  # below this before the change, a ratio signal was not computing anyway
 MIN_SAMPLES = 3  # samples on each side of a change (one odd scrape is not a change)
 RATIO_SIGNALS = ("tensor activity", "GPU utilisation")  # power is in watts: no idle level
+# A fault that kills a training process ends its job within about a minute: the failed CUDA call
+# returns at once, Slurm kills the job's other tasks after KillWait (30 s by default,
+# https://slurm.schedmd.com/slurm.conf.html#OPT_KillWait) and Kubernetes a pod after its
+# terminationGracePeriodSeconds (30 s by default, https://kubernetes.io/docs/concepts/workloads/
+# pods/pod-lifecycle/#pod-termination), then the exporter's next discovery and scrape. Five
+# minutes covers that with margin; a run that ended later ended for its own reasons, unless it
+# stopped computing first (ranks waiting on a dead peer sit in NCCL until PyTorch's watchdog
+# timeout, 10 minutes by default: github.com/pytorch/pytorch/pull/110947), which is measured as a
+# hang until the run's end.
+CRASH_WINDOW = 300.0
+FINISHED = "finished"  # the W&B state of a run whose script exited normally
 CRASH, HANG, SLOWDOWN, NONE, UNMEASURED = "crash", "hang", "slowdown", "none", "unmeasured"
 
 
@@ -51,6 +64,7 @@ class Signals:
     gpus: int  # GPUs the run holds
     not_before: float  # the earliest moment a cause can exist
     run_end: float | None = None  # when the run's join series ended; None: still running
+    run_state: str | None = None  # the run's W&B state as last read; None: not known
 
 
 @dataclass(frozen=True)
@@ -209,7 +223,7 @@ def measure(signals: Signals, *, onset: float, fired: float, ended: float | None
                       gpus * (end_at - moved) / 3600.0, drop, changed, signals.signal)
 
     run_end = signals.run_end
-    if run_end is not None and lo <= run_end <= (ended if ended is not None else fired + AFTER):
+    if run_end is not None and crashed(signals, onset=onset, ended=ended, lo=lo):
         text = (f"the run ended at {clock(run_end)}, "
                 f"{duration(run_end - onset)} after the root cause's onset")
         return impact(CRASH, text, (run_end, "the run's end"))
@@ -217,9 +231,13 @@ def measure(signals: Signals, *, onset: float, fired: float, ended: float | None
         span = _idle_span(signals.run_max, lo, horizon)
         if span is not None and span[0] <= hi:
             began, back = span
-            text = (f"no GPU of the run computed from {clock(began)} to {clock(back)}"
-                    if back is not None else f"no GPU of the run has computed since "
-                                             f"{clock(began)}")
+            if back is not None:
+                text = f"no GPU of the run computed from {clock(began)} to {clock(back)}"
+            elif run_end is not None:
+                text = (f"no GPU of the run computed from {clock(began)} until the run ended "
+                        f"at {clock(run_end)}")
+            else:
+                text = f"no GPU of the run has computed since {clock(began)}"
             return impact(HANG, text, stop(back, "recovery"), changed=began)
     window = _within(signals.affected, lo, hi)
     found = change_point(window)
@@ -242,8 +260,20 @@ def measure(signals: Signals, *, onset: float, fired: float, ended: float | None
         return unmeasured(f"no {signals.signal} samples for the run's GPUs from {clock(lo)} "
                           f"to {clock(hi)}", onset, gpus)
     text = f"no change in the run's GPU activity ({signals.signal}, {clock(lo)} to {clock(hi)})"
-    return Impact(NONE, text, onset, "", hi, "now" if ended is None else "the issue's end",
-                  gpus, 0.0, 0.0, None, signals.signal)
+    seen_to = ("the run's end" if run_end is not None and hi >= run_end
+               else "now" if ended is None else "the issue's end")
+    return Impact(NONE, text, onset, "", hi, seen_to, gpus, 0.0, 0.0, None, signals.signal)
+
+
+def crashed(signals: Signals, *, onset: float, ended: float | None, lo: float) -> bool:
+    """Whether the run's end counts as a crash of the issue: it ended no earlier than ``lo``
+    and within ``CRASH_WINDOW`` of the onset while the issue was still open, and W&B does not
+    say it finished normally."""
+    run_end = signals.run_end
+    if run_end is None or signals.run_state == FINISHED:
+        return False
+    still_open = ended is None or run_end <= ended
+    return still_open and lo <= run_end <= onset + CRASH_WINDOW
 
 
 def unmeasured(why: str, onset: float, gpus: int = 0) -> Impact:
