@@ -958,11 +958,23 @@ max by (instance, job, mountpoint) (
 )
 """
 FS_NOT_ANSWERING = """
-max by (instance, job, mountpoint) (
+max by (instance, job, mountpoint, fstype) (
   node_filesystem_device_error{${RUN_FILESYSTEMS}} == 1
 )
+or on (instance, job, mountpoint)
+label_replace(${NFS}, "fstype", "nfs", "", "")
+"""
+# Read-only since a remount: read-only now and writable within WEAR_WINDOW (the turn, seen by at
+# least one evaluation), then held from the record's own previous value while it stays
+# read-only. A mount read-only from its first sample (from boot) never enters.
+FS_REMOUNTED = """
+(
+  ${READONLY}
+  and on (hostname, mountpoint, fstype)
+  ${WRITABLE}
+)
 or
-${NFS}
+(${READONLY} and on (hostname, mountpoint, fstype) ${REMOUNTED})
 """
 FS_AVAIL_RATIO = """
 node_filesystem_avail_bytes{${RUN_FILESYSTEMS}}
@@ -978,7 +990,7 @@ MAINTENANCE = """
 max by (hostname, scheduler, state, reason) (
   ${STATE}{scheduler="slurm",state=~"${SLURM_STATES}"}
   or
-  ${STATE}{reason=~"${REASONS}"}
+  ${STATE}{reason=~"${REASONS}",reason!~"${UNPLANNED}"}
 )
 """
 # The host part of the scrape target (``host:port``), for exporters that name no host.
@@ -1036,7 +1048,8 @@ def _host_values() -> dict[str, Value]:
         "RUN_FILESYSTEMS": s.RUN_FILESYSTEMS, "BOOT_WINDOW": s.BOOT_WINDOW,
         "FS_FREE_MIN_RATIO": h.FS_FREE_MIN_RATIO, "REBOOT_MIN_SECONDS": h.REBOOT_MIN_SECONDS,
         "STATE": nodestate.STATE, "SLURM_STATES": h.SLURM_MAINTENANCE_STATES,
-        "REASONS": h.MAINTENANCE_REASONS, "FM_NOT_STARTED": h.FM_NOT_STARTED,
+        "REASONS": h.MAINTENANCE_REASONS, "UNPLANNED": h.UNPLANNED_REASONS,
+        "FM_NOT_STARTED": h.FM_NOT_STARTED,
         "FM_FAILURE_MIN": h.FM_FAILURE_MIN, "IPMI_CRITICAL": h.IPMI_CRITICAL,
         "POWER_TYPES": h.POWER_SENSOR_TYPES, "NODE_EXPORTER_TARGET": s.NODE_EXPORTER_TARGET,
     }
@@ -1083,14 +1096,23 @@ def host_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
                   "Share of time every task of the host waited for memory (PSI memory full, "
                   f"over {s.VIOLATION_WINDOW}), hosts above half the alert's threshold only."),
         Recording(s.FS_READONLY, s.node_with_host(
-            f"node_filesystem_readonly{{{fs}}} == 1", "mountpoint"),
+            f"node_filesystem_readonly{{{fs}}} == 1", "mountpoint, fstype"),
                   "Run filesystems (data, checkpoint, scratch types; no pseudo, overlay or boot "
-                  "mounts) mounted read-only now, by host and mount point."),
-        Recording(s.FS_AVAIL_LOW, s.node_with_host(_h(FS_AVAIL_RATIO), "mountpoint"),
+                  "mounts) mounted read-only now, by host, mount point and type."),
+        Recording(s.FS_READONLY_REMOUNTED, _h(
+            FS_REMOUNTED, READONLY=s.FS_READONLY, REMOUNTED=s.FS_READONLY_REMOUNTED,
+            WRITABLE=_paren(s.node_with_host(_h(
+                f"min_over_time(node_filesystem_readonly{{{fs}}}[${{WEAR_WINDOW}}]) == 0"),
+                "mountpoint, fstype"))),
+                  "Run filesystems read-only since a remount seen here (writable within the "
+                  f"last {s.span(s.WEAR_WINDOW)} when they turned read-only), for as long as "
+                  "they stay so: read from its own previous evaluation, so mounts read-only from "
+                  "boot are never in it and a remount stays in it past any window."),
+        Recording(s.FS_AVAIL_LOW, s.node_with_host(_h(FS_AVAIL_RATIO), "mountpoint, fstype"),
                   f"Free share of the run filesystems below {h.FS_FREE_MIN_RATIO:.0%} "
                   "(avail / size), by host and mount point."),
         Recording(s.FS_NOT_ANSWERING, s.node_with_host(
-            _h(FS_NOT_ANSWERING, NFS=_paren(_h(NFS_TIMEOUTS))), "mountpoint"),
+            _h(FS_NOT_ANSWERING, NFS=_paren(_h(NFS_TIMEOUTS))), "mountpoint, fstype"),
                   "Run filesystems not answering: statfs failing (node_filesystem_device_error, "
                   f"a stuck mount) or NFS major timeouts in the last {s.WEAR_WINDOW} (mountstats "
                   "collector), by host and mount point."),
@@ -1123,14 +1145,8 @@ def host_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
 
 
 def host_history_rules() -> list[Recording]:
-    """Read-only for the whole hour and the DIMM error counters (slow tier, sparse)."""
-    fs = s.RUN_FILESYSTEMS
+    """The DIMM error counters (slow tier, sparse)."""
     return [
-        Recording(s.FS_READONLY_1H, s.node_with_host(
-            _h(f"min_over_time(node_filesystem_readonly{{{fs}}}[${{HISTORY_WINDOW}}]) == 1"),
-            "mountpoint"),
-                  f"Run filesystems read-only for the whole last {s.span(s.HISTORY_WINDOW)} "
-                  "(mounted so on purpose): FilesystemReadOnly subtracts them."),
         Recording(s.HOST_EDAC_UNCORRECTABLE, _host_by(
             "node_edac_uncorrectable_errors_total > 0", "controller"),
                   "Uncorrectable system-memory errors since boot per host and memory controller "

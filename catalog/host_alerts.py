@@ -52,6 +52,11 @@ SLURM_MAINTENANCE_STATES = ".*(MAINT|REBOOT).*"
 MAINTENANCE_REASONS = (
     "(?i).*(maint|scheduled.?event|vmeventscheduled|impending.?(node.?)?termination|"
     "reboot|firmware|upgrade).*")
+# Reasons that name an unplanned event although they match a word above: Slurm's own reason for
+# a node that came back with a new boot time, "Node unexpectedly rebooted" (SchedMD/slurm,
+# src/slurmctld/node_mgr.c; https://slurm.schedmd.com/faq.html#reboot). Such a node is a
+# NodeRebooted, never maintenance (which would also silence NodeRebooted).
+UNPLANNED_REASONS = "(?i).*(unexpected|unplanned).*"
 # Fabric Manager states that fail DCGM's health check (dcgmFabricManagerStatus_t: 1 not
 # started, 4 failure, 5 unrecognized, 6 NVML too old; 0 is a GPU without NVSwitch, 2 in
 # progress, 3 success).
@@ -67,6 +72,8 @@ TEMPLATE_VALUES: dict[str, str | int | float] = {
     "REPEAT_FAULTS_MIN": REPEAT_FAULTS_MIN,
     "REPEAT_WINDOW": s.REPEAT_WINDOW,
     "BOOT_WINDOW": s.BOOT_WINDOW,
+    "LOCAL_FSTYPES": s.LOCAL_FSTYPES,
+    "NETWORK_FSTYPES": s.NETWORK_FSTYPES,
 }
 
 _HOST = "{{ $labels.hostname }}"
@@ -140,50 +147,7 @@ def definitions(make: Callable[..., T]) -> list[T]:
             group="host-memory",
             needs=Action.NONE),
         # --- storage ----------------------------------------------------------------------------
-        dict(
-            name="FilesystemReadOnly", severity="critical", category="storage",
-            cause=CauseClass.HOST_RESOURCE, scope="host",
-            summary="A filesystem the node's jobs write to became read-only.",
-            description=f"{_MOUNT} is read-only (readonly = {_WHOLE}; it was writable within "
-                        f"the last {span(s.HISTORY_WINDOW)}).",
-            impact="Checkpoints and logs can no longer be written (the kernel remounts "
-                   "read-only after I/O errors): the job fails at its next checkpoint or "
-                   "loses the work since the last one.",
-            remediation=f"{_RESTART} without this node; check dmesg for the I/O error behind "
-                        "the remount (disk, controller, NFS/Lustre server) and fix it.",
-            panel="filesystems",
-            condition="${FS_READONLY} unless on (hostname, mountpoint) ${FS_READONLY_1H}",
-            for_="1m", copy_labels=("mountpoint",), group="storage",
-            needs=Action.SERVICE, clears_when_fixed=True),
-        dict(
-            name="FilesystemFull", severity="critical", category="storage",
-            cause=CauseClass.HOST_RESOURCE, scope="host",
-            summary="A filesystem the node's jobs write to is full.",
-            description=f"{_MOUNT} has {{{{ $value | humanizePercentage }}}} free (full below "
-                        f"{FS_FREE_MIN_RATIO:.0%}).",
-            impact="Checkpoint and log writes fail with ENOSPC: the job crashes at its next "
-                   "checkpoint, or writes a truncated one.",
-            remediation="Free space (old checkpoints, caches) or move the job's output; the "
-                        "alert clears once space is back.",
-            panel="filesystems",
-            condition="${FS_AVAIL_LOW}",
-            for_="2m", copy_labels=("mountpoint",), group="storage",
-            needs=Action.SERVICE, clears_when_fixed=True),
-        dict(
-            name="FilesystemNotResponding", severity="critical", category="storage",
-            cause=CauseClass.HOST_RESOURCE, scope="host",
-            summary="A filesystem the node's jobs use stopped answering.",
-            description=f"{_MOUNT} is not answering (statfs failing, or {_WHOLE} NFS major "
-                        f"timeout(s) in the last {span(s.WEAR_WINDOW)}).",
-            impact="Reads and writes on the mount hang: data loading and checkpointing block, "
-                   "the rank stalls and the others wait in NCCL until the watchdog kills the "
-                   "job.",
-            remediation=f"{_RESTART} on nodes that see the mount; check the NFS/Lustre server "
-                        "and the storage network, then remount.",
-            panel="filesystems",
-            condition="${FS_NOT_ANSWERING}",
-            for_="2m", copy_labels=("mountpoint",), group="storage",
-            needs=Action.SERVICE, clears_when_fixed=True),
+        *_filesystem_alerts(),
         dict(
             name="LocalDiskFailing", severity="warning", category="host",
             cause=CauseClass.HARDWARE, scope="host",
@@ -267,9 +231,9 @@ max_over_time(${NODE_MAINTENANCE}[${BOOT_WINDOW}])
         dict(
             name="HostPowerSupplyFault", severity="warning", category="host",
             cause=CauseClass.HARDWARE, scope="host",
-            summary="A node's power supply or power sensor is not nominal (IPMI).",
-            description="IPMI sensor {{ $labels.name }} on " + _HOST + " is in state "
-                        f"{_WHOLE} (1 warning, 2 critical).",
+            summary="A node's power supply or power sensor is critical (IPMI).",
+            description="IPMI sensor {{ $labels.name }} on " + _HOST + " is critical (state "
+                        f"{_WHOLE}).",
             impact="The node runs without power redundancy or out of its power envelope: the "
                    "GPUs' power brake slows the job, and a second failure takes the node down.",
             remediation="Replace or reseat the power supply and check the feed (PDU, rack "
@@ -330,6 +294,78 @@ changes(${HOST_HARDWARE_SINCE}[${REPEAT_WINDOW}]) + 1
             needs=Action.NONE, clears_when_fixed=True),
     ]
     return [make(**spec) for spec in d]
+
+
+# The run filesystems' three faults. On a local filesystem (LOCAL_FSTYPES) the fault is the
+# node's: it leaves the pool until an operator has fixed it. On a shared one (NETWORK_FSTYPES:
+# NFS, Lustre, GPFS, BeeGFS, WEKA, CephFS, SMB, FUSE clients) it is the storage service's, seen by
+# every node that mounts it: restarting the job is all a node needs, and draining it (or the one
+# of them a run's issue happens to be rooted on) would take healthy GPUs away for nothing.
+_FS_FAULTS: tuple[dict[str, Any], ...] = (
+    dict(
+        name="FilesystemReadOnly", what="became read-only",
+        description=f"{_MOUNT} is read-only (readonly = {_WHOLE}) since it was remounted so "
+                    "(it was writable before: mounts read-only from boot are not alerted on).",
+        impact="Checkpoints and logs can no longer be written (the kernel remounts read-only "
+               "after I/O errors): the job fails at its next checkpoint or loses the work since "
+               "the last one.",
+        local=f"{_RESTART} without this node; check dmesg for the I/O error behind the remount "
+              "(disk, controller) and fix it.",
+        shared="check the storage servers for the fault that made the export read-only (a "
+               "failed target, a full or degraded pool, an export policy) and remount once "
+               "fixed.",
+        condition="${FS_READONLY_REMOUNTED}", for_="1m"),
+    dict(
+        name="FilesystemFull", what="is full",
+        description=f"{_MOUNT} has {{{{ $value | humanizePercentage }}}} free (full below "
+                    f"{FS_FREE_MIN_RATIO:.0%}).",
+        impact="Checkpoint and log writes fail with ENOSPC: the job crashes at its next "
+               "checkpoint, or writes a truncated one.",
+        local="Free space (old checkpoints, caches) or move the job's output; the alert clears "
+              "once space is back.",
+        shared="free space on the shared filesystem (old checkpoints, other jobs' output) or "
+               "raise its quota; the alert clears once space is back.",
+        condition="${FS_AVAIL_LOW}", for_="2m"),
+    dict(
+        name="FilesystemNotResponding", what="stopped answering",
+        description=f"{_MOUNT} is not answering (statfs failing, or {_WHOLE} NFS major "
+                    f"timeout(s) in the last {span(s.WEAR_WINDOW)}).",
+        impact="Reads and writes on the mount hang: data loading and checkpointing block, the "
+               "rank stalls and the others wait in NCCL until the watchdog kills the job.",
+        local=f"{_RESTART} without this node; check the disk and its controller (dmesg), then "
+              "remount or reboot the node.",
+        shared="check the storage servers (NFS, Lustre OSS/MDS, GPFS NSD) and the storage "
+               "network, then remount where the mount stays hung.",
+        condition="${FS_NOT_ANSWERING}", for_="2m"),
+)
+
+
+def _filesystem_alerts() -> list[dict[str, Any]]:
+    """Each filesystem fault twice: on a local filesystem (the node's, serviced) and on a shared
+    one (``Shared...``: the storage service's, the node stays in service)."""
+    out = []
+    for f in _FS_FAULTS:
+        common = dict(severity="critical", category="storage", cause=CauseClass.HOST_RESOURCE,
+                      scope="host", description=f["description"], panel="filesystems",
+                      for_=f["for_"], copy_labels=("mountpoint", "fstype"), group="storage",
+                      clears_when_fixed=True)
+        out.append(dict(
+            common, name=f["name"],
+            summary=f"A local filesystem the node's jobs use {f['what']}.",
+            impact=f["impact"], remediation=f["local"],
+            condition=f["condition"] + '{fstype=~"${LOCAL_FSTYPES}"}',
+            needs=Action.SERVICE))
+        out.append(dict(
+            common, name="Shared" + f["name"],
+            summary=f"A shared filesystem {f['what']}: its storage service is at fault, not "
+                    "the node.",
+            impact=f"{f['impact']} Every node that mounts it sees the same: the fault is the "
+                   "storage service's.",
+            remediation=f"The storage service is at fault, not the node: the node stays in "
+                        f"service. {_RESTART} once the mount works again; {f['shared']}",
+            condition=f["condition"] + '{fstype=~"${NETWORK_FSTYPES}"}',
+            needs=Action.RESTART_APP))
+    return out
 
 
 # The alerts that count as a hardware fault for the repeat-offender records: the hardware class

@@ -142,7 +142,9 @@ HOST_MEMORY_PRESSURE = f"hostname:node_pressure_memory_stalled:ratio_rate{VIOLAT
 HOST_EDAC_UNCORRECTABLE = "hostname:node_edac_uncorrectable_errors:max"
 HOST_EDAC_CORRECTABLE = f"hostname:node_edac_correctable_errors:increase{WEAR_WINDOW}"
 FS_READONLY = "filesystem:node_filesystem_readonly:now"
-FS_READONLY_1H = f"filesystem:node_filesystem_readonly:readonly_{HISTORY_WINDOW}"
+# Read-only since a remount seen here (writable within the hour when it turned read-only), held
+# from its own previous evaluation while it stays so: a mount read-only from boot never enters.
+FS_READONLY_REMOUNTED = "filesystem:node_filesystem_readonly:remounted"
 FS_AVAIL_LOW = "filesystem:node_filesystem_avail:ratio_low"
 FS_NOT_ANSWERING = f"filesystem:node_filesystem_device_error:not_answering_{WEAR_WINDOW}"
 HOST_BOOTED = "hostname:node_boot_time_seconds:advanced"
@@ -150,7 +152,7 @@ NODE_MAINTENANCE = "hostname:wandb_infra_node_state:maintenance"
 DISK_FAILING = "hostname:smartctl_device:failing"
 NVSWITCH_FATAL = "hostname:dcgm_nvswitch_fatal_error:max"
 FABRIC_MANAGER_DOWN = "gpu:dcgm_fabric_manager_status:not_ready"
-IPMI_POWER_FAULT = "hostname:ipmi_power_sensor_state:max_not_nominal"
+IPMI_POWER_FAULT = "hostname:ipmi_power_sensor_state:max_critical"
 IPMI_CHASSIS_CRITICAL = "hostname:ipmi_sensor_state:max_critical"
 HOST_HARDWARE_FIRING = "hostname:hardware_alerts:firing"
 HOST_HARDWARE_SINCE = "hostname:hardware_alerts:episode_start"
@@ -160,9 +162,13 @@ GPU_HARDWARE_SINCE = "gpu:hardware_alerts:episode_start"
 BOOT_WINDOW = "30m"  # how long a reboot stays an alert after the node is back
 REPEAT_WINDOW = "7d"  # repeat offenders: hardware faults counted over this window
 # Filesystems a run reads or writes (data, checkpoints, scratch): local and shared; the others
-# (pseudo, overlay, squashfs, boot partitions) are never alerted on.
-RUN_FSTYPES = ("ext[234]|xfs|btrfs|zfs|nfs4?|lustre|gpfs|beegfs|wekafs|ceph|cifs|"
-               "fuse[.].*")
+# (pseudo, overlay, squashfs, boot partitions) are never alerted on. A shared (network) one is
+# served by a storage service every node mounts: its faults are that service's, not the node's
+# (FUSE mounts count as shared: on training nodes they are object-store and network clients such
+# as gcsfuse, s3fs, blobfuse or JuiceFS).
+LOCAL_FSTYPES = "ext[234]|xfs|btrfs|zfs"
+NETWORK_FSTYPES = "nfs4?|lustre|gpfs|beegfs|wekafs|ceph|cifs|fuse[.].*"
+RUN_FSTYPES = f"{LOCAL_FSTYPES}|{NETWORK_FSTYPES}"
 RUN_FILESYSTEMS = f'fstype=~"{RUN_FSTYPES}",mountpoint!~"/boot(/.*)?"'
 
 # Every record above by its constant's name: the placeholders the catalog's PromQL templates use

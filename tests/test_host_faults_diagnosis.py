@@ -16,8 +16,9 @@ import yaml
 from harness.bridge_payloads import T0, alert
 from tests.test_bridge_diagnosis import facts
 from wandb_infra.bridge.diagnosis.root_cause import diagnose
-from wandb_infra.bridge.diagnosis.verdict import Policy, decide
+from wandb_infra.bridge.diagnosis.verdict import Change, Policy, Timeline, decide
 from wandb_infra.bridge.prometheus.remediation import exclusion
+from wandb_infra.catalog import host_alerts
 from wandb_infra.catalog.alerts import ALERTS
 from wandb_infra.catalog.recovery import Action
 from wandb_infra.catalog.vocabulary import CauseClass
@@ -86,14 +87,14 @@ def test_host_oom_kill_explains_the_nccl_errors_and_stalls():
 
 
 def test_lost_mount_on_every_host_explains_the_stalls():
-    mount = {"mountpoint": "/mnt/ckpt"}
-    lost = [shipped("FilesystemNotResponding", host=h, extra=mount) for h in HOSTS]
+    mount = {"mountpoint": "/mnt/ckpt", "fstype": "nfs4"}
+    lost = [shipped("SharedFilesystemNotResponding", host=h, extra=mount) for h in HOSTS]
     diagnosis = diagnose(facts([*lost, *[shipped("TrainingStalled", host=h, minutes=3)
                                          for h in HOSTS]]))
     assert len(diagnosis.issues) == 1
     issue = diagnosis.issues[0]
-    assert issue.root.alertname == "FilesystemNotResponding"
-    assert {c.alertname for c in issue.consequences} == {"FilesystemNotResponding",
+    assert issue.root.alertname == "SharedFilesystemNotResponding"
+    assert {c.alertname for c in issue.consequences} == {"SharedFilesystemNotResponding",
                                                          "TrainingStalled"}
 
 
@@ -175,3 +176,112 @@ def test_catalog_needs_follow_the_recovery_model():
     assert ALERTS["FilesystemReadOnly"].clears_when_fixed
     assert ALERTS["FilesystemFull"].clears_when_fixed
     assert ALERTS["NodeMaintenance"].cause is CauseClass.MAINTENANCE
+
+
+# Each host alert of the catalog as the bridge must read it, stated here (not read back from the
+# catalog): its cause class, what it needs, and whether the quarantine may take the node out.
+H, D, M = CauseClass.HARDWARE, CauseClass.DEGRADATION, CauseClass.MAINTENANCE
+R, L = CauseClass.HOST_RESOURCE, CauseClass.NODE_LOSS
+EXPECTED: dict[str, tuple[CauseClass, Action, bool]] = {
+    "HostOomKill": (R, Action.RESTART_APP, False),
+    "HostMemoryPressure": (R, Action.NONE, False),
+    "HostMemoryUncorrectableErrors": (H, Action.SERVICE, True),
+    "HostMemoryCorrectableErrors": (D, Action.NONE, False),
+    "FilesystemReadOnly": (R, Action.SERVICE, True),
+    "FilesystemFull": (R, Action.SERVICE, True),
+    "FilesystemNotResponding": (R, Action.SERVICE, True),
+    "SharedFilesystemReadOnly": (R, Action.RESTART_APP, False),
+    "SharedFilesystemFull": (R, Action.RESTART_APP, False),
+    "SharedFilesystemNotResponding": (R, Action.RESTART_APP, False),
+    "LocalDiskFailing": (H, Action.SERVICE, True),
+    "NodeRebooted": (L, Action.NONE, False),
+    "NodeMaintenance": (M, Action.SERVICE, True),
+    "NvswitchFatalError": (H, Action.REBOOT_NODE, True),
+    "FabricManagerNotReady": (H, Action.SERVICE, True),
+    "HostPowerSupplyFault": (H, Action.SERVICE, True),
+    "HostChassisSensorCritical": (H, Action.SERVICE, True),
+    "GpuRepeatOffender": (H, Action.REPLACE, True),
+}
+# Label values for the alerts' copied labels (a Slurm state that is maintenance, a shared type
+# for the shared filesystems, a local one for the others).
+LABEL_VALUES = {"mountpoint": "/mnt/ckpt", "controller": "0", "nvswitch": "2", "gpu": "0",
+                "name": "PS1 Status", "device": "/dev/nvme0", "check": "media errors",
+                "scheduler": "slurm", "state": "IDLE+MAINT", "reason": "BIOS update"}
+
+
+def _labels_of(name: str) -> dict[str, str]:
+    fstype = "nfs4" if name.startswith("Shared") else "xfs"
+    return {k: {**LABEL_VALUES, "fstype": fstype}[k] for k in ALERTS[name].copy_labels
+            if k != "gpu"}
+
+
+def test_every_host_alert_has_its_expectation():
+    """A new host alert must be added to ``EXPECTED`` (the operators' repeat-offender flag is
+    on no run, so never a run's root cause)."""
+    names = set(host_alerts.definitions(lambda **kw: kw["name"]))
+    assert names - {"HostRepeatOffender"} == set(EXPECTED)
+    assert "wandb_run_node_info" not in SHIPPED["HostRepeatOffender"]["expr"]
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_host_alert_is_the_root_cause_with_its_class_and_need(name):
+    """Each host alert on one host, then the stalls on every host: the alert is the issue's root
+    with its cause class, every stall its consequence, and the decision needs what the recovery
+    model says; only a need that takes the node out lets the quarantine drain it."""
+    cause, action, drains = EXPECTED[name]
+    gpu = "0" if "gpu" in ALERTS[name].copy_labels or ALERTS[name].scope == "gpu" else ""
+    root = shipped(name, host="gpu-03", gpu=gpu, extra=_labels_of(name))
+    stalls = [shipped("TrainingStalled", host=h, minutes=2) for h in HOSTS]
+    diagnosis = diagnose(facts([root, *stalls]))
+    assert len(diagnosis.issues) == 1
+    issue = diagnosis.issues[0]
+    assert issue.root.alertname == name
+    assert issue.root.cause is cause
+    assert {c.alertname for c in issue.consequences} == {"TrainingStalled"}
+    decision = decide(issue, Policy(), timelines=None, evidence=None,
+                      now=(T0 + timedelta(minutes=5)).timestamp(), exclusion_for=exclusion)
+    assert decision is not None
+    assert decision.need.action is action
+    assert decision.drain is drains
+    assert decision.hosts == ("gpu-03",)
+    if not drains:
+        assert decision.verdict == "safe"
+        assert "the node can stay in service" in decision.advice
+
+
+def _schedulable(host: str) -> Timeline:
+    now = Change((T0 - timedelta(hours=1)).timestamp(), "slurm", "ALLOCATED", "")
+    return Timeline(host, (now,), now)
+
+
+def test_lost_shared_filesystem_on_every_host_drains_no_node():
+    """issue 28 audit: an NFS/Lustre export lost on every host was rooted on one of them and
+    the quarantine could drain it. The storage service is at fault: the verdict is safe on
+    schedulable nodes, nothing is drained or excluded, and the issue says whose fault it is."""
+    mount = {"mountpoint": "/mnt/ckpt", "fstype": "nfs4"}
+    lost = [shipped("SharedFilesystemNotResponding", host=h, extra=mount) for h in HOSTS]
+    stalls = [shipped("TrainingStalled", host=h, minutes=3) for h in HOSTS]
+    issue = diagnose(facts([*lost, *stalls])).issues[0]
+    assert issue.root.alertname == "SharedFilesystemNotResponding"
+    assert issue.root.cause is CauseClass.HOST_RESOURCE
+    decision = decide(issue, Policy(), timelines={h: _schedulable(h) for h in HOSTS},
+                      evidence={}, now=(T0 + timedelta(minutes=5)).timestamp(),
+                      exclusion_for=exclusion)
+    assert decision is not None
+    assert decision.verdict == "safe" and not decision.drain and not decision.exclusion
+    assert "the node can stay in service" in decision.advice
+    assert "storage service is at fault" in issue.root.text("summary")
+    assert issue.root.text("remediation").startswith("The storage service is at fault")
+
+
+def test_lost_local_filesystem_takes_its_node_out():
+    """The twin on a local filesystem is the node's fault: it must leave the pool."""
+    lost = shipped("FilesystemNotResponding", host="gpu-03",
+                   extra={"mountpoint": "/scratch", "fstype": "xfs"})
+    issue = diagnose(facts([lost, *nccl_aftermath(1, skip="gpu-03")])).issues[0]
+    decision = decide(issue, Policy(), timelines={h: _schedulable(h) for h in HOSTS},
+                      evidence={}, now=(T0 + timedelta(minutes=5)).timestamp(),
+                      exclusion_for=exclusion)
+    assert decision is not None
+    assert decision.verdict == "unsafe" and decision.drain and decision.hosts == ("gpu-03",)
+

@@ -107,7 +107,8 @@ def test_node_exporter_fixture_as_captured(tmp_path):
                           "controller 0).")])]
     cases += [Case(f"{alert}: node_exporter fixture as captured", alert, series, "30m")
               for alert in ("HostOomKill", "HostMemoryPressure", "HostMemoryCorrectableErrors",
-                            "FilesystemNotResponding", "NodeRebooted")]
+                            "FilesystemNotResponding", "SharedFilesystemNotResponding",
+                            "NodeRebooted")]
     proc = _run(tmp_path, cases)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -126,9 +127,9 @@ def test_node_exporter_fixture_faults_reach_the_run(tmp_path):
         Case("HostMemoryPressure on the fixture's PSI", "HostMemoryPressure", series, "15m",
              [Expect(WHERE, f"Every task on {HOST} waited for memory 20% of the last 5 minutes "
                             "(PSI memory full).")]),
-        Case("FilesystemNotResponding on the fixture's NFS mount (udp: test-dupe)",
-             "FilesystemNotResponding", series, "26m",
-             [Expect({**WHERE, "mountpoint": "/mnt/nfs/test-dupe"},
+        Case("SharedFilesystemNotResponding on the fixture's NFS mount (udp: test-dupe)",
+             "SharedFilesystemNotResponding", series, "26m",
+             [Expect({**WHERE, "mountpoint": "/mnt/nfs/test-dupe", "fstype": "nfs"},
                      f"/mnt/nfs/test-dupe on {HOST} is not answering (statfs failing, or 20 NFS "
                      "major timeout(s) in the last 10 minutes).")]),
         Case("NodeRebooted on the fixture's boot time", "NodeRebooted", series, "25m",
@@ -170,8 +171,8 @@ def test_ipmi_documented_sensors(tmp_path):
              "HostChassisSensorCritical", as_documented, "20m"),
         Case("HostPowerSupplyFault on the documented power sensor", "HostPowerSupplyFault",
              faulty, "20m", [Expect({**WHERE, "name": "Pwr Consumption"},
-                                    f"IPMI sensor Pwr Consumption on {HOST} is in state 2 (1 "
-                                    "warning, 2 critical).")]),
+                                    f"IPMI sensor Pwr Consumption on {HOST} is critical "
+                                    "(state 2).")]),
         Case("HostChassisSensorCritical on the documented fan", "HostChassisSensorCritical",
              faulty, "20m", [Expect({**WHERE, "name": "Fan1A"},
                                     f"IPMI sensor Fan1A on {HOST} is critical (state 2).")]),

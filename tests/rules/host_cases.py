@@ -14,6 +14,14 @@ EXPORTER = {"instance": "exporter:9842", "job": "wandb-infra-exporter"}
 CKPT = {"device": "/dev/nvme0n1p2", "fstype": "ext4", "mountpoint": "/checkpoints"}
 # The fixture's NFS mount (mountstats collector)
 NFS = {"export": "192.168.1.1:/srv/test", "mountaddr": "192.168.1.1", "protocol": "tcp"}
+# A shared checkpoint filesystem (filesystem collector labels of an NFSv4 and a Lustre mount)
+SHARED = {"device": "192.168.1.1:/srv/ckpt", "fstype": "nfs4", "mountpoint": "/mnt/ckpt"}
+LUSTRE = {"device": "10.0.0.5@o2ib:/scratch", "fstype": "lustre", "mountpoint": "/lustre"}
+# The read-only description's fixed part.
+REMOUNTED = ("since it was remounted so (it was writable before: mounts read-only from boot are "
+             "not alerted on).")
+# Slurm's reason for a node that came back with a new boot time.
+UNEXPECTED = "Node unexpectedly rebooted"
 
 
 def _run() -> dict[str, str]:
@@ -81,23 +89,33 @@ def storage_cases() -> list[b.Case]:
         return b.node("node_mountstats_nfs_operations_major_timeouts_total", values, **NFS,
                       operation="WRITE")
 
+    ckpt = {"mountpoint": "/checkpoints", "fstype": "ext4"}
     cases = [
         *_case("checkpoint filesystem remounted read-only", "FilesystemReadOnly",
                [b.node("node_filesystem_readonly", "0x40 1x40", **CKPT)],
-               [b.node("node_filesystem_readonly", "1x80", **CKPT)], "25m",
-               {"mountpoint": "/checkpoints"},
-               "/checkpoints on n1 is read-only (readonly = 1; it was writable within the "
-               "last hour)."),
+               [b.node("node_filesystem_readonly", "1x80", **CKPT)], "25m", ckpt,
+               f"/checkpoints on n1 is read-only (readonly = 1) {REMOUNTED}"),
         *_case("checkpoint filesystem 1% free", "FilesystemFull",
                [size, b.node("node_filesystem_avail_bytes", "1e11x40 1e10x40", **CKPT)],
-               [size, b.node("node_filesystem_avail_bytes", "5e11x80", **CKPT)], "26m",
-               {"mountpoint": "/checkpoints"},
+               [size, b.node("node_filesystem_avail_bytes", "5e11x80", **CKPT)], "26m", ckpt,
                "/checkpoints on n1 has 1% free (full below 3%)."),
-        *_case("NFS major timeouts", "FilesystemNotResponding",
+        *_case("NFS major timeouts", "SharedFilesystemNotResponding",
                [mount_info, timeouts("0x20 0+2x60")], [mount_info, timeouts("0x80")], "26m",
-               {"mountpoint": "/mnt/nfs/test"},
+               {"mountpoint": "/mnt/nfs/test", "fstype": "nfs"},
                "/mnt/nfs/test on n1 is not answering (statfs failing, or 40 NFS major "
                "timeout(s) in the last 10 minutes)."),
+        *_case("NFSv4 checkpoint export remounted read-only", "SharedFilesystemReadOnly",
+               [b.node("node_filesystem_readonly", "0x40 1x40", **SHARED)],
+               [b.node("node_filesystem_readonly", "1x80", **SHARED)], "25m",
+               {"mountpoint": "/mnt/ckpt", "fstype": "nfs4"},
+               f"/mnt/ckpt on n1 is read-only (readonly = 1) {REMOUNTED}"),
+        *_case("Lustre 1% free", "SharedFilesystemFull",
+               [b.node("node_filesystem_size_bytes", "1e12x80", **LUSTRE),
+                b.node("node_filesystem_avail_bytes", "1e11x40 1e10x40", **LUSTRE)],
+               [b.node("node_filesystem_size_bytes", "1e12x80", **LUSTRE),
+                b.node("node_filesystem_avail_bytes", "5e11x80", **LUSTRE)], "26m",
+               {"mountpoint": "/lustre", "fstype": "lustre"},
+               "/lustre on n1 has 1% free (full below 3%)."),
         *_case("smartctl_device_smart_status failed", "LocalDiskFailing",
                [smartctl("smartctl_device_smart_status", "/dev/nvme0", "0x80")],
                [smartctl("smartctl_device_smart_status", "/dev/nvme0", "1x80")], "10m",
@@ -108,9 +126,30 @@ def storage_cases() -> list[b.Case]:
                         "FilesystemNotResponding",
                         [*_base(), b.node("node_filesystem_device_error", "0x20 1x60",
                                           **{**CKPT, "mountpoint": "/scratch"})], "20m",
-                        [b.Expect({**_run(), "mountpoint": "/scratch"},
+                        [b.Expect({**_run(), "mountpoint": "/scratch", "fstype": "ext4"},
                                   "/scratch on n1 is not answering (statfs failing, or 1 NFS "
                                   "major timeout(s) in the last 10 minutes).")]))
+    # issue 28 audit: the condition once subtracted mounts read-only for the whole last hour, so
+    # a remount ended its own alert an hour later; it holds while the mount stays read-only.
+    # (80 minutes, 70 of them read-only, evaluated every 30 s: the old rule had ended at 70.)
+    long = [b.Series(s.name, s.labels, "1x170") for s in _base()]
+    cases.append(b.Case("FilesystemReadOnly: still read-only 70 minutes after the remount",
+                        "FilesystemReadOnly",
+                        [*long, b.node("node_filesystem_readonly", "0x20 1x150", **CKPT)],
+                        "1h20m",
+                        [b.Expect({**_run(), **ckpt}, "/checkpoints on n1 is read-only "
+                                  f"(readonly = 1) {REMOUNTED}")]))
+    cases.append(b.Case("FilesystemReadOnly: read-only from boot is never alerted on, however "
+                        "long", "FilesystemReadOnly",
+                        [*long, b.node("node_filesystem_readonly", "1x170", **CKPT)], "1h20m",
+                        also_at=("5m",)))
+    cases.append(b.Case("FilesystemReadOnly: a shared filesystem is the storage service's",
+                        "FilesystemReadOnly",
+                        [*_base(), b.node("node_filesystem_readonly", "0x40 1x40", **SHARED)],
+                        "25m"))
+    cases.append(b.Case("FilesystemNotResponding: NFS timeouts are the storage service's",
+                        "FilesystemNotResponding",
+                        [*_base(), mount_info, timeouts("0x20 0+2x60")], "26m"))
     cases.append(b.Case("FilesystemReadOnly: pseudo filesystems are never alerted on",
                         "FilesystemReadOnly",
                         [*_base(), b.node("node_filesystem_readonly", "0x40 1x40",
@@ -134,6 +173,13 @@ def lifecycle_cases() -> list[b.Case]:
                [b.node("node_boot_time_seconds", "1000x80")], "25m", {},
                "n1 booted again at 1970-01-01 00:33:20 +0000 UTC (node_boot_time_seconds "
                "moved later), with no maintenance state seen in the last 30 minutes."),
+        # issue 28 audit: Slurm's own reason for a node back with a new boot time names a reboot,
+        # but an unplanned one (SchedMD/slurm src/slurmctld/node_mgr.c)
+        *_case("Slurm: Node unexpectedly rebooted", "NodeRebooted",
+               [rebooted, state("n1", "slurm", "DOWN", UNEXPECTED, "_x30 1x50")],
+               [state("n1", "slurm", "DOWN", UNEXPECTED, "_x30 1x50")], "25m", {},
+               "n1 booted again at 1970-01-01 00:33:20 +0000 UTC (node_boot_time_seconds "
+               "moved later), with no maintenance state seen in the last 30 minutes."),
         *_case("Slurm MAINT reservation", "NodeMaintenance",
                [state("n1", "slurm", "IDLE+MAINT+RESERVED", "firmware update")],
                [state("n1", "slurm", "ALLOCATED", "")], "5m",
@@ -152,6 +198,9 @@ def lifecycle_cases() -> list[b.Case]:
                         "NodeMaintenance",
                         [*_base(), state("n1", "slurm", "IDLE+DRAIN",
                                          "wandb-infra: GpuXidError gpu-07 GPU 3")], "5m"))
+    cases.append(b.Case("NodeMaintenance: Slurm's 'Node unexpectedly rebooted' is no maintenance",
+                        "NodeMaintenance",
+                        [*_base(), state("n1", "slurm", "DOWN", UNEXPECTED)], "5m"))
     cases.append(b.Case("NodeRebooted: a reboot during maintenance is planned", "NodeRebooted",
                         [*_base(), rebooted,
                          state("n1", "slurm", "REBOOT_ISSUED+DRAIN", "kernel update",
@@ -190,7 +239,7 @@ def power_cases() -> list[b.Case]:
                [cable, ipmi("ipmi_power_state", "0x20 2x60", id="90", name="Pwr Consumption")],
                [cable, ipmi("ipmi_power_state", "0x80", id="90", name="Pwr Consumption")],
                "20m", {"name": "Pwr Consumption"},
-               "IPMI sensor Pwr Consumption on n1 is in state 2 (1 warning, 2 critical)."),
+               "IPMI sensor Pwr Consumption on n1 is critical (state 2)."),
         *_case("ipmi_fan_speed_state critical", "HostChassisSensorCritical",
                [cable, ipmi("ipmi_fan_speed_state", "0x20 2x60", id="12", name="Fan1A")],
                [cable, ipmi("ipmi_fan_speed_state", "1x80", id="12", name="Fan1A")],
@@ -201,8 +250,11 @@ def power_cases() -> list[b.Case]:
                         [*_base(), cable, ipmi("ipmi_sensor_state", "2x80", id="77",
                                                name="PS1 Status", type="Power Supply")], "10m",
                         [b.Expect({**_run(), "name": "PS1 Status"},
-                                  "IPMI sensor PS1 Status on n1 is in state 2 (1 warning, 2 "
-                                  "critical).")]))
+                                  "IPMI sensor PS1 Status on n1 is critical (state 2).")]))
+    cases.append(b.Case("HostPowerSupplyFault: a power supply in warning state is not critical",
+                        "HostPowerSupplyFault",
+                        [*_base(), cable, ipmi("ipmi_sensor_state", "1x80", id="77",
+                                               name="PS1 Status", type="Power Supply")], "10m"))
     return cases
 
 
