@@ -142,7 +142,7 @@ HOST_MEMORY_PRESSURE = f"hostname:node_pressure_memory_stalled:ratio_rate{VIOLAT
 HOST_EDAC_UNCORRECTABLE = "hostname:node_edac_uncorrectable_errors:max"
 HOST_EDAC_CORRECTABLE = f"hostname:node_edac_correctable_errors:increase{WEAR_WINDOW}"
 FS_READONLY = "filesystem:node_filesystem_readonly:now"
-# Read-only since a remount seen here (writable within the hour when it turned read-only), held
+# Read-only since a remount seen here (writable within WEAR_WINDOW when it turned read-only), held
 # from its own previous evaluation while it stays so: a mount read-only from boot never enters.
 FS_READONLY_REMOUNTED = "filesystem:node_filesystem_readonly:remounted"
 FS_AVAIL_LOW = "filesystem:node_filesystem_avail:ratio_low"
