@@ -67,8 +67,7 @@ def _bounded(command: list[str], timeout: float, max_bytes: int) -> tuple[int, s
     assert proc.stdout is not None and proc.stderr is not None
     deadline = time.monotonic() + timeout
     # stdout goes into one anonymous mapping sized for the cap: pages count only once written,
-    # so memory follows the bytes actually read, and no allocator reallocates or copies it (a
-    # growing buffer or a list of os.read chunks peaked at 321 MB for a refused 64 MiB flood)
+    # so memory follows the bytes actually read and nothing is reallocated or copied as it grows
     out = mmap.mmap(-1, max_bytes + _CHUNK)
     size = 0
     err = bytearray()

@@ -41,7 +41,10 @@ try:
     out = {"placements": len(result.placements), "problems": result.problems}
 except SourceError as exc:
     out = {"error": str(exc)}
-out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+# VmHWM is this image's own peak; ru_maxrss would start from the spawning pytest worker's peak
+# (Linux keeps the larger of the two across fork and exec), so it grew with the suite, not us
+hwm = next(line for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+out["peak_rss_mb"] = int(hwm.split()[1]) / 1024
 print(json.dumps(out))
 """
 
