@@ -28,8 +28,10 @@ from wandb_infra.bridge.prometheus.history import (
 from wandb_infra.bridge.prometheus.impact_reader import ImpactHistory, views
 from wandb_infra.bridge.prometheus.remediation import NodeStateHistory, run_remediation
 from wandb_infra.bridge.web.pages import run_detail
+from wandb_infra.common import labels as L
 from wandb_infra.common.configfile import ConfigError
 from wandb_infra.common.logsetup import setup_logging
+from wandb_infra.common.runkey import RunKey
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -58,13 +60,29 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="also write the issues to the run in W&B (needs --config with a W&B key)")
     p.add_argument("--config", metavar="FILE",
                    help="bridge YAML configuration (W&B key, store, Grafana) for --post")
+    p.add_argument("--grace", type=float, default=EndingsPolicy().grace,
+                   help="seconds without join series before a run counts as ended and gets a "
+                        "verdict (default: the bridge's endings.grace, "
+                        f"{EndingsPolicy().grace:.0f})")
     p.add_argument("--timeout", type=float, default=120.0,
                    help="seconds --post waits for the W&B write (default 120)")
     p.set_defaults(func=run)
 
 
-def _post(found: Explanation, args: argparse.Namespace, outcome: Outcome) -> str:
-    """Deliver through the bridge's store and worker; returns the delivery state."""
+def seen_recently(prom: PrometheusHistory, run: RunKey, now: float, grace: float) -> bool:
+    """Whether the run's join series have a sample within ``grace`` of now: it is still running
+    (or only just ended) and gets no ended-run verdict, as the live bridge judges a run only
+    once its join series have been gone that long (the same ``last_over_time`` reading as
+    prometheus/endings.py's search for ended runs)."""
+    selector = ",".join(f"{label}={json.dumps(value)}" for label, value in (
+        (L.ENTITY, run.entity), (L.PROJECT, run.project), (L.RUN_ID, run.run_id)))
+    return bool(prom.range(f"group(last_over_time({L.NODE_INFO}{{{selector}}}"
+                           f"[{max(1.0, grace):.0f}s]))", now, now, 1.0))
+
+
+def _post(found: Explanation, args: argparse.Namespace, outcome: Outcome | None) -> str:
+    """Deliver through the bridge's store and worker; returns the delivery state. A run still
+    running (``outcome`` None) gets its issues and no verdict."""
     from wandb_infra.bridge.service import build  # noqa: PLC0415 - only --post needs the whole bridge
 
     cfg = load(args.config, insecure_no_auth=True)
@@ -75,10 +93,10 @@ def _post(found: Explanation, args: argparse.Namespace, outcome: Outcome) -> str
     ctx = build(cfg)
     assert ctx.worker is not None
     ctx.store.ingest(as_notification(found.alerts), ctx.reader)
-    # the same verdict the live bridge gives an ended run, delivered with the issues
-    ctx.store.add_endings([(found.run, outcome.ended_at, outcome.how)], time.time())
-    ctx.store.record_outcome(found.run, outcome.verdict, outcome.dumps(), time.time(),
-                             deliver=True)
+    if outcome is not None:  # the same verdict the live bridge gives an ended run
+        ctx.store.add_endings([(found.run, outcome.ended_at, outcome.how)], time.time())
+        ctx.store.record_outcome(found.run, outcome.verdict, outcome.dumps(), time.time(),
+                                 deliver=True)
     deadline = time.monotonic() + args.timeout
     while True:
         ctx.worker.run_once()
@@ -128,14 +146,21 @@ def run(args: argparse.Namespace) -> int:
                             "reason": diagnosis.headline_reason}
     view["placement"] = {"hosts": sorted(found.placement.hosts),
                          "gpus": {h: sorted(g) for h, g in sorted(found.placement.gpus.items())}}
+    outcome: Outcome | None = None
     try:  # the verdict of an ended run, from the same coverage reading as the bridge's
-        coverage = RunEndings(PrometheusHistory(args.prometheus),
-                              EndingsPolicy(step=args.step)).coverage(found.placement)
+        running = seen_recently(PrometheusHistory(args.prometheus), target, now, args.grace)
+        if not running:
+            coverage = RunEndings(PrometheusHistory(args.prometheus),
+                                  EndingsPolicy(step=args.step)).coverage(found.placement)
+            outcome = judge_outcome(diagnosis, coverage, found.placement.last_seen, "explain")
     except ExplainError as exc:
         print(f"wandb-infra-bridge explain: {exc}", file=sys.stderr)
         return 1
-    outcome = judge_outcome(diagnosis, coverage, found.placement.last_seen, "explain")
-    view["verdict"] = outcome.as_dict()
+    view["verdict"] = None if outcome is None else outcome.as_dict()
+    if running:
+        view["running"] = (f"its join series were published within the last {args.grace:.0f} s"
+                           ": it is still running (or only just ended), so no ended-run "
+                           "verdict yet")
     if args.post:
         try:
             view["wandb"] = {"state": _post(found, args, outcome)}
@@ -149,8 +174,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"{target.path()} ran on {hosts} host(s); {len(found.alerts)} alert period(s) "
               f"between {found.alerts[0].starts_at.isoformat() if found.alerts else '-'} and "
               f"the end of the window")
-        print(f"Verdict: {outcome.verdict}: {outcome.text}")
-        print(f"  {outcome.coverage_line}")
+        if outcome is None:
+            print(f"Verdict: none yet: {view['running']}")
+        else:
+            print(f"Verdict: {outcome.verdict}: {outcome.text}")
+            print(f"  {outcome.coverage_line}")
         print(render_run(view))
         if args.post:
             print(f"W&B: {view['wandb']['state']}")

@@ -2,14 +2,65 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import logging
+from collections.abc import Callable, Iterable, Iterator
 
-from wandb_infra.common.runkey import RunKey
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+log = logging.getLogger(__name__)
 
 PREFIX = "wandb_infra_bridge_"
 MAX_PROJECTS = 200  # label sets on /metrics; later projects are summed as _other/_other
-MAX_RUNS = 50_000  # runs whose GPU-hours are remembered (the oldest are forgotten first)
 OTHER = "_other"
+GPU_HOURS_HELP = ("GPU-hours lost to infrastructure issues, summed over the project's runs in "
+                  "the bridge's store (bridge/diagnosis/impact.py; a run leaves with its last "
+                  "alert).")
+
+ProjectHours = Iterable[tuple[str, str, float]]  # (entity, project, GPU-hours lost)
+
+
+def project_totals(rows: ProjectHours) -> dict[tuple[str, str], float]:
+    """Per-project totals with the first ``MAX_PROJECTS`` projects (in key order) labelled by
+    name and the rest summed as ``_other``: the label sets on /metrics stay bounded."""
+    totals: dict[tuple[str, str], float] = {}
+    for entity, project, hours in sorted(rows):
+        label = (entity, project)
+        if label not in totals and len(totals) >= MAX_PROJECTS:
+            label = (OTHER, OTHER)
+        totals[label] = totals.get(label, 0.0) + hours
+    return totals
+
+
+class GpuHoursLost(Collector):
+    """``gpu_hours_lost`` per project, read at each scrape from where the per-run figures are
+    kept (the store), so it survives a restart; the last answer stands while the store fails."""
+
+    def __init__(self) -> None:
+        self.source: Callable[[], ProjectHours] | None = None
+        self._last: dict[tuple[str, str], float] = {}
+
+    def _family(self) -> GaugeMetricFamily:
+        return GaugeMetricFamily(PREFIX + "gpu_hours_lost", GPU_HOURS_HELP,
+                                 labels=["entity", "project"])
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        """The family's name, without reading the store."""
+        yield self._family()
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        """One sample per project."""
+        if self.source is not None:
+            try:
+                self._last = project_totals(self.source())
+            except Exception:  # a failing store must not fail the whole scrape
+                log.warning("GPU-hours lost not read from the store; last figures kept",
+                            exc_info=True)
+        family = self._family()
+        for (entity, project), hours in self._last.items():
+            family.add_metric([entity, project], round(hours, 3))
+        yield family
 
 
 class BridgeMetrics:
@@ -76,31 +127,10 @@ class BridgeMetrics:
                                     "nothing is quarantined: no record, no action).",
                                     registry=r)
         self.audit_writable.set(1)
-        self.gpu_hours = Gauge(PREFIX + "gpu_hours_lost",
-                               "GPU-hours lost to infrastructure issues, summed over the "
-                               "project's runs the bridge measured since it started "
-                               "(bridge/diagnosis/impact.py).", ["entity", "project"], registry=r)
-        self._run_hours: dict[RunKey, float] = {}
+        self.gpu_hours = GpuHoursLost()
+        r.register(self.gpu_hours)
 
-    def gpu_hours_of(self, run: RunKey) -> float | None:
-        """A run's GPU-hours lost as last recorded (None: never measured)."""
-        hours = self._run_hours.get(run)
-        return None if hours is None else round(hours, 3)
-
-    def record_gpu_hours(self, run: RunKey, hours: float) -> None:
-        """A run's latest GPU-hours lost; its project's gauge is re-summed (the first
-        ``MAX_PROJECTS`` projects get their own labels, the rest share ``_other``)."""
-        self._run_hours.pop(run, None)
-        self._run_hours[run] = hours
-        while len(self._run_hours) > MAX_RUNS:
-            del self._run_hours[next(iter(self._run_hours))]
-        totals: dict[tuple[str, str], float] = {}
-        for key, value in sorted(self._run_hours.items(),
-                                key=lambda kv: (kv[0].entity, kv[0].project)):
-            label = (key.entity, key.project)
-            if label not in totals and len(totals) >= MAX_PROJECTS:
-                label = (OTHER, OTHER)
-            totals[label] = totals.get(label, 0.0) + value
-        self.gpu_hours.clear()
-        for (entity, project), value in totals.items():
-            self.gpu_hours.labels(entity, project).set(value)
+    def read_gpu_hours_from(self, source: Callable[[], ProjectHours]) -> None:
+        """Where the per-project GPU-hours lost are read at each scrape (the store's
+        ``gpu_hours_by_project``)."""
+        self.gpu_hours.source = source

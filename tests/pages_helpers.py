@@ -1,5 +1,6 @@
 """Helpers for the run-page tests: a bridge holding the 64-host cascade, a fake Prometheus that
-answers the activity plot's range queries, and a small HTML tag collector."""
+answers the activity plot's and the impact reader's range queries, and a small HTML tag
+collector."""
 
 from __future__ import annotations
 
@@ -18,21 +19,32 @@ from aiohttp import web
 from harness.bridge_payloads import T0, TOKEN, Running, cascade, make_context, notification, serve
 from wandb_infra.bridge.ingest.identity import PrometheusRunLookup
 from wandb_infra.bridge.metrics import BridgeMetrics
-from wandb_infra.bridge.projection.delivery import DeliveryPolicy
+from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorker
+from wandb_infra.bridge.prometheus.impact_reader import ImpactHistory
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 HTML = {**AUTH, "Accept": "text/html"}
 STALL_AT = T0.timestamp() + 40  # the cascade's first stall: activity drops here
+MEASURED_AT = T0.timestamp() + 600  # "now" for measured impacts: 10 min after the XID 94
 
 
-def fake_worker(prometheus_url: str = "", wandb: bool = False) -> SimpleNamespace:
+def fake_worker(prometheus_url: str = "", wandb: bool = False,
+                measured: bool = False) -> SimpleNamespace:
     """What the pages read from the service's delivery worker: its W&B client (None: W&B off),
-    its Prometheus run lookup and node-state history (None: no remediation verdict), no
-    measured impact and its metrics (GPU-hours lost per run for /runs)."""
+    its Prometheus run lookup and node-state history (None: no remediation verdict), its
+    metrics, and with ``measured`` impacts measured by the real reader on ``prometheus_url`` at
+    ``MEASURED_AT`` through the real worker's ``impacts`` (so the run's GPU-hours land in the
+    store the bridge binds, as /runs reads them); else no measured impact."""
     lookup = PrometheusRunLookup(prometheus_url, 2.0) if prometheus_url else None
-    return SimpleNamespace(client=object() if wandb else None, lookup=lookup, remediation=None,
-                           policy=DeliveryPolicy(), wake=lambda: None,
-                           impacts=lambda _run, _diagnosis: None, metrics=BridgeMetrics())
+    impact = (ImpactHistory(prometheus_url, 2.0, cache_seconds=0, min_step=10.0,
+                            clock=lambda: MEASURED_AT)
+              if measured and prometheus_url else None)
+    worker = SimpleNamespace(client=object() if wandb else None, lookup=lookup,
+                             remediation=None, policy=DeliveryPolicy(), wake=lambda: None,
+                             metrics=BridgeMetrics(), impact=impact, store=None,
+                             clock=lambda: MEASURED_AT)
+    worker.impacts = lambda run, diagnosis: DeliveryWorker.impacts(worker, run, diagnosis)
+    return worker
 
 
 def post_alerts(running: Running, alerts: list[dict[str, Any]]) -> None:
@@ -46,7 +58,10 @@ def post_alerts(running: Running, alerts: list[dict[str, Any]]) -> None:
 def cascade_bridge(tmp_path: Path, **kwargs: Any) -> Iterator[Running]:
     """A bridge with the 64-host x 8-GPU cascade of run team/proj/cascade1 stored."""
     kwargs.setdefault("worker", fake_worker())
-    with serve(make_context(tmp_path, **kwargs)) as running:
+    ctx = make_context(tmp_path, **kwargs)
+    if getattr(ctx.worker, "store", "") is None:  # a fake worker measures into this store
+        ctx.worker.store = ctx.store
+    with serve(ctx) as running:
         post_alerts(running, cascade())
         yield running
 
@@ -55,7 +70,8 @@ def cascade_bridge(tmp_path: Path, **kwargs: Any) -> Iterator[Running]:
 class FakePrometheus:
     """Answers ``/api/v1/query_range`` like Prometheus for one run: the join metrics for
     ``hosts`` x ``gpus``, then tensor activity at ``high`` that falls to ``low`` at ``drop_at``
-    (default: the 64-host cascade, stalled at its first TrainingStalled)."""
+    (default: the 64-host cascade, stalled at its first TrainingStalled), for the activity plot
+    as one series and for the impact reader as its four parts."""
 
     hosts: list[str] = field(default_factory=lambda: [f"node{h:03d}" for h in range(64)])
     gpus: int = 8
@@ -86,8 +102,12 @@ class FakePrometheus:
                        "values": [[t, "1"] for t in stamps]}
                       for h in self.hosts for g in range(self.gpus)]
         elif "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE" in query:
-            result = [{"metric": {}, "values": [[t, str(self.high if t < self.drop_at
-                                                         else self.low)] for t in stamps]}]
+            level = [[t, str(self.high if t < self.drop_at else self.low)] for t in stamps]
+            result = [{"metric": {}, "values": level}]
+            if '"part", "affected"' in query:  # impact_reader's query: one series per part
+                count = [[t, str(len(self.hosts) * self.gpus)] for t in stamps]
+                result = [{"metric": {"part": part}, "values": count if part == "count" else level}
+                          for part in ("affected", "mean", "max", "count")]
         return web.json_response({"status": "success",
                                   "data": {"resultType": "matrix", "result": result}})
 

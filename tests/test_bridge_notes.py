@@ -1,4 +1,6 @@
-"""The notes section: user's notes preserved byte for byte, idempotent, injection-proof."""
+"""The notes section: user's notes preserved byte for byte, idempotent, injection-proof; measured
+impacts as the notes, the W&B summary, the run page and /runs show them, with the GPU-hours kept
+in the store across a restart."""
 
 from __future__ import annotations
 
@@ -10,9 +12,12 @@ import pytest
 import requests
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prometheus_client import generate_latest
 
-from harness.bridge_payloads import T0, cascade, notification
+from harness.bridge_payloads import T0, cascade, notification, serve_app
 from harness.wandb_standin import WandbStandin
+from tests.pages_helpers import HTML, MEASURED_AT, FakePrometheus, cascade_bridge, fake_worker
+from wandb_infra.bridge.diagnosis.impact import HANG, SLOWDOWN, Impact, Signals, measure, unmeasured
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.diagnosis.root_cause import AlertFact, Diagnosis, diagnose
 from wandb_infra.bridge.ingest.identity import IdentityReader
@@ -28,6 +33,7 @@ from wandb_infra.bridge.projection.notes import (
     replace_section,
     user_part,
 )
+from wandb_infra.bridge.projection.plan import impact_entries
 from wandb_infra.bridge.projection.wandb_client import (
     STEP_NEAR,
     STEP_READS,
@@ -35,6 +41,7 @@ from wandb_infra.bridge.projection.wandb_client import (
     RunStep,
     WandbClient,
 )
+from wandb_infra.common.runkey import RunKey
 
 
 def _link(_fact, _start, _end) -> str:
@@ -199,3 +206,108 @@ def test_delivery_writes_the_step_into_the_runs_notes(tmp_path, wb):
     # steps at -60 + 7 i s: step 8 (T0 - 4 s) is the last at or before T0
     assert "- Began at step 8 of the run (its last step logged before the onset, at " \
            "2026-11-29 11:59:56 UTC)" in notes
+
+
+# --- measured impacts as shown: notes, summary, run page, /runs ------------------------------
+
+def _slowdown(diagnosis: Diagnosis) -> Impact:
+    """The issue's impact measured on made-up samples: 50% tensor activity falling to 35% 20 s
+    before the alert (T0) and back 5 minutes later, on a 16-GPU run."""
+    base = T0.timestamp() - 300
+    level = [(base + i, 0.50 if i < 280 or i >= 580 else 0.35) for i in range(900)]
+    issue = diagnosis.issues[0]
+    return measure(Signals("tensor activity", "node1 GPU 3", level, level, level, 16, base),
+                   onset=issue.root.onset.timestamp(), fired=issue.root.starts_at.timestamp(),
+                   ended=issue.ended_at.timestamp(), now=base + 900)
+
+
+def test_notes_and_summary_carry_the_measured_impact_and_its_cost():
+    diagnosis = _diagnosis(impact="Run crashes.")
+    key = diagnosis.issues[0].key
+    impact = _slowdown(diagnosis)
+    assert impact.kind == SLOWDOWN
+    section = render_section(diagnosis, _link, impacts={key: impact})
+    for line in ("GPU-hours lost by this run: **1.33**",
+                 "- Impact on this run (measured): Slowdown of 30%: tensor activity on node1 "
+                 "GPU 3 fell 30% at 11:59:40, 20 s before the alert",
+                 "- Expected from this fault: Run crashes.",
+                 "- GPU-hours lost: 1.33 GPU-hours (16 GPUs x 5 min from 11:59:40 until "
+                 "recovery at 12:04:40)",
+                 "- Onset: Onset moved from 12:00:00"):
+        assert line in section, (line, section)
+    assert impact_entries(diagnosis, {key: impact}) == {"infra/gpu_hours_lost": 1.333,
+                                                        "infra/impact": "slowdown"}
+    # not measured: the catalog's prose, no cost, nothing in the summary
+    unread = {key: unmeasured("Prometheus down", T0.timestamp())}
+    plain = render_section(diagnosis, _link, impacts=unread)
+    assert "- Impact on this run: Run crashes." in plain and "GPU-hours" not in plain
+    assert impact_entries(diagnosis, unread) == {}
+
+
+class _Measured:
+    """The impact reader as the worker sees it: every issue hung the run's 16 GPUs for 5
+    minutes; remembers the W&B state it was given."""
+
+    def __init__(self) -> None:
+        self.states: list[str | None] = []
+
+    def for_diagnosis(self, _run: RunKey, diagnosis: Diagnosis,
+                      state: str | None = None) -> dict[str, Impact]:
+        self.states.append(state)
+        start = T0.timestamp() + 40
+        return {i.key: Impact(HANG, "no GPU of the run computed from 12:00:40 to 12:05:40",
+                              start, "", start + 300, "recovery", 16, 16 * 300 / 3600)
+                for i in diagnosis.issues}
+
+
+GAUGE = 'wandb_infra_bridge_gpu_hours_lost{entity="team",project="proj"} 1.333'
+
+
+def test_delivery_writes_measured_impacts_and_the_gpu_hours_survive_a_restart(tmp_path, wb):
+    wb.set_state("team", "proj", "r1", "crashed")
+    path = tmp_path / "bridge.sqlite"
+    store, metrics = Store(path), BridgeMetrics()
+    worker = DeliveryWorker(store, client=WandbClient(wb.url, wb.api_key, timeout=5),
+                            markers=None, links=GrafanaLinks("https://grafana.example"),
+                            metrics=metrics, policy=DeliveryPolicy(flush_interval=0),
+                            clock=lambda: T0.timestamp() + 400, seed=1)
+    reader = worker.impact = _Measured()
+    body = json.dumps(notification(cascade(hosts=2, gpus=1, run="r1"))).encode()
+    store.ingest(parse_notification(body), IdentityReader(), T0.timestamp() + 60)
+    assert worker.run_once() == 1
+    rec = wb.run("team", "proj", "r1")
+    assert "- Impact on this run (measured): Hang: no GPU of the run computed from 12:00:40 " \
+           "to 12:05:40" in rec.notes
+    assert "GPU-hours lost by this run: **1.33**" in rec.notes
+    assert rec.summary["infra/gpu_hours_lost"] == 1.333 and rec.summary["infra/impact"] == "hang"
+    run = RunKey("team", "proj", "r1")
+    assert store.gpu_hours(run) == 1.333
+    assert GAUGE in generate_latest(metrics.registry).decode()
+    # the next projection knows the run's W&B state (a finished run is never a crash)
+    body = json.dumps(notification(cascade(hosts=3, gpus=1, run="r1"))).encode()
+    store.ingest(parse_notification(body), IdentityReader(), T0.timestamp() + 90)
+    worker.run_once()
+    assert reader.states == [None, "crashed"]
+    store.close()
+    # a restarted bridge: nothing measured yet, the figures are back from the store
+    again = BridgeMetrics()
+    DeliveryWorker(Store(path), client=None, markers=None, links=GrafanaLinks(""),
+                   metrics=again, policy=DeliveryPolicy())
+    assert GAUGE in generate_latest(again.registry).decode()
+
+
+def test_run_page_and_runs_list_show_the_measured_gpu_hours(tmp_path):
+    """The 64-host cascade measured by the real reader on the fake Prometheus: no GPU computed
+    since the first stall, so the run's 512 GPUs are lost from the XID 94's onset (T0) until
+    ``MEASURED_AT``, 10 minutes: 85.3 GPU-hours, on the run page and in /runs."""
+    with serve_app(FakePrometheus().app()) as prom_url, \
+            cascade_bridge(tmp_path, worker=fake_worker(prom_url, measured=True)) as running:
+        page = requests.get(running.url + "/runs/team/proj/cascade1", headers=HTML,
+                            timeout=30).text
+        listing = requests.get(running.url + "/runs", headers=HTML, timeout=30).text
+    assert "<dt>GPU-hours lost</dt><dd>85.3 GPU-hours (512 GPUs x 10 min from 12:00:00 " \
+           "until now)" in page
+    assert "Hang: no GPU of the run has computed since 12:00:40" in page
+    assert "&middot; 85.3 GPU-hours lost</span>" in listing
+    assert running.ctx.store.gpu_hours(RunKey("team", "proj", "cascade1")) == \
+        pytest.approx(512 * (MEASURED_AT - T0.timestamp()) / 3600, abs=0.001)

@@ -151,11 +151,35 @@ def test_clean_faulty_and_blind_runs_get_their_verdicts_in_wandb(world, tmp_path
     # explain, for a bridge installed after the runs ended, gives the same verdicts
     capsys.readouterr()
     for run, judged in ((CLEAN, clean), (BLIND, blind)):
-        args = argparse.Namespace(run=run.path(), prometheus=url, start=None, end=None,
-                                  lookback="1h", step=2.0, grafana_url="", json=True,
-                                  post=False, config=None, timeout=10.0)
-        assert explain_cli.run(args) == 0
-        view = json.loads(capsys.readouterr().out)
+        view = _explain(run, url, capsys)
         assert view["verdict"]["verdict"] == judged.verdict
         assert [b[0] for b in view["verdict"]["coverage"]["blind"]] == \
             [b.host for b in judged.coverage.blind]
+
+
+def _explain(run: RunKey, url: str, capsys) -> dict:
+    """``explain --json``'s view, with the grace the worker above uses (6 s)."""
+    capsys.readouterr()
+    args = argparse.Namespace(run=run.path(), prometheus=url, start=None, end=None,
+                              lookback="1h", step=2.0, grafana_url="", json=True, post=False,
+                              config=None, timeout=10.0, grace=6.0)
+    assert explain_cli.run(args) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_explain_gives_a_running_run_no_ended_run_verdict(world, capsys):
+    """A run whose join series are still published has not ended: no clear, incomplete or
+    infrastructure verdict, but its issues and placement as usual."""
+    cluster, url, _sd, _address = world
+    running = RunKey("team", "proj", "still-running")
+    cluster.assign_run(*running, [HOSTS[0]])
+    try:
+        wait_for(lambda: prom_query(url, f'wandb_run_node_info{{wandb_run_id="{running.run_id}"}}'),
+                 30, f"{running.run_id} published", 0.5)
+        time.sleep(4)
+        view = _explain(running, url, capsys)
+        assert view["verdict"] is None
+        assert "still running" in view["running"]
+        assert view["placement"]["hosts"] == [HOSTS[0]]
+    finally:
+        cluster.end_run(*running)

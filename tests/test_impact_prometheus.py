@@ -1,7 +1,9 @@
 """Measured impact on a real Prometheus: the demo simulator's dcgm-exporter and join metrics
 through the shipped rules (60 times faster). A thermal fault on four GPUs is a slowdown whose
 onset moves to the drop, a stall on every host of a run is a hang, an XID 94 that leaves the
-GPUs computing has no visible effect; ``explain`` gives the same figures after the fact."""
+GPUs computing has no visible effect, and the same fault with the run ending at once is a crash
+unless W&B says the run finished; ``explain`` gives the same figures after the fact. A run
+holding different GPUs on different hosts is read on exactly those."""
 
 from __future__ import annotations
 
@@ -20,10 +22,15 @@ from demo.simulator.server import serve
 from demo.stack import scale_rules
 from harness.processes import prom_query, prometheus, wait_for
 from wandb_infra.bridge import explain_cli
-from wandb_infra.bridge.diagnosis.impact import HANG, NONE, SLOWDOWN, Impact
+from wandb_infra.bridge.diagnosis.impact import CRASH, HANG, NONE, SLOWDOWN, Impact
 from wandb_infra.bridge.diagnosis.root_cause import Diagnosis, diagnose
-from wandb_infra.bridge.prometheus.history import PrometheusHistory, as_facts, explain
-from wandb_infra.bridge.prometheus.impact_reader import ImpactHistory
+from wandb_infra.bridge.prometheus.history import (
+    Placement,
+    PrometheusHistory,
+    as_facts,
+    explain,
+)
+from wandb_infra.bridge.prometheus.impact_reader import ImpactHistory, run_selector
 from wandb_infra.catalog import series
 from wandb_infra.common.runkey import RunKey
 
@@ -70,8 +77,8 @@ def _diagnosis(url: str, run: RunKey, since: float, alertname: str) -> Diagnosis
     return wait_for(found, 120, f"{alertname} on {run.run_id} in ALERTS", 1.0)
 
 
-def _head(url: str, run: RunKey, diagnosis: Diagnosis) -> Impact:
-    impacts = ImpactHistory(url, cache_seconds=0).for_diagnosis(run, diagnosis)
+def _head(url: str, run: RunKey, diagnosis: Diagnosis, state: str | None = None) -> Impact:
+    impacts = ImpactHistory(url, cache_seconds=0).for_diagnosis(run, diagnosis, state)
     assert impacts is not None and diagnosis.root_cause is not None
     return impacts[diagnosis.root_cause.key]
 
@@ -88,7 +95,7 @@ def _explained(run: RunKey, url: str, capsys, diagnosis: Diagnosis) -> tuple[dic
     capsys.readouterr()
     args = argparse.Namespace(run=run.path(), prometheus=url, start=None, end=None,
                               lookback="1h", step=1.0, grafana_url="", json=True, post=False,
-                              config=None, timeout=10.0)
+                              config=None, timeout=10.0, grace=30.0)
     assert explain_cli.run(args) == 0
     view = json.loads(capsys.readouterr().out)
     head = diagnosis.root_cause
@@ -172,3 +179,40 @@ def test_xid_94_on_computing_gpus_has_no_visible_effect(world, capsys):
     _, shown = _explained(run, url, capsys, diagnosis)
     assert shown["kind"] == NONE and shown["gpu_hours"] == 0.0
     cluster.clear(HOSTS[3], kind="xid")
+
+def test_a_run_ending_with_the_fault_on_crashed_unless_wandb_says_it_finished(world, capsys):
+    cluster, url = world
+    run = RunKey("team", "proj", "ends")
+    _start(cluster, url, run, (HOSTS[0],))
+    injected = time.time()
+    cluster.inject("xid", HOSTS[0], gpu=1, code=94)
+    try:
+        diagnosis = _diagnosis(url, run, injected, "GpuContainedEccError")
+        time.sleep(5)  # the run lives on a little with the fault
+        cluster.end_run(*run)  # within the crash window, the fault still on
+        ended = time.time()
+        time.sleep(62)  # the run's join series gone past the reader's grace
+        crash = _head(url, run, diagnosis)
+        assert crash.kind == CRASH, crash
+        _show(capsys, crash)
+        assert crash.text.startswith("the run ended at ") and crash.until_what == "the run's end"
+        assert abs(crash.until - ended) < 3 and crash.gpu_hours > 0
+        finished = _head(url, run, diagnosis, state="finished")
+        assert finished.kind == NONE and finished.gpu_hours == 0.0, finished
+        assert finished.until_what == "the run's end"
+    finally:
+        cluster.clear(HOSTS[0], kind="xid")
+
+
+def test_a_run_with_different_gpus_per_host_reads_only_those(world):
+    """GPUs 0-3 of one host and 4-7 of another: 8 series, not the 16 that one union of indices
+    over both hosts would take (the other GPUs may belong to another run)."""
+    _, url = world
+    placement = Placement(frozenset(HOSTS[:2]), {HOSTS[0]: frozenset("0123"),
+                                                 HOSTS[1]: frozenset("4567")}, 0.0, 0.0)
+    now = time.time()
+    got = PrometheusHistory(url).range(run_selector(series.DCGM_TENSOR_ACTIVE, placement),
+                                       now, now, 1.0)
+    pairs = {(s["metric"].get("hostname") or s["metric"].get("Hostname"), s["metric"]["gpu"])
+             for s in got}
+    assert pairs == {(HOSTS[0], g) for g in "0123"} | {(HOSTS[1], g) for g in "4567"}

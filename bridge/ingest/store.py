@@ -119,6 +119,18 @@ ENDINGS_SCHEMA = (
     "CREATE INDEX IF NOT EXISTS endings_by_verdict ON endings (verdict, ended_at)",
     "CREATE TABLE IF NOT EXISTS scans (name TEXT PRIMARY KEY, scanned_to REAL NOT NULL)",
 )
+# Each run's GPU-hours lost as last measured (diagnosis/impact.py), so the per-project gauge and
+# /runs survive a restart. Added within version 2: an older bridge ignores the table.
+COSTS_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS gpu_hours (
+    entity TEXT NOT NULL,
+    project TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    hours REAL NOT NULL,
+    measured_at REAL NOT NULL,
+    PRIMARY KEY (entity, project, run_id)
+)""",
+)
 # PRAGMA user_version: 0 is a store written before the clustered alerts table (a rowid table
 # keyed by fingerprint first, plus an alerts_by_run index, with alertname, severity and category
 # columns); it is rewritten once when opened. 1 has no endings tables; they are added.
@@ -314,7 +326,7 @@ def _prepare(conn: sqlite3.Connection) -> None:
                              f"updated_at, lookup_done) SELECT {_ALERT_COLUMNS}, received_at, "
                              "updated_at, lookup_done FROM alerts_v0")
                 conn.execute("DROP TABLE alerts_v0")
-        for statement in (*OTHER_SCHEMA, *ENDINGS_SCHEMA):
+        for statement in (*OTHER_SCHEMA, *ENDINGS_SCHEMA, *COSTS_SCHEMA):
             conn.execute(statement)
         if version < SCHEMA_VERSION:
             conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
@@ -829,6 +841,31 @@ class Store:
             conn.execute("INSERT INTO scans (name, scanned_to) VALUES (?, ?) ON CONFLICT (name) "
                          "DO UPDATE SET scanned_to=excluded.scanned_to", (name, at))
 
+    # GPU-hours lost ---------------------------------------------------------------------------
+    def record_gpu_hours(self, run: RunKey, hours: float, now: float) -> None:
+        """A run's GPU-hours lost as just measured; written only when the figure changed (run
+        pages measure often)."""
+        hours = round(hours, 3)
+        if not run.attributed or self.gpu_hours(run) == hours:
+            return
+        with self._tx() as conn:
+            conn.execute("INSERT INTO gpu_hours (entity, project, run_id, hours, measured_at) "
+                         "VALUES (?,?,?,?,?) ON CONFLICT (entity, project, run_id) DO UPDATE "
+                         "SET hours=excluded.hours, measured_at=excluded.measured_at",
+                         (run.entity, run.project, run.run_id, hours, now))
+
+    def gpu_hours(self, run: RunKey) -> float | None:
+        """A run's GPU-hours lost as last measured (None: never measured)."""
+        rows = self._read("SELECT hours FROM gpu_hours WHERE entity=? AND project=? AND "
+                          "run_id=?", (run.entity, run.project, run.run_id))
+        return float(rows[0][0]) if rows else None
+
+    def gpu_hours_by_project(self) -> list[tuple[str, str, float]]:
+        """(entity, project, GPU-hours lost summed over its runs), in key order."""
+        rows = self._read("SELECT entity, project, SUM(hours) FROM gpu_hours "
+                          "GROUP BY entity, project ORDER BY entity, project")
+        return [(r[0], r[1], float(r[2])) for r in rows]
+
     # retention ------------------------------------------------------------------------------
     def purge(self, older_than: float, delivering: bool = True) -> int:
         """Delete resolved alerts that ended before ``older_than``, except those of runs whose
@@ -847,6 +884,11 @@ class Store:
                 "AND NOT EXISTS (SELECT 1 FROM alerts a WHERE a.entity=outbox.entity AND "
                 "a.project=outbox.project AND a.run_id=outbox.run_id)", (delivering,))
             conn.execute("DELETE FROM endings WHERE ended_at < ?", (older_than,))
+            # a run's cost goes with its last alert (its issues can no longer be measured)
+            conn.execute(
+                "DELETE FROM gpu_hours WHERE NOT EXISTS (SELECT 1 FROM alerts a WHERE "
+                "a.entity=gpu_hours.entity AND a.project=gpu_hours.project AND "
+                "a.run_id=gpu_hours.run_id)")
             conn.execute(
                 "DELETE FROM markers WHERE NOT EXISTS (SELECT 1 FROM outbox o WHERE "
                 "o.entity=markers.entity AND o.project=markers.project AND "

@@ -169,6 +169,7 @@ class DeliveryWorker:
         # What each issue cost the run, measured on its GPUs (bridge/diagnosis/impact.py).
         self.impact = (ImpactHistory(lookup.base_url, lookup.timeout)
                        if lookup is not None else None)
+        metrics.read_gpu_hours_from(store.gpu_hours_by_project)  # kept across restarts
         self._next_refresh = 0.0
         self.endings = (EndingsPass(store, RunEndings(PrometheusHistory(lookup.base_url,
                                                                         lookup.timeout),
@@ -303,13 +304,15 @@ class DeliveryWorker:
         return rems
 
     def impacts(self, run: RunKey, diagnosis: Diagnosis) -> dict[str, Impact] | None:
-        """Issue key -> measured impact (None without Prometheus or while it is down); the
-        run's total GPU-hours go to /metrics per project."""
+        """Issue key -> measured impact (None without Prometheus or while it is down), with
+        the run's last known W&B state (a finished run did not crash); the run's total
+        GPU-hours are kept in the store, for /runs and /metrics per project."""
         if self.impact is None or not run.attributed:
             return None
-        found = self.impact.for_diagnosis(run, diagnosis)
+        row = self.store.outbox(run)
+        found = self.impact.for_diagnosis(run, diagnosis, None if row is None else row.run_state)
         if found is not None:
-            self.metrics.record_gpu_hours(run, run_total(found) or 0.0)
+            self.store.record_gpu_hours(run, run_total(found) or 0.0, self.clock())
         return found
 
     def quarantine_pass(self, now: float) -> None:

@@ -3,7 +3,9 @@
 Per run, the join metrics once (hosts, GPUs, lifetime, as ``explain`` reads them); per issue, one
 range query holding four series of one signal (mean over the affected GPUs the run holds, mean
 and max over all of the run's GPUs, their count), read through ``catalog.series.dcgm_gpu`` so
-both dcgm-exporter label spellings and field generations work. Tensor activity first; utilisation
+both dcgm-exporter label spellings and field generations work. The run's GPUs are selected per
+host (hosts holding the same GPU indices share one selector): a run holding GPUs 0-3 on one host
+and 4-7 on another must not read the other run's GPUs on either. Tensor activity first; utilisation
 or power only when dcgm-exporter has no tensor activity. Answers are cached for a few seconds
 (a run page and a delivery in the same moment ask once) and Prometheus is left alone for
 ``DOWN_BACKOFF`` after it failed, as bridge/prometheus/remediation.py's NodeStateHistory does.
@@ -52,6 +54,17 @@ def _gpu_re(gpus: set[str] | frozenset[str]) -> str:
     return "|".join(_regex_literal(g) for g in sorted(gpus)) or ".*"
 
 
+def run_selector(field: Field, placement: Placement) -> str:
+    """The run's own GPUs of ``field``: one ``dcgm_gpu`` selector per set of GPU indices, over the
+    hosts holding exactly that set (a host the join metrics list no GPUs for: all of its GPUs)."""
+    by_gpus: dict[frozenset[str], list[str]] = {}
+    for host in sorted(placement.hosts | set(placement.gpus)):
+        by_gpus.setdefault(frozenset(placement.gpus.get(host, frozenset())), []).append(host)
+    return " or ".join(
+        S.dcgm_gpu(field, "|".join(_regex_literal(h) for h in hosts), _gpu_re(gpus))
+        for gpus, hosts in sorted(by_gpus.items(), key=lambda kv: kv[1]))
+
+
 def _points(series: Mapping[str, Any]) -> list[tuple[float, float]]:
     return [(float(t), float(v)) for t, v in series["values"]]
 
@@ -75,17 +88,19 @@ class ImpactHistory:
         self.min_step = min_step
         self.clock = clock
         self._lock = threading.Lock()
-        self._cache: dict[tuple[RunKey, tuple[tuple[str, bool], ...]],
+        self._cache: dict[tuple[RunKey, str | None, tuple[tuple[str, bool], ...]],
                           tuple[float, dict[str, Impact]]] = {}
         self._down_until = 0.0
 
-    def for_diagnosis(self, run: RunKey, diagnosis: Diagnosis) -> dict[str, Impact] | None:
+    def for_diagnosis(self, run: RunKey, diagnosis: Diagnosis,
+                      state: str | None = None) -> dict[str, Impact] | None:
         """Issue key -> measured impact; None while Prometheus is down (callers keep showing
-        the catalog's text)."""
+        the catalog's text). ``state`` is the run's W&B state when known: a run W&B says
+        finished did not crash."""
         if not diagnosis.issues:
             return {}
         now = self.clock()
-        key = (run, tuple((i.key, i.open) for i in diagnosis.issues))
+        key = (run, state, tuple((i.key, i.open) for i in diagnosis.issues))
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None and now - hit[0] < self.cache_seconds:
@@ -93,7 +108,7 @@ class ImpactHistory:
             if now < self._down_until:
                 return None
         try:
-            found = self.measure(run, diagnosis, now)
+            found = self.measure(run, diagnosis, now, state)
         except ExplainError as exc:
             log.warning("impact not measured", extra={"error": str(exc)})
             with self._lock:
@@ -105,7 +120,8 @@ class ImpactHistory:
             self._cache[key] = (now, found)
         return found
 
-    def measure(self, run: RunKey, diagnosis: Diagnosis, now: float) -> dict[str, Impact]:
+    def measure(self, run: RunKey, diagnosis: Diagnosis, now: float,
+                state: str | None = None) -> dict[str, Impact]:
         """Read and measure every issue of the run (raises ExplainError when Prometheus fails)."""
         first = min(i.root.onset.timestamp() for i in diagnosis.issues) - MAX_LEAD
         step = max(self.min_step, (now - first) / 10_000)
@@ -123,11 +139,12 @@ class ImpactHistory:
             earlier = [i.ended_at.timestamp() for i in diagnosis.issues
                        if i.ended_at is not None and i.ended_at <= issue.root.onset]
             not_before = max([placement.first_seen, *earlier])
-            out[issue.key] = self._issue(issue, placement, not_before, run_end, now)
+            out[issue.key] = self._issue(issue, placement, not_before, run_end, now,
+                                         state=state)
         return out
 
     def _issue(self, issue: Issue, placement: Placement, not_before: float,
-               run_end: float | None, now: float) -> Impact:
+               run_end: float | None, now: float, *, state: str | None) -> Impact:
         onset, fired = issue.root.onset.timestamp(), issue.root.starts_at.timestamp()
         ended = None if issue.ended_at is None else issue.ended_at.timestamp()
         start = max(not_before, onset - MAX_LEAD)
@@ -136,15 +153,12 @@ class ImpactHistory:
             end = min(end, run_end + 60.0)
         step = max(self.min_step, (end - start) / POINTS)
         host, affected = affected_gpus(issue, placement)
-        hosts = "|".join(_regex_literal(h) for h in sorted(placement.hosts))
-        run_gpus = _gpu_re({g for gs in placement.gpus.values() for g in gs})
         where = issue.where if issue.root.hostname else "the run's GPUs"
         for name, field in FIELDS:
             mine = S.dcgm_gpu(field, _regex_literal(host), _gpu_re(affected))
-            parts = {"affected": f"avg({mine})",
-                     "mean": f"avg({S.dcgm_gpu(field, hosts, run_gpus)})",
-                     "max": f"max({S.dcgm_gpu(field, hosts, run_gpus)})",
-                     "count": f"count({S.dcgm_gpu(field, hosts, run_gpus)})"}
+            run_gpus = run_selector(field, placement)
+            parts = {"affected": f"avg({mine})", "mean": f"avg({run_gpus})",
+                     "max": f"max({run_gpus})", "count": f"count({run_gpus})"}
             expr = " or ".join(f'label_replace({q}, "part", "{p}", "", "")'
                                for p, q in parts.items())
             got = {s["metric"].get("part", ""): s for s in self.prom.range(expr, start, end, step)}
@@ -155,7 +169,7 @@ class ImpactHistory:
                 if "count" in got else 0.0
             signals = Signals(name, where, _points(got["affected"]) if "affected" in got else [],
                               _points(got["mean"]), _points(got.get("max") or got["mean"]),
-                              held or int(counted), not_before, run_end)
+                              held or int(counted), not_before, run_end, state)
             return measure(signals, onset=onset, fired=fired, ended=ended, now=now)
         return unmeasured("dcgm-exporter has no tensor activity, utilisation or power series "
                           "for the run's GPUs", onset)

@@ -459,9 +459,9 @@ class Handlers:
                 return rows, store.unattributed_count(), False
 
     def _gpu_hours(self, run: RunKey) -> float | None:
-        """The run's GPU-hours lost as last measured by the delivery worker (None: not yet)."""
-        worker = self.ctx.worker
-        return None if worker is None else worker.metrics.gpu_hours_of(run)
+        """The run's GPU-hours lost as last measured (None: not yet), from the store: the
+        figure survives a restart, as the per-project gauge does."""
+        return self.ctx.store.gpu_hours(run)
 
     def _matching(self, entry: RunIndexEntry, filters: dict[str, str]) -> dict[str, Any] | None:
         """The run's cached summary when it passes the filters, else None."""
