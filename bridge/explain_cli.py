@@ -14,11 +14,10 @@ from wandb_infra.bridge.diagnosis.outcome import Outcome
 from wandb_infra.bridge.diagnosis.outcome import judge as judge_outcome
 from wandb_infra.bridge.diagnosis.report import render_run
 from wandb_infra.bridge.diagnosis.root_cause import DEFAULT_GAP, diagnose
+from wandb_infra.bridge.prometheus.client import PrometheusClient, PrometheusError, quote
 from wandb_infra.bridge.prometheus.endings import EndingsPolicy, RunEndings
 from wandb_infra.bridge.prometheus.history import (
-    ExplainError,
     Explanation,
-    PrometheusHistory,
     as_facts,
     as_notification,
     explain,
@@ -69,15 +68,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def seen_recently(prom: PrometheusHistory, run: RunKey, now: float, grace: float) -> bool:
+def seen_recently(prom: PrometheusClient, run: RunKey, now: float, grace: float) -> bool:
     """Whether the run's join series have a sample within ``grace`` of now: it is still running
     (or only just ended) and gets no ended-run verdict, as the live bridge judges a run only
     once its join series have been gone that long (the same ``last_over_time`` reading as
     prometheus/endings.py's search for ended runs)."""
-    selector = ",".join(f"{label}={json.dumps(value)}" for label, value in (
+    selector = ",".join(f"{label}={quote(value)}" for label, value in (
         (L.ENTITY, run.entity), (L.PROJECT, run.project), (L.RUN_ID, run.run_id)))
-    return bool(prom.range(f"group(last_over_time({L.NODE_INFO}{{{selector}}}"
-                           f"[{max(1.0, grace):.0f}s]))", now, now, 1.0))
+    return bool(prom.instant(f"group(last_over_time({L.NODE_INFO}{{{selector}}}"
+                             f"[{max(1.0, grace):.0f}s]))", now))
 
 
 def _post(found: Explanation, args: argparse.Namespace, outcome: Outcome | None) -> str:
@@ -122,13 +121,14 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"wandb-infra-bridge explain: {exc}", file=sys.stderr)
         return 2
+    prom = PrometheusClient(args.prometheus, timeout=30.0)  # one session for every read below
     try:
-        found = explain(PrometheusHistory(args.prometheus), target, start, end,
+        found = explain(prom, target, start, end,
                         lookback=timedelta(seconds=now - (lookback or now)), min_step=args.step)
     except ValueError as exc:
         print(f"wandb-infra-bridge explain: {exc}", file=sys.stderr)
         return 2
-    except ExplainError as exc:
+    except PrometheusError as exc:
         print(f"wandb-infra-bridge explain: {exc}", file=sys.stderr)
         return 1
     facts = as_facts(found.alerts)
@@ -137,23 +137,19 @@ def run(args: argparse.Namespace) -> int:
     view = run_detail(target, diagnosis,
                       lambda fact, s, e: links.link(fact, target, s, e), None)
     # is it safe to restart now: the same decision the bridge writes into the run
-    view |= run_remediation(NodeStateHistory(args.prometheus), facts, DEFAULT_GAP)
-    view |= views(ImpactHistory(args.prometheus, cache_seconds=0, min_step=args.step)
+    view |= run_remediation(NodeStateHistory(prom), facts, DEFAULT_GAP)
+    view |= views(ImpactHistory(prom, cache_seconds=0, min_step=args.step)
                   .for_diagnosis(target, diagnosis))
-    head = diagnosis.root_cause
-    if head is not None:
-        view["headline"] = {"issue": diagnosis.issues.index(head), "title": head.title,
-                            "reason": diagnosis.headline_reason}
     view["placement"] = {"hosts": sorted(found.placement.hosts),
                          "gpus": {h: sorted(g) for h, g in sorted(found.placement.gpus.items())}}
     outcome: Outcome | None = None
     try:  # the verdict of an ended run, from the same coverage reading as the bridge's
-        running = seen_recently(PrometheusHistory(args.prometheus), target, now, args.grace)
+        running = seen_recently(prom, target, now, args.grace)
         if not running:
-            coverage = RunEndings(PrometheusHistory(args.prometheus),
+            coverage = RunEndings(prom,
                                   EndingsPolicy(step=args.step)).coverage(found.placement)
             outcome = judge_outcome(diagnosis, coverage, found.placement.last_seen, "explain")
-    except ExplainError as exc:
+    except PrometheusError as exc:
         print(f"wandb-infra-bridge explain: {exc}", file=sys.stderr)
         return 1
     view["verdict"] = None if outcome is None else outcome.as_dict()

@@ -21,10 +21,11 @@ from types import FrameType
 
 from wandb_infra.bridge.config import load
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
-from wandb_infra.bridge.ingest.identity import PrometheusRunLookup
 from wandb_infra.bridge.ingest.store import Store, StoreError, StoreTooNew
 from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.projection.delivery import DeliveryWorker
+from wandb_infra.bridge.prometheus.client import PrometheusClient
+from wandb_infra.bridge.prometheus.run_lookup import PrometheusRunLookup
 from wandb_infra.common.configfile import ConfigError
 from wandb_infra.common.logsetup import log_fields, setup_logging
 
@@ -40,8 +41,8 @@ def build_worker(config: str | None) -> DeliveryWorker:
     raw = cfg.raw
     lookup = None
     if raw["prometheus"]["url"]:
-        lookup = PrometheusRunLookup(str(raw["prometheus"]["url"]),
-                                     float(raw["prometheus"]["timeout_seconds"]))
+        lookup = PrometheusRunLookup(PrometheusClient(
+            str(raw["prometheus"]["url"]), float(raw["prometheus"]["timeout_seconds"])))
     policy = replace(cfg.policy, quarantine_acts=True)
     return DeliveryWorker(Store(cfg.store_path), client=None, markers=None,
                           links=GrafanaLinks(""), metrics=BridgeMetrics(), policy=policy,

@@ -16,13 +16,15 @@ from aiohttp.web_protocol import RequestHandler
 
 from wandb_infra.bridge.config import BridgeConfig
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
-from wandb_infra.bridge.ingest.identity import IdentityReader, PrometheusRunLookup
+from wandb_infra.bridge.ingest.identity import IdentityReader
 from wandb_infra.bridge.ingest.store import Store, StoreError
 from wandb_infra.bridge.ingest.store import lock as lock_store
 from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.projection.delivery import DeliveryWorker
 from wandb_infra.bridge.projection.markers import SdkMarkerWriter, startup_checks
 from wandb_infra.bridge.projection.wandb_client import WandbClient
+from wandb_infra.bridge.prometheus.client import PrometheusClient
+from wandb_infra.bridge.prometheus.run_lookup import PrometheusRunLookup
 from wandb_infra.bridge.web.webhook import BridgeContext, Credentials, PageAuth, create_app
 from wandb_infra.common.logsetup import log_fields
 
@@ -47,8 +49,8 @@ def build(cfg: BridgeConfig) -> BridgeContext:
                          timedelta(minutes=float(grafana["window_after_minutes"])))
     lookup = None
     if raw["prometheus"]["url"]:
-        lookup = PrometheusRunLookup(str(raw["prometheus"]["url"]),
-                                     float(raw["prometheus"]["timeout_seconds"]))
+        lookup = PrometheusRunLookup(PrometheusClient(
+            str(raw["prometheus"]["url"]), float(raw["prometheus"]["timeout_seconds"])))
     client = markers = None
     wb = raw["wandb"]
     if cfg.secrets.wandb_api_key:

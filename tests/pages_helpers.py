@@ -17,10 +17,11 @@ import requests
 from aiohttp import web
 
 from harness.bridge_payloads import T0, TOKEN, Running, cascade, make_context, notification, serve
-from wandb_infra.bridge.ingest.identity import PrometheusRunLookup
 from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorker
+from wandb_infra.bridge.prometheus.client import PrometheusClient
 from wandb_infra.bridge.prometheus.impact_reader import ImpactHistory
+from wandb_infra.bridge.prometheus.run_lookup import PrometheusRunLookup
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 HTML = {**AUTH, "Accept": "text/html"}
@@ -35,10 +36,10 @@ def fake_worker(prometheus_url: str = "", wandb: bool = False,
     metrics, and with ``measured`` impacts measured by the real reader on ``prometheus_url`` at
     ``MEASURED_AT`` through the real worker's ``impacts`` (so the run's GPU-hours land in the
     store the bridge binds, as /runs reads them); else no measured impact."""
-    lookup = PrometheusRunLookup(prometheus_url, 2.0) if prometheus_url else None
-    impact = (ImpactHistory(prometheus_url, 2.0, cache_seconds=0, min_step=10.0,
-                            clock=lambda: MEASURED_AT)
-              if measured and prometheus_url else None)
+    prom = PrometheusClient(prometheus_url, 2.0) if prometheus_url else None
+    lookup = PrometheusRunLookup(prom) if prom is not None else None
+    impact = (ImpactHistory(prom, cache_seconds=0, min_step=10.0, clock=lambda: MEASURED_AT)
+              if measured and prom is not None else None)
     worker = SimpleNamespace(client=object() if wandb else None, lookup=lookup,
                              remediation=None, policy=DeliveryPolicy(), wake=lambda: None,
                              metrics=BridgeMetrics(), impact=impact, store=None,

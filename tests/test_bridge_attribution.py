@@ -11,11 +11,13 @@ from prometheus_client import CollectorRegistry, Gauge, start_http_server
 from harness.bridge_payloads import alert, notification
 from harness.processes import free_port, prom_query, prometheus, wait_for
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
-from wandb_infra.bridge.ingest.identity import IdentityReader, PrometheusRunLookup
+from wandb_infra.bridge.ingest.identity import IdentityReader
 from wandb_infra.bridge.ingest.payload import parse_notification
 from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorker
+from wandb_infra.bridge.prometheus.client import PrometheusClient
+from wandb_infra.bridge.prometheus.run_lookup import PrometheusRunLookup
 from wandb_infra.common import labels as L
 from wandb_infra.common.runkey import RunKey
 
@@ -59,7 +61,7 @@ scrape_configs:
             worker = DeliveryWorker(store, client=None, markers=None,
                                     links=GrafanaLinks(""), metrics=BridgeMetrics(),
                                     policy=DeliveryPolicy(),
-                                    lookup=PrometheusRunLookup(prom.url))
+                                    lookup=PrometheusRunLookup(PrometheusClient(prom.url)))
             worker.run_once()
             r1, r2 = RunKey("team", "proj", "r1"), RunKey("team", "proj", "r2")
             assert sorted(f.alertname for f in store.facts(r2)) == ["GpuXidError", "NodeDown"]

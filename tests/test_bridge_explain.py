@@ -11,10 +11,10 @@ import yaml
 
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.diagnosis.root_cause import AlertFact
+from wandb_infra.bridge.prometheus.client import regex_literal
 from wandb_infra.bridge.prometheus.history import (
     Placement,
     _belongs,
-    _regex_literal,
     _segments,
     catalog_annotations,
     fingerprint,
@@ -78,7 +78,7 @@ def test_step_respects_the_point_limit_and_fingerprints_are_stable():
 def test_regex_literal_survives_promql_string_and_re2_escaping():
     # What Prometheus' parser turns the literal into (Go string unescaping), then RE2.
     for host in ("gpu-node-001", "a.b", "x|y", "n(1)"):
-        literal = _regex_literal(host)
+        literal = regex_literal(host)
         unescaped = literal.encode().decode("unicode_escape")
         assert re.fullmatch(unescaped, host)
         assert not re.fullmatch(unescaped, host + "x")

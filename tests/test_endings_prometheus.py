@@ -23,13 +23,15 @@ from harness.wandb_standin import WandbStandin
 from wandb_infra.bridge import explain_cli
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.diagnosis.outcome import Outcome
-from wandb_infra.bridge.ingest.identity import IdentityReader, PrometheusRunLookup
+from wandb_infra.bridge.ingest.identity import IdentityReader
 from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorker
 from wandb_infra.bridge.projection.wandb_client import WandbClient
+from wandb_infra.bridge.prometheus.client import PrometheusClient
 from wandb_infra.bridge.prometheus.endings import EndingsPolicy
-from wandb_infra.bridge.prometheus.history import PrometheusHistory, as_notification, explain
+from wandb_infra.bridge.prometheus.history import as_notification, explain
+from wandb_infra.bridge.prometheus.run_lookup import PrometheusRunLookup
 from wandb_infra.catalog import series
 from wandb_infra.common.runkey import RunKey
 
@@ -87,7 +89,7 @@ def test_clean_faulty_and_blind_runs_get_their_verdicts_in_wandb(world, tmp_path
     reader = IdentityReader()
 
     def faulty_alerts() -> list | None:
-        found = explain(PrometheusHistory(url), FAULTY, started - 60, time.time(),
+        found = explain(PrometheusClient(url), FAULTY, started - 60, time.time(),
                         min_step=2.0)
         return found.alerts or None
 
@@ -107,7 +109,7 @@ def test_clean_faulty_and_blind_runs_get_their_verdicts_in_wandb(world, tmp_path
         worker = DeliveryWorker(
             store, client=WandbClient(wb.url, wb.api_key, timeout=10), markers=None,
             links=GrafanaLinks(""), metrics=BridgeMetrics(),
-            lookup=PrometheusRunLookup(url),
+            lookup=PrometheusRunLookup(PrometheusClient(url)),
             policy=DeliveryPolicy(flush_interval=0.0, node_state_refresh=0,
                                   endings=EndingsPolicy(grace=6, interval=1, lookback=600,
                                                         max_run=900, step=2)))

@@ -19,12 +19,14 @@ from harness.processes import prom_query, prometheus, scrape_target, wait_for
 from harness.wandb_standin import WandbStandin
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.diagnosis.root_cause import diagnose
-from wandb_infra.bridge.ingest.identity import IdentityReader, PrometheusRunLookup
+from wandb_infra.bridge.ingest.identity import IdentityReader
 from wandb_infra.bridge.ingest.payload import parse_notification
 from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorker
 from wandb_infra.bridge.projection.wandb_client import WandbClient
+from wandb_infra.bridge.prometheus.client import PrometheusClient
+from wandb_infra.bridge.prometheus.run_lookup import PrometheusRunLookup
 from wandb_infra.bridge.web.pages import run_detail
 from wandb_infra.common.runkey import RunKey
 
@@ -56,7 +58,7 @@ def _worker(store: Store, wb: WandbStandin, prom: str, **policy: Any) -> Deliver
     return DeliveryWorker(store, client=WandbClient(wb.url, wb.api_key, timeout=5),
                           markers=None, links=GrafanaLinks(""), metrics=BridgeMetrics(),
                           policy=DeliveryPolicy(flush_interval=0, **policy),
-                          lookup=PrometheusRunLookup(prom))
+                          lookup=PrometheusRunLookup(PrometheusClient(prom)))
 
 
 def _ingest(store: Store, alerts: list[dict[str, Any]]) -> None:

@@ -24,12 +24,8 @@ from harness.processes import prom_query, prometheus, wait_for
 from wandb_infra.bridge import explain_cli
 from wandb_infra.bridge.diagnosis.impact import CRASH, HANG, NONE, SLOWDOWN, Impact
 from wandb_infra.bridge.diagnosis.root_cause import Diagnosis, diagnose
-from wandb_infra.bridge.prometheus.history import (
-    Placement,
-    PrometheusHistory,
-    as_facts,
-    explain,
-)
+from wandb_infra.bridge.prometheus.client import PrometheusClient
+from wandb_infra.bridge.prometheus.history import Placement, as_facts, explain
 from wandb_infra.bridge.prometheus.impact_reader import ImpactHistory, run_selector
 from wandb_infra.catalog import series
 from wandb_infra.common.runkey import RunKey
@@ -69,7 +65,7 @@ def _start(cluster: Cluster, url: str, run: RunKey, hosts: tuple[str, ...]) -> f
 
 def _diagnosis(url: str, run: RunKey, since: float, alertname: str) -> Diagnosis:
     def found() -> Diagnosis | None:
-        alerts = explain(PrometheusHistory(url), run, since - 60, time.time(),
+        alerts = explain(PrometheusClient(url), run, since - 60, time.time(),
                          min_step=1.0).alerts
         if not any(a.alertname == alertname for a in alerts):
             return None
@@ -78,7 +74,8 @@ def _diagnosis(url: str, run: RunKey, since: float, alertname: str) -> Diagnosis
 
 
 def _head(url: str, run: RunKey, diagnosis: Diagnosis, state: str | None = None) -> Impact:
-    impacts = ImpactHistory(url, cache_seconds=0).for_diagnosis(run, diagnosis, state)
+    impacts = ImpactHistory(PrometheusClient(url), cache_seconds=0).for_diagnosis(
+        run, diagnosis, state)
     assert impacts is not None and diagnosis.root_cause is not None
     return impacts[diagnosis.root_cause.key]
 
@@ -180,6 +177,7 @@ def test_xid_94_on_computing_gpus_has_no_visible_effect(world, capsys):
     assert shown["kind"] == NONE and shown["gpu_hours"] == 0.0
     cluster.clear(HOSTS[3], kind="xid")
 
+
 def test_a_run_ending_with_the_fault_on_crashed_unless_wandb_says_it_finished(world, capsys):
     cluster, url = world
     run = RunKey("team", "proj", "ends")
@@ -210,9 +208,8 @@ def test_a_run_with_different_gpus_per_host_reads_only_those(world):
     _, url = world
     placement = Placement(frozenset(HOSTS[:2]), {HOSTS[0]: frozenset("0123"),
                                                  HOSTS[1]: frozenset("4567")}, 0.0, 0.0)
-    now = time.time()
-    got = PrometheusHistory(url).range(run_selector(series.DCGM_TENSOR_ACTIVE, placement),
-                                       now, now, 1.0)
+    got = PrometheusClient(url).instant(run_selector(series.DCGM_TENSOR_ACTIVE, placement),
+                                        time.time())
     pairs = {(s["metric"].get("hostname") or s["metric"].get("Hostname"), s["metric"]["gpu"])
              for s in got}
     assert pairs == {(HOSTS[0], g) for g in "0123"} | {(HOSTS[1], g) for g in "4567"}

@@ -12,7 +12,7 @@ from aiohttp import web
 
 from harness.bridge_payloads import serve_app
 from harness.processes import PROMETHEUS, prom_query, prometheus, wait_for
-from wandb_infra.bridge.prometheus.history import PrometheusHistory
+from wandb_infra.bridge.prometheus.client import PrometheusClient
 from wandb_infra.bridge.web import activity
 from wandb_infra.bridge.web.timeline import seconds
 from wandb_infra.common.runkey import RunKey
@@ -49,8 +49,8 @@ def test_activity_averages_the_runs_gpus_in_real_prometheus(tmp_path):
             wait_for(lambda: prom_query(prom.url, "count_over_time(wandb_run_gpu_info[1m]) >= 4"),
                      60, "four scrapes of the join metrics", 0.5)
             now = time.time()
-            found = activity.fetch(PrometheusHistory(prom.url, 5.0), RUN, now - 20, now)
-            missing = activity.fetch(PrometheusHistory(prom.url, 5.0),
+            found = activity.fetch(PrometheusClient(prom.url, 5.0), RUN, now - 20, now)
+            missing = activity.fetch(PrometheusClient(prom.url, 5.0),
                                      RunKey("team", "proj", "nope"), now - 20, now)
     assert "note" not in found, found
     series = {s["name"]: [v for _, v in s["points"]] for s in found["series"]}

@@ -19,13 +19,15 @@ from harness.k8s_standin import K8sStandin, make_node
 from harness.processes import prom_query, prometheus, scrape_target, wait_for
 from harness.wandb_standin import WandbStandin
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
-from wandb_infra.bridge.ingest.identity import IdentityReader, PrometheusRunLookup
+from wandb_infra.bridge.ingest.identity import IdentityReader
 from wandb_infra.bridge.ingest.payload import parse_notification
 from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorker
 from wandb_infra.bridge.projection.wandb_client import WandbClient
+from wandb_infra.bridge.prometheus.client import PrometheusClient
 from wandb_infra.bridge.prometheus.remediation import NodeStateHistory, run_remediation
+from wandb_infra.bridge.prometheus.run_lookup import PrometheusRunLookup
 from wandb_infra.bridge.quarantine.actuator import check
 from wandb_infra.common.runkey import RunKey
 
@@ -61,7 +63,7 @@ def test_quarantine_cordons_and_the_verdict_flips_through_prometheus(tmp_path):
             worker = DeliveryWorker(
                 store, client=WandbClient(wb.url, wb.api_key, timeout=5), markers=None,
                 links=GrafanaLinks(""), metrics=BridgeMetrics(), policy=policy,
-                lookup=PrometheusRunLookup(prom.url))
+                lookup=PrometheusRunLookup(PrometheusClient(prom.url)))
             worker._next_refresh = float("inf")  # first: the verdict before any action
             # a history to read, not only the first scrape: three samples of every node
             wait_for(lambda: prom_query(prom.url, "count(count_over_time("
@@ -114,7 +116,7 @@ def test_kube_state_metrics_in_real_prometheus(tmp_path):
             start=datetime.now(UTC) - timedelta(seconds=20), extra={"xid": "119"})]
             )).encode()), IdentityReader())
         facts = store.facts(RunKey("team", "proj", "r1"))
-        history = NodeStateHistory(prom.url, cache_seconds=0)
+        history = NodeStateHistory(PrometheusClient(prom.url), cache_seconds=0)
 
         def verdict() -> dict[str, Any]:
             return run_remediation(history, facts, timedelta(minutes=10)).get(

@@ -19,19 +19,21 @@ from harness.bridge_payloads import TOKEN, alert, make_context, notification, se
 from harness.wandb_standin import WandbStandin
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.diagnosis.root_cause import diagnose
-from wandb_infra.bridge.ingest.identity import IdentityReader, PrometheusRunLookup
+from wandb_infra.bridge.ingest.identity import IdentityReader
 from wandb_infra.bridge.ingest.payload import parse_notification
 from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorker
 from wandb_infra.bridge.projection.notes import render_section
 from wandb_infra.bridge.projection.wandb_client import WandbClient
+from wandb_infra.bridge.prometheus.client import PrometheusClient
 from wandb_infra.bridge.prometheus.remediation import (
     NodeStateHistory,
     exclusion,
     run_remediation,
     signature,
 )
+from wandb_infra.bridge.prometheus.run_lookup import PrometheusRunLookup
 from wandb_infra.common.runkey import RunKey
 
 pytestmark = pytest.mark.integration
@@ -110,7 +112,8 @@ def xid(host: str = "gpu-07", **kw: Any) -> dict[str, Any]:
 
 def remediation(url: str, alerts: list[dict[str, Any]], tmp_path) -> dict[str, Any]:
     _, fs = facts(*alerts, tmp_path=tmp_path)
-    return run_remediation(NodeStateHistory(url, cache_seconds=0), fs, timedelta(minutes=10))
+    return run_remediation(NodeStateHistory(PrometheusClient(url), cache_seconds=0), fs,
+                           timedelta(minutes=10))
 
 
 def test_k8s_node_still_ready_is_unsafe_with_affinity_snippet(tmp_path):
@@ -132,7 +135,7 @@ def test_drained_mid_issue_is_safe_with_history(tmp_path):
             if "wandb_infra_node_state" in q else []) as url:
         _, fs = facts(xid(), tmp_path=tmp_path)
         diagnosis = diagnose(fs, timedelta(minutes=10))
-        rems = NodeStateHistory(url, cache_seconds=0).for_diagnosis(diagnosis)
+        rems = NodeStateHistory(PrometheusClient(url), cache_seconds=0).for_diagnosis(diagnosis)
     (rem,) = rems.values()
     assert rem.verdict == "safe" and rem.exclusion == ""
     (line,) = rem.history_lines()
@@ -185,7 +188,7 @@ def test_hostile_reason_escaped_and_odd_hostnames_not_in_exclusion(tmp_path):
         _, fs = facts(xid(), tmp_path=tmp_path)
         diagnosis = diagnose(fs, timedelta(minutes=10))
         section = render_section(diagnosis, lambda *a: "",
-                                 NodeStateHistory(url).for_diagnosis(diagnosis))
+                                 NodeStateHistory(PrometheusClient(url)).for_diagnosis(diagnosis))
     assert "<b>" not in section and not re.search(r"(?<!\\)\]\(http", section)
     assert "  sbatch --exclude=gpu-07" in section
     assert exclusion(["ok-1", "bad`host", "x y"], "slurm") == "sbatch --exclude=ok-1"
@@ -197,7 +200,8 @@ def test_run_page_json_carries_remediation(tmp_path):
         ctx = make_context(tmp_path)
         ctx.worker = DeliveryWorker(ctx.store, client=None, markers=None,
                                     links=GrafanaLinks(""), metrics=BridgeMetrics(),
-                                    policy=DeliveryPolicy(), lookup=PrometheusRunLookup(prom))
+                                    policy=DeliveryPolicy(),
+                                    lookup=PrometheusRunLookup(PrometheusClient(prom)))
         ctx.store.ingest(parse_notification(json.dumps(notification([xid()])).encode()),
                          IdentityReader())
         with serve(ctx) as bridge:
@@ -224,7 +228,7 @@ def test_signature_stable_between_refreshes_of_a_long_issue(tmp_path):
         _, fs = facts(alert("GpuFallenOffBus", category="gpu_hardware", host="gpu-07",
                             gpu="1", run="r1", start=old), tmp_path=tmp_path)
         diagnosis = diagnose(fs, timedelta(minutes=10))
-        history = NodeStateHistory(url, cache_seconds=0, clock=lambda: now[0])
+        history = NodeStateHistory(PrometheusClient(url), cache_seconds=0, clock=lambda: now[0])
         first = history.for_diagnosis(diagnosis)
         now[0] += 300
         second = history.for_diagnosis(diagnosis)
@@ -240,10 +244,11 @@ def test_prometheus_down_keeps_what_is_shown(tmp_path):
     diagnosis = diagnose(fs, timedelta(minutes=10))
     with fake_prometheus(lambda q: [state("gpu-07", "slurm", "IDLE+DRAIN", "XID 94")]
                          if "wandb_infra_node_state" in q else []) as url:
-        history = NodeStateHistory(url, timeout=1, cache_seconds=0, clock=lambda: now[0])
+        history = NodeStateHistory(PrometheusClient(url, timeout=1), cache_seconds=0,
+                                   clock=lambda: now[0])
         good = history.for_diagnosis(diagnosis)
     assert next(iter(good.values())).verdict == "safe"
-    cold = NodeStateHistory(url, timeout=1, cache_seconds=0, clock=lambda: now[0])
+    cold = NodeStateHistory(PrometheusClient(url, timeout=1), cache_seconds=0, clock=lambda: now[0])
     assert cold.for_diagnosis(diagnosis) is None
     now[0] += 1
     assert history.for_diagnosis(diagnosis) == good  # stale but shown
@@ -260,7 +265,7 @@ def test_crashed_run_summary_gets_the_verdict(tmp_path):
         worker = DeliveryWorker(store, client=WandbClient(wb.url, wb.api_key, timeout=5),
                                 markers=None, links=GrafanaLinks(""), metrics=BridgeMetrics(),
                                 policy=DeliveryPolicy(verify_placement=False, flush_interval=0),
-                                lookup=PrometheusRunLookup(prom))
+                                lookup=PrometheusRunLookup(PrometheusClient(prom)))
         store.ingest(parse_notification(json.dumps(notification([xid()])).encode()),
                      IdentityReader())
         assert worker.run_once() == 1
@@ -297,8 +302,8 @@ def test_a_taint_the_runs_pods_tolerate_keeps_the_node_in_the_pool(tmp_path):
     _, fs = facts(xid(), tmp_path=tmp_path)
     diagnosis = diagnose(fs, timedelta(minutes=10))
     with fake_prometheus(ksm) as url:
-        strict = NodeStateHistory(url, cache_seconds=0).for_diagnosis(diagnosis)
-        tolerant = NodeStateHistory(url, cache_seconds=0, tolerated_taints=(
+        strict = NodeStateHistory(PrometheusClient(url), cache_seconds=0).for_diagnosis(diagnosis)
+        tolerant = NodeStateHistory(PrometheusClient(url), cache_seconds=0, tolerated_taints=(
             "nvidia.com/gpu", "team.example/dedicated")).for_diagnosis(diagnosis)
     assert next(iter(strict.values())).verdict == "safe"  # an untolerated taint: out
     got = next(iter(tolerant.values()))
@@ -312,11 +317,13 @@ def test_two_nodes_sharing_a_first_label_are_never_merged(tmp_path):
     _, fs = facts(xid(), tmp_path=tmp_path)
     diagnosis = diagnose(fs, timedelta(minutes=10))
     with fake_prometheus(ksm) as url:
-        got = next(iter(NodeStateHistory(url, cache_seconds=0).for_diagnosis(diagnosis).values()))
+        history = NodeStateHistory(PrometheusClient(url), cache_seconds=0)
+        got = next(iter(history.for_diagnosis(diagnosis).values()))
     assert got.verdict == "unknown" and "no scheduler state for gpu-07" in got.detail
     exact = _ksm({"gpu-07": False, "gpu-07.rack-a": True}, {})
     with fake_prometheus(exact) as url:
-        got = next(iter(NodeStateHistory(url, cache_seconds=0).for_diagnosis(diagnosis).values()))
+        history = NodeStateHistory(PrometheusClient(url), cache_seconds=0)
+        got = next(iter(history.for_diagnosis(diagnosis).values()))
     assert got.verdict == "unsafe"  # the node named exactly gpu-07 is schedulable
 
 

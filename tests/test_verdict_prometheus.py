@@ -19,6 +19,7 @@ from demo.stack import scale_rules
 from harness.processes import prom_query, prometheus, scrape_target, wait_for
 from wandb_infra.bridge.diagnosis.root_cause import AlertFact, diagnose
 from wandb_infra.bridge.diagnosis.verdict import Policy
+from wandb_infra.bridge.prometheus.client import PrometheusClient
 from wandb_infra.bridge.prometheus.remediation import NodeStateHistory, Remediation
 from wandb_infra.catalog import series
 
@@ -82,7 +83,7 @@ def _fact(name: str, host: str, gpu: str, started: datetime, *, xid: int | None 
 
 def verdict(url: str, *facts: AlertFact) -> Remediation:
     diagnosis = diagnose(list(facts), timedelta(minutes=10))
-    rems = NodeStateHistory(url, cache_seconds=0).for_diagnosis(diagnosis, POLICY,
+    rems = NodeStateHistory(PrometheusClient(url), cache_seconds=0).for_diagnosis(diagnosis, POLICY,
                                                                 scheduler="slurm")
     assert rems is not None
     (rem,) = rems.values()

@@ -8,21 +8,16 @@ Prometheus which runs were on that host/GPU at ``startsAt`` (the exporter's join
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Sequence
-from datetime import datetime
 from typing import Any, NamedTuple
 
-import requests
 from jsonpath_ng import parse as jsonpath_parse
 from jsonpath_ng.exceptions import JsonPathParserError
 
 from wandb_infra.common import labels as L
 from wandb_infra.common.configfile import ConfigError
 from wandb_infra.common.runkey import RunKey
-
-log = logging.getLogger(__name__)
 
 DEFAULT_PATHS: dict[str, str] = {
     "entity": f"$.labels.{L.ENTITY}",
@@ -144,69 +139,3 @@ class IdentityReader:
             return [_text(value.get(inner)) if type(value := alert.get(outer)) is dict else ""
                     for alert in alerts]
         return [self._first(key, alert) for alert in alerts]
-
-
-def _quote(value: str) -> str:
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
-
-
-class PrometheusRunLookup:
-    """Asks Prometheus which runs were on a host (and GPU) at a moment, via the join metrics."""
-
-    def __init__(self, base_url: str, timeout: float = 5.0,
-                 session: requests.Session | None = None) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.timeout = timeout
-        self.session = session or requests.Session()
-
-    def runs_at(self, hostname: str, gpu: str, at: datetime) -> list[RunKey]:
-        """Runs on ``hostname`` (and ``gpu`` when given and known) at ``at``; [] on any error."""
-        if not hostname:
-            return []
-        if gpu:
-            expr = (f"max by ({L.ENTITY},{L.PROJECT},{L.RUN_ID}) "
-                    f"({L.GPU_INFO}{{{L.HOSTNAME}={_quote(hostname)},{L.GPU}={_quote(gpu)}}})")
-            found = self._query(expr, at)
-            if found:
-                return found
-        expr = (f"max by ({L.ENTITY},{L.PROJECT},{L.RUN_ID}) "
-                f"({L.NODE_INFO}{{{L.HOSTNAME}={_quote(hostname)}}})")
-        return self._query(expr, at)
-
-    def placed(self, run: RunKey, hostname: str, at: datetime) -> bool | None:
-        """Whether the join metrics put ``run`` on ``hostname`` at ``at`` (Prometheus' lookback
-        before it); None when Prometheus cannot answer. Alert labels are untrusted: a run is
-        written only where the exporter placed it."""
-        expr = (f"count({L.NODE_INFO}{{{L.ENTITY}={_quote(run.entity)},"
-                f"{L.PROJECT}={_quote(run.project)},{L.RUN_ID}={_quote(run.run_id)},"
-                f"{L.HOSTNAME}={_quote(hostname)}}})")
-        result = self._vector(expr, at, "placement check")
-        return None if result is None else bool(result)
-
-    def _vector(self, expr: str, at: datetime, what: str) -> list[dict] | None:
-        """An instant query's result at ``at``; None (logged) when Prometheus cannot answer."""
-        try:
-            resp = self.session.get(f"{self.base_url}/api/v1/query",
-                                    params={"query": expr, "time": f"{at.timestamp():.3f}"},
-                                    timeout=self.timeout)
-            body = resp.json()
-        except (requests.RequestException, ValueError) as exc:
-            log.warning("prometheus %s failed: %s", what, type(exc).__name__)
-            return None
-        if body.get("status") != "success":
-            log.warning("prometheus %s failed: %s", what, str(body.get("error"))[:200])
-            return None
-        return list(body.get("data", {}).get("result", []))
-
-    def _query(self, expr: str, at: datetime) -> list[RunKey]:
-        result = self._vector(expr, at, "run lookup")
-        if result is None:
-            return []
-        keys = []
-        for series in result:
-            metric = series.get("metric", {})
-            key = RunKey(metric.get(L.ENTITY, ""), metric.get(L.PROJECT, ""),
-                         metric.get(L.RUN_ID, ""))
-            if key.attributed:
-                keys.append(key)
-        return sorted(set(keys))

@@ -29,7 +29,6 @@ from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.diagnosis.placement import PlacementCheck
 from wandb_infra.bridge.diagnosis.root_cause import AlertFact, Diagnosis, diagnose
 from wandb_infra.bridge.diagnosis.verdict import NOT_ANSWERING, Policy
-from wandb_infra.bridge.ingest.identity import PrometheusRunLookup
 from wandb_infra.bridge.ingest.store import OutboxRow, Store, StoreError, from_iso
 from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.projection.markers import MARKER_SETTLE, MISSING_SDK, MarkerWriter
@@ -58,7 +57,6 @@ from wandb_infra.bridge.prometheus.endings import (
     RunEndings,
     outcome_for,
 )
-from wandb_infra.bridge.prometheus.history import PrometheusHistory
 from wandb_infra.bridge.prometheus.impact_reader import ImpactHistory, run_total
 from wandb_infra.bridge.prometheus.remediation import (
     NodeStateHistory,
@@ -67,6 +65,7 @@ from wandb_infra.bridge.prometheus.remediation import (
     signature,
     summary_verdict,
 )
+from wandb_infra.bridge.prometheus.run_lookup import PrometheusRunLookup
 from wandb_infra.bridge.quarantine.actuator import build as build_quarantine
 from wandb_infra.catalog.alerts import ALERTS
 from wandb_infra.common.logsetup import log_fields
@@ -162,18 +161,15 @@ class DeliveryWorker:
         self.placement = PlacementCheck(lookup) if lookup is not None and \
             policy.verify_placement else None
         # The faulty hosts' scheduler state, from the same Prometheus as attribution.
-        self.remediation = (NodeStateHistory(lookup.base_url, lookup.timeout,
+        self.remediation = (NodeStateHistory(lookup.client,
                                              cache_seconds=min(10.0, policy.node_state_refresh),
                                              tolerated_taints=policy.tolerated_taints)
                             if lookup is not None and policy.node_state_refresh > 0 else None)
         # What each issue cost the run, measured on its GPUs (bridge/diagnosis/impact.py).
-        self.impact = (ImpactHistory(lookup.base_url, lookup.timeout)
-                       if lookup is not None else None)
+        self.impact = ImpactHistory(lookup.client) if lookup is not None else None
         metrics.read_gpu_hours_from(store.gpu_hours_by_project)  # kept across restarts
         self._next_refresh = 0.0
-        self.endings = (EndingsPass(store, RunEndings(PrometheusHistory(lookup.base_url,
-                                                                        lookup.timeout),
-                                                      policy.endings),
+        self.endings = (EndingsPass(store, RunEndings(lookup.client, policy.endings),
                                     store.facts, incident_gap=policy.incident_gap,
                                     deliver=client is not None)
                         if lookup is not None and policy.endings is not None

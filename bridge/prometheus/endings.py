@@ -12,7 +12,6 @@ presence record.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -22,12 +21,8 @@ from wandb_infra.bridge.diagnosis.outcome import Outcome
 from wandb_infra.bridge.diagnosis.outcome import judge as judge_outcome
 from wandb_infra.bridge.diagnosis.root_cause import AlertFact, Diagnosis, diagnose
 from wandb_infra.bridge.ingest.store import Store
-from wandb_infra.bridge.prometheus.history import (
-    ExplainError,
-    Placement,
-    PrometheusHistory,
-    find_placement,
-)
+from wandb_infra.bridge.prometheus.client import PrometheusClient, PrometheusError, regex_literal
+from wandb_infra.bridge.prometheus.history import Placement, find_placement
 from wandb_infra.catalog import series as S
 from wandb_infra.common import labels as L
 from wandb_infra.common.logsetup import log_fields
@@ -52,14 +47,9 @@ class EndingsPolicy:
     per_pass: int = 100  # runs judged per pass at most (the rest wait for the next)
 
 
-def _regex_literal(text: str) -> str:
-    escaped = re.sub(r"([.^$*+?()\[\]{}|\\])", r"\\\1", text)
-    return escaped.replace("\\", "\\\\").replace('"', '\\"')
-
-
 def host_matcher(hosts: Iterable[str]) -> str:
     """``hostname=~"a|b"`` with every name a literal."""
-    return f'{L.HOSTNAME}=~"{"|".join(_regex_literal(h) for h in sorted(hosts))}"'
+    return f'{L.HOSTNAME}=~"{"|".join(regex_literal(h) for h in sorted(hosts))}"'
 
 
 def vanished_query(window: float, grace: float) -> str:
@@ -90,7 +80,7 @@ def _step(start: float, end: float, minimum: float) -> float:
 class RunEndings:
     """Asks Prometheus which runs ended and what was seen of them."""
 
-    def __init__(self, prom: PrometheusHistory, policy: EndingsPolicy) -> None:
+    def __init__(self, prom: PrometheusClient, policy: EndingsPolicy) -> None:
         self.prom = prom
         self.policy = policy
         self.queries = 0  # Prometheus queries made (bench and /metrics figures)
@@ -110,7 +100,7 @@ class RunEndings:
         start, end = ended_at - self.policy.max_run, ended_at + self.policy.step
         try:
             found = find_placement(self.prom, run, start, end, self.policy.step)
-        except ExplainError as exc:
+        except PrometheusError as exc:
             if "no " + L.NODE_INFO in str(exc):
                 return None
             raise
@@ -180,7 +170,7 @@ class EndingsPass:
         for ending in self.store.pending_endings(now, policy.per_pass):
             try:
                 outcome = self.judge(ending.run, ending.ended_at, ending.how)
-            except ExplainError as exc:
+            except PrometheusError as exc:
                 self.store.ending_failed(ending.run, now + RETRY, str(exc))
                 log.warning("cannot judge an ended run yet", extra=log_fields(
                     run=ending.run.path(), error=str(exc)[:300]))

@@ -19,10 +19,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import requests
-
 from wandb_infra.bridge.diagnosis.root_cause import AlertFact
 from wandb_infra.bridge.ingest.payload import Alert, Notification
+from wandb_infra.bridge.prometheus.client import PrometheusClient, PrometheusError, regex_literal
 from wandb_infra.catalog import panels as P
 from wandb_infra.catalog.alerts import ALERTS
 from wandb_infra.common import labels as L
@@ -33,10 +32,6 @@ _TEMPLATE = re.compile(r"\{\{\s*\$labels\.([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 _RUN_PATH = re.compile(r"^([^/\s]+)/([^/\s]+)/([^/\s]+)$")
 
 
-class ExplainError(RuntimeError):
-    """Prometheus could not answer, or has no trace of the run; the message says which."""
-
-
 def parse_run(text: str) -> RunKey:
     """``ENTITY/PROJECT/RUN_ID`` -> RunKey, or ValueError with the expected shape."""
     match = _RUN_PATH.match(text.strip())
@@ -45,42 +40,11 @@ def parse_run(text: str) -> RunKey:
     return RunKey(*match.groups())
 
 
-class PrometheusHistory:
-    """The one side effect: range queries against Prometheus' HTTP API."""
-
-    def __init__(self, base_url: str, timeout: float = 30.0,
-                 session: requests.Session | None = None) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.timeout = timeout
-        self.session = session or requests.Session()
-
-    def range(self, expr: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
-        """``/api/v1/query_range``; raises ExplainError with Prometheus' own message."""
-        try:
-            resp = self.session.get(f"{self.base_url}/api/v1/query_range", timeout=self.timeout,
-                                    params={"query": expr, "start": f"{start:.3f}",
-                                            "end": f"{end:.3f}", "step": f"{step:.3f}"})
-            body = resp.json()
-        except (requests.RequestException, ValueError) as exc:
-            raise ExplainError(f"Prometheus at {self.base_url} did not answer: "
-                               f"{type(exc).__name__}") from exc
-        if body.get("status") != "success":
-            raise ExplainError(f"Prometheus rejected {expr!r}: {body.get('error')}")
-        return body["data"]["result"]
-
-
 def _selector(run: RunKey) -> str:
     def q(value: str) -> str:
         return json.dumps(value)
     return (f"{L.ENTITY}={q(run.entity)},{L.PROJECT}={q(run.project)},"
             f"{L.RUN_ID}={q(run.run_id)}")
-
-
-def _regex_literal(text: str) -> str:
-    """``text`` as a literal inside a double-quoted PromQL regex (RE2 escapes, then the
-    string literal's own backslash escaping)."""
-    escaped = re.sub(r"([.^$*+?()\[\]{}|\\])", r"\\\1", text)
-    return escaped.replace("\\", "\\\\").replace('"', '\\"')
 
 
 def pick_step(start: float, end: float, minimum: float) -> float:
@@ -98,14 +62,14 @@ class Placement:
     last_seen: float
 
 
-def find_placement(prom: PrometheusHistory, run: RunKey, start: float, end: float,
+def find_placement(prom: PrometheusClient, run: RunKey, start: float, end: float,
                    min_step: float) -> Placement:
     """The run's hosts and GPUs over [start, end] from the join metrics."""
     step = pick_step(start, end, min_step)
     nodes = prom.range(f"max by ({L.HOSTNAME}) ({L.NODE_INFO}{{{_selector(run)}}})",
                        start, end, step)
     if not nodes:
-        raise ExplainError(f"no {L.NODE_INFO} series for {run.path()} between "
+        raise PrometheusError(f"no {L.NODE_INFO} series for {run.path()} between "
                            f"{_iso(start)} and {_iso(end)}: the exporter never saw this run "
                            f"there (widen --start/--end?)")
     gpu_series = prom.range(f"max by ({L.HOSTNAME}, {L.GPU}) ({L.GPU_INFO}{{{_selector(run)}}})",
@@ -166,11 +130,11 @@ def _belongs(labels: Mapping[str, str], run: RunKey, placement: Placement) -> bo
     return not (gpu and known and gpu not in known)
 
 
-def rebuild_alerts(prom: PrometheusHistory, run: RunKey, placement: Placement, start: float,
+def rebuild_alerts(prom: PrometheusClient, run: RunKey, placement: Placement, start: float,
                    end: float, *, min_step: float) -> list[Alert]:
     """Every firing period of an alert that hit the run (attributed, or on its hosts/GPUs)."""
     step = pick_step(start, end, min_step)
-    hosts = "|".join(_regex_literal(h) for h in sorted(placement.hosts))
+    hosts = "|".join(regex_literal(h) for h in sorted(placement.hosts))
     series = prom.range(f'ALERTS{{alertstate="firing",{_selector(run)}}}', start, end, step)
     series += prom.range(f'ALERTS{{alertstate="firing",{L.RUN_ID}="",{L.HOSTNAME}=~"{hosts}"}}',
                          start, end, step)
@@ -242,7 +206,7 @@ class Explanation:
     alerts: list[Alert]
 
 
-def explain(prom: PrometheusHistory, run: RunKey, start: float | None, end: float | None, *,
+def explain(prom: PrometheusClient, run: RunKey, start: float | None, end: float | None, *,
             lookback: timedelta = timedelta(days=7), margin: timedelta = timedelta(minutes=10),
             min_step: float = 15.0, now: float | None = None) -> Explanation:
     """Find the run's lifetime (unless given), then rebuild the alerts that hit it."""

@@ -29,13 +29,8 @@ from wandb_infra.bridge.diagnosis.impact import (
     unmeasured,
 )
 from wandb_infra.bridge.diagnosis.root_cause import Diagnosis, Issue
-from wandb_infra.bridge.prometheus.history import (
-    ExplainError,
-    Placement,
-    PrometheusHistory,
-    _regex_literal,
-    find_placement,
-)
+from wandb_infra.bridge.prometheus.client import PrometheusClient, PrometheusError, regex_literal
+from wandb_infra.bridge.prometheus.history import Placement, find_placement
 from wandb_infra.catalog import series as S
 from wandb_infra.catalog.series import Field
 from wandb_infra.common.runkey import RunKey
@@ -51,7 +46,7 @@ _PARTS = ("affected", "mean", "max", "count")
 
 
 def _gpu_re(gpus: set[str] | frozenset[str]) -> str:
-    return "|".join(_regex_literal(g) for g in sorted(gpus)) or ".*"
+    return "|".join(regex_literal(g) for g in sorted(gpus)) or ".*"
 
 
 def run_selector(field: Field, placement: Placement) -> str:
@@ -61,7 +56,7 @@ def run_selector(field: Field, placement: Placement) -> str:
     for host in sorted(placement.hosts | set(placement.gpus)):
         by_gpus.setdefault(frozenset(placement.gpus.get(host, frozenset())), []).append(host)
     return " or ".join(
-        S.dcgm_gpu(field, "|".join(_regex_literal(h) for h in hosts), _gpu_re(gpus))
+        S.dcgm_gpu(field, "|".join(regex_literal(h) for h in hosts), _gpu_re(gpus))
         for gpus, hosts in sorted(by_gpus.items(), key=lambda kv: kv[1]))
 
 
@@ -81,9 +76,9 @@ def affected_gpus(issue: Issue, placement: Placement) -> tuple[str, frozenset[st
 class ImpactHistory:
     """Reads and measures; every failure becomes an ``unmeasured`` impact, never an error."""
 
-    def __init__(self, base_url: str, timeout: float = 5.0, *, cache_seconds: float = 10.0,
+    def __init__(self, prom: PrometheusClient, *, cache_seconds: float = 10.0,
                  min_step: float = 1.0, clock: Callable[[], float] = time.time) -> None:
-        self.prom = PrometheusHistory(base_url, timeout)
+        self.prom = prom
         self.cache_seconds = cache_seconds
         self.min_step = min_step
         self.clock = clock
@@ -109,7 +104,7 @@ class ImpactHistory:
                 return None
         try:
             found = self.measure(run, diagnosis, now, state)
-        except ExplainError as exc:
+        except PrometheusError as exc:
             log.warning("impact not measured", extra={"error": str(exc)})
             with self._lock:
                 self._down_until = now + DOWN_BACKOFF
@@ -122,12 +117,12 @@ class ImpactHistory:
 
     def measure(self, run: RunKey, diagnosis: Diagnosis, now: float,
                 state: str | None = None) -> dict[str, Impact]:
-        """Read and measure every issue of the run (raises ExplainError when Prometheus fails)."""
+        """Read and measure every issue of the run (PrometheusError when Prometheus fails)."""
         first = min(i.root.onset.timestamp() for i in diagnosis.issues) - MAX_LEAD
         step = max(self.min_step, (now - first) / 10_000)
         try:
             placement = find_placement(self.prom, run, first, now, step)
-        except ExplainError as exc:
+        except PrometheusError as exc:
             if "no wandb_run_node_info" not in str(exc):
                 raise
             return {i.key: unmeasured("the join metrics do not place the run on any host",
@@ -155,7 +150,7 @@ class ImpactHistory:
         host, affected = affected_gpus(issue, placement)
         where = issue.where if issue.root.hostname else "the run's GPUs"
         for name, field in FIELDS:
-            mine = S.dcgm_gpu(field, _regex_literal(host), _gpu_re(affected))
+            mine = S.dcgm_gpu(field, regex_literal(host), _gpu_re(affected))
             run_gpus = run_selector(field, placement)
             parts = {"affected": f"avg({mine})", "mean": f"avg({run_gpus})",
                      "max": f"max({run_gpus})", "count": f"count({run_gpus})"}

@@ -27,8 +27,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import requests
-
 from wandb_infra.bridge.diagnosis.root_cause import AlertFact, Diagnosis, Issue, diagnose
 from wandb_infra.bridge.diagnosis.verdict import (
     NO_PROMETHEUS,
@@ -41,7 +39,8 @@ from wandb_infra.bridge.diagnosis.verdict import (
     decide,
     faulty_hosts,
 )
-from wandb_infra.bridge.prometheus.history import _regex_literal, pick_step
+from wandb_infra.bridge.prometheus.client import PrometheusClient, PrometheusError, regex_literal
+from wandb_infra.bridge.prometheus.history import pick_step
 from wandb_infra.catalog import series
 from wandb_infra.catalog.template import fill
 from wandb_infra.common.nodestate import DEFAULT_TOLERATED, STATE
@@ -190,14 +189,11 @@ class NodeStateHistory:
     """Reads the faulty hosts' scheduler history and recovery evidence from Prometheus (range
     queries, cached briefly)."""
 
-    def __init__(self, base_url: str, timeout: float = 5.0, *, cache_seconds: float = 10.0,
-                 session: requests.Session | None = None,
+    def __init__(self, prom: PrometheusClient, *, cache_seconds: float = 10.0,
                  clock: Callable[[], float] = time.time,
                  tolerated_taints: Sequence[str] = DEFAULT_TOLERATED) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.timeout = timeout
+        self.prom = prom
         self.cache_seconds = cache_seconds
-        self.session = session or requests.Session()
         self.clock = clock
         self.tolerated = (*tolerated_taints, _CORDON_TAINT)
         self._lock = threading.Lock()
@@ -235,7 +231,7 @@ class NodeStateHistory:
                 return None
         try:
             result = self._read(hosts, start, now)
-        except (requests.RequestException, ValueError, KeyError, TypeError) as exc:
+        except (PrometheusError, ValueError, KeyError, TypeError) as exc:
             log.warning("node state lookup failed: %s", type(exc).__name__)
             with self._lock:
                 self._down_until = now + DOWN_BACKOFF
@@ -254,7 +250,7 @@ class NodeStateHistory:
         wanted = pick_step(start, end, (end - start) / MAX_STEPS)
         step = next((s for s in STEPS if s >= wanted), wanted)
         start = start // step * step
-        regex = "|".join(_regex_literal(h) for h in hosts)
+        regex = "|".join(regex_literal(h) for h in hosts)
         points = self._points(f'{STATE}{{hostname=~"{regex}"}}', start, end, step,
                               lambda m: (m.get("hostname", ""), m.get("scheduler", ""),
                                          m.get("state", ""), m.get("reason", "")))
@@ -269,20 +265,20 @@ class NodeStateHistory:
         """Boot time now, GPU count at the start and now, each GPU's UUIDs and the driver's
         recovery action over the window."""
         select = f'{{hostname=~"{regex}"}}'
-        boot = {s["metric"].get("hostname", ""): float(s["value"][1]) for s in self._query(
+        boot = {s["metric"].get("hostname", ""): float(s["value"][1]) for s in self.prom.instant(
             fill(BOOT_TIME, {"TARGET": series.NODE_EXPORTER_TARGET + select}), end)}
         counts: dict[str, list[tuple[float, float]]] = {}
-        for s in self._range(series.HOST_GPU_COUNT + select, start, end, step):
+        for s in self.prom.range(series.HOST_GPU_COUNT + select, start, end, step):
             counts[s["metric"].get("hostname", "")] = [(float(t), float(v))
                                                        for t, v in s["values"]]
         present: dict[tuple[str, str], list[tuple[float, str]]] = {}
-        for s in self._range(series.GPU_PRESENT + select, start, end, step):
+        for s in self.prom.range(series.GPU_PRESENT + select, start, end, step):
             m = s["metric"]
             key = (m.get("hostname", ""), m.get("gpu", ""))
             present.setdefault(key, []).extend((float(t), m.get("gpu_uuid", ""))
                                                for t, _ in s["values"])
         driver: dict[tuple[str, str], dict[float, int]] = {}
-        for s in self._range(series.GPU_RECOVERY_ACTION + select, start, end, step):
+        for s in self.prom.range(series.GPU_RECOVERY_ACTION + select, start, end, step):
             m = s["metric"]
             values = driver.setdefault((m.get("hostname", ""), m.get("gpu", "")), {})
             for t, v in s["values"]:
@@ -318,7 +314,7 @@ class NodeStateHistory:
                 row: Callable[[Mapping[str, str]], tuple[str, str, str, str]]
                 ) -> dict[str, dict[float, tuple[str, str, str]]]:
         out: dict[str, dict[float, tuple[str, str, str]]] = {}
-        for series_ in self._range(expr, start, end, step):
+        for series_ in self.prom.range(expr, start, end, step):
             host, scheduler, state, reason = row(series_["metric"])
             for ts, _ in series_["values"]:
                 out.setdefault(host, {})[float(ts)] = (scheduler, state, reason)
@@ -329,19 +325,19 @@ class NodeStateHistory:
         """kube-state-metrics as the same input: the cordon and NoSchedule/NoExecute taints the
         run's pods do not tolerate. A host is the node of exactly its name, else the one node
         whose first DNS label it is; two such nodes are ambiguous and give no data."""
-        regex = "|".join(_regex_literal(h) for h in hosts)
+        regex = "|".join(regex_literal(h) for h in hosts)
         node = f'node=~"({regex})(\\\\..*)?"'
         cordon: dict[str, dict[float, bool]] = {}
-        for s in self._range(f"kube_node_spec_unschedulable{{{node}}}", start, end, step):
+        for s in self.prom.range(f"kube_node_spec_unschedulable{{{node}}}", start, end, step):
             name = s["metric"].get("node", "")
             for ts, value in s["values"]:
                 cordon.setdefault(name, {})[float(ts)] = value == "1"
         names = _node_names(hosts, cordon)
-        ignored = "|".join(_regex_literal(k) for k in self.tolerated)
+        ignored = "|".join(regex_literal(k) for k in self.tolerated)
         taints: dict[str, dict[float, list[str]]] = {}
         expr = (f'kube_node_spec_taint{{{node},effect=~"NoSchedule|NoExecute",'
                 f'key!~"{ignored}"}}')
-        for s in self._range(expr, start, end, step):
+        for s in self.prom.range(expr, start, end, step):
             m = s["metric"]
             text = f"{m.get('key', '')}{'=' + m['value'] if m.get('value') else ''}:" \
                    f"{m.get('effect', '')}"
@@ -356,24 +352,6 @@ class NodeStateHistory:
                 reason = f"taint {', '.join(tainted)}" if tainted else ""
                 out.setdefault(host, {})[ts] = ("kubernetes", ",".join(words), reason)
         return out
-
-    def _range(self, expr: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
-        resp = self.session.get(f"{self.base_url}/api/v1/query_range", timeout=self.timeout,
-                                params={"query": expr, "start": f"{start:.3f}",
-                                        "end": f"{end:.3f}", "step": f"{step:.3f}"})
-        return _result(resp, expr)
-
-    def _query(self, expr: str, at: float) -> list[dict[str, Any]]:
-        resp = self.session.get(f"{self.base_url}/api/v1/query", timeout=self.timeout,
-                                params={"query": expr, "time": f"{at:.3f}"})
-        return _result(resp, expr)
-
-
-def _result(resp: requests.Response, expr: str) -> list[dict[str, Any]]:
-    body = resp.json()
-    if body.get("status") != "success":
-        raise ValueError(f"Prometheus rejected {expr!r}: {body.get('error')}")
-    return body["data"]["result"]
 
 
 def _node_names(hosts: Sequence[str], nodes: Iterable[str]) -> dict[str, str]:

@@ -13,12 +13,8 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from wandb_infra.bridge.prometheus.history import (
-    ExplainError,
-    PrometheusHistory,
-    _regex_literal,
-    find_placement,
-)
+from wandb_infra.bridge.prometheus.client import PrometheusClient, PrometheusError, regex_literal
+from wandb_infra.bridge.prometheus.history import find_placement
 from wandb_infra.bridge.web.timeline import onset, seconds
 from wandb_infra.catalog import series as S
 from wandb_infra.common.runkey import RunKey
@@ -46,24 +42,24 @@ def window(issues: list[dict[str, Any]], now: float | None = None) -> tuple[floa
     return lo - pad, max(lo, min(now, hi + pad))
 
 
-def fetch(prom: PrometheusHistory, run: RunKey, start: float, end: float) -> dict[str, Any]:
+def fetch(prom: PrometheusClient, run: RunKey, start: float, end: float) -> dict[str, Any]:
     """``{"series": [{"name", "points": [[t, ratio], ...]}], "start", "end", "gpus"}``, or
     ``{"note": why there is no plot}``."""
     step = max(1.0, (end - start) / POINTS)
     try:
         placement = find_placement(prom, run, start, end, step)
-        hosts = "|".join(_regex_literal(h) for h in sorted(placement.hosts))
+        hosts = "|".join(regex_literal(h) for h in sorted(placement.hosts))
         # One GPU regex for all hosts (the union of the run's GPU indices): a run holds the
         # same GPUs on every host in practice; unknown GPUs mean all of the host's.
         gpus = sorted({g for gs in placement.gpus.values() for g in gs})
-        gpu_re = "|".join(_regex_literal(g) for g in gpus) or ".*"
+        gpu_re = "|".join(regex_literal(g) for g in gpus) or ".*"
         out = []
         for name, field in _FIELDS:
             found = prom.range(f"avg({S.dcgm_gpu(field, hosts, gpu_re)})", start, end, step)
             if found:
                 out.append({"name": name, "points": [[float(t), float(v)]
                                                      for t, v in found[0]["values"]]})
-    except ExplainError as exc:
+    except PrometheusError as exc:
         return {"note": f"No GPU activity plot: {exc}"}
     if not out:
         return {"note": "No GPU activity plot: dcgm-exporter has no tensor activity or "

@@ -43,7 +43,6 @@ from wandb_infra.bridge.ingest.store import (
 from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorker
 from wandb_infra.bridge.prometheus.endings import current
-from wandb_infra.bridge.prometheus.history import PrometheusHistory
 from wandb_infra.bridge.prometheus.impact_reader import views
 from wandb_infra.bridge.prometheus.remediation import run_remediation
 from wandb_infra.bridge.web import activity
@@ -554,13 +553,13 @@ class Handlers:
         return worker.impacts(run, diagnose(facts, self.ctx.incident_gap))
 
     def _activity(self, run: RunKey, issues: list[dict[str, Any]]) -> dict[str, Any] | None:
-        """The GPU-activity plot's data when the bridge knows a Prometheus (its run lookup's)."""
+        """The GPU-activity plot's data when the bridge knows a Prometheus (through the run
+        lookup's client, so page views share its connection pool)."""
         lookup = None if self.ctx.worker is None else self.ctx.worker.lookup
         if lookup is None or not issues or not run.attributed:
             return None
         start, end = activity.window(issues)
-        return activity.fetch(PrometheusHistory(lookup.base_url, lookup.timeout), run,
-                              start, end)
+        return activity.fetch(lookup.client, run, start, end)
 
     async def runs(self, request: web.Request) -> web.Response:
         """The issues column, newest first: ``?limit=&offset=`` paging, ``?entity=&project=``
