@@ -132,11 +132,7 @@ def test_root_resolved_while_consequences_fire_is_written_when_it_happens(tmp_pa
 def test_explain_report_names_the_headline_and_never_calls_the_old_warning_a_root_cause():
     parsed = parse_notification(json.dumps(notification([HEAT, *STALLS, XID])).encode())
     diagnosis = diagnose(as_facts(parsed.alerts))
-    view = run_detail(RUN, diagnosis, lambda *_: "", None)
-    head = diagnosis.root_cause
-    view["headline"] = {"issue": diagnosis.issues.index(head), "title": head.title,
-                        "reason": diagnosis.headline_reason}
-    text = render_run(view)
+    text = render_run(run_detail(RUN, diagnosis, lambda *_: "", None))
     assert text.splitlines()[1].startswith("  Headline: GpuXidError on h1 GPU 2.")
     assert "ROOT CAUSE  GpuXidError" in text
     assert "CAUSE       GpuClocksThrottledThermal" in text
