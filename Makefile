@@ -42,13 +42,14 @@ generate: venv
 	$(BIN)/python -m tests.readme_tables
 
 # Both cores: two workers, each test file on one worker (a file's module fixtures, e.g. a running
-# stack, stay shared by its tests); every service a test starts listens on a free port.
+# stack, stay shared by its tests) except the files tests/conftest.py spreads test by test (the
+# promtool suites); every service a test starts listens on a free port.
 test: system-deps venv lint
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 # The unit layer only (no real binaries; about a minute): the inner loop while editing.
 test-fast: venv
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m unit
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup -m unit
 
 demo: system-deps venv
 	$(BIN)/python -m demo $(DEMO_ARGS)

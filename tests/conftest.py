@@ -9,6 +9,10 @@ import pytest
 # A module that starts real binaries marks itself integration (or slurm / e2e); everything else
 # is the unit layer (``make test-fast``, ``pytest -m unit``).
 LAYERS = ("integration", "slurm", "e2e")
+# Test files whose tests share nothing costly (no module fixture): their tests are spread over
+# both workers one by one. Every other file keeps all its tests on one worker, so a module
+# fixture such as a running stack is started once (``--dist loadgroup``, one group per file).
+SPREAD = frozenset({"tests.test_rules"})
 
 for _var in [v for v in os.environ if "proxy" in v.lower()]:
     os.environ.pop(_var, None)
@@ -16,7 +20,11 @@ os.environ["NO_PROXY"] = "127.0.0.1,localhost"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test outside the integration layers as ``unit``."""
+    """Mark every test outside the integration layers as ``unit``, and keep each file's tests
+    on one worker unless the file is in ``SPREAD``."""
     for item in items:
         if not any(item.get_closest_marker(layer) for layer in LAYERS):
             item.add_marker(pytest.mark.unit)
+        module = getattr(getattr(item, "module", None), "__name__", item.nodeid)
+        if module not in SPREAD:
+            item.add_marker(pytest.mark.xdist_group(module))
