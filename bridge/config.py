@@ -16,6 +16,7 @@ from wandb_infra.bridge.diagnosis.verdict import DEFAULT_SETTLE, Policy
 from wandb_infra.bridge.ingest.identity import DEFAULT_PATHS
 from wandb_infra.bridge.projection.delivery import DeliveryPolicy
 from wandb_infra.bridge.projection.markers import MARKER_SETTLE
+from wandb_infra.bridge.projection.wandb_client import RUN_METRICS
 from wandb_infra.bridge.prometheus.endings import EndingsPolicy
 from wandb_infra.bridge.quarantine import actuator as quarantine
 from wandb_infra.common.configfile import ConfigError, load_config, read_secret
@@ -46,7 +47,7 @@ DEFAULTS: dict[str, Any] = {
         "timeout_seconds": 30.0, "markers": True, "notify_critical": False,
         "flush_interval_seconds": 10.0, "backoff_base_seconds": 2.0,
         "backoff_max_seconds": 300.0, "state_check_interval_seconds": 300.0,
-        "marker_settle_seconds": MARKER_SETTLE,
+        "marker_settle_seconds": MARKER_SETTLE, "run_metrics": list(RUN_METRICS),
     },
     "grafana": {"base_url": "", "org_id": 1, "window_before_minutes": 30,
                 "window_after_minutes": 30},
@@ -117,6 +118,9 @@ HELP: dict[str, str] = {
     "wandb.marker_settle_seconds": "a marker row is written once the issue's root cause has not "
                                    "changed for this long (history is append-only; default: "
                                    "Alertmanager group_interval 1 m + 15 s)",
+    "wandb.run_metrics": "history keys of the run's own throughput or MFU (higher is better), "
+                         "first logged one wins: where it fell around an issue's onset the "
+                         "impact line names it instead of the GPU signals ([]: GPU signals only)",
     "wandb.notify_critical": "send NotifyScriptableRunAlert for critical root causes",
     "wandb.flush_interval_seconds": "at most one W&B projection per run per interval",
     "wandb.backoff_{base,max}_seconds": "retry backoff bounds (Retry-After always honoured)",
@@ -247,6 +251,14 @@ def _taints(value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _run_metrics(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(k, str) and k.strip() == k and k
+                                              and not k.startswith("_") for k in value):
+        raise ConfigError("wandb.run_metrics must be a list of history keys (not '_step' or "
+                          "other keys starting with '_')")
+    return tuple(dict.fromkeys(value))
+
+
 def _scheduler(raw: Mapping[str, Any]) -> str:
     """The exclusion's syntax: restart_policy.scheduler, else the enabled quarantine's."""
     value = raw["restart_policy"]["scheduler"]
@@ -305,6 +317,7 @@ def build_config(raw: dict[str, Any], environ: Mapping[str, str] | None = None,
         verify_placement=_flag(raw, "prometheus", "verify_run_placement"),
         scheduler=_scheduler(raw),
         endings=_endings(raw),
+        run_metrics=_run_metrics(wb["run_metrics"]),
     )
     cfg = BridgeConfig(
         raw=raw, secrets=secrets, host=str(raw["listen"]["host"]), port=port,

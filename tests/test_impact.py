@@ -1,7 +1,7 @@
 """diagnosis/impact.py on made-up series: a slowdown moves the onset to the measured drop, a hang
 spans the busiest GPU's idle time, noise is no effect, a run that ended soon after the fault is a
-crash (unless W&B says it finished) and one that ran on is not, and the run's GPU-hours do not
-count overlapping issues twice."""
+crash (unless W&B says it finished) and one that ran on is not, the run's GPU-hours do not
+count overlapping issues twice, and a metric the run logs itself (mfu) is named where it fell."""
 
 from __future__ import annotations
 
@@ -15,10 +15,12 @@ from wandb_infra.bridge.diagnosis.impact import (
     NONE,
     SLOWDOWN,
     Impact,
+    RunMetric,
     Signals,
     change_point,
     measure,
     run_gpu_hours,
+    with_run_metric,
 )
 
 pytestmark = pytest.mark.unit
@@ -165,3 +167,68 @@ def test_a_run_that_stopped_computing_and_ended_later_hung_until_its_end():
     assert got.kind == HANG, got
     assert got.text == "no GPU of the run computed from 08:02:15 until the run ended at 08:12:10"
     assert got.until == end and got.until_what == "the run's end"
+
+
+def _flat_gpus() -> Impact:
+    """The GPU-signal measurement of an issue whose GPUs showed nothing."""
+    flat = steps([(T0, 0.50)], T0 + 600)
+    return measure(signals(flat), onset=T0 + 110, fired=T0 + 129, ended=None, now=T0 + 600)
+
+
+def test_the_runs_own_mfu_falling_is_named_and_moves_the_onset():
+    gpu = _flat_gpus()
+    assert gpu.kind == NONE
+    mfu = RunMetric("mfu", steps([(T0, 0.42), (T0 + 100, 0.29), (T0 + 400, 0.42)], T0 + 600,
+                                 step=5.0))
+    got = with_run_metric(gpu, mfu, onset=T0 + 110, fired=T0 + 129, ended=T0 + 399,
+                          not_before=T0, now=T0 + 600)
+    assert got.kind == SLOWDOWN and got.drop == pytest.approx(0.31, abs=0.02)
+    assert got.text == "the run's own mfu fell 31% at 08:01:40, 29 s before the alert"
+    assert got.headline.startswith("Slowdown of 31%: the run's own mfu fell")
+    assert got.signal == "own mfu" and "the run's own mfu changed then" in got.onset_reason
+    assert got.onset == T0 + 100 and got.until == T0 + 400 and got.until_what == "recovery"
+    assert got.gpu_hours == pytest.approx(16 * 300 / 3600)
+
+
+def test_the_runs_own_throughput_stopping_is_a_hang_and_follows_the_gpus_slowdown():
+    affected = steps([(T0, 0.50), (T0 + 100, 0.35)], T0 + 600)
+    gpu = measure(signals(affected), onset=T0 + 110, fired=T0 + 129, ended=None, now=T0 + 600)
+    assert gpu.kind == SLOWDOWN
+    tps = RunMetric("tokens_per_s", [(t, 0.0 if t >= T0 + 100 else 12_000.0)
+                                     for t in range(int(T0), int(T0) + 600, 10)])
+    got = with_run_metric(gpu, tps, onset=T0 + 110, fired=T0 + 129, ended=None,
+                          not_before=T0, now=T0 + 600)
+    assert got.kind == HANG and got.headline.startswith(
+        "Hang: the run's own tokens_per_s stopped at 08:01:40, 29 s before the alert "
+        "(from 1.2e+04 to 0); tensor activity on gpu-node-065")
+    assert got.until == T0 + 600 and got.until_what == "now"
+
+
+def test_a_flat_or_noisy_run_metric_keeps_the_gpu_measurement():
+    gpu = _flat_gpus()
+    for series in (steps([(T0, 0.42)], T0 + 600, step=5.0),  # no change
+                   steps([(T0, 0.42), (T0 + 100, 0.40)], T0 + 600, step=5.0),  # under 10 %
+                   [(T0 + 100.0, 0.42), (T0 + 200.0, 0.1)]):  # too few samples
+        assert with_run_metric(gpu, RunMetric("mfu", series), onset=T0 + 110, fired=T0 + 129,
+                               ended=None, not_before=T0, now=T0 + 600) is gpu
+
+
+def test_a_crash_or_a_gpu_hang_stands_over_a_metric_slowdown():
+    mfu = RunMetric("mfu", steps([(T0, 0.42), (T0 + 100, 0.29)], T0 + 600, step=5.0))
+    top = steps([(T0, 0.5), (T0 + 100, 0.0)], T0 + 600)
+    hang = measure(signals(top, top=top), onset=T0 + 110, fired=T0 + 129, ended=None,
+                   now=T0 + 600)
+    crash = measure(signals(steps([(T0, 0.5)], T0 + 200), run_end=T0 + 200), onset=T0 + 110,
+                    fired=T0 + 129, ended=None, now=T0 + 600)
+    assert (hang.kind, crash.kind) == (HANG, CRASH)
+    for gpu in (hang, crash):
+        assert with_run_metric(gpu, mfu, onset=T0 + 110, fired=T0 + 129, ended=None,
+                               not_before=T0, now=T0 + 600) is gpu
+
+
+def test_a_run_metric_change_before_the_window_is_not_the_issue():
+    gpu = _flat_gpus()
+    early = RunMetric("mfu", steps([(T0, 0.42), (T0 + 50, 0.29)], T0 + 2000, step=5.0))
+    got = with_run_metric(gpu, early, onset=T0 + 1300, fired=T0 + 1319, ended=None,
+                          not_before=T0, now=T0 + 2000)
+    assert got is gpu

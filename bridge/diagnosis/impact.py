@@ -19,6 +19,11 @@ earlier than ``MAX_LEAD`` before the alert's own onset and never before ``not_be
 start, a previous issue's end): nothing can cause what happened before it existed. GPU-hours lost
 are the run's GPUs times the time from that onset until recovery, the run's end or now; an issue
 with no visible effect cost none.
+
+Where the run logs its own throughput or MFU to W&B, ``with_run_metric`` measures that series
+over the same window with the same change point: a fall of at least ``MIN_DROP`` is the slowdown
+the run itself saw, a fall to at most ``IDLE`` of its level a hang, and either is named in the
+impact line instead of the GPU signal (a crash, or a GPU hang over a mere slowdown, stands).
 """
 
 from __future__ import annotations
@@ -190,34 +195,54 @@ def _recovered(points: Points, start: float, level: float) -> float | None:
     return None
 
 
+def search_window(*, onset: float, fired: float, ended: float | None, not_before: float,
+                  now: float, run_end: float | None) -> tuple[float, float]:
+    """Where a change is searched: from ``MAX_LEAD`` before the onset (never before
+    ``not_before``) until the issue ended or ``AFTER`` past the alert, bounded by now and the
+    run's end."""
+    lo = max(not_before, onset - MAX_LEAD)
+    horizon = now if run_end is None else min(now, run_end)
+    hi = min(horizon, ended if ended is not None else fired + AFTER)
+    return lo, max(hi, min(horizon, fired))
+
+
+def _moved(onset: float, changed: float | None, lo: float, fired: float,
+           signal: str) -> tuple[float, str]:
+    """The onset moved to a measured change before the alert fired, and why."""
+    if changed is None or not lo <= changed < fired or abs(changed - onset) < 1.0:
+        return onset, ""
+    return changed, (f"onset moved from {clock(onset)} (the alert's start minus its rule's "
+                     f"'for') to {clock(changed)}: the run's {signal} changed then, "
+                     f"{_relative(changed, fired)} fired")
+
+
+def _until(at: float | None, what: str, *, run_end: float | None, ended: float | None,
+           now: float) -> tuple[float, str]:
+    """When the cost stopped: the measured recovery or the run's end, whichever came first;
+    without either the issue's end, else now."""
+    options = [(at, what), (run_end, "the run's end"),
+               (ended if at is None else None, "the issue's end")]
+    found = [(t, w) for t, w in options if t is not None and t <= now]
+    return min(found, key=lambda x: x[0]) if found else (now, "now")
+
+
 def measure(signals: Signals, *, onset: float, fired: float, ended: float | None,
             now: float) -> Impact:
     """The issue's effect on the run (see the module doc). ``onset`` is the root cause's onset
     (its alert's ``startsAt`` minus the rule's ``for``), ``fired`` its ``startsAt``, ``ended``
     when the issue ended (None while open)."""
-    lo = max(signals.not_before, onset - MAX_LEAD)
+    lo, hi = search_window(onset=onset, fired=fired, ended=ended, not_before=signals.not_before,
+                           now=now, run_end=signals.run_end)
     horizon = now if signals.run_end is None else min(now, signals.run_end)
-    hi = min(horizon, ended if ended is not None else fired + AFTER)
-    hi = max(hi, min(horizon, fired))
     ratio = signals.signal in RATIO_SIGNALS
     gpus = signals.gpus
 
     def stop(at: float | None, what: str) -> tuple[float, str]:
-        """The measured recovery or the run's end, whichever came first; without either the
-        issue's end, else now."""
-        options = [(at, what), (signals.run_end, "the run's end"),
-                   (ended if at is None else None, "the issue's end")]
-        found = [(t, w) for t, w in options if t is not None and t <= now]
-        return min(found, key=lambda x: x[0]) if found else (now, "now")
+        return _until(at, what, run_end=signals.run_end, ended=ended, now=now)
 
     def impact(kind: str, text: str, until: tuple[float, str], *,
                drop: float | None = None, changed: float | None = None) -> Impact:
-        moved, reason = onset, ""
-        if changed is not None and lo <= changed < fired and abs(changed - onset) >= 1.0:
-            moved = changed
-            reason = (f"onset moved from {clock(onset)} (the alert's start minus its rule's "
-                      f"'for') to {clock(changed)}: the run's {signals.signal} changed then, "
-                      f"{_relative(changed, fired)} fired")
+        moved, reason = _moved(onset, changed, lo, fired, signals.signal)
         end_at = max(moved, until[0])
         return Impact(kind, text, moved, reason, end_at, until[1], gpus,
                       gpus * (end_at - moved) / 3600.0, drop, changed, signals.signal)
@@ -263,6 +288,50 @@ def measure(signals: Signals, *, onset: float, fired: float, ended: float | None
     seen_to = ("the run's end" if run_end is not None and hi >= run_end
                else "now" if ended is None else "the issue's end")
     return Impact(NONE, text, onset, "", hi, seen_to, gpus, 0.0, 0.0, None, signals.signal)
+
+
+@dataclass(frozen=True)
+class RunMetric:
+    """A metric the run logs itself (its W&B history), where higher is better: throughput, MFU."""
+
+    name: str  # the history key, e.g. "mfu"
+    points: Points  # (epoch seconds, value)
+
+
+def with_run_metric(gpu: Impact, metric: RunMetric, *, onset: float, fired: float,
+                    ended: float | None, not_before: float, now: float) -> Impact:
+    """The issue's impact as the run's own metric shows it, where that fell by ``MIN_DROP`` or
+    more (a slowdown) or to ``IDLE`` of its level (a hang) in the same window ``measure``
+    searched; otherwise ``gpu``, the GPU-signal measurement, unchanged. A crash stands, and a
+    GPU hang stands over a slowdown the metric saw (the GPUs say more). The GPUs' own finding,
+    when they saw one, follows the metric's."""
+    if gpu.kind == CRASH:
+        return gpu
+    run_end = gpu.until if gpu.until_what == "the run's end" else None
+    lo, hi = search_window(onset=onset, fired=fired, ended=ended, not_before=not_before,
+                           now=now, run_end=run_end)
+    series = _within(metric.points, lo, hi)
+    found = change_point(series)
+    if found is None or found[1] <= 0:
+        return gpu
+    k, before, after = found
+    drop = 1 - after / before
+    stopped = after <= before * IDLE
+    if drop < MIN_DROP or (gpu.kind == HANG and not stopped):
+        return gpu
+    at, signal = series[k][0], f"own {metric.name}"
+    text = (f"the run's {signal} {'stopped' if stopped else f'fell {round(drop * 100)}%'} at "
+            f"{clock(at)}, {_relative(at, fired)}")
+    if stopped:
+        text += f" (from {before:.3g} to {after:.3g})"
+    if gpu.kind in (SLOWDOWN, HANG):
+        text += f"; {gpu.text}"
+    moved, reason = _moved(onset, at, lo, fired, signal)
+    until, what = _until(_recovered(metric.points, at, before), "recovery", run_end=run_end,
+                         ended=ended, now=now)
+    end_at = max(moved, until)
+    return Impact(HANG if stopped else SLOWDOWN, text, moved, reason, end_at, what, gpu.gpus,
+                  gpu.gpus * (end_at - moved) / 3600.0, drop, at, signal)
 
 
 def crashed(signals: Signals, *, onset: float, ended: float | None, lo: float) -> bool:

@@ -24,7 +24,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from wandb_infra.bridge.diagnosis.impact import Impact
+from wandb_infra.bridge.diagnosis.impact import Impact, search_window, with_run_metric
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.diagnosis.placement import PlacementCheck
 from wandb_infra.bridge.diagnosis.root_cause import AlertFact, Diagnosis, diagnose
@@ -46,6 +46,7 @@ from wandb_infra.bridge.projection.plan import (
     summary_entries,
 )
 from wandb_infra.bridge.projection.wandb_client import (
+    RUN_METRICS,
     PermanentError,
     TransientError,
     WandbClient,
@@ -121,6 +122,8 @@ class DeliveryPolicy:
     scheduler: str = ""
     # With Prometheus: every ended run gets a verdict (bridge/prometheus/endings.py); None: off.
     endings: EndingsPolicy | None = None
+    # History keys of the run's own throughput or MFU the impact line names where one fell.
+    run_metrics: tuple[str, ...] = RUN_METRICS
 
 
 def backoff(attempts: int, policy: DeliveryPolicy, retry_after: float | None,
@@ -307,9 +310,32 @@ class DeliveryWorker:
             return None
         row = self.store.outbox(run)
         found = self.impact.for_diagnosis(run, diagnosis, None if row is None else row.run_state)
+        if found is not None and self.client is not None and self.policy.run_metrics:
+            found = self._own_metrics(run, diagnosis, found)
         if found is not None:
             self.store.record_gpu_hours(run, run_total(found) or 0.0, self.clock())
         return found
+
+    def _own_metrics(self, run: RunKey, diagnosis: Diagnosis,
+                     found: dict[str, Impact]) -> dict[str, Impact]:
+        """Each measured impact, named after the run's own throughput or MFU (W&B history)
+        where that fell in the issue's window (bridge/diagnosis/impact.py, with_run_metric)."""
+        assert self.client is not None
+        now, issues = self.clock(), [i for i in diagnosis.issues if i.key in found]
+        bounds = {}
+        for issue in issues:
+            onset, fired = issue.root.onset.timestamp(), issue.root.starts_at.timestamp()
+            ended = None if issue.ended_at is None else issue.ended_at.timestamp()
+            earlier = [i.ended_at.timestamp() for i in diagnosis.issues
+                       if i.ended_at is not None and i.ended_at <= issue.root.onset]
+            bounds[issue.key] = (onset, fired, ended, max(earlier, default=0.0))
+        metrics = self.client.run_metrics(
+            run.entity, run.project, run.run_id, self.policy.run_metrics,
+            {k: search_window(onset=o, fired=f, ended=e, not_before=nb, now=float("inf"),
+                              run_end=None) for k, (o, f, e, nb) in bounds.items()})
+        return {k: v if k not in metrics else with_run_metric(
+                    v, metrics[k], onset=bounds[k][0], fired=bounds[k][1], ended=bounds[k][2],
+                    not_before=bounds[k][3], now=now) for k, v in found.items()}
 
     def quarantine_pass(self, now: float) -> None:
         """Offer the open issues of recently active runs whose decision lets the hosts be taken

@@ -5,7 +5,8 @@ what the live trainer wrote): each write is one ``upsertBucket`` naming only the
 changes. Errors are classified so the delivery worker can retry what may succeed later
 (``TransientError``, with ``Retry-After`` when the server sent one) and park what never will
 (``PermanentError``). It also reads a run's history (``_step``, ``_timestamp``) to say at
-which of the run's steps an issue began.
+which of the run's steps an issue began, and the throughput or MFU the run logs itself around
+each issue's onset, so the impact line can name the run's own slowdown.
 """
 
 from __future__ import annotations
@@ -13,15 +14,17 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import math
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import Any
 
 import requests
 
+from wandb_infra.bridge.diagnosis.impact import RunMetric
 from wandb_infra.common.logsetup import log_fields
 
 log = logging.getLogger(__name__)
@@ -81,6 +84,9 @@ STEP_READS = 4  # sampled reads per onset, each narrowing the step range around 
 STEP_NEAR = 600.0
 STEP_RETRY = 60.0  # an onset whose step is not settled yet is looked up again after this
 STEP_CACHE = 4096  # onsets remembered (oldest dropped first)
+# What the impact line names when the run logs it (bridge config ``wandb.run_metrics``): the
+# first of these keys the run's history holds, each a rate where higher is better.
+RUN_METRICS = ("mfu", "throughput", "tokens_per_s", "samples_per_s")
 
 NOTIFY = """
 mutation NotifyScriptableRunAlert($entityName: String!, $projectName: String!, $runName: String!,
@@ -161,6 +167,10 @@ class WandbClient:
         self.calls = 0
         # (entity, project, run id, onset) -> the step found, or None, and until when it holds
         self._steps: dict[tuple[str, str, str, float], tuple[RunStep | None, float]] = {}
+        # (entity, project, run id, keys, window) -> the run's own metric there, or None, and
+        # until when it holds
+        self._metrics: dict[tuple[str, str, str, tuple[str, ...], float, float],
+                            tuple[RunMetric | None, float]] = {}
 
     def _post(self, query: str, variables: dict[str, Any], operation: str) -> dict[str, Any]:
         self.calls += 1
@@ -249,19 +259,26 @@ class WandbClient:
                             "title": title[:200], "text": text[:2000], "severity": severity},
                    "NotifyScriptableRunAlert")
 
+    def _history(self, entity: str, project: str, run_id: str,
+                 specs: Sequence[tuple[Sequence[str], int, int]]) -> list[list[Any]]:
+        """One ``sampledHistory`` read: per (keys, first step, end step) spec, the rows in steps
+        ``[first, end)`` holding those keys, at most ``STEP_SAMPLES`` of them."""
+        texts = [json.dumps({"keys": list(keys), "minStep": lo, "maxStep": hi,
+                             "samples": STEP_SAMPLES}) for keys, lo, hi in specs]
+        data = self._post(SAMPLED_HISTORY, {"entity": entity, "project": project,
+                                            "name": run_id, "specs": texts},
+                          "BridgeSampledHistory")
+        sampled = ((data.get("project") or {}).get("run") or {}).get("sampledHistory") or []
+        if len(sampled) != len(specs) or not all(isinstance(part, list) for part in sampled):
+            raise PermanentError("sampledHistory: expected one list of rows per spec")
+        return sampled
+
     def _sampled(self, entity: str, project: str, run_id: str, lo: int, hi: int
                  ) -> tuple[list[tuple[int, float]], int]:
         """The run's own rows (step, timestamp) in steps ``[lo, hi)``, as sampled by W&B, and how
         many rows the sample held (fewer than ``STEP_SAMPLES``: the whole range)."""
-        specs = [json.dumps({"keys": keys, "minStep": lo, "maxStep": hi,
-                             "samples": STEP_SAMPLES})
-                 for keys in (["_step", "_timestamp"], ["_step", MARKER_KEY])]
-        data = self._post(SAMPLED_HISTORY, {"entity": entity, "project": project,
-                                            "name": run_id, "specs": specs},
-                          "BridgeSampledHistory")
-        sampled = ((data.get("project") or {}).get("run") or {}).get("sampledHistory") or []
-        if len(sampled) != 2 or not all(isinstance(part, list) for part in sampled):
-            raise PermanentError("sampledHistory: expected one list of rows per spec")
+        sampled = self._history(entity, project, run_id, [(["_step", "_timestamp"], lo, hi),
+                                                          (["_step", MARKER_KEY], lo, hi)])
         markers = {r.get("_step") for r in sampled[1] if isinstance(r, dict)}
         rows = []
         for row in sampled[0]:
@@ -327,3 +344,84 @@ class WandbClient:
             if cached[0] is not None:
                 found[key] = cached[0]
         return found
+
+    def metric_around(self, entity: str, project: str, run_id: str, keys: Sequence[str], *,
+                      lo: float, hi: float, last_step: int) -> tuple[RunMetric | None, bool]:
+        """The first of ``keys`` the run logged, as (timestamp, value) from ``lo`` to ``hi``
+        (epoch seconds), and whether the run logged it past ``hi`` (nothing earlier can still
+        arrive). One read samples every key over the whole history; while the sample was
+        thinned, each further read narrows the step range to the rows around the window, so a
+        long run costs a few reads, not its whole history."""
+        if last_step < 0 or not keys:
+            return None, False
+        first, end = 0, last_step + 1
+        parts = self._history(entity, project, run_id,
+                              [(["_step", "_timestamp", k], first, end) for k in keys])
+        for key, rows in zip(keys, parts, strict=True):
+            points = _metric_rows(rows, key)
+            if points:
+                break
+        else:
+            return None, False
+        for _ in range(STEP_READS):
+            if len(rows) < STEP_SAMPLES:
+                break
+            before = [step for step, at, _ in points if at < lo]
+            after = [step for step, at, _ in points if at > hi]
+            narrowed = (before[-1] if before else first, after[0] + 1 if after else end)
+            if narrowed == (first, end):
+                break
+            first, end = narrowed
+            rows = self._history(entity, project, run_id,
+                                 [(["_step", "_timestamp", key], first, end)])[0]
+            points = _metric_rows(rows, key)
+        return (RunMetric(key, [(at, v) for _, at, v in points if lo <= at <= hi]),
+                any(at > hi for _, at, _ in points))
+
+    def run_metrics(self, entity: str, project: str, run_id: str, keys: Sequence[str],
+                    windows: Mapping[str, tuple[float, float]]) -> dict[str, RunMetric]:
+        """Issue key -> the run's own metric over that issue's (start, end) window, where it
+        logs one of ``keys``. Like ``steps_at`` an addition, never a reason to hold anything
+        back: a failed read is logged and the GPU signals stand. A window the run has logged
+        past is kept; a missing or unfinished one is read again after ``STEP_RETRY`` seconds,
+        so a page view or projection in between costs no W&B call."""
+        now = time.monotonic()
+        found: dict[str, RunMetric] = {}
+        if not keys:
+            return found
+        last_step: int | None = None
+        for issue, (lo, hi) in windows.items():
+            where = (entity, project, run_id, tuple(keys), round(lo, 3), round(hi, 3))
+            cached = self._metrics.get(where)
+            if cached is None or cached[1] <= now:
+                try:
+                    if last_step is None:
+                        last_step = self.find_run(entity, project, run_id).last_step
+                    metric, settled = self.metric_around(entity, project, run_id, keys, lo=lo,
+                                                         hi=hi, last_step=last_step)
+                except WandbError as exc:
+                    log.info("run metric not read; the impact stays on the GPU signals",
+                             extra=log_fields(run=f"{entity}/{project}/{run_id}", error=str(exc)))
+                    metric, settled = None, False
+                self._metrics.pop(where, None)
+                self._metrics[where] = cached = (metric,
+                                                 float("inf") if settled else now + STEP_RETRY)
+                while len(self._metrics) > STEP_CACHE:
+                    del self._metrics[next(iter(self._metrics))]
+            if cached[0] is not None:
+                found[issue] = cached[0]
+        return found
+
+
+def _metric_rows(rows: list[Any], key: str) -> list[tuple[int, float, float]]:
+    """(step, timestamp, value) of the rows holding a number under ``key``, by step."""
+    out = []
+    for row in rows:
+        if not isinstance(row, dict):
+            continue
+        step, at, value = row.get("_step"), row.get("_timestamp"), row.get(key)
+        if isinstance(step, int) and isinstance(at, (int, float)) \
+                and isinstance(value, (int, float)) and not isinstance(value, bool) \
+                and math.isfinite(value):
+            out.append((step, float(at), float(value)))
+    return sorted(out)
