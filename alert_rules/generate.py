@@ -3,7 +3,8 @@ runbook from the catalog (``catalog/``). Deterministic: same catalog and options
 
 Usage: ``python -m wandb_infra.alert_rules.generate [--config FILE] [--violation-unit ns|us]
 [--runbook-base URL] [--out-dir DIR] [--check]``. Options can also come from a YAML file and from
-``WANDB_INFRA_RULES__<KEY>`` environment variables (see ``--help``).
+``WANDB_INFRA_RULES__<KEY>`` environment variables (see ``--help``). Without ``--out-dir`` it writes
+into the source checkout it runs from; where the package is installed it refuses.
 """
 
 from __future__ import annotations
@@ -32,9 +33,10 @@ from wandb_infra.catalog.alerts import (
 )
 from wandb_infra.catalog.template import Value, fill, placeholders
 from wandb_infra.common.configfile import ConfigError, load_config
-from wandb_infra.common.generated import write_or_check
+from wandb_infra.common.generated import checkout_root, write_or_check
 
-ROOT = Path(__file__).resolve().parent.parent
+# The default --out-dir: the source checkout this module runs from (None where it is installed).
+CHECKOUT = checkout_root(__file__)
 
 ENV_PREFIX = "WANDB_INFRA_RULES"
 DEFAULTS: dict[str, Any] = {
@@ -158,8 +160,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="regex whose first group is the canonical host key where it matches "
                              "an exporter's host name (default: the first label of an FQDN; "
                              "'(.+)' keeps names whole); the mixin's _config.hostKeyRegex")
-    parser.add_argument("--out-dir", default=str(ROOT),
-                        help="repository root to write into (default: this repository)")
+    parser.add_argument("--out-dir",
+                        help="folder to write into, as a checkout's root: alert_rules/, docs/ and "
+                             "mixin/ below it (default: the source checkout this runs from; "
+                             "required where the package is installed)")
     parser.add_argument("--check", action="store_true",
                         help="write nothing; exit 1 if any committed file differs")
     return parser.parse_args(argv)
@@ -738,7 +742,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    root = Path(args.out_dir)
+    root = Path(args.out_dir) if args.out_dir is not None else CHECKOUT
+    if root is None:
+        print("error: not run from a source checkout of wandb-infra-issues: pass --out-dir DIR "
+              "(the rules go to DIR/alert_rules/)", file=sys.stderr)
+        return 2
     return write_or_check({root / rel: text for rel, text in outputs(cfg).items()}, args.check,
                           lambda path: str(path.relative_to(root)))
 

@@ -5,14 +5,29 @@ failing (``make generate`` writes; ``tests/test_generated.py`` checks them all a
 from __future__ import annotations
 
 import sys
+import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
+
+PROJECT = "wandb-infra-issues"
 
 
 def stale(files: Mapping[Path, str]) -> list[Path]:
     """The paths whose committed text differs from ``files`` (missing ones included)."""
     return [p for p, text in files.items()
             if not p.exists() or p.read_text(encoding="utf-8") != text]
+
+
+def checkout_root(package_file: str | Path) -> Path | None:
+    """The source checkout a generator runs from, or None where the package is installed: a
+    generator's default output is the checkout's folders, never site-packages. A checkout is the
+    folder above the package folder holding this project's pyproject.toml."""
+    root = Path(package_file).resolve().parent.parent
+    try:
+        project = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError):
+        return None
+    return root if project.get("project", {}).get("name") == PROJECT else None
 
 
 def write_or_check(files: Mapping[Path, str], check: bool,

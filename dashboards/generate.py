@@ -3,8 +3,9 @@
 Why generated: every panel id, dashboard uid, variable name and series name comes from the shared
 catalog (``catalog/``: panels, series) and the join-metric contract (``common/labels``), so
 the deep links the bridge builds and the alerts' ``panel_id`` annotations always land on a panel
-that exists. ``python -m wandb_infra.dashboards.generate`` rewrites the committed JSON;
-``--check`` fails when the committed files differ from what this module produces.
+that exists. ``python -m wandb_infra.dashboards.generate`` rewrites the committed JSON in a source
+checkout; where the package is installed it writes only into ``--out-dir DIR``. ``--check`` fails
+when the files there differ from what this module produces.
 
 Queries read the normalised series of ``alert_rules/`` (``hostname``/``gpu`` labels on every dcgm
 flavour) and take each range over ``$__rate_interval``: the ``*_over_time`` keeps a short spike
@@ -40,7 +41,7 @@ from wandb_infra.catalog.alerts import (
 from wandb_infra.catalog.series import span
 from wandb_infra.catalog.xid import XidClass, codes, prose
 from wandb_infra.common import labels
-from wandb_infra.common.generated import write_or_check
+from wandb_infra.common.generated import checkout_root, write_or_check
 
 MISSING_SDK = ("the dashboard generator needs Grafana's foundation SDK: "
                "pip install 'wandb-infra-issues[generate]'")
@@ -56,8 +57,9 @@ try:  # the generator's one dependency the runtime does not need: the `generate`
 except ImportError as exc:
     raise ImportError(MISSING_SDK) from exc
 
-ROOT = Path(__file__).resolve().parent.parent
-
+# The source checkout this module runs from (None where it is installed), and the default output:
+# the checkout's dashboards/, this module's folder there; never written to outside a checkout.
+CHECKOUT = checkout_root(__file__)
 OUT_DIR = Path(__file__).resolve().parent
 DATASOURCE_VAR = "datasource"
 DS = model.DataSourceRef(type_val="prometheus", uid="${" + DATASOURCE_VAR + "}")
@@ -597,10 +599,11 @@ def build_dashboard(board: catalog.Dashboard) -> dict[str, Any]:
     return data
 
 
-def render() -> dict[Path, str]:
-    """File path -> JSON text for every catalog dashboard."""
+def render(out_dir: Path | None = None) -> dict[Path, str]:
+    """File path (in ``out_dir``, by default ``OUT_DIR``) -> JSON text for every catalog
+    dashboard."""
     return {
-        OUT_DIR / f"{board.uid}.json":
+        (out_dir or OUT_DIR) / f"{board.uid}.json":
             json.dumps(build_dashboard(board), indent=2, sort_keys=True) + "\n"
         for board in catalog.DASHBOARDS.values()
     }
@@ -609,10 +612,17 @@ def render() -> dict[Path, str]:
 def main(argv: Iterable[str] | None = None) -> int:
     """Write the dashboards, or with --check report the ones that are out of date."""
     parser = argparse.ArgumentParser(description="Generate Grafana dashboards from the catalog.")
+    parser.add_argument("--out-dir", type=Path,
+                        help="folder to write the dashboard JSON files into (default in a source "
+                             "checkout: its dashboards/; required where the package is installed)")
     parser.add_argument("--check", action="store_true",
-                        help="write nothing; exit 1 if a committed dashboard differs")
+                        help="write nothing; exit 1 if a dashboard there differs")
     args = parser.parse_args(list(argv) if argv is not None else None)
-    return write_or_check(render(), args.check)
+    if args.out_dir is None and CHECKOUT is None:
+        print("error: not run from a source checkout of wandb-infra-issues: pass --out-dir DIR "
+              "(the folder to write the dashboards into)", file=sys.stderr)
+        return 2
+    return write_or_check(render(args.out_dir), args.check)
 
 
 if __name__ == "__main__":

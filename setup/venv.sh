@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Creates the project's virtualenv (Python >= 3.11) and installs the project with its dev extras.
+# Creates the project's virtualenv (Python >= 3.11) and installs the project with the exporter's and
+# the bridge's extras (a bare install is the training client only) and the dev tools.
 # The editable install is 'strict': build/__editable__.*/wandb_infra/ links each packaged file, so
 # mypy and Python see the same wandb_infra.* namespace (a new module needs `make venv` again; the
 # Makefile's stamp covers the list of packaged files, so make does that by itself).
@@ -15,7 +16,7 @@ PY
 [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
 echo "installing the project and its test tools into $venv ..." >&2
 if ! { "$venv/bin/python" -m pip install -q --upgrade pip \
-       && "$venv/bin/python" -m pip install -q -e '.[dev]' \
+       && "$venv/bin/python" -m pip install -q -e '.[bridge,exporter,dev]' \
             --config-settings editable_mode=strict; } >"$venv/install.log" 2>&1; then
   cat "$venv/install.log" >&2
   exit 1
