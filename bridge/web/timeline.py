@@ -13,6 +13,8 @@ from datetime import UTC, datetime
 from html import escape
 from typing import Any
 
+from wandb_infra.bridge.diagnosis.impact import duration
+
 WIDTH = 1100  # the wide layout: the page's content box in a window of at least 1060 px
 NARROW_WIDTH = 720  # the narrow layout, drawn about 1:1 in an 800 px window
 CHART_WIDTHS = (WIDTH, NARROW_WIDTH)  # the layouts the page sends; its CSS shows one
@@ -54,13 +56,7 @@ def onset(fact: dict[str, Any]) -> float:
 
 def offset_text(seconds: float) -> str:
     """``+13 s``, ``+4 min 10 s``, ``+2 h 5 min``: how far after the root cause."""
-    sign = "-" if seconds < 0 else "+"
-    s = round(abs(seconds))
-    if s < 60:
-        return f"{sign}{s} s"
-    if s < 3600:
-        return f"{sign}{s // 60} min" + (f" {s % 60} s" if s % 60 else "")
-    return f"{sign}{s // 3600} h" + (f" {s % 3600 // 60} min" if s % 3600 // 60 else "")
+    return ("-" if seconds < 0 else "+") + duration(seconds)
 
 
 def clock(value: datetime) -> str:
