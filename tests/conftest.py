@@ -19,6 +19,7 @@ for _var in [v for v in os.environ if "proxy" in v.lower()]:
 os.environ["NO_PROXY"] = "127.0.0.1,localhost"
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark every test outside the integration layers as ``unit``, and keep each file's tests
     on one worker unless the file is in ``SPREAD``."""
