@@ -9,6 +9,7 @@ import pytest
 import wandb
 
 from harness.bridge_payloads import T0, alert, cascade, notification
+from harness.clock import ManualClock
 from harness.wandb_standin import WandbStandin
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.ingest.identity import IdentityReader
@@ -22,16 +23,6 @@ from wandb_infra.bridge.projection.wandb_client import WandbClient
 from wandb_infra.common.runkey import RunKey
 
 RUN = RunKey("team", "proj", "r1")
-
-
-class Clock:
-    """A controllable clock for the worker's timing decisions."""
-
-    def __init__(self) -> None:
-        self.now = 1_800_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture
@@ -49,7 +40,7 @@ def make_worker(tmp_path, wb, *, key=None, markers=None, clock=None, **policy):
     worker = DeliveryWorker(
         store, client=client, markers=markers, links=GrafanaLinks("https://grafana.example"),
         metrics=BridgeMetrics(), policy=DeliveryPolicy(**{"flush_interval": 0, **policy}),
-        clock=clock or Clock(), seed=1)
+        clock=clock or ManualClock(1_800_000_000.0), seed=1)
     return store, worker
 
 
@@ -91,7 +82,7 @@ def test_tags_and_notes_added_user_data_untouched_summary_left_alone(tmp_path, w
 
 
 def test_summary_written_when_run_is_not_running_and_reasserted_when_it_finishes(tmp_path, wb):
-    clock = Clock()
+    clock = ManualClock(1_800_000_000.0)
     store, worker = make_worker(tmp_path, wb, clock=clock, state_check_interval=300)
     ingest(store, [alert("GpuXidError", category="gpu_hardware", host="h1", gpu="2", run="r1")])
     worker.run_once()
@@ -112,7 +103,7 @@ def test_summary_written_when_run_is_not_running_and_reasserted_when_it_finishes
 
 
 def test_coalescing_one_projection_per_run_per_flush(tmp_path, wb):
-    clock = Clock()
+    clock = ManualClock(1_800_000_000.0)
     for i in range(3, 6):
         wb.add_run("team", "proj", f"r{i}")
     store, worker = make_worker(tmp_path, wb, clock=clock, flush_interval=30)
@@ -138,7 +129,7 @@ def test_coalescing_one_projection_per_run_per_flush(tmp_path, wb):
 
 
 def test_transient_failures_back_off_and_honour_retry_after(tmp_path, wb):
-    clock = Clock()
+    clock = ManualClock(1_800_000_000.0)
     store, worker = make_worker(tmp_path, wb, clock=clock, backoff_base=2, backoff_max=60)
     ingest(store, [alert("NodeDown", category="node", host="h1", run="r1"),
                    alert("NodeDown", category="node", host="h2", run="r2")])
@@ -163,7 +154,7 @@ def test_transient_failures_back_off_and_honour_retry_after(tmp_path, wb):
 
 
 def test_permanent_failures_are_parked_and_do_not_block_others(tmp_path, wb):
-    clock = Clock()
+    clock = ManualClock(1_800_000_000.0)
     store, worker = make_worker(tmp_path, wb, clock=clock)
     ingest(store, [alert("NodeDown", category="node", host="h1", run="ghost"),
                    alert("NodeDown", category="node", host="h2", run="r2")])
@@ -213,7 +204,7 @@ def test_notify_critical_once(tmp_path, wb):
 def test_markers_with_the_real_wandb_sdk(tmp_path, wb):
     """Rows only once the root cause settled; the writer sends history and nothing it can
     switch off (no program, code, git, metadata, summary), and never finishes the run."""
-    clock = Clock()
+    clock = ManualClock(1_800_000_000.0)
     writer = SdkMarkerWriter(wb.url, wb.api_key, tmp_path / "markers")
     store, worker = make_worker(tmp_path, wb, markers=writer, clock=clock, marker_settle=60)
     try:

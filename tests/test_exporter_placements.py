@@ -7,6 +7,7 @@ import asyncio
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from harness.clock import ManualClock
 from harness.processes import wait_for
 from wandb_infra.common import labels
 from wandb_infra.common.runkey import RunKey
@@ -25,14 +26,6 @@ from wandb_infra.exporter.sources.slurm import SlurmSource
 RUN = RunKey("ent", "proj", "run1")
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def place(host, source="slurm", gpus=(), *, run=RUN, name="", extra=()):
     return RunPlacement(run, host, source, tuple(gpus), name, tuple(extra))
 
@@ -47,7 +40,7 @@ def series(registry):
 
 
 def test_merge_dedupes_sources_and_keeps_first_labels():
-    clock = Clock()
+    clock = ManualClock(1000.0)
     reg = PlacementMerger(HostnameMapper(), clock=clock)
     reg.record_success("slurm", SourceResult([place("gpu01.x", gpus=[Gpu("0")],
                                                     extra=[("slurm_job_id", "7")])]), 0.1)
@@ -65,7 +58,7 @@ def test_merge_dedupes_sources_and_keeps_first_labels():
 
 
 def test_labels_stay_constant_while_run_lives():
-    reg = PlacementMerger(clock=Clock())
+    reg = PlacementMerger(clock=ManualClock(1000.0))
     reg.record_success("wandb", SourceResult([place("h1", "wandb", name="first")]), 0)
     before, _ = series(reg)
     reg.record_success("slurm", SourceResult([place("h1", extra=[("slurm_job_id", "9")])]), 0)
@@ -80,7 +73,7 @@ def test_labels_stay_constant_while_run_lives():
 
 
 def test_gpu_labels_stay_constant_when_another_source_adds_uuid():
-    reg = PlacementMerger(clock=Clock())
+    reg = PlacementMerger(clock=ManualClock(1000.0))
     reg.record_success("slurm", SourceResult([place("h1", gpus=[Gpu("0"), Gpu("1")])]), 0)
     before = series(reg)[0][labels.GPU_INFO]
     reg.record_success("wandb", SourceResult([place("h1", "wandb", [Gpu("0", "GPU-a"),
@@ -98,7 +91,7 @@ def test_gpu_labels_stay_constant_when_another_source_adds_uuid():
 
 
 def test_failed_source_keeps_mapping_for_grace_then_drops():
-    clock = Clock()
+    clock = ManualClock(1000.0)
     reg = PlacementMerger(grace_seconds=60, clock=clock)
     reg.add_source("slurm")
     _, fams = series(reg)
@@ -127,7 +120,7 @@ def test_failed_source_keeps_mapping_for_grace_then_drops():
 
 def test_two_runs_share_a_host_and_gpus_stay_apart():
     other = RunKey("ent", "proj", "run2")
-    reg = PlacementMerger(clock=Clock())
+    reg = PlacementMerger(clock=ManualClock(1000.0))
     reg.record_success("slurm", SourceResult([place("h", gpus=[Gpu("0"), Gpu("1")]),
                                               place("h", gpus=[Gpu("2")], run=other)]), 0)
     got, fams = series(reg)
@@ -148,7 +141,7 @@ def test_merge_gpus():
 
 
 def test_exposition_escapes_and_never_emits_job_or_instance():
-    reg = PlacementMerger(clock=Clock())
+    reg = PlacementMerger(clock=ManualClock(1000.0))
     reg.record_success("wandb", SourceResult([place("h", "wandb", name='a "quoted"\\ name\n')]),
                        0)
     text = render(reg).decode()
@@ -158,7 +151,7 @@ def test_exposition_escapes_and_never_emits_job_or_instance():
 
 
 def test_registration_store_ttl_and_delete():
-    clock = Clock()
+    clock = ManualClock(1000.0)
     store = RegistrationStore(max_entries=2, clock=clock)
     p1, _ = parse_registration({"entity": "e", "project": "p", "run_id": "r",
                                 "hostname": "h1"}, "registrations", 60, 600)
@@ -227,7 +220,7 @@ def test_poller_survives_crashing_and_garbage_sources():
         returncode, stdout, stderr = 0, "\x00\xff{not json", ""
 
     garbage = SlurmSource({"interval_seconds": 0.01}, runner=lambda *a, **k: Garbage())
-    reg = PlacementMerger(clock=Clock())
+    reg = PlacementMerger(clock=ManualClock(1000.0))
     flaky = Flaky()
 
     def polled() -> bool:
@@ -268,7 +261,7 @@ def _without_live_families(body: bytes) -> list[str]:
 
 
 def test_memoised_exposition_equals_fresh_rendering():
-    reg = PlacementMerger(clock=Clock())
+    reg = PlacementMerger(clock=ManualClock(1000.0))
     exposition = Exposition()
     steps = [
         [place("h1", gpus=[Gpu("0"), Gpu("1")]), place("h2", name='q"uote')],

@@ -13,6 +13,7 @@ import requests
 from aiohttp.test_utils import make_mocked_request
 
 from harness.bridge_payloads import TOKEN, cascade, make_context, serve
+from harness.clock import ManualClock
 from tests.pages_helpers import fake_worker, post_alerts
 from tests.test_pages_auth import _config
 from tests.test_pages_run import RUN_PATH
@@ -30,17 +31,9 @@ from wandb_infra.bridge.web.webhook import PAGE_COOKIE, PageAuth
 PAGE_TOKEN = "page-token-0123456789abcdef"
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.mark.unit
 def test_a_session_expires_and_ends_at_sign_out():
-    clock = Clock()
+    clock = ManualClock(1000.0)
     sessions = Sessions(seconds=60, clock=clock)
     a, b = sessions.issue(), sessions.issue()
     assert a != b and sessions.valid(a) and sessions.valid(b)
@@ -53,7 +46,7 @@ def test_a_session_expires_and_ends_at_sign_out():
 
 @pytest.mark.unit
 def test_failed_logins_are_throttled_per_client_and_released_after_the_window():
-    clock = Clock()
+    clock = ManualClock(1000.0)
     limiter = LoginLimiter(clock=clock)
     for _ in range(FAILURES_PER_CLIENT):
         assert limiter.retry_after("10.0.0.1") == 0
@@ -85,7 +78,7 @@ def test_a_client_is_its_ipv4_address_or_its_ipv6_64():
 def test_one_client_cannot_lock_everyone_out():
     """Hammering from one address, or from every address of one IPv6 /64, locks that client
     only: it stops at its own limit, which is far below the total's backstop."""
-    clock = Clock()
+    clock = ManualClock(1000.0)
     limiter = LoginLimiter(clock=clock)
     assert sum(_guess(limiter, "10.0.0.1") for _ in range(1000)) == FAILURES_PER_CLIENT
     rotated = [client_key(f"2001:db8::{i:x}") for i in range(1, 2 * FAILURES_TOTAL)]
@@ -96,7 +89,7 @@ def test_one_client_cannot_lock_everyone_out():
 
 @pytest.mark.unit
 def test_the_total_is_a_logged_backstop_against_many_clients(caplog):
-    clock = Clock()
+    clock = ManualClock(1000.0)
     limiter = LoginLimiter(clock=clock)
     clients = [f"10.0.1.{i}" for i in range(FAILURES_TOTAL // FAILURES_PER_CLIENT)]
     with caplog.at_level(logging.WARNING, logger="wandb_infra.bridge.web.sessions"):

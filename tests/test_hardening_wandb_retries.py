@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 import pytest
 
 from harness.bridge_payloads import alert, notification
+from harness.clock import ManualClock
 from harness.wandb_standin import WandbStandin
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.ingest.identity import IdentityReader
@@ -26,18 +27,10 @@ pytestmark = pytest.mark.integration
 RUN = RunKey("team", "proj", "r1")
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = time.time()
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def _setup(tmp_path, wb: WandbStandin) -> tuple[Store, DeliveryWorker, Clock]:
+def _setup(tmp_path, wb: WandbStandin) -> tuple[Store, DeliveryWorker, ManualClock]:
     wb.add_run("team", "proj", "r1")
     store = Store(tmp_path / "bridge.sqlite")
-    clock = Clock()
+    clock = ManualClock(time.time())
     worker = DeliveryWorker(store, client=WandbClient(wb.url, wb.api_key, timeout=5),
                             markers=None, links=GrafanaLinks(""), metrics=BridgeMetrics(),
                             policy=DeliveryPolicy(flush_interval=0, backoff_base=0.01,
@@ -52,7 +45,7 @@ def _written(wb: WandbStandin) -> bool:
     return "GpuUncontainedEccError" in wb.run("team", "proj", "r1").notes
 
 
-def _drain(worker: DeliveryWorker, clock: Clock, passes: int = 5) -> None:
+def _drain(worker: DeliveryWorker, clock: ManualClock, passes: int = 5) -> None:
     for _ in range(passes):
         clock.now += 1
         worker.run_once()

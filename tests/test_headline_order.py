@@ -13,6 +13,7 @@ from datetime import timedelta
 import pytest
 
 from harness.bridge_payloads import T0, alert, notification
+from harness.clock import ManualClock
 from harness.wandb_standin import WandbStandin
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.diagnosis.report import render_run
@@ -40,16 +41,6 @@ XID = alert("GpuXidError", category="gpu_hardware", host="h1", gpu="2", run="r1"
                                              "impact": "The whole synchronous job fails."})
 
 
-class Clock:
-    """A controllable clock for the worker's timing decisions."""
-
-    def __init__(self) -> None:
-        self.now = T0.timestamp()
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def wb():
     with WandbStandin() as server:
@@ -72,7 +63,7 @@ def _ingest(store, alerts, now):
 
 
 def test_headline_first_in_tags_notes_runs_column_and_summary(tmp_path, wb):
-    clock = Clock()
+    clock = ManualClock(T0.timestamp())
     store, worker = _worker(tmp_path, wb, clock)
     clock.now = (T0 - timedelta(minutes=29)).timestamp()
     _ingest(store, [HEAT], clock.now)
@@ -110,7 +101,7 @@ def test_headline_first_in_tags_notes_runs_column_and_summary(tmp_path, wb):
 
 
 def test_root_resolved_while_consequences_fire_is_written_when_it_happens(tmp_path, wb):
-    clock = Clock()
+    clock = ManualClock(T0.timestamp())
     store, worker = _worker(tmp_path, wb, clock)
     clock.now = (T0 + timedelta(minutes=1)).timestamp()
     _ingest(store, [*STALLS, XID], clock.now)

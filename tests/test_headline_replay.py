@@ -15,6 +15,7 @@ import pytest
 import wandb
 
 from harness.bridge_payloads import T0, alert, notification
+from harness.clock import ManualClock
 from harness.wandb_standin import WandbStandin
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.ingest.identity import IdentityReader
@@ -36,16 +37,6 @@ XID_RESOLVED = {**XID, "status": "resolved",
                 "endsAt": XID["startsAt"].replace("12:00:00", "12:03:00")}
 
 
-class Clock:
-    """The worker's clock, moved by the test (the SDK itself runs in real time)."""
-
-    def __init__(self) -> None:
-        self.now = T0.timestamp()
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def wb():
     with WandbStandin() as server:
@@ -57,7 +48,7 @@ def wb():
 def _replay(tmp_path, wb, settle: float, stall_wait: float):
     """Deliver the scenario; ``stall_wait``: seconds between the stall-only notification and
     the one that brings the XID. Returns the worker's store."""
-    clock = Clock()
+    clock = ManualClock(T0.timestamp())
     store = Store(tmp_path / "bridge.sqlite")
     worker = DeliveryWorker(
         store, client=WandbClient(wb.url, wb.api_key, timeout=5),

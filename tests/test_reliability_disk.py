@@ -16,6 +16,7 @@ import requests
 
 from harness.bridge_payloads import T0, TOKEN, alert, make_context, notification, serve
 from harness.bridge_process import bridge_env, start_bridge
+from harness.clock import ManualClock
 from harness.wandb_standin import WandbStandin
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.ingest.identity import IdentityReader
@@ -121,16 +122,6 @@ def test_read_only_store_answers_503_then_recovers_by_itself(tmp_path: Path):
         assert "store not writable at start" in bridge.log.read_text()
 
 
-class Clock:
-    """Days pass in a few milliseconds."""
-
-    def __init__(self) -> None:
-        self.now = T0.timestamp()
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def _resolved_day(store: Store, day: int, run: str, n: int = 40) -> None:
     start = T0 + timedelta(days=day)
     body = notification([alert("NodeDown", category="node", host=f"d{day}h{i}", run=run,
@@ -144,7 +135,7 @@ def _resolved_day(store: Store, day: int, run: str, n: int = 40) -> None:
 def test_retention_bounds_the_store(tmp_path: Path, mode: str):
     """Ten days of resolved alerts with two days of retention: at most three days stay, whether
     the runs were delivered to W&B, parked (unknown in W&B) or W&B is not configured."""
-    clock = Clock()
+    clock = ManualClock(T0.timestamp())
     with WandbStandin() as wb:
         store = Store(tmp_path / "bridge.sqlite")
         client = None if mode == "no-wandb" else WandbClient(wb.url, wb.api_key, timeout=5)
@@ -167,7 +158,7 @@ def test_retention_bounds_the_store(tmp_path: Path, mode: str):
 
 
 def test_retention_never_drops_what_w_and_b_has_not_received(tmp_path: Path):
-    clock = Clock()
+    clock = ManualClock(T0.timestamp())
     with WandbStandin() as wb:
         wb.add_run("team", "proj", "late")
         wb.fail(503, times=None)
