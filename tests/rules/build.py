@@ -851,6 +851,9 @@ class Timeline:
     interval: str
     # (alert, times, expected alerts at each of them)
     checks: list[tuple[str, tuple[str, ...], list[Expect]]]
+    # promtool ``promql_expr_test`` entries, for what a check at a few instants cannot see
+    # (an alert that stops and fires again between two checks)
+    expr_checks: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self, cfg: dict[str, Any]) -> dict[str, Any]:
         """The promtool test entry."""
@@ -859,8 +862,12 @@ class Timeline:
             case = Case(self.name, alert, self.series, times[0], expect, times[1:],
                         self.interval).as_dict(cfg)
             tests += case["alert_rule_test"]
-        return {"name": self.name, "interval": self.interval,
-                "input_series": [s.as_dict() for s in self.series], "alert_rule_test": tests}
+        out: dict[str, Any] = {"name": self.name, "interval": self.interval,
+                               "input_series": [s.as_dict() for s in self.series],
+                               "alert_rule_test": tests}
+        if self.expr_checks:
+            out["promql_expr_test"] = self.expr_checks
+        return out
 
 
 def down_cases() -> list[Timeline]:
@@ -903,9 +910,14 @@ def down_cases() -> list[Timeline]:
 
     always = [node_down("down-run", True), node_down("down-idle"), node_down("gone-run", True),
               node_down("gpu-down", exporter="dcgm_exporter")]
+    # After 2 h, every few hours and just before the day ends, so a gap that fires again by
+    # 24 h fails; the sample count below catches a gap between two of these checks too.
+    later = ("2h10m", "6h", "12h", "23h59m", "24h")
     checks = [("NodeDown", ("1h55m", "2h"),
                [*always, node_down("back", True), node_down("decom")]),
-              ("NodeDown", ("2h10m", "24h"), always)]
+              ("NodeDown", later, always)]
+    firing = [{"alertname": "NodeDown", "hostname": e.labels["hostname"],
+               "exporter": e.labels["exporter"]} for e in always]
     for alert, metric, what, port in (("WandbInfraExporterDown", "wandb_infra_exporter_hosts",
                                        "exporter", "9842"),
                                       ("WandbInfraBridgeDown", "wandb_infra_bridge_queue_runs",
@@ -925,9 +937,21 @@ def down_cases() -> list[Timeline]:
                           f"The {what} target {instance} (job {job}) is down (up = 0).")
 
         checks += [(alert, ("1h55m", "2h"), [gone("down"), gone("back"), gone("decom")]),
-                   (alert, ("2h10m", "24h"), [gone("down")])]
+                   (alert, later, [gone("down")])]
+        firing.append({"alertname": alert, "instance": targets["down"]["instance"]})
+    # Firing at every one-minute evaluation from 2 h to 24 h: ALERTS{alertstate="firing"} has
+    # one sample per evaluation while the alert fires, none while it does not. The window
+    # starts half a step after 2 h so its left end holds no sample; targets back or removed
+    # (a few samples after 2 h at most) fall under the floor and are left out.
+    steps = 22 * 60
+    names = "|".join(sorted({f["alertname"] for f in firing}))
+    continuous = {"expr": f'min by (alertname, hostname, exporter, instance) (count_over_time('
+                          f'ALERTS{{alertstate="firing",alertname=~"{names}"}}'
+                          f'[21h59m30s]) > 60)',
+                  "eval_time": "24h",
+                  "exp_samples": [{"labels": f"{{{_labels(f)}}}", "value": steps} for f in firing]}
     return [Timeline("down means down: node, exporter and bridge targets over a day", series,
-                     "1m", checks)]
+                     "1m", checks, [continuous])]
 
 
 # Files whose cases span a day evaluate once a minute (promtool evaluates every group at every
