@@ -21,8 +21,6 @@ from wandb_infra.catalog.template import fill, placeholders
 from wandb_infra.catalog.vocabulary import CATEGORIES, REQUIRED_ANNOTATIONS, SEVERITIES
 from wandb_infra.catalog.xid import XidClass, codes, regex
 
-pytestmark = pytest.mark.integration
-
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "alert_rules" / generate.RULES_FILE
 TESTS = sorted((ROOT / "tests" / "rules").glob("*.test.yml"))
@@ -43,6 +41,7 @@ def _promtool(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
                           timeout=240, check=False)
 
 
+@pytest.mark.integration
 def test_promtool_check_rules_on_every_file(tmp_path):
     manifest = yaml.safe_load((ROOT / "alert_rules" / generate.MANIFEST_FILE).read_text())
     assert manifest["kind"] == "PrometheusRule"
@@ -98,6 +97,18 @@ def group_orders(names: list[str]) -> dict[str, list[str]]:
 ORDERS = ("file-order", "reverse", "shuffled")
 
 
+def run_in_order(doc: dict, groups: list[dict], order: str, suite: Path
+                 ) -> subprocess.CompletedProcess:
+    """``promtool test rules`` on ``doc`` with only ``groups`` loaded, evaluated in
+    ``group_orders(...)[order]``; the suite is written to ``suite``, its rules beside it."""
+    rules = suite.with_name(f"{suite.stem}.rules.yml")
+    rules.write_text(yaml.safe_dump({"groups": groups}, sort_keys=False))
+    ordered = {**doc, "rule_files": [str(rules)],
+               "group_eval_order": group_orders([g["name"] for g in groups])[order]}
+    suite.write_text(yaml.safe_dump(ordered, sort_keys=False))
+    return _promtool("test", "rules", str(suite))
+
+
 def _tested_alerts(doc: dict) -> set[str]:
     return {check["alertname"] for test in doc["tests"] for check in test["alert_rule_test"]}
 
@@ -112,6 +123,7 @@ def _runs() -> list[tuple[Path, str]]:
             if order == ORDERS[0] or not path.name.endswith("_Hostname.test.yml")]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("path", "order"), _runs(),
                          ids=[f"{p.name}-{o}" for p, o in _runs()])
 def test_promtool_unit_tests(path, order, tmp_path):
@@ -124,15 +136,10 @@ def test_promtool_unit_tests(path, order, tmp_path):
         groups = needed_groups(_tested_alerts({"tests": [case]}))
         batches.setdefault(tuple(g["name"] for g in groups), []).append(case)
     failures = []
-    for number, (names, cases) in enumerate(sorted(batches.items())):
-        rules = tmp_path / f"rules-{number}.yml"
-        rules.write_text(yaml.safe_dump({"groups": needed_groups(_tested_alerts(
-            {"tests": cases}))}, sort_keys=False))
-        suite = {**doc, "rule_files": [str(rules)], "tests": cases,
-                 "group_eval_order": group_orders(list(names))[order]}
-        ordered = tmp_path / f"{number}-{path.name}"
-        ordered.write_text(yaml.safe_dump(suite, sort_keys=False))
-        res = _promtool("test", "rules", str(ordered))
+    for number, cases in enumerate(cases for _, cases in sorted(batches.items())):
+        res = run_in_order({**doc, "tests": cases},
+                           needed_groups(_tested_alerts({"tests": cases})), order,
+                           tmp_path / f"{number}-{path.name}")
         if res.returncode != 0:
             failures.append(res.stdout + res.stderr)
     assert failures == []
@@ -159,6 +166,7 @@ def test_a_suite_loads_every_group_its_alerts_read():
     assert every == {g["name"] for g in _groups()}
 
 
+@pytest.mark.integration
 def test_promtool_unit_tests_can_fail(tmp_path):
     """A wrong expectation must fail, so the unit tests above are not vacuous."""
     doc = yaml.safe_load((ROOT / "tests" / "rules" / "node_alerts.test.yml").read_text())
@@ -169,6 +177,24 @@ def test_promtool_unit_tests_can_fail(tmp_path):
     bad = tmp_path / "bad.test.yml"
     bad.write_text(yaml.safe_dump(doc))
     assert _promtool("test", "rules", str(bad)).returncode != 0
+
+
+def test_group_orders_catch_an_order_dependent_rule(tmp_path):
+    """The order harness can fail: an alert in one group reads a record of another with no
+    room for a one-step lag (``for: 0s`` on a condition true at exactly one evaluation), so it
+    fires at that evaluation only when the record's group ran first. The case passes in file
+    order and must fail in at least one other order the suites run under."""
+    groups = [{"name": "lag-record", "rules": [{"record": "lag:blip:up", "expr": "blip == 1"}]},
+              {"name": "lag-alert",
+               "rules": [{"alert": "LagBlip", "expr": "lag:blip:up", "for": "0s"}]}]
+    doc = {"evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": [{"series": 'blip{host="a"}', "values": "0 1 0 0"}],
+        "alert_rule_test": [{"eval_time": "1m", "alertname": "LagBlip",
+                             "exp_alerts": [{"exp_labels": {"host": "a"}}]}]}]}
+    passed = {order: run_in_order(doc, groups, order, tmp_path / f"{order}.test.yml"
+                                  ).returncode == 0 for order in ORDERS}
+    assert passed["file-order"]
+    assert not all(passed.values()), passed
 
 
 def test_every_alert_fires_and_has_a_healthy_twin():
