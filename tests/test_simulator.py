@@ -353,6 +353,83 @@ def test_host_lost_and_back(clock):
     assert cluster.render("node", "gpu-node-002") is not None
 
 
+def test_host_memory_faults(clock):
+    cluster = make(clock)
+    host = "gpu-node-001"
+    healthy = {name: series(cluster, "node", host, name) for name in (
+        "node_vmstat_oom_kill", "node_pressure_memory_stalled_seconds_total",
+        "node_edac_correctable_errors_total", "node_edac_uncorrectable_errors_total")}
+    assert healthy == {"node_vmstat_oom_kill": [0],
+                       "node_pressure_memory_stalled_seconds_total": [0],
+                       "node_edac_correctable_errors_total": [0, 0],
+                       "node_edac_uncorrectable_errors_total": [0, 0]}
+    for kind in ("oom_kill", "memory_pressure", "edac_uncorrectable", "edac_correctable"):
+        cluster.inject(kind, host)
+    clock.now += 100
+    assert one(cluster, "node", host, "node_vmstat_oom_kill") == 1
+    assert one(cluster, "node", host, "node_pressure_memory_stalled_seconds_total") == 30
+    assert one(cluster, "node", host, "node_edac_uncorrectable_errors_total",
+               controller="0") == 1
+    assert one(cluster, "node", host, "node_edac_uncorrectable_errors_total",
+               controller="1") == 0
+    assert one(cluster, "node", host, "node_edac_correctable_errors_total", controller="0") == 100
+    assert one(cluster, "node", "gpu-node-002", "node_vmstat_oom_kill") == 0
+    cluster.clear(host)
+    clock.now += 100
+    # the pressure and the error storm end; counts since boot stay
+    assert one(cluster, "node", host, "node_pressure_memory_stalled_seconds_total") == 30
+    assert one(cluster, "node", host, "node_edac_correctable_errors_total", controller="0") == 100
+    assert one(cluster, "node", host, "node_vmstat_oom_kill") == 1
+
+
+def test_filesystem_faults(clock):
+    cluster = make(clock)
+    host = "gpu-node-001"
+    mounts = {(lab["mountpoint"], lab["fstype"], lab["device"])
+              for n, lab, _ in parse(cluster.render("node", host).decode())
+              if n == "node_filesystem_readonly"}
+    assert mounts == {("/", "ext4", "/dev/nvme0n1p2"), ("/scratch", "xfs", "/dev/md0"),
+                      ("/checkpoints", "nfs4", "storage:/ckpt"),
+                      ("/boot/efi", "vfat", "/dev/nvme0n1p1")}
+    cluster.inject("fs_readonly", host)
+    cluster.inject("fs_full", host, device="/checkpoints")
+    cluster.inject("fs_not_answering", host, device="/")
+
+    def value(name: str, mountpoint: str) -> list[float]:
+        return series(cluster, "node", host, f"node_filesystem_{name}", mountpoint=mountpoint)
+
+    assert value("readonly", "/scratch") == [1] and value("readonly", "/checkpoints") == [0]
+    assert value("avail_bytes", "/checkpoints")[0] / value("size_bytes", "/checkpoints")[0] < 0.01
+    assert value("avail_bytes", "/scratch")[0] / value("size_bytes", "/scratch")[0] > 0.3
+    # statfs does not answer: node_exporter publishes only device_error and readonly
+    assert value("device_error", "/") == [1] and value("readonly", "/") == [0]
+    assert value("avail_bytes", "/") == [] and value("size_bytes", "/") == []
+    with pytest.raises(SimulatorError, match="unknown mount point"):
+        cluster.inject("fs_full", host, device="/data")
+    cluster.clear(host, device="/scratch")
+    assert value("readonly", "/scratch") == [0] and value("device_error", "/") == [1]
+    cluster.clear(host, kind="fs_not_answering")
+    assert value("device_error", "/") == [0] and value("size_bytes", "/") != []
+
+
+def test_unplanned_reboot_ends_the_hosts_faults(clock):
+    cluster = make(clock)
+    host = "gpu-node-002"
+    booted = one(cluster, "node", host, "node_boot_time_seconds")
+    assert booted < clock.now - 3600
+    cluster.inject("xid", host, gpu=1, code=79)
+    cluster.inject("oom_kill", host)
+    cluster.inject("fs_readonly", host)
+    cluster.inject("host_lost", host)
+    clock.now += 300
+    cluster.inject("reboot", host)
+    assert one(cluster, "node", host, "node_boot_time_seconds") == clock.now
+    assert one(cluster, "node", host, "node_vmstat_oom_kill") == 0
+    assert one(cluster, "node", host, "node_filesystem_readonly", mountpoint="/scratch") == 0
+    assert len(series(cluster, "dcgm", host, "DCGM_FI_DEV_GPU_TEMP")) == 8
+    assert one(cluster, "node", "gpu-node-001", "node_boot_time_seconds") == booted
+
+
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"kind": "meteor", "host": "gpu-node-001"}, "unknown fault kind"),
     ({"kind": "xid", "host": "gpu-node-999", "gpu": 0, "code": 94}, "unknown host"),
@@ -360,6 +437,7 @@ def test_host_lost_and_back(clock):
     ({"kind": "xid", "host": "gpu-node-001", "gpu": 0}, "xid code"),
     ({"kind": "xid", "host": "gpu-node-001", "code": 94}, "needs a gpu"),
     ({"kind": "ib_down", "host": "gpu-node-001", "device": "mlx9_9"}, "unknown InfiniBand"),
+    ({"kind": "fs_readonly", "host": "gpu-node-001", "device": "/data"}, "unknown mount point"),
 ])
 def test_bad_input_is_rejected_and_changes_nothing(clock, kwargs, message):
     cluster = make(clock)

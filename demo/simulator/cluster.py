@@ -9,7 +9,11 @@ cheap to scrape.
 Faults (``Cluster.inject`` or ``POST /control/fault``): xid, thermal, stall, ib_flap, ib_down,
 host_lost, nvlink, pcie, ecc_dbe, row_remap_pending, power_brake, eth_flap, eth_down, straggler
 (a GPU that keeps up less: lower utilisation and activity), row_remap_failure, sbe_storm
-(single-bit errors at a high rate, pages retired past DCGM's limit); ``clear`` removes them.
+(single-bit errors at a high rate, pages retired past DCGM's limit); on the host, oom_kill (one
+more OOM kill), memory_pressure (tasks stalled on memory 30% of the time), edac_uncorrectable (one
+more uncorrectable DIMM error), edac_correctable (a storm of corrected ones), fs_readonly, fs_full,
+fs_not_answering (on the mount point ``device``, /scratch by default) and reboot (unplanned: the
+boot time moves to now and the host's faults end); ``clear`` removes them.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from demo.simulator.model import (
     Gpu,
     Host,
     IbPort,
+    Mount,
     RunAssignment,
     SimulatorError,
     apply_port_rates,
@@ -54,7 +59,8 @@ log = logging.getLogger("demo.simulator")
 FAULT_KINDS: tuple[str, ...] = (
     "xid", "thermal", "stall", "ib_flap", "ib_down", "host_lost", "nvlink", "pcie", "ecc_dbe",
     "row_remap_pending", "power_brake", "eth_flap", "eth_down", "straggler", "row_remap_failure",
-    "sbe_storm",
+    "sbe_storm", "oom_kill", "memory_pressure", "edac_uncorrectable", "edac_correctable",
+    "fs_readonly", "fs_full", "fs_not_answering", "reboot",
 )
 # Faults that act on one GPU when ``gpu`` is given, on every GPU of the host otherwise.
 GPU_FAULTS = frozenset({"xid", "thermal", "stall", "nvlink", "pcie", "ecc_dbe",
@@ -63,6 +69,14 @@ GPU_FAULTS = frozenset({"xid", "thermal", "stall", "nvlink", "pcie", "ecc_dbe",
 LINK_FAULTS = frozenset({"ib_flap", "ib_down"})
 ETH_FAULTS = frozenset({"eth_flap", "eth_down"})
 ETH_DEVICES: tuple[str, ...] = ("eth0",)
+MEMORY_FAULTS = frozenset({"oom_kill", "memory_pressure", "edac_uncorrectable",
+                           "edac_correctable"})
+MOUNT_FAULTS = frozenset({"fs_readonly", "fs_full", "fs_not_answering"})
+DEFAULT_MOUNT = "/scratch"
+# Share of time every task waits for memory under memory_pressure, and corrected DIMM errors per
+# second under edac_correctable: both well past the host alerts' thresholds.
+MEMORY_STALLED_RATIO = 0.3
+EDAC_CORRECTABLE_PER_S = 1.0
 
 HOST_PREFIX = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]{0,50}")
 
@@ -203,7 +217,14 @@ class Cluster:
             gpus = self._select_gpus(target, gpu) if kind in GPU_FAULTS else []
             ports = self._select_ports(target, device) if kind in LINK_FAULTS else []
             eths = self._select_eth(target, device) if kind in ETH_FAULTS else []
+            mounts = self._select_mounts(target, device) if kind in MOUNT_FAULTS else []
             now = self.clock()
+            if kind == "reboot":
+                self._reboot(target, now)
+            for mount in mounts:
+                mount.fault = kind
+            if kind in MEMORY_FAULTS:
+                self._inject_memory(target, kind, now)
             for eth in eths:
                 eth.fault, eth.fault_since = kind, now
                 if kind == "eth_down":
@@ -224,6 +245,24 @@ class Cluster:
             target.version += 1
         log.info("fault injected", extra=log_fields(kind=kind, host=host, gpu=gpu, code=code,
                                                      device=device))
+
+    @staticmethod
+    def _select_mounts(host: Host, mountpoint: str | None) -> list[Mount]:
+        name = mountpoint or DEFAULT_MOUNT
+        if name not in host.mounts:
+            raise SimulatorError(f"unknown mount point {name!r} on {host.name}")
+        return [host.mounts[name]]
+
+    @staticmethod
+    def _inject_memory(host: Host, kind: str, now: float) -> None:
+        if kind == "oom_kill":
+            host.oom_kills += 1
+        elif kind == "edac_uncorrectable":
+            host.edac_uncorrectable += 1
+        elif kind == "memory_pressure":
+            host.memory_stalled.set_rate(MEMORY_STALLED_RATIO, now)
+        else:
+            host.edac_correctable.set_rate(EDAC_CORRECTABLE_PER_S, now)
 
     def inject_hosts(self, kind: str, hosts: Iterable[str], gpu: int | None = None,
                      code: int | None = None, device: str | None = None) -> None:
@@ -264,7 +303,8 @@ class Cluster:
     def clear(self, host: str | None = None, gpu: int | None = None, kind: str | None = None,
               device: str | None = None) -> None:
         """End faults: all, one host's, one GPU's, of one kind. Clearing ``xid`` models a GPU reset
-        with an exporter restart (the last-XID series disappears); counters never go back."""
+        with an exporter restart (the last-XID series disappears); counters never go back (OOM
+        kills and uncorrectable DIMM errors count since boot: only a reboot resets them)."""
         if kind is not None and kind not in FAULT_KINDS:
             raise SimulatorError(f"unknown fault kind {kind!r}; expected one of {FAULT_KINDS}")
         with self._lock:
@@ -272,7 +312,7 @@ class Cluster:
             selections = [(t, self._select_gpus(t, gpu)) for t in targets]
             if device is not None:
                 for t in targets:
-                    if device not in t.eth:
+                    if device not in t.eth and device not in t.mounts:
                         self._select_ports(t, device)
             now = self.clock()
             for target, gpus in selections:
@@ -288,21 +328,33 @@ class Cluster:
                     if (device in (None, eth.device)) and kind in (None, eth.fault):
                         eth.fault = None
                         eth.carrier.set_rate(0.0, now)
+                for mount in target.mounts.values():
+                    if device in (None, mount.mountpoint) and kind in (None, mount.fault):
+                        mount.fault = None
+                if kind in (None, "memory_pressure"):
+                    target.memory_stalled.set_rate(0.0, now)
+                if kind in (None, "edac_correctable"):
+                    target.edac_correctable.set_rate(0.0, now)
                 target.version += 1
         log.info("faults cleared", extra=log_fields(kind=kind, host=host, gpu=gpu, device=device))
 
     def reboot(self, host: str) -> None:
-        """Reboot a host: its boot time moves to now, every GPU comes back without faults (XIDs,
-        the driver's recovery action, a GPU that fell off the bus), its telemetry answers."""
-        with self._lock:
-            target = self.host(host)
-            now = self.clock()
-            target.boot_time = now
-            target.lost = False
-            for g in target.gpus:
-                self._clear_gpu(g, None, now)
-            target.version += 1
-        log.info("host rebooted", extra=log_fields(host=host))
+        """Reboot a host (the ``reboot`` fault: an unplanned one unless the scheduler says
+        maintenance)."""
+        self.inject("reboot", host)
+
+    def _reboot(self, target: Host, now: float) -> None:
+        """Its boot time moves to now, every GPU comes back without faults (XIDs, the driver's
+        recovery action, a GPU that fell off the bus), the kernel's counts since boot start again,
+        every mount is mounted afresh, its telemetry answers."""
+        target.boot_time = now
+        target.lost = False
+        for g in target.gpus:
+            self._clear_gpu(g, None, now)
+        target.oom_kills = target.edac_uncorrectable = 0
+        target.edac_correctable, target.memory_stalled = Counter(0.0, now), Counter(0.0, now)
+        for mount in target.mounts.values():
+            mount.fault = None
 
     def _clear_gpu(self, gpu: Gpu, kind: str | None, now: float) -> None:
         if kind in (None, "xid"):

@@ -14,12 +14,14 @@ code is a new series and the old one goes stale, as in the real exporter.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 from demo.simulator.model import (
+    EDAC_CONTROLLERS,
     POD_NAMESPACE,
     Host,
+    Mount,
     RunAssignment,
     eth_up,
     gauges,
@@ -230,28 +232,49 @@ def _pod_labels(pods: PodOf, host: str, index: int) -> str:
     return f',pod="{pod}",namespace="{namespace}",container="trainer"'
 
 
-# Steady, healthy host series the issue-28 rules read (vmstat, PSI, EDAC, filesystems: a root
-# disk, local scratch, a shared checkpoint mount and an excluded boot partition), so the rules
-# benchmark pays for them as on a real node.
-_MOUNTS = (("/dev/nvme0n1p2", "ext4", "/"), ("/dev/md0", "xfs", "/scratch"),
-           ("storage:/ckpt", "nfs4", "/checkpoints"), ("/dev/nvme0n1p1", "vfat", "/boot/efi"))
-HOST_HEALTH = "".join([
-    "# TYPE node_vmstat_oom_kill untyped\nnode_vmstat_oom_kill 0\n",
-    "# TYPE node_pressure_memory_stalled_seconds_total counter\n"
-    "node_pressure_memory_stalled_seconds_total 0\n",
-    *(f"# TYPE node_edac_{kind}_errors_total counter\n"
-      + "".join(f'node_edac_{kind}_errors_total{{controller="{c}"}} 0\n' for c in "01")
-      for kind in ("correctable", "uncorrectable")),
-    *(f"# TYPE node_filesystem_{metric} gauge\n"
-      + "".join(f'node_filesystem_{metric}{{device="{d}",fstype="{f}",mountpoint="{m}"}} '
-                f"{value}\n" for d, f, m in _MOUNTS)
-      for metric, value in (("readonly", 0), ("device_error", 0), ("avail_bytes", 4e11),
-                            ("size_bytes", 1e12))),
-])
+# Filesystem sizes: a full one has 0.5% free, well below the rules' threshold
+# (catalog/host_alerts.py FS_FREE_MIN_RATIO).
+FS_SIZE_BYTES = 1e12
+FS_AVAIL_BYTES = 4e11
+FS_FULL_AVAIL_BYTES = 5e9
+
+
+def host_text(host: Host, now: float) -> str:
+    """The host series the issue-28 rules read: vmstat's OOM kills, PSI memory, EDAC per memory
+    controller (faults on the first), and the filesystem collector per mount; a mount that does
+    not answer statfs has only device_error and readonly, as the collector publishes it."""
+    edac = {"correctable": math.floor(host.edac_correctable.value(now)),
+            "uncorrectable": host.edac_uncorrectable}
+    out = [
+        "# HELP node_vmstat_oom_kill /proc/vmstat information field oom_kill.\n"
+        f"# TYPE node_vmstat_oom_kill untyped\nnode_vmstat_oom_kill {host.oom_kills}\n",
+        "# TYPE node_pressure_memory_stalled_seconds_total counter\n"
+        "node_pressure_memory_stalled_seconds_total "
+        f"{_fmt(round(host.memory_stalled.value(now), 3))}\n",
+    ]
+    for kind, count in edac.items():
+        out.append(f"# TYPE node_edac_{kind}_errors_total counter\n")
+        out.extend(f'node_edac_{kind}_errors_total{{controller="{c}"}} {count if i == 0 else 0}\n'
+                   for i, c in enumerate(EDAC_CONTROLLERS))
+    mounts = list(host.mounts.values())
+    answering = [m for m in mounts if m.fault != "fs_not_answering"]
+    families: tuple[tuple[str, list[Mount], Callable[[Mount], float]], ...] = (
+        ("readonly", mounts, lambda m: int(m.fault == "fs_readonly")),
+        ("device_error", mounts, lambda m: int(m.fault == "fs_not_answering")),
+        ("avail_bytes", answering,
+         lambda m: FS_FULL_AVAIL_BYTES if m.fault == "fs_full" else FS_AVAIL_BYTES),
+        ("size_bytes", answering, lambda m: FS_SIZE_BYTES),
+    )
+    for metric, shown, value in families:
+        out.append(f"# TYPE node_filesystem_{metric} gauge\n")
+        out.extend(f'node_filesystem_{metric}{{device="{m.device}",fstype="{m.fstype}",'
+                   f'mountpoint="{m.mountpoint}"}} {_fmt(value(m))}\n' for m in shown)
+    return "".join(out)
 
 
 def node_text(host: Host, now: float) -> str:
-    """One host's node_exporter page: uname, boot time, Ethernet up/carrier, InfiniBand ports."""
+    """One host's node_exporter page: uname, boot time, Ethernet up/carrier, host memory and
+    filesystems, InfiniBand ports."""
     release = "5.15.0-131-generic"
     out = [
         "# HELP node_boot_time_seconds Node boot time, in unixtime.\n"
@@ -274,7 +297,7 @@ def node_text(host: Host, now: float) -> str:
           f"{math.floor(e.carrier.value(now))}\n" for e in host.eth.values()),
         'node_network_carrier_changes_total{device="lo"} 0\n',
     ]
-    out.append(HOST_HEALTH)
+    out.append(host_text(host, now))
     if not host.ib:
         return "".join(out)
     ports = list(host.ib.values())

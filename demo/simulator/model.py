@@ -107,8 +107,37 @@ class EthPort:
 
 
 @dataclass
+class Mount:
+    """One filesystem as node_exporter's filesystem collector labels it (device, fstype,
+    mountpoint), and its fault: ``fs_readonly``, ``fs_full`` or ``fs_not_answering``."""
+
+    device: str
+    fstype: str
+    mountpoint: str
+    fault: str | None = None
+
+
+# A GPU node's filesystems: the root disk, local scratch, a shared checkpoint mount and a boot
+# partition (which the rules exclude), so local and shared faults and the exclusion all show.
+MOUNTS: tuple[tuple[str, str, str], ...] = (
+    ("/dev/nvme0n1p2", "ext4", "/"), ("/dev/md0", "xfs", "/scratch"),
+    ("storage:/ckpt", "nfs4", "/checkpoints"), ("/dev/nvme0n1p1", "vfat", "/boot/efi"))
+# The two memory controllers node_exporter's EDAC collector lists (faults hit the first).
+EDAC_CONTROLLERS: tuple[str, ...] = ("0", "1")
+
+
+def _mounts() -> dict[str, Mount]:
+    return {m: Mount(d, f, m) for d, f, m in MOUNTS}
+
+
+def _idle_counter() -> Counter:
+    return Counter(0.0, 0.0)
+
+
+@dataclass
 class Host:
-    """One node: its GPUs, IB ports, dcgm flavour, and the cached exposition text."""
+    """One node: its GPUs, IB ports, dcgm flavour, host memory and filesystems, and the cached
+    exposition text."""
 
     name: str
     flavour: str
@@ -123,6 +152,13 @@ class Host:
     slurm_reason: str = ""
     # node_boot_time_seconds: a reboot moves it to the reboot's time.
     boot_time: float = 0.0
+    mounts: dict[str, Mount] = field(default_factory=_mounts)
+    # Since boot, as the kernel counts them: node_vmstat_oom_kill, EDAC uncorrectable errors.
+    oom_kills: int = 0
+    edac_uncorrectable: int = 0
+    # node_edac_correctable_errors_total and node_pressure_memory_stalled_seconds_total.
+    edac_correctable: Counter = field(default_factory=_idle_counter)
+    memory_stalled: Counter = field(default_factory=_idle_counter)
 
 
 @dataclass(frozen=True)
