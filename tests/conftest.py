@@ -6,8 +6,9 @@ import os
 
 import pytest
 
-# A module that starts real binaries marks itself integration (or slurm / e2e); everything else
-# is the unit layer (``make test-fast``, ``pytest -m unit``).
+# A test that starts a real binary, a subprocess or the wandb SDK is marked integration (or
+# slurm / e2e) on itself, its class or its module (tests/test_layers.py checks it); every other
+# test is the in-process unit layer (``make test-fast``, ``pytest -m unit``).
 LAYERS = ("integration", "slurm", "e2e")
 # Test files whose tests share nothing costly (no module fixture): their tests are spread over
 # both workers one by one. Every other file keeps all its tests on one worker, so a module

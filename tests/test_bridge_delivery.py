@@ -201,6 +201,7 @@ def test_notify_critical_once(tmp_path, wb):
     assert wb.alerts[0]["title"] == "Infrastructure issue: GpuContainedEccError"
 
 
+@pytest.mark.integration
 def test_markers_with_the_real_wandb_sdk(tmp_path, wb):
     """Rows only once the root cause settled; the writer sends history and nothing it can
     switch off (no program, code, git, metadata, summary), and never finishes the run."""

@@ -15,8 +15,6 @@ import requests
 
 from harness.wandb_standin import WandbStandin, key_format_ok
 
-pytestmark = pytest.mark.integration
-
 RUN_QUERY = """
 query Run($project: String!, $entity: String!, $name: String!) {
   project(name: $project, entityName: $entity) {
@@ -169,6 +167,7 @@ WRITER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.integration
 def test_real_wandb_sdk_shared_mode_writer(wb, tmp_path: Path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB")}
     env.update(HOME=str(tmp_path), WANDB_BASE_URL=wb.url, WANDB_API_KEY=wb.api_key,
@@ -198,6 +197,7 @@ PUBLIC_API = textwrap.dedent("""
 """)
 
 
+@pytest.mark.integration
 def test_real_wandb_public_api_reads(wb, tmp_path: Path):
     wb.add_run("team", "proj", "done1", state="finished")
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB")}

@@ -32,8 +32,6 @@ from wandb_infra.common.runkey import RunKey
 
 BRIDGE_CLI = (sys.executable, "-m", "wandb_infra.bridge.cli")
 
-pytestmark = pytest.mark.integration
-
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
@@ -280,6 +278,7 @@ def test_example_config_is_valid(tmp_path):
     assert cfg.webhook_path == "/alertmanager" and cfg.policy.flush_interval == 10
 
 
+@pytest.mark.integration
 def test_cli_help_and_refusal(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_INFRA_BRIDGE")}
     helped = subprocess.run([*BRIDGE_CLI, "serve", "--help"], env=env,

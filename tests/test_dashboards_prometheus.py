@@ -26,8 +26,6 @@ from wandb_infra.catalog import panels as catalog
 from wandb_infra.catalog.alerts import ALERTS
 from wandb_infra.dashboards import generate
 
-pytestmark = pytest.mark.integration
-
 ROOT = Path(__file__).resolve().parent.parent
 RULE_FILES = sorted((ROOT / "alert_rules").glob("*.rules.yml"))
 RUN = {"wandb_entity": "team", "wandb_project": "llm", "wandb_run_id": "run-1"}
@@ -214,6 +212,7 @@ def run_values(hosts: list[str], gpus: list[str]) -> dict:
     return {**RUN, "datasource": "prometheus", "hostname": hosts, "gpu": gpus}
 
 
+@pytest.mark.integration
 def test_variables_follow_the_join_metrics(stack):
     _cluster, url = stack
     run_board, node_board = boards()["run"], boards()["node"]
@@ -237,6 +236,7 @@ def test_variables_follow_the_join_metrics(stack):
     assert {str(i) for i in range(7)} <= set(node_gpus)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("key", ["run", "node"])
 def test_every_panel_query_runs_and_returns_data(stack, key):
     _cluster, url = stack
@@ -258,6 +258,7 @@ def test_every_panel_query_runs_and_returns_data(stack, key):
         assert prom_query(url, substitute(annotation["expr"], values))
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("alertname", sorted(FAULTS))
 def test_linked_panel_shows_the_fault(stack, alertname):
     _cluster, url = stack

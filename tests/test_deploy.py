@@ -20,8 +20,6 @@ from wandb_infra.bridge.config import load as load_bridge_config
 from wandb_infra.exporter.cli import DEFAULTS as EXPORTER_DEFAULTS
 from wandb_infra.exporter.cli import parse_listen
 
-pytestmark = pytest.mark.integration
-
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
@@ -32,6 +30,7 @@ def _docs(path: Path) -> list[dict]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d]
 
 
+@pytest.mark.integration
 def test_prometheus_example_passes_promtool():
     out = subprocess.run([PROMTOOL, "check", "config", str(DEPLOY / "prometheus" /
                                                           "prometheus.yml")],
@@ -39,6 +38,7 @@ def test_prometheus_example_passes_promtool():
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+@pytest.mark.integration
 def test_alertmanager_example_passes_amtool_and_routes_runs_to_the_bridge():
     path = DEPLOY / "alertmanager" / "alertmanager.yml"
     out = subprocess.run([AMTOOL, "check-config", str(path)], capture_output=True, text=True,
@@ -63,6 +63,7 @@ def test_prometheus_example_scrapes_the_exporter_on_its_default_port():
     assert not job.get("honor_labels"), "the exporter never emits job/instance"
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("dockerfile", sorted((DEPLOY / "docker").glob("Dockerfile.*")),
                          ids=lambda p: p.name)
 def test_dockerfile_copies_existing_files_and_runs_a_real_entry_point(dockerfile):
@@ -87,6 +88,7 @@ def test_dockerfile_copies_existing_files_and_runs_a_real_entry_point(dockerfile
     assert config_copy, f"{dockerfile.name}: nothing is copied to {cmd[-1]}"
 
 
+@pytest.mark.integration
 def test_exporter_example_config_is_valid(tmp_path):
     """Valid once its token file exists (the example reads it from a mounted secret)."""
     token = tmp_path / "token"

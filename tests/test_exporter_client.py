@@ -21,8 +21,6 @@ from wandb_infra.exporter.client import (
     visible_gpus,
 )
 
-pytestmark = pytest.mark.integration
-
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy" / "slurm"
 RUN = SimpleNamespace(entity="team", project="llm", id="abc123", name="run-name", group="grp")
 
@@ -56,6 +54,7 @@ def test_payload_from_env_without_run():
         "slurm_job_id": "9", "ttl_seconds": 30}
 
 
+@pytest.mark.integration
 def test_register_and_deregister(exporter):
     url, token_file = exporter
     env = {"WANDB_INFRA_EXPORTER_URL": url, "WANDB_INFRA_EXPORTER_TOKEN_FILE": token_file,
@@ -70,6 +69,7 @@ def test_register_and_deregister(exporter):
     assert metric_samples(url, labels.NODE_INFO) == []
 
 
+@pytest.mark.integration
 def test_never_raises_and_returns_quickly(exporter):
     url, token_file = exporter
     dead = f"http://127.0.0.1:{free_port()}"
@@ -84,6 +84,7 @@ def test_never_raises_and_returns_quickly(exporter):
     assert register(RUN, url="not a url", environ={}) is False
 
 
+@pytest.mark.integration
 def test_heartbeat_keeps_registration_alive(exporter):
     url, token_file = exporter
     env = {"WANDB_INFRA_EXPORTER_TOKEN_FILE": token_file, "WANDB_INFRA_HOSTNAME": "gpu12"}
@@ -109,6 +110,7 @@ def _slurm_script(name, url, token_file, **env):
                           timeout=30, check=False)
 
 
+@pytest.mark.integration
 def test_prolog_epilog_with_prolog_environment(exporter):
     """The scripts with the variables slurmd gives a Prolog (the real-Slurm run is in
     test_exporter_slurm.py); they always exit 0."""
@@ -127,6 +129,7 @@ def test_prolog_epilog_with_prolog_environment(exporter):
     assert metric_samples(url, labels.NODE_INFO) == []
 
 
+@pytest.mark.integration
 def test_prolog_never_fails_the_job(exporter, tmp_path):
     url, token_file = exporter
     dead = f"http://127.0.0.1:{free_port()}"
@@ -149,6 +152,7 @@ def test_prolog_never_fails_the_job(exporter, tmp_path):
     _slurm_script("epilog.sh", url, token_file, SLURM_JOB_COMMENT="wandb:t/p/r")
 
 
+@pytest.mark.integration
 def test_reads_the_attributes_a_real_wandb_run_has():
     for attribute in ("entity", "project", "id", "name", "group"):
         assert isinstance(getattr(Run, attribute, None), property), attribute

@@ -25,8 +25,6 @@ from wandb_infra.exporter.sources.files import RegistrationFilesSource
 from wandb_infra.exporter.sources.nodestate import SlurmNodeSource
 from wandb_infra.exporter.sources.slurm import SlurmSource
 
-pytestmark = pytest.mark.integration
-
 REG = {"entity": "ent", "project": "proj", "run_id": "run1", "hostname": "gpu01"}
 CHILD = """
 import json, resource, sys
@@ -59,6 +57,7 @@ def _poll_in_child(kind: str, cfg: dict, timeout: float = 20) -> dict:
 
 # -- the files source --------------------------------------------------------------------------
 
+@pytest.mark.integration
 def test_a_fifo_or_a_device_is_skipped_not_read(tmp_path):
     """A FIFO hung the poller forever (reporting up) and a link to /dev/zero was read without
     end; both are now named as problems while the good file still counts."""
@@ -116,6 +115,7 @@ def test_files_together_stay_within_the_http_paths_series_cap(tmp_path):
 FLOOD = ["sh", "-c", "head -c 200000000 /dev/zero | tr '\\0' ' '"]
 
 
+@pytest.mark.integration
 def test_200_mb_of_squeue_output_is_refused_within_a_bounded_memory():
     """200 MB of output peaked at several times that in RSS; now the command is killed at
     max_output_bytes (64 MiB) with a source error naming the option."""
@@ -126,6 +126,7 @@ def test_200_mb_of_squeue_output_is_refused_within_a_bounded_memory():
     assert f"more than {1 << 20} bytes" in small["error"], small
 
 
+@pytest.mark.integration
 def test_a_child_holding_the_pipe_cannot_outlast_the_timeout(tmp_path):
     """``subprocess.run`` waited for a wrapper's background child after the timeout (20 s
     here); the command's whole process group is now killed at the deadline."""
@@ -147,6 +148,7 @@ def test_a_child_holding_the_pipe_cannot_outlast_the_timeout(tmp_path):
     wait_for(gone, 5, "the background sleep killed with its group")
 
 
+@pytest.mark.integration
 def test_node_state_and_other_runners_are_bounded_too():
     printer = ["sh", "-c", "head -c 5000 /dev/zero"]
     node = SlurmNodeSource({"command": printer, "max_output_bytes": 1000}, str, 300)
@@ -169,6 +171,7 @@ def _check(tmp_path: Path, config: dict) -> subprocess.CompletedProcess[str]:
                               k: v for k, v in os.environ.items() if k == "PYTHONPATH"}})
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("config", "message"), [
     ({"auth": {"host_tokens": [{"token": "t" * 20, "hosts": ["*.rack-b.example.com"]}]}},
      "'*.rack-b.example.com' can never match"),
@@ -193,6 +196,7 @@ def test_bad_bounds_are_one_line_errors(tmp_path, config, message):
     assert message in line
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("config", [
     {"auth": {"host_tokens": [{"token": "t" * 20, "hosts": ["gpu-b*", "10.1.2.*"]}]}},
     {"hostnames": {"strip_domain": False},
@@ -207,6 +211,7 @@ def test_good_bounds_are_accepted(tmp_path, config):
     assert proc.returncode == 0, proc.stderr
 
 
+@pytest.mark.integration
 def test_help_explains_the_bounds():
     out = subprocess.run([EXPORTER, "--help"], capture_output=True, text=True, timeout=30,
                          check=True).stdout

@@ -18,8 +18,6 @@ from wandb_infra.common.configfile import ConfigError
 from wandb_infra.common.runkey import RunKey
 from wandb_infra.exporter.sources.kubernetes import KubernetesSource
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.fixture
 def k8s():
@@ -148,6 +146,7 @@ def test_garbage_answers_do_not_crash(k8s):
     assert len(result.problems) == 1
 
 
+@pytest.mark.integration
 def test_exporter_process_with_kubernetes(k8s, tmp_path):
     config = {"sources": {"kubernetes": {
         "enabled": True, "api_server": k8s.url, "token": "env:K8S_TOKEN",
@@ -169,6 +168,7 @@ def test_exporter_process_with_kubernetes(k8s, tmp_path):
     assert k8s.token not in (tmp_path / "exporter" / "exporter.log").read_text()
 
 
+@pytest.mark.integration
 def test_every_pod_of_a_run_on_a_node_is_published(k8s, tmp_path):
     """Node info names one pod per (run, host); the pod info metric has each of them, so the
     rules can tell which of a run's pods holds a GPU (and a replaced pod is not lost)."""

@@ -10,8 +10,6 @@ from wandb_infra.common.nodestate import NodeState
 from wandb_infra.exporter.hostnames import HostnameMapper
 from wandb_infra.exporter.sources.nodestate import KubernetesNodeSource, SlurmNodeSource
 
-pytestmark = pytest.mark.unit
-
 # ``scontrol show node -o`` of two racks whose nodes share the first label of their names: the
 # faulty gpu-07 of rack B is schedulable, rack A's gpu-07 is drained for a kernel update.
 SCONTROL = (
@@ -25,6 +23,7 @@ def _slurm(text: str, mapper: HostnameMapper) -> SlurmNodeSource:
     return SlurmNodeSource({"command": ["printf", "%s", text]}, mapper, grace=60)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("order", [1, -1], ids=["drained-first", "idle-first"])
 def test_slurm_nodes_sharing_a_first_label_publish_no_state(order):
     lines = SCONTROL.splitlines(keepends=True)
@@ -36,6 +35,7 @@ def test_slurm_nodes_sharing_a_first_label_publish_no_state(order):
         "for it (set hostnames.strip_domain: false or a rewrite that tells them apart)"]
 
 
+@pytest.mark.integration
 def test_distinct_names_keep_every_state():
     source = _slurm(SCONTROL, HostnameMapper(strip_domain=False))
     assert not source.poll().problems

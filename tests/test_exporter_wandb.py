@@ -13,8 +13,6 @@ from wandb_infra.common.configfile import ConfigError
 from wandb_infra.exporter.model import Gpu
 from wandb_infra.exporter.sources.wandb_runs import WandbRunsSource
 
-pytestmark = pytest.mark.integration
-
 
 def wire_config(*envs, lr=0.1):
     """A run config as the SDK stores it: every key wrapped in {"value": ...}."""
@@ -88,6 +86,7 @@ def test_errors_become_source_errors(standin):
         WandbRunsSource({"projects": ["a/b"]})
 
 
+@pytest.mark.integration
 def test_exporter_publishes_wandb_runs_and_survives_outage(standin, tmp_path):
     standin.add_run("team", "llm", "live", config=wire_config(env("gpu01.example.com", 2)),
                     display_name="live-run")

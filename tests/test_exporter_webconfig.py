@@ -18,7 +18,6 @@ import yaml
 from harness.processes import free_port, prom_query, prometheus, wait_for
 from wandb_infra.common import labels
 
-pytestmark = pytest.mark.integration
 EXPORTER = str(Path(sys.executable).parent / "wandb-infra-exporter")
 TOKEN = "t" * 32
 
@@ -43,6 +42,7 @@ def _start(tmp_path: Path, web: dict) -> tuple[subprocess.Popen, str]:
     return proc, f"https://127.0.0.1:{port}"
 
 
+@pytest.mark.integration
 def test_tls_and_basic_auth_guard_the_read_endpoints(tmp_path):
     crt, key = _cert(tmp_path)
     hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
@@ -87,6 +87,7 @@ def test_tls_and_basic_auth_guard_the_read_endpoints(tmp_path):
         proc.wait(timeout=10)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("web", "message"), [
     ({"tls_server_config": {"cert_file": "missing.crt", "key_file": "missing.key"}},
      "cannot load TLS files"),

@@ -54,11 +54,13 @@ def stale() -> list[str]:
     return sorted(str(path.relative_to(ROOT)) for path in generated.stale(expected()))
 
 
+@pytest.mark.integration
 def test_every_generated_file_is_current():
     out_of_date = stale()
     assert not out_of_date, "out of date (run: make generate):\n  " + "\n  ".join(out_of_date)
 
 
+@pytest.mark.integration
 def test_a_stale_input_names_each_file_built_from_it(monkeypatch):
     """A changed rule manifest is stale in alert_rules/ and in its Kubernetes copy, both named."""
     real = rules.manifest_text
@@ -67,6 +69,7 @@ def test_a_stale_input_names_each_file_built_from_it(monkeypatch):
                        "deploy/kubernetes/generated/prometheusrule.yaml"]
 
 
+@pytest.mark.integration
 def test_the_check_covers_every_kind_of_generated_file():
     covered = {str(p.relative_to(ROOT)) for p in expected()}
     for rel in ("alert_rules/wandb-infra.rules.yml", "alert_rules/wandb-infra.prometheusrule.yaml",
@@ -80,6 +83,7 @@ def test_the_check_covers_every_kind_of_generated_file():
         Path(p).name for p in covered}
 
 
+@pytest.mark.integration
 def test_generation_is_deterministic():
     assert expected() == expected()
 
@@ -91,6 +95,7 @@ def test_each_generator_check_mode_writes_nothing_and_passes(main, capsys):
     assert main(["--check"]) == 0, capsys.readouterr().err
 
 
+@pytest.mark.integration
 def test_the_readme_figures_table_follows_bench_results(tmp_path):
     """The figures table is bench/results.json as rendered now: a changed result makes the
     committed README stale, and the table holds every row with its value."""

@@ -19,8 +19,6 @@ from wandb_infra.exporter.placements import PlacementMerger
 from wandb_infra.exporter.pushed import RegistrationStore
 from wandb_infra.exporter.server import HostToken, build_app
 
-pytestmark = pytest.mark.integration
-
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "hardening-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -36,6 +34,7 @@ def _check(tmp_path: Path, config: dict, env: dict[str, str] | None = None,
                           env={"PATH": "/usr/bin:/bin", **(env or {})})
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("listen", ["0.0.0.0:9842", "[::]:9842", "10.1.2.3:9842",
                                     "gpu01.example.com:9842", ":9842"])
 def test_open_registration_api_off_loopback_refuses_to_start(tmp_path, listen):
@@ -47,6 +46,7 @@ def test_open_registration_api_off_loopback_refuses_to_start(tmp_path, listen):
         assert "auth.token_file" in lines[0]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("config", [
     {"listen": "127.0.0.1:9842"}, {"listen": "localhost:9842"}, {"listen": "[::1]:9842"},
     {"listen": "127.0.0.2:9842"},
@@ -58,6 +58,7 @@ def test_loopback_a_token_or_no_registration_api_may_start(tmp_path, config):
     assert proc.returncode == 0, proc.stderr
 
 
+@pytest.mark.integration
 def test_shipped_configs_use_a_token(tmp_path):
     token = tmp_path / "token"
     token.write_text(TOKEN + "\n")
@@ -81,6 +82,7 @@ def test_shipped_configs_use_a_token(tmp_path):
     assert _check(tmp_path, config).returncode == 0
 
 
+@pytest.mark.integration
 def test_slurm_scripts_send_the_default_token_file(tmp_path):
     """prolog/epilog read /etc/wandb-infra-exporter/token unless told otherwise."""
     common = (ROOT / "deploy" / "slurm" / "common.sh").read_text()
@@ -188,6 +190,7 @@ def test_a_host_bound_token_registers_and_deletes_only_its_hosts(bound_api):
     assert post(REG, {"Authorization": "Bearer wrong"}).status_code == 401
 
 
+@pytest.mark.integration
 def test_host_tokens_in_the_config(tmp_path):
     node_token = tmp_path / "gpu01.token"
     node_token.write_text(NODE + "\n")
@@ -221,6 +224,7 @@ def test_registrations_are_bounded_in_the_series_they_publish():
         assert post("d", 3) == 201
 
 
+@pytest.mark.integration
 def test_idle_connections_to_the_exporter_are_closed(tmp_path):
     token = tmp_path / "token"
     token.write_text(TOKEN)

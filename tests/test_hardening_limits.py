@@ -18,8 +18,6 @@ from harness.processes import wait_for
 from wandb_infra.bridge.config import load
 from wandb_infra.common.configfile import ConfigError
 
-pytestmark = pytest.mark.integration
-
 HEADERS = (f"POST /alertmanager HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
            "Content-Type: application/json\r\n")
 
@@ -37,6 +35,7 @@ def _closed_by_server(sock: socket.socket, within: float) -> bool:
     return True
 
 
+@pytest.mark.integration
 def test_idle_and_half_sent_connections_are_closed(tmp_path: Path):
     bridge = start_bridge(tmp_path, bridge_env(tmp_path, listen__idle_timeout_seconds="0.5"))
     try:
@@ -55,6 +54,7 @@ def test_idle_and_half_sent_connections_are_closed(tmp_path: Path):
         bridge.stop()
 
 
+@pytest.mark.integration
 def test_a_body_that_never_arrives_gets_408(tmp_path: Path):
     bridge = start_bridge(tmp_path, bridge_env(tmp_path, webhook__body_timeout_seconds="0.5"))
     try:
@@ -68,6 +68,7 @@ def test_a_body_that_never_arrives_gets_408(tmp_path: Path):
         bridge.stop()
 
 
+@pytest.mark.integration
 def test_bodies_in_flight_are_bounded_with_503_and_retry_after(tmp_path: Path):
     env = bridge_env(tmp_path, webhook__max_inflight_bytes="300000",
                      webhook__body_timeout_seconds="3")
@@ -92,6 +93,7 @@ def test_bodies_in_flight_are_bounded_with_503_and_retry_after(tmp_path: Path):
         bridge.stop()
 
 
+@pytest.mark.integration
 def test_state_dir_that_cannot_be_created_is_unready_until_it_can(tmp_path: Path):
     blocker = tmp_path / "blocker"
     blocker.write_text("a file where the state directory's parent should be")
@@ -111,6 +113,7 @@ def test_state_dir_that_cannot_be_created_is_unready_until_it_can(tmp_path: Path
         bridge.stop()
 
 
+@pytest.mark.integration
 def test_idle_connections_beyond_the_limit_make_room_for_new_ones(tmp_path: Path):
     env = bridge_env(tmp_path, listen__max_connections="50", listen__idle_timeout_seconds="60")
     bridge = start_bridge(tmp_path, env)
@@ -136,6 +139,7 @@ def test_idle_connections_beyond_the_limit_make_room_for_new_ones(tmp_path: Path
         bridge.stop()
 
 
+@pytest.mark.integration
 def test_connections_beyond_the_limit_are_refused_when_all_are_busy(tmp_path: Path):
     env = bridge_env(tmp_path, listen__max_connections="20", webhook__body_timeout_seconds="20")
     bridge = start_bridge(tmp_path, env)

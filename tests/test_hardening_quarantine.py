@@ -34,7 +34,6 @@ from wandb_infra.common.runkey import RunKey
 
 # Some tests start the bridge as a process (a second bridge on one store): the module is not
 # in the in-process unit layer.
-pytestmark = pytest.mark.integration
 
 START = datetime.now(UTC) - timedelta(minutes=2)
 FORGED = ["gpu01,gpu[02-40]", "gpu[02-40]", "gpu*", "gpu0?", "ALL", "all", "gpu01 gpu02",
@@ -82,6 +81,7 @@ class FakeSlurm:
         return subprocess.CompletedProcess(cmd, 1, "", "unexpected")
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("host", FORGED)
 def test_forged_host_label_reaches_no_scheduler(tmp_path, host):
     """Today ``gpu01,gpu[02-40]`` drained 40 of 40 nodes as one node of the breaker."""
@@ -104,6 +104,7 @@ def test_one_node_accepts_real_names():
         assert one_node(name) is not None, name
 
 
+@pytest.mark.integration
 def test_slurm_must_name_exactly_the_node(tmp_path):
     """A name Slurm resolves to another or several nodes (an alias, a NodeHostname) is refused."""
     def runner(cmd: list[str], **_kw: Any) -> subprocess.CompletedProcess:
@@ -132,6 +133,7 @@ def test_kubernetes_forged_name_is_no_request(k8s, tmp_path):
     assert k8s.patches == []
 
 
+@pytest.mark.integration
 def test_two_processes_on_one_audit_log_share_the_breaker(tmp_path):
     """Today each Quarantine kept its own breaker: 4 drains against a limit of 2."""
     slurm = FakeSlurm()
@@ -148,6 +150,7 @@ def test_two_processes_on_one_audit_log_share_the_breaker(tmp_path):
     assert outcomes == ["done", "done", "refused", "refused"]
 
 
+@pytest.mark.integration
 def test_no_record_no_action(tmp_path):
     """Today the drain went ahead with an unwritable audit log, and again after a restart."""
     slurm = FakeSlurm()
@@ -171,6 +174,7 @@ def test_no_record_no_action(tmp_path):
         audit.parent.chmod(0o700)
 
 
+@pytest.mark.integration
 def test_an_intent_without_its_result_counts_and_is_never_repeated(tmp_path):
     """A crash between the 'acting' record and the drain's result: the restarted bridge counts
     the node in the breaker and does not drain it again."""
@@ -188,6 +192,7 @@ def test_an_intent_without_its_result_counts_and_is_never_repeated(tmp_path):
     assert "result was not recorded" in q.decisions(issue.key)[0].text()
 
 
+@pytest.mark.integration
 def test_acting_is_recorded_before_the_drain(tmp_path):
     audit = tmp_path / "audit.jsonl"
     seen: list[list[str]] = []
@@ -207,6 +212,7 @@ def test_acting_is_recorded_before_the_drain(tmp_path):
     assert [d.outcome for d in q.decisions(done.issue)] == ["done"]
 
 
+@pytest.mark.integration
 def test_damaged_audit_log_is_reported_and_skipped(tmp_path):
     """Today one bad byte stopped the bridge from starting (UnicodeDecodeError)."""
     slurm = FakeSlurm()
@@ -228,6 +234,7 @@ def test_damaged_audit_log_is_reported_and_skipped(tmp_path):
     assert [json.loads(x)["outcome"] for x in lines[4:] if x] == ["acting", "done"]
 
 
+@pytest.mark.integration
 def test_damaged_audit_log_does_not_stop_the_bridge(tmp_path):
     env = bridge_env(tmp_path, QUARANTINE__ENABLED="true")
     (tmp_path / "state").mkdir()
@@ -242,6 +249,7 @@ def test_damaged_audit_log_does_not_stop_the_bridge(tmp_path):
     assert "quarantine audit log damaged" in bridge.log.read_text()
 
 
+@pytest.mark.integration
 def test_a_second_bridge_on_the_same_store_refuses_to_start(tmp_path):
     env = bridge_env(tmp_path)
     bridge = start_bridge(tmp_path, env)

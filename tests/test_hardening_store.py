@@ -20,8 +20,6 @@ from harness.bridge_payloads import alert, notification
 from harness.bridge_process import BRIDGE_CLI, ROOT, bridge_env, start_bridge
 from wandb_infra.bridge.ingest.store import SCHEMA_VERSION, Store, StoreError, StoreTooNew
 
-pytestmark = pytest.mark.integration
-
 
 def _body(index: int) -> dict:
     return notification([alert("GpuXidError", category="gpu_hardware", host=f"h{index % 4}",
@@ -46,6 +44,7 @@ def _count(path) -> int:
         conn.close()
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("victim", ["-wal", ""])
 def test_deleting_a_store_file_mid_stream_loses_no_acknowledged_alert(tmp_path, victim):
     env = bridge_env(tmp_path)
@@ -93,6 +92,7 @@ def test_a_replaced_database_is_saved_aside_and_refused_once(tmp_path):
     assert list(tmp_path.glob("b.sqlite.replaced-*"))
 
 
+@pytest.mark.integration
 def test_a_store_from_a_newer_bridge_is_refused(tmp_path):
     path = tmp_path / "state" / "bridge.sqlite"
     path.parent.mkdir()

@@ -8,8 +8,6 @@ import json
 import time
 from datetime import UTC, datetime
 
-import pytest
-
 from harness.bridge_payloads import alert, notification
 from harness.clock import ManualClock
 from harness.wandb_standin import WandbStandin
@@ -21,8 +19,6 @@ from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.projection.delivery import PARK_RETRY_BASE, DeliveryPolicy, DeliveryWorker
 from wandb_infra.bridge.projection.wandb_client import WandbClient
 from wandb_infra.common.runkey import RunKey
-
-pytestmark = pytest.mark.integration
 
 RUN = RunKey("team", "proj", "r1")
 

@@ -80,6 +80,7 @@ def _replay(tmp_path, wb, settle: float, stall_wait: float):
     return store
 
 
+@pytest.mark.integration
 def test_no_premature_stall_marker_and_headline_first(tmp_path, wb):
     try:
         _replay(tmp_path, wb, SETTLE, stall_wait=60)
@@ -98,6 +99,7 @@ def test_no_premature_stall_marker_and_headline_first(tmp_path, wb):
     assert len(upserts) <= 6, [r.operation_name for r in upserts]
 
 
+@pytest.mark.integration
 def test_a_marker_written_before_its_cause_arrived_gets_an_end_row(tmp_path, wb):
     """With a settle time shorter than the wait for the XID, the stall issue's start row is
     written; when the XID supersedes it, an explicit end row closes it on the plot."""

@@ -23,8 +23,6 @@ from wandb_infra.bridge.projection.markers import startup_checks
 from wandb_infra.bridge.projection.wandb_client import WandbClient
 from wandb_infra.common.runkey import RunKey
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.fixture
 def wb():
@@ -89,6 +87,7 @@ def test_a_missing_sdk_at_write_time_parks_with_the_install_hint(tmp_path, wb):
     assert "pip install '.[markers]'" in store.parked()[0].parked
 
 
+@pytest.mark.integration
 def test_serve_refuses_a_malformed_key_in_one_line(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB")}
     env.update(WANDB_INFRA_BRIDGE__WANDB__API_KEY="short",

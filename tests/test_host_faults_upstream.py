@@ -16,8 +16,6 @@ from tests.rules import build
 from tests.rules.build import RUN_A, Case, Expect, Series
 from tests.test_node_exporter_upstream import FQDN, HOST, _run, _uname
 
-pytestmark = pytest.mark.integration
-
 DATA = Path(__file__).resolve().parent / "data"
 NODE = DATA / "node_exporter" / "e2e-output.txt"
 SMARTCTL = DATA / "smartctl" / "EXAMPLE.md"
@@ -96,6 +94,7 @@ def test_fixtures_hold_the_families_the_rules_read():
             "ipmi_temperature_state", "ipmi_voltage_state", "ipmi_current_state"} <= ipmi
 
 
+@pytest.mark.integration
 def test_node_exporter_fixture_as_captured(tmp_path):
     """As captured the fixture's EDAC counts 5 uncorrectable errors on controller 0 (a real
     fault: it fires); nothing else does."""
@@ -113,6 +112,7 @@ def test_node_exporter_fixture_as_captured(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+@pytest.mark.integration
 def test_node_exporter_fixture_faults_reach_the_run(tmp_path):
     udp_write = ("node_mountstats_nfs_operations_major_timeouts_total",
                  "192.168.1.1:/srv/test,192.168.1.1,WRITE,udp")
@@ -141,6 +141,7 @@ def test_node_exporter_fixture_faults_reach_the_run(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+@pytest.mark.integration
 def test_smartctl_example_failing_nvme_reaches_the_run(tmp_path):
     """EXAMPLE.md's /dev/nvme0 reports SMART failed with critical warning 4: the alert names the
     stronger reading; the same exposition without it is healthy."""
@@ -158,6 +159,7 @@ def test_smartctl_example_failing_nvme_reaches_the_run(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+@pytest.mark.integration
 def test_ipmi_documented_sensors(tmp_path):
     text = ipmi_text()
     as_documented = [*base(), *_series(text, 9290, "ipmi")]

@@ -14,8 +14,6 @@ import yaml
 from harness.processes import PROMTOOL
 from wandb_infra.alert_rules import generate
 
-pytestmark = pytest.mark.integration
-
 ROOT = Path(__file__).resolve().parent.parent
 JSONNET = shutil.which("jsonnet") or "/usr/bin/jsonnet"
 
@@ -31,6 +29,7 @@ def _mixin(overrides: str = "") -> str:
     return f'((import "mixin/mixin.libsonnet") + {{ _config+:: {{ {overrides} }} }})'
 
 
+@pytest.mark.integration
 def test_rules_are_the_generated_groups():
     shipped = yaml.safe_load((ROOT / "alert_rules" / generate.RULES_FILE).read_text())["groups"]
     rules = render(f"{_mixin()}.prometheusRules")["groups"]
@@ -42,12 +41,14 @@ def test_rules_are_the_generated_groups():
     assert {g["name"]: g for g in shipped} == by_name
 
 
+@pytest.mark.integration
 def test_dashboards_are_the_generated_json():
     boards = render(f"{_mixin()}.grafanaDashboards")
     files = {p.name: json.loads(p.read_text()) for p in (ROOT / "dashboards").glob("*.json")}
     assert boards == files
 
 
+@pytest.mark.integration
 def test_config_overrides_runbooks_and_labels():
     overrides = ('runbookURLBase: "https://runbooks.example/wi", '
                  'alertLabels: { team: "ml-infra" }')
@@ -60,6 +61,7 @@ def test_config_overrides_runbooks_and_labels():
             "https://runbooks.example/wi/runbook#"), rule["alert"]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("field", ["prometheusRules", "prometheusAlerts"])
 def test_promtool_accepts_the_rendered_rules(tmp_path, field):
     path = tmp_path / f"{field}.yml"
@@ -73,6 +75,7 @@ CHANGED = {"thresholds": {"tempCriticalC": 92, "ibFlapsMin": 5, "thermalViolatio
            "hostKeyRegex": "(.+)"}
 
 
+@pytest.mark.integration
 def test_changed_config_renders_what_the_generator_writes_with_the_same_options(tmp_path):
     """kubernetes-mixin style _config: thresholds and the host key set in the mixin give the
     groups the generator writes when given the same options in its config file."""

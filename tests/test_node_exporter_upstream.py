@@ -18,8 +18,6 @@ from tests.rules.build import RUN_A, Case, Expect, Series
 from wandb_infra.alert_rules import generate
 from wandb_infra.catalog.alerts import ALERTS
 
-pytestmark = pytest.mark.integration
-
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "data" / "node_exporter" / "e2e-output.txt"
 FAMILIES = ("node_infiniband_", "node_network_up", "node_network_carrier_changes_total")
@@ -70,6 +68,7 @@ def test_fixture_has_the_families_the_rules_read():
         assert needed in names
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("alert", NETWORK_ALERTS)
 def test_healthy_fixture_raises_nothing(tmp_path, alert):
     series = [_uname(), build.node_info(RUN_A, HOST), *_fixture_series({})]
@@ -78,6 +77,7 @@ def test_healthy_fixture_raises_nothing(tmp_path, alert):
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+@pytest.mark.integration
 def test_fixture_port_and_interface_down_reach_the_run(tmp_path):
     faults = {("node_infiniband_state_id", "mlx4_0/2"): "4x20 1x60",
               ("node_network_up", "eth0"): "1x20 0x60"}

@@ -20,8 +20,6 @@ from wandb_infra.alert_rules import generate as rules
 from wandb_infra.common.generated import checkout_root
 from wandb_infra.dashboards import generate as dashboards
 
-pytestmark = pytest.mark.integration
-
 ROOT = Path(__file__).resolve().parent.parent
 # Modules that need an optional extra, and the extra (checked against pyproject.toml).
 NEEDS_EXTRA = {"wandb_infra.dashboards.generate": "generate"}
@@ -98,6 +96,7 @@ def _files(folder: Path) -> set[Path]:
     return {p for p in folder.rglob("*") if "__pycache__" not in p.parts}
 
 
+@pytest.mark.integration
 def test_the_bare_wheel_is_the_training_client_alone(wheel, tmp_path):
     python = _venv(tmp_path / "venv", wheel)
     installed = _installed(python)
@@ -130,6 +129,7 @@ def test_the_bare_wheel_is_the_training_client_alone(wheel, tmp_path):
     assert found.stdout.strip() == "None", found.stderr
 
 
+@pytest.mark.integration
 def test_with_the_extras_every_module_imports(wheel, tmp_path):
     python = _venv(tmp_path / "venv", f"{wheel}[exporter]")
     found = _imports(python, tmp_path)

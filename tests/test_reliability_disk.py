@@ -26,8 +26,6 @@ from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorker
 from wandb_infra.bridge.projection.wandb_client import WandbClient
 
-pytestmark = pytest.mark.integration
-
 AUTH = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
 DAY = 86400.0
 
@@ -72,6 +70,7 @@ def _ready(url: str) -> int:
     return requests.get(url + "/readyz", timeout=10).status_code
 
 
+@pytest.mark.integration
 def test_full_filesystem_answers_503_then_recovers_by_itself(tmp_path: Path):
     with tiny_fs(tmp_path / "mnt") as mnt:
         ctx = make_context(tmp_path, store=Store(mnt / "bridge.sqlite",
@@ -93,6 +92,7 @@ def test_full_filesystem_answers_503_then_recovers_by_itself(tmp_path: Path):
             assert ctx.store.alert_count() == 55
 
 
+@pytest.mark.integration
 def test_read_only_store_answers_503_then_recovers_by_itself(tmp_path: Path):
     """The bridge process (re)started on a store whose filesystem is read-only (a tmpfs cannot
     go read-only while a process holds files open for writing, so the remount happens while the

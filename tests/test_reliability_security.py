@@ -34,8 +34,6 @@ from wandb_infra.bridge.projection.wandb_client import WandbClient
 from wandb_infra.bridge.web.pages import run_detail, run_html, run_summary, runs_html
 from wandb_infra.common.runkey import RunKey
 
-pytestmark = pytest.mark.integration
-
 GRAFANA = "https://grafana.example"
 EVIL = [
     "<script>alert(1)</script>", "<img src=x onerror=alert(1)>", "[click](javascript:alert(1))",

@@ -22,8 +22,6 @@ from wandb_infra.exporter.cli import DEFAULTS, build
 from wandb_infra.exporter.hostnames import HostnameMapper
 from wandb_infra.exporter.sources.nodestate import KubernetesNodeSource
 
-pytestmark = pytest.mark.integration
-
 # Captured from the tests' Slurm 22.05.8 after `scontrol update ... State=DRAIN Reason=...`.
 SCONTROL = (
     "NodeName=vm Arch=x86_64 CoresPerSocket=1  CPUAlloc=0 CPUEfctv=2 CPUTot=2 CPULoad=1.15 "
@@ -127,6 +125,7 @@ def test_k8s_node_source_drops_states_after_grace(k8s):
     assert source.states() == ()
 
 
+@pytest.mark.integration
 def test_exporter_publishes_k8s_node_state(k8s, tmp_path):
     """The real exporter process; connection settings inherited from sources.kubernetes."""
     token = tmp_path / "token"

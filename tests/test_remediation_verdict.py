@@ -12,7 +12,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-import pytest
 import requests
 
 from harness.bridge_payloads import TOKEN, alert, make_context, notification, serve
@@ -36,7 +35,6 @@ from wandb_infra.bridge.prometheus.remediation import (
 from wandb_infra.bridge.prometheus.run_lookup import PrometheusRunLookup
 from wandb_infra.common.runkey import RunKey
 
-pytestmark = pytest.mark.integration
 # These alerts name runs the canned Prometheus holds no join metrics for; placement checks are
 # tested in test_hardening_forged_runs.py, so the workers here run with verify_placement off.
 

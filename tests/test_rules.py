@@ -179,6 +179,7 @@ def test_promtool_unit_tests_can_fail(tmp_path):
     assert _promtool("test", "rules", str(bad)).returncode != 0
 
 
+@pytest.mark.integration
 def test_group_orders_catch_an_order_dependent_rule(tmp_path):
     """The order harness can fail: an alert in one group reads a record of another with no
     room for a one-step lag (``for: 0s`` on a condition true at exactly one evaluation), so it

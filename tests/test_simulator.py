@@ -33,8 +33,6 @@ from wandb_infra.catalog.series import (
 )
 from wandb_infra.common.nodestate import parse_scontrol_nodes
 
-pytestmark = pytest.mark.integration
-
 LINE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>.*)\})? (?P<value>\S+)$")
 LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
@@ -496,6 +494,7 @@ def test_http_control_and_join_metrics():
         assert sd[0]["labels"]["__metrics_path__"] == "/dcgm/gpu-node-001/metrics"
 
 
+@pytest.mark.integration
 def test_real_prometheus_scrapes_both_flavours(tmp_path: Path):
     cluster = Cluster(hosts=4, flavour="Hostname", host_flavours={"gpu-node-003": "hostname",
                                                                   "gpu-node-004": "4.9"})
@@ -534,6 +533,7 @@ def test_real_prometheus_scrapes_both_flavours(tmp_path: Path):
             assert len(prom_query(prom.url, "wandb_run_gpu_info")) == 16
 
 
+@pytest.mark.integration
 def test_cli_serves_and_writes_configs(tmp_path: Path):
     config = tmp_path / "prometheus.yml"
     proc = subprocess.Popen(

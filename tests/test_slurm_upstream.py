@@ -33,6 +33,7 @@ def test_captured_output_parses_without_problems(name, job_id, node, job_name):
     assert all(j.state == "PENDING" and j.nodes == [] for j in jobs if j not in running)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("name", "job_id", "node", "job_name"), CAPTURED)
 def test_job_name_convention_on_captured_output(name, job_id, node, job_name):
     result = _source(DATA / name, job_name_regex=f"(?P<run_id>{job_name})",
@@ -44,6 +45,7 @@ def test_job_name_convention_on_captured_output(name, job_id, node, job_name):
     assert dict(placement.extra)["slurm_job_id"] == job_id
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("name", "job_id", "node", "job_name"), CAPTURED)
 def test_comment_and_gres_on_captured_schema(tmp_path, name, job_id, node, job_name):
     """The captured document with only the fields our convention uses filled in: the run in the
