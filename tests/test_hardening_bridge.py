@@ -16,9 +16,10 @@ import requests
 from prometheus_client import generate_latest
 
 from harness.bridge_payloads import TOKEN, alert, make_context, notification, serve
+from harness.clock import ManualClock
 from harness.processes import wait_for
 from harness.wandb_standin import WandbStandin
-from tests.test_bridge_delivery import Clock, ingest, make_worker
+from tests.test_bridge_delivery import ingest, make_worker
 from wandb_infra.bridge.ingest.identity import IdentityReader
 from wandb_infra.bridge.ingest.payload import Alert, Notification
 from wandb_infra.bridge.web import webhook
@@ -59,7 +60,7 @@ def _metric(worker, name: str) -> float:
 
 @pytest.mark.parametrize("poison", ["panel_id", "year_9999", "year_0999"])
 def test_poison_run_is_parked_with_its_reason_and_others_are_delivered(tmp_path, wb, poison):
-    clock = Clock()
+    clock = ManualClock(1_800_000_000.0)
     store, worker = make_worker(tmp_path, wb, clock=clock)
     if poison == "panel_id":
         raw = alert("NodeDown", category="node", host="h9", run="poison",
@@ -93,7 +94,7 @@ def test_poison_run_is_parked_with_its_reason_and_others_are_delivered(tmp_path,
 
 
 def test_the_delivery_thread_keeps_delivering_behind_a_poison_run(tmp_path, wb):
-    clock = Clock()
+    clock = ManualClock(1_800_000_000.0)
     store, worker = make_worker(tmp_path, wb, clock=clock)
     raw = alert("NodeDown", category="node", host="h9", run="poison",
                 annotations={"summary": "s", "panel_id": "\u00b2"})
@@ -117,7 +118,7 @@ def test_the_delivery_thread_keeps_delivering_behind_a_poison_run(tmp_path, wb):
 
 
 def test_oldest_undelivered_ignores_parked_runs(tmp_path, wb):
-    clock = Clock()
+    clock = ManualClock(1_800_000_000.0)
     store, worker = make_worker(tmp_path, wb, clock=clock)
     ingest(store, [alert("NodeDown", category="node", host="h1", run="ghost")], clock.now)
     worker.run_once()  # not found in W&B: parked

@@ -53,10 +53,10 @@ def test_an_edit_while_the_bridge_waits_on_prometheus_survives(wb, tmp_path):
     w, store = worker(wb, tmp_path)
     slow = w.remediations
 
-    def remediations_meanwhile(diagnosis: Any) -> Any:
+    def remediations_meanwhile(diagnosis: Any, **options: Any) -> Any:
         wb.user_edit("team", "proj", "r1", notes=lambda n: n + "edited during the lookup\n",
                      tags=lambda t: [*t, "late-tag"])
-        return slow(diagnosis)
+        return slow(diagnosis, **options)
 
     w.remediations = remediations_meanwhile  # type: ignore[method-assign]
     ingest(store, "GpuXidError")
