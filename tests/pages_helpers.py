@@ -36,7 +36,9 @@ def fake_worker(prometheus_url: str = "", wandb: bool = False,
     metrics, and with ``measured`` impacts measured by the real reader on ``prometheus_url`` at
     ``MEASURED_AT`` through the real worker's ``impacts`` (so the run's GPU-hours land in the
     store the bridge binds, as /runs reads them); else no measured impact."""
-    prom = PrometheusClient(prometheus_url, 2.0) if prometheus_url else None
+    # a generous timeout: on a loaded CI machine a 2 s read of the stand-in timed out and the
+    # page (rightly) showed no plot, failing the plot's test for the machine's sake
+    prom = PrometheusClient(prometheus_url, 15.0) if prometheus_url else None
     lookup = PrometheusRunLookup(prom) if prom is not None else None
     impact = (ImpactHistory(prom, cache_seconds=0, min_step=10.0, clock=lambda: MEASURED_AT)
               if measured and prom is not None else None)
