@@ -337,10 +337,7 @@ class WandbClient:
                              extra=log_fields(run=f"{entity}/{project}/{run_id}", error=str(exc)))
                     step = None
                 until = float("inf") if step is not None and step.settled else now + STEP_RETRY
-                self._steps.pop(where, None)
-                self._steps[where] = cached = (step, until)
-                while len(self._steps) > STEP_CACHE:
-                    del self._steps[next(iter(self._steps))]
+                cached = _remember(self._steps, where, step, until)
             if cached[0] is not None:
                 found[key] = cached[0]
         return found
@@ -403,14 +400,22 @@ class WandbClient:
                     log.info("run metric not read; the impact stays on the GPU signals",
                              extra=log_fields(run=f"{entity}/{project}/{run_id}", error=str(exc)))
                     metric, settled = None, False
-                self._metrics.pop(where, None)
-                self._metrics[where] = cached = (metric,
-                                                 float("inf") if settled else now + STEP_RETRY)
-                while len(self._metrics) > STEP_CACHE:
-                    del self._metrics[next(iter(self._metrics))]
+                cached = _remember(self._metrics, where, metric,
+                                   float("inf") if settled else now + STEP_RETRY)
             if cached[0] is not None:
                 found[issue] = cached[0]
         return found
+
+
+def _remember(cache: dict[Any, tuple[Any, float]], key: Any, value: Any, until: float
+              ) -> tuple[Any, float]:
+    """Keep ``value`` under ``key`` until ``until`` (monotonic seconds), as the newest entry;
+    the oldest entries go once the cache holds more than ``STEP_CACHE``."""
+    cache.pop(key, None)
+    cache[key] = entry = (value, until)
+    while len(cache) > STEP_CACHE:
+        del cache[next(iter(cache))]
+    return entry
 
 
 def _metric_rows(rows: list[Any], key: str) -> list[tuple[int, float, float]]:
