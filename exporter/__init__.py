@@ -3,9 +3,10 @@
 from importlib.metadata import PackageNotFoundError, version
 
 from wandb_infra.common.extras import run_cli
+from wandb_infra.common.generated import PROJECT
 
 try:
-    __version__ = version("wandb-infra-issues")
+    __version__ = version(PROJECT)
 except PackageNotFoundError:  # running from a checkout that was never installed
     __version__ = "0+unknown"
 
