@@ -59,8 +59,12 @@ def _storm() -> tuple[list[dict], dict[str, dict[str, str]]]:
 class RetryingSender:
     """Alertmanager's contract: keep re-sending until a 2xx; count what was acknowledged."""
 
-    def __init__(self, url: str, bodies: list[dict], workers: int = 4) -> None:
+    def __init__(self, url: str, bodies: list[dict], hold_from: int, workers: int = 4) -> None:
         self.url = url
+        # Bodies from ``hold_from`` on wait for ``resume``: the test lets the bridge start
+        # delivering before the rest of the storm, whatever the machine's load.
+        self.hold_from = hold_from
+        self.resume = threading.Event()
         self.todo: queue.Queue[int] = queue.Queue()
         self.bodies = bodies
         self.acked: set[int] = set()
@@ -77,6 +81,8 @@ class RetryingSender:
                 i = self.todo.get_nowait()
             except queue.Empty:
                 return
+            if i >= self.hold_from:
+                self.resume.wait()
             data = json.dumps(self.bodies[i]).encode()
             while True:
                 try:
@@ -113,10 +119,16 @@ def test_kill_9_mid_storm_then_restart_delivers_everything_exactly_once(tmp_path
         env = bridge_env(tmp_path, wandb_url=wb.url, wandb_key=wb.api_key)
         bridge = start_bridge(tmp_path, env)
         try:
-            sender = RetryingSender(bridge.url, bodies + repeats)
+            third = len(bodies) // 3
+            sender = RetryingSender(bridge.url, bodies + repeats, hold_from=third)
             sender.start()
-            wait_for(lambda: len(sender.acked) >= len(bodies) // 3, 60,
+            wait_for(lambda: len(sender.acked) >= third, 60,
                      "a third of the storm acknowledged", 0.005)
+            wait_for(lambda: len(wb.calls("BridgeUpsertBucket")) > 0, 60,
+                     "delivery under way", 0.005)
+            sender.resume.set()
+            wait_for(lambda: len(sender.acked) >= third + 4, 60,
+                     "ingest resumed during delivery", 0.005)
             bridge.kill()
             acked_before_kill = len(sender.acked)
             delivered_before_kill = len(wb.calls("BridgeUpsertBucket"))
