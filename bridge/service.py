@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import resource
 import signal
-import time
-from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
 from aiohttp import web
-from aiohttp.web_protocol import RequestHandler
 
 from wandb_infra.bridge.config import BridgeConfig
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
@@ -25,6 +21,7 @@ from wandb_infra.bridge.projection.markers import SdkMarkerWriter, startup_check
 from wandb_infra.bridge.projection.wandb_client import WandbClient
 from wandb_infra.bridge.prometheus.client import PrometheusClient
 from wandb_infra.bridge.prometheus.run_lookup import PrometheusRunLookup
+from wandb_infra.bridge.web.connections import ConnectionLimiter, connection_limit
 from wandb_infra.bridge.web.webhook import BridgeContext, Credentials, PageAuth, create_app
 from wandb_infra.common.logsetup import log_fields
 
@@ -75,106 +72,22 @@ def build(cfg: BridgeConfig) -> BridgeContext:
     )
 
 
-class _Refused(asyncio.Protocol):
-    """A connection beyond the limit: closed at once, so it holds its descriptor for no time."""
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        if isinstance(transport, asyncio.Transport):
-            transport.abort()
-        else:
-            transport.close()
-
-
-class LimitedSite(web.TCPSite):
-    """A TCP site that keeps at most ``limit`` connections, so a flood of idle sockets can never
-    use up the file descriptors the store and W&B delivery need, nor starve Alertmanager: at
-    the limit a new connection evicts the oldest one with no request in progress, and only when
-    every connection is busy is the new one closed at once.
-
-    Connections are counted from the moment their protocol is created (asyncio accepts a burst
-    before any ``connection_made`` runs); one evicted before it is connected is closed as soon
-    as it is."""
-
-    def __init__(self, runner: web.AppRunner, host: str, port: int, limit: int,
-                 metrics: BridgeMetrics) -> None:
-        super().__init__(runner, host, port)
-        self.limit = limit
-        self.metrics = metrics
-        self._last_warning = 0.0
-        self._open: dict[RequestHandler, None] = {}  # in creation order, oldest first
-        self._doomed: set[RequestHandler] = set()  # evicted before they were connected
-
-    def _evict_idle(self) -> bool:
-        """Close the oldest connection that is not serving a request; False if all are."""
-        for handler in self._open:
-            # aiohttp sets _current_request while a handler runs (private, hence getattr).
-            if getattr(handler, "_current_request", None) is None:
-                del self._open[handler]
-                if handler.transport is None:
-                    self._doomed.add(handler)
-                else:
-                    handler.force_close()
-                self.metrics.connections_evicted.inc()
-                return True
-        return False
-
-    def _factory(self) -> Callable[[], asyncio.BaseProtocol]:
-        server = self._runner.server
-        assert server is not None
-        registered, lost = server.connection_made, server.connection_lost
-
-        def connection_made(handler: RequestHandler, transport: asyncio.Transport) -> None:
-            registered(handler, transport)
-            if handler in self._doomed:
-                self._doomed.discard(handler)
-                handler.force_close()
-
-        def connection_lost(handler: RequestHandler, exc: BaseException | None = None) -> None:
-            self._open.pop(handler, None)
-            lost(handler, exc)
-        server.connection_made = connection_made  # type: ignore[method-assign]
-        server.connection_lost = connection_lost  # type: ignore[method-assign]
-
-        def protocol() -> asyncio.BaseProtocol:
-            if len(self._open) < self.limit or self._evict_idle():
-                handler = server()
-                self._open[handler] = None
-                return handler
-            self.metrics.connections_refused.inc()
-            if time.monotonic() - self._last_warning > 60:  # one line a minute, not per socket
-                self._last_warning = time.monotonic()
-                log.warning("connection limit reached and every connection busy, refusing "
-                            "new connections", extra=log_fields(limit=self.limit))
-            return _Refused()
-        return protocol
-
-    async def start(self) -> None:
-        """Like ``TCPSite.start`` with the limiting protocol factory."""
-        await web.BaseSite.start(self)
-        self._server = await asyncio.get_running_loop().create_server(
-            self._factory(), self._host, self._port, backlog=self._backlog)
-
-
-def connection_limit(configured: int) -> int:
-    """The configured limit, but at most half the descriptors this process may open."""
-    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return configured if soft == resource.RLIM_INFINITY else min(configured, soft // 2)
-
-
 async def serve(cfg: BridgeConfig, ready: asyncio.Event | None = None) -> None:
     """Serve until SIGTERM or SIGINT, then stop the worker and close cleanly."""
     ctx = build(cfg)
     # keepalive_timeout also bounds a new connection that never completes a request (aiohttp
     # arms it at connect), so idle sockets cannot pile up to the file-descriptor limit.
-    runner = web.AppRunner(create_app(ctx), access_log=None, keepalive_timeout=cfg.idle_timeout)
+    limiter = ConnectionLimiter(connection_limit(cfg.max_connections), ctx.metrics)
+    app = create_app(ctx)
+    app.middlewares.append(limiter.middleware)
+    runner = web.AppRunner(app, access_log=None, keepalive_timeout=cfg.idle_timeout)
     await runner.setup()
-    site = LimitedSite(runner, cfg.host, cfg.port, connection_limit(cfg.max_connections),
-                       ctx.metrics)
-    await site.start()
+    assert runner.server is not None
+    loop = asyncio.get_running_loop()
+    listener = await loop.create_server(limiter.factory(runner.server), cfg.host, cfg.port)
     if ctx.worker is not None:
         ctx.worker.start()
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     log.info("bridge listening", extra=log_fields(
@@ -185,6 +98,7 @@ async def serve(cfg: BridgeConfig, ready: asyncio.Event | None = None) -> None:
         ready.set()
     await stop.wait()
     log.info("bridge stopping")
+    listener.close()
     await runner.cleanup()
     if ctx.worker is not None:
         await loop.run_in_executor(None, ctx.worker.stop)
