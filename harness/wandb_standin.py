@@ -823,8 +823,9 @@ def _make_handler(server: WandbStandin) -> type[BaseHTTPRequestHandler]:
             if method == "POST" and match:
                 if parse_error:
                     return 400, {"error": "invalid JSON"}
-                return server._file_stream(*match.groups(), body if isinstance(body, dict)
-                                           else {})
+                entity, project, run_id = match.group(1, 2, 3)
+                return server._file_stream(entity, project, run_id,
+                                           body if isinstance(body, dict) else {})
             return 404, {"error": "not found"}
 
     return Handler
