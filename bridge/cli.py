@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import replace
 
-from wandb_infra.bridge.config import ENV_PREFIX, HELP, BridgeConfig, load
+from wandb_infra.bridge.config import ENV_PREFIX, SCHEMA, BridgeConfig, load
 from wandb_infra.bridge.explain_cli import add_parser as add_explain
 from wandb_infra.bridge.ingest.store import StoreLocked, StoreTooNew
 from wandb_infra.bridge.quarantine_cli import add_parser as add_quarantine
@@ -28,7 +28,7 @@ log = logging.getLogger("bridge")
 def _options_epilog() -> str:
     lines = ["configuration keys (YAML file; override any with "
              f"{ENV_PREFIX}__SECTION__KEY=value, e.g. {ENV_PREFIX}__LISTEN__PORT=9461):"]
-    lines += [f"  {key:44} {text}" for key, text in HELP.items()]
+    lines += SCHEMA.help_lines()
     lines.append("secrets: prefer *_file keys; a value 'env:NAME' reads environment variable "
                  "NAME. See deploy/bridge.example.yaml.")
     return "\n".join(lines)

@@ -54,15 +54,12 @@ def env_overrides(prefix: str, environ: Mapping[str, str]) -> dict[str, Any]:
     return result
 
 
-def load_config(
-    path: str | os.PathLike[str] | None,
-    defaults: Mapping[str, Any],
-    env_prefix: str,
-    environ: Mapping[str, str] | None = None,
-) -> dict[str, Any]:
-    """Defaults, then the YAML file, then environment overrides. Unknown top-level keys fail."""
+def read_config(path: str | os.PathLike[str] | None, env_prefix: str,
+                environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The YAML file (if any), then environment overrides: what the user set, before any
+    defaults, for a schema to check and complete."""
     environ = os.environ if environ is None else environ
-    merged = copy.deepcopy(dict(defaults))
+    data: Any = {}
     if path:
         file = Path(path)
         try:
@@ -75,8 +72,17 @@ def load_config(
             raise ConfigError(f"config file {file} is not valid YAML: {exc}") from exc
         if not isinstance(data, Mapping):
             raise ConfigError(f"config file {file} must be a mapping at the top level")
-        merged = deep_merge(merged, data)
-    merged = deep_merge(merged, env_overrides(env_prefix, environ))
+    return deep_merge(data, env_overrides(env_prefix, environ))
+
+
+def load_config(
+    path: str | os.PathLike[str] | None,
+    defaults: Mapping[str, Any],
+    env_prefix: str,
+    environ: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """Defaults, then the YAML file, then environment overrides. Unknown top-level keys fail."""
+    merged = deep_merge(defaults, read_config(path, env_prefix, environ))
     unknown = sorted(set(merged) - set(defaults))
     if unknown:
         raise ConfigError(f"unknown configuration keys: {', '.join(unknown)}")
@@ -100,16 +106,3 @@ def read_secret(
         secret = environ.get(value[4:], "").strip()
         return secret or None
     return value or None
-
-
-def check_section(section: Mapping[str, Any], known: frozenset[str], where: str) -> None:
-    """One line naming the first unknown key (a typo such as ``intervall_seconds``) or a
-    duration or count that is not a positive number, instead of a silent default or a
-    traceback later."""
-    unknown = sorted(set(section) - known)
-    if unknown:
-        raise ConfigError(f"unknown key {where}.{unknown[0]} (known: {', '.join(sorted(known))})")
-    for key, value in section.items():
-        if key.endswith(("_seconds", "_size")) and value is not None and (
-                isinstance(value, bool) or not isinstance(value, int | float) or value < 0):
-            raise ConfigError(f"{where}.{key}: wrong type, must be a number >= 0, not {value!r}")

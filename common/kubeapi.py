@@ -20,6 +20,7 @@ import yaml
 
 from wandb_infra.common.commands import SourceError
 from wandb_infra.common.configfile import ConfigError, read_secret
+from wandb_infra.common.schema import Key, Section
 
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 MAX_PAGES = 10_000
@@ -86,36 +87,57 @@ def _kubeconfig(path: str) -> tuple[str, str | None, str | None, bool, tuple[str
             bool(cluster.get("insecure-skip-tls-verify", False)), cert)
 
 
-class KubeApi:
-    """Connection settings from one config section, and the two calls everyone needs."""
+# The connection keys of every section that talks to the API (sources.kubernetes,
+# node_state.kubernetes, quarantine.kubernetes); each declares them with its own schema.
+CONNECTION: dict[str, Key] = {
+    "in_cluster": Key("bool", False, "use the pod's service account (in-cluster)"),
+    "kubeconfig": Key("str", "", "kubeconfig file whose current context is used (token, "
+                                 "tokenFile or client certificate users)"),
+    "api_server": Key("str", "", "API server URL, with token or token_file"),
+    "token": Key("str", None, 'bearer token with api_server ("env:NAME" reads a variable)',
+                 optional=True, secret=True),
+    "token_file": Key("str", None, "file holding that token (preferred; re-read on every call)",
+                      optional=True),
+    "ca_file": Key("str", None, "CA bundle of the API server", optional=True),
+    "insecure_skip_tls_verify": Key("bool", False, "do not verify the API server's certificate"),
+    "timeout_seconds": Key("number", 15, "timeout of one API call", minimum=0.001),
+    "page_size": Key("int", 500, "items per list page", minimum=1),
+}
+CONNECTION_SECTION = Section(CONNECTION)
 
-    def __init__(self, cfg: Mapping[str, Any], session: requests.Session | None = None) -> None:
-        self.timeout = float(cfg.get("timeout_seconds", 15))
-        self.page_size = int(cfg.get("page_size", 500))
+
+class KubeApi:
+    """Connection settings from one validated config section (``where`` names it in errors),
+    and the two calls everyone needs."""
+
+    def __init__(self, cfg: Mapping[str, Any], where: str,
+                 session: requests.Session | None = None) -> None:
+        self.timeout = float(cfg["timeout_seconds"])
+        self.page_size = int(cfg["page_size"])
         self.token_file: str | None = None
         self.token: str | None = None
         client_cert: tuple[str, str] | None = None
-        insecure = bool(cfg.get("insecure_skip_tls_verify", False))
-        ca_file = cfg.get("ca_file")
-        if cfg.get("in_cluster"):
+        insecure = bool(cfg["insecure_skip_tls_verify"])
+        ca_file = cfg["ca_file"]
+        if cfg["in_cluster"]:
             host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get(
                 "KUBERNETES_SERVICE_PORT", "443")
             if not host:
-                raise ConfigError("sources.kubernetes.in_cluster: KUBERNETES_SERVICE_HOST unset")
+                raise ConfigError(f"{where}.in_cluster: KUBERNETES_SERVICE_HOST unset")
             self.server = f"https://{host}:{port}"
             self.token_file = str(SA_DIR / "token")
             ca_file = ca_file or str(SA_DIR / "ca.crt")
-        elif cfg.get("kubeconfig"):
+        elif cfg["kubeconfig"]:
             self.server, self.token, kube_ca, kube_insecure, client_cert = _kubeconfig(
                 str(cfg["kubeconfig"]))
             ca_file, insecure = ca_file or kube_ca, insecure or kube_insecure
-        elif cfg.get("api_server"):
+        elif cfg["api_server"]:
             self.server = str(cfg["api_server"])
-            self.token_file = cfg.get("token_file")
+            self.token_file = cfg["token_file"]
             if not self.token_file:
-                self.token = read_secret(cfg.get("token"), None, "Kubernetes token")
+                self.token = read_secret(cfg["token"], None, "Kubernetes token")
         else:
-            raise ConfigError("sources.kubernetes needs in_cluster, kubeconfig or api_server")
+            raise ConfigError(f"{where} needs in_cluster, kubeconfig or api_server")
         if self.token_file:
             self.token = read_secret(None, self.token_file, "Kubernetes token")
         self.server = self.server.rstrip("/")

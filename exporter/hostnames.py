@@ -8,10 +8,18 @@ replacement with ``\\1``-style groups), then the domain is stripped, then the na
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from wandb_infra.common.configfile import ConfigError
+from wandb_infra.common.schema import Key, Section
+
+SCHEMA = Section({
+    "strip_domain": Key("bool", True, "gpu01.example.com -> gpu01 (IPv4 addresses are kept)"),
+    "lowercase": Key("bool", True, "GPU01 -> gpu01"),
+    "rewrites": Key("list", [], "list of {match: REGEX, replace: TEMPLATE}, applied before the "
+                    r"two above; the first full match wins (replace: \1-style groups)"),
+}, help="make the `hostname` label equal the one dcgm-exporter puts on GPU series")
 
 
 @dataclass(frozen=True)
@@ -25,11 +33,9 @@ class HostnameMapper:
     @classmethod
     def from_config(cls, cfg: Mapping[str, object]) -> HostnameMapper:
         """Build from the ``hostnames`` config section; bad regexes raise ConfigError."""
+        section = SCHEMA.resolve(cfg, "hostnames")
         rewrites = []
-        raw = cfg.get("rewrites") or []
-        if not isinstance(raw, Iterable) or isinstance(raw, str | bytes | Mapping):
-            raise ConfigError("hostnames.rewrites must be a list of {match, replace}")
-        for i, item in enumerate(raw):
+        for i, item in enumerate(section["rewrites"]):
             if not isinstance(item, Mapping) or "match" not in item:
                 raise ConfigError(f"hostnames.rewrites[{i}] needs 'match' (and 'replace')")
             try:
@@ -37,8 +43,7 @@ class HostnameMapper:
             except re.error as exc:
                 raise ConfigError(f"hostnames.rewrites[{i}].match is not a regex: {exc}") from exc
             rewrites.append((pattern, str(item.get("replace", r"\g<0>"))))
-        return cls(tuple(rewrites), bool(cfg.get("strip_domain", True)),
-                   bool(cfg.get("lowercase", True)))
+        return cls(tuple(rewrites), section["strip_domain"], section["lowercase"])
 
     def __call__(self, host: str) -> str:
         name = host.strip()

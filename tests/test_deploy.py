@@ -17,8 +17,8 @@ import yaml
 from harness.processes import AMTOOL, PROMTOOL
 from wandb_infra.bridge.config import DEFAULTS as BRIDGE_DEFAULTS
 from wandb_infra.bridge.config import load as load_bridge_config
-from wandb_infra.exporter.cli import DEFAULTS as EXPORTER_DEFAULTS
-from wandb_infra.exporter.cli import parse_listen
+from wandb_infra.exporter.config import DEFAULTS as EXPORTER_DEFAULTS
+from wandb_infra.exporter.config import parse_listen
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"

@@ -94,12 +94,13 @@ def test_web_listen_address_flag_and_a_taken_port_in_one_line(tmp_path):
 
 @pytest.mark.parametrize(("config", "message"), [
     ({"sources": {"slurm": {"enabled": True, "intervall_seconds": 5}}},
-     "unknown key sources.slurm.intervall_seconds"),
+     "sources.slurm.intervall_seconds: unknown key (known: enabled, name, "),
     ({"sources": {"slurm": {"enabled": True, "interval_seconds": "soon"}}},
-     "sources.slurm.interval_seconds: wrong type, must be a number >= 0, not 'soon'"),
-    ({"registrations": {"max_entires": 5}}, "unknown key registrations.max_entires"),
+     "sources.slurm.interval_seconds: must be a number > 0, not 'soon'"),
+    ({"registrations": {"max_entires": 5}},
+     "registrations.max_entires: unknown key (known: enabled, "),
     ({"node_state": {"kubernetes": {"enabled": False, "toleratd_taints": []}}},
-     "unknown key node_state.kubernetes.toleratd_taints"),
+     "node_state.kubernetes.toleratd_taints: unknown key (known: "),
 ])
 def test_nested_typos_and_types_are_named_in_one_line(tmp_path, config, message):
     path = tmp_path / "exporter.yaml"

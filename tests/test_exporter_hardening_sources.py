@@ -19,7 +19,7 @@ from harness.exporter_process import EXPORTER
 from harness.processes import wait_for
 from wandb_infra.common.commands import SourceError, run_command
 from wandb_infra.common.configfile import ConfigError
-from wandb_infra.exporter import cli
+from wandb_infra.exporter import cli, config
 from wandb_infra.exporter.pushed import series
 from wandb_infra.exporter.sources.files import RegistrationFilesSource
 from wandb_infra.exporter.sources.nodestate import SlurmNodeSource
@@ -33,7 +33,7 @@ from wandb_infra.common.commands import SourceError
 from wandb_infra.exporter.sources.files import RegistrationFilesSource
 from wandb_infra.exporter.sources.slurm import SlurmSource
 kind, cfg = sys.argv[1], json.loads(sys.argv[2])
-source = RegistrationFilesSource(cfg) if kind == "files" else SlurmSource(cfg)
+source = RegistrationFilesSource(cfg, 180000) if kind == "files" else SlurmSource(cfg)
 try:
     result = source.poll()
     out = {"placements": len(result.placements), "problems": result.problems}
@@ -76,7 +76,8 @@ def test_a_fifo_or_a_device_is_skipped_not_read(tmp_path):
 def test_a_file_past_max_file_bytes_is_skipped(tmp_path):
     (tmp_path / "big.json").write_text(json.dumps([REG] * 40))
     (tmp_path / "small.json").write_text(json.dumps({**REG, "run_id": "small"}))
-    result = RegistrationFilesSource({"directory": str(tmp_path), "max_file_bytes": 1024}).poll()
+    result = RegistrationFilesSource({"directory": str(tmp_path), "max_file_bytes": 1024},
+                                     180_000).poll()
     assert [p.run.run_id for p in result.placements] == ["small"]
     assert result.problems == ["big.json: larger than 1024 bytes (max_file_bytes)"]
 
@@ -99,7 +100,7 @@ def test_files_together_stay_within_the_http_paths_series_cap(tmp_path):
     takes its cap from registrations.max_series and skips registrations past it."""
     written = _one_mib_of_series(tmp_path / "a.json", 0) + _one_mib_of_series(
         tmp_path / "b.json", 100_000)
-    cfg = cli.load_config(None, cli.DEFAULTS, cli.ENV_PREFIX, environ={})
+    cfg = config.load(None, environ={})
     cfg["sources"]["files"] = {"enabled": True, "directory": str(tmp_path)}
     [source] = cli.build_sources(cfg, [])
     result = source.poll()
@@ -178,16 +179,17 @@ def _check(tmp_path: Path, config: dict) -> subprocess.CompletedProcess[str]:
     ({"auth": {"host_tokens": [{"token": "t" * 20, "hosts": ["GPU01"]}]}},
      "'GPU01' can never match"),
     ({"registrations": {"max_series_per_token": 0}},
-     "registrations.max_series_per_token must be an integer > 0"),
-    ({"registrations": {"max_series": "lots"}}, "registrations.max_series must be an integer"),
+     "registrations.max_series_per_token: must be an integer > 0, not 0"),
+    ({"registrations": {"max_series": "lots"}},
+     "registrations.max_series: must be an integer > 0, not 'lots'"),
     ({"sources": {"slurm": {"enabled": True, "max_output_bytes": "64M"}}},
-     "sources.slurm.max_output_bytes must be an integer > 0"),
+     "sources.slurm.max_output_bytes: must be an integer > 0, not '64M'"),
     ({"node_state": {"slurm": {"enabled": True, "max_output_bytes": True}}},
-     "node_state.slurm.max_output_bytes must be an integer > 0"),
+     "node_state.slurm.max_output_bytes: must be an integer > 0, not True"),
     ({"sources": {"files": {"enabled": True, "directory": "/tmp", "max_file_bytes": 1.5}}},
-     "sources.files.max_file_bytes must be an integer > 0"),
+     "sources.files.max_file_bytes: must be an integer > 0, not 1.5"),
     ({"sources": {"files": {"enabled": True, "directory": "/tmp", "max_series": -1}}},
-     "sources.files.max_series must be an integer > 0"),
+     "sources.files.max_series: must be an integer > 0 or unset, not -1"),
 ])
 def test_bad_bounds_are_one_line_errors(tmp_path, config, message):
     proc = _check(tmp_path, config)

@@ -191,7 +191,7 @@ def test_cli_help_and_config_errors(tmp_path):
     bad.write_text("listen: nowhere\n")
     proc = subprocess.run([EXPORTER, "--config", str(bad)], capture_output=True, text=True,
                           timeout=30, check=False)
-    assert proc.returncode == 2 and "listen must be host:port" in proc.stderr
+    assert proc.returncode == 2 and "listen: must be host:port" in proc.stderr
     bad.write_text("sources:\n  slurm:\n    enabled: true\n    mode: sacct\n")
     proc = subprocess.run([EXPORTER, "--config", str(bad)], capture_output=True, text=True,
                           timeout=30, check=False)
@@ -199,14 +199,15 @@ def test_cli_help_and_config_errors(tmp_path):
     bad.write_text("colour: red\n")
     proc = subprocess.run([EXPORTER, "--config", str(bad)], capture_output=True, text=True,
                           timeout=30, check=False)
-    assert proc.returncode == 2 and "unknown configuration keys: colour" in proc.stderr
+    assert proc.returncode == 2 and "colour: unknown key (known: listen, " in proc.stderr
     for text, reason in (
             ("sources:\n  files:\n    enabled: true\n    directory: /tmp\n"
-             "    interval_seconds: soon\n", "wrong type"),
+             "    interval_seconds: soon\n", "interval_seconds: must be a number > 0, not 'soon'"),
             ("registrations:\n  default_ttl_seconds: 100\n  max_ttl_seconds: 10\n",
              "default_ttl_seconds"),
             ("sources:\n  files:\n    enabled: true\n    directory: /tmp\n"
-             "    interval_seconds: 0\n", "interval_seconds must be > 0")):
+             "    interval_seconds: 0\n",
+             "sources.files.interval_seconds: must be a number > 0, not 0")):
         bad.write_text(text)
         proc = subprocess.run([EXPORTER, "--config", str(bad), "--check-config"],
                               capture_output=True, text=True, timeout=30, check=False)

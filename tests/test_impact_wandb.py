@@ -141,5 +141,5 @@ def test_the_run_metrics_option_is_validated(value):
     raw = {s: dict(v) if isinstance(v, dict) else v for s, v in C.DEFAULTS.items()}
     assert C.build_config(raw, {}, insecure_no_auth=True).policy.run_metrics == RUN_METRICS
     raw["wandb"]["run_metrics"] = value
-    with pytest.raises(ConfigError, match=r"wandb\.run_metrics must be a list of history keys"):
+    with pytest.raises(ConfigError, match=r"wandb\.run_metrics: must be a list of history keys"):
         C.build_config(raw, {}, insecure_no_auth=True)

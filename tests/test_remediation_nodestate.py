@@ -18,7 +18,8 @@ from wandb_infra.common.nodestate import (
     parse_sinfo_json,
     schedulable,
 )
-from wandb_infra.exporter.cli import DEFAULTS, build
+from wandb_infra.exporter.cli import build
+from wandb_infra.exporter.config import DEFAULTS
 from wandb_infra.exporter.hostnames import HostnameMapper
 from wandb_infra.exporter.sources.nodestate import KubernetesNodeSource
 

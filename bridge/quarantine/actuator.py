@@ -51,19 +51,37 @@ import requests
 from wandb_infra.bridge.diagnosis.root_cause import Issue
 from wandb_infra.bridge.diagnosis.verdict import faulty_hosts
 from wandb_infra.common.commands import SourceError, run_command
-from wandb_infra.common.configfile import ConfigError
-from wandb_infra.common.kubeapi import KubeApi
+from wandb_infra.common.kubeapi import CONNECTION_SECTION, KubeApi
 from wandb_infra.common.logsetup import log_fields
 from wandb_infra.common.nodestate import k8s_node_state, parse_scontrol_nodes
+from wandb_infra.common.schema import Key, Section
 
 log = logging.getLogger(__name__)
 
-DEFAULTS: dict[str, Any] = {
-    "enabled": False, "dry_run": True, "scheduler": "slurm", "max_nodes": 2,
-    "max_fraction": 0.05, "window_seconds": 3600.0, "audit_log": "",
-    "taint_key": "wandb.ai/infra-quarantine", "slurm_command": ["scontrol"],
-    "kubernetes": {},
-}
+SCHEMA = Section({
+    "enabled": Key("bool", False, "take the faulty node of an open critical issue out of the "
+                   "pool where its fault needs the node out of service (a GPU reset, a reboot, "
+                   "a replacement; never for XID 94 or application faults), from the "
+                   "'wandb-infra-bridge quarantine' process; false: read-only"),
+    "dry_run": Key("bool", True, "only record and show what it would do"),
+    "scheduler": Key("str", "slurm", "slurm (scontrol update State=DRAIN; needs an operator) or "
+                     "kubernetes (cordon + NoSchedule taint; needs patch on nodes)",
+                     choices=("slurm", "kubernetes")),
+    "max_nodes": Key("int", 2, "circuit breaker: at most this many nodes per window",
+                     minimum=0),
+    "max_fraction": Key("number", 0.05, "circuit breaker: at most this share of the fleet per "
+                        "window", minimum=0, maximum=1),
+    "window_seconds": Key("number", 3600.0, "the circuit breaker's window", above=0),
+    "audit_log": Key("str", "", "JSON-lines file of every decision (empty: "
+                     "quarantine-audit.jsonl next to the store)"),
+    "taint_key": Key("str", "wandb.ai/infra-quarantine", "the Kubernetes taint key and "
+                     "annotation it sets", check=bool, expect="a non-empty string"),
+    "slurm_command": Key("list[str]", ["scontrol"], "the scontrol command (e.g. [ssh, "
+                         "slurm-head, scontrol])", check=bool, expect="a non-empty list of "
+                         "strings"),
+    "kubernetes": Section(CONNECTION_SECTION.keys, help="the Kubernetes connection, keys as in "
+                          "the exporter's sources.kubernetes"),
+}, help="optional active quarantine (off by default)")
 RETRY_SECONDS = 300.0  # a refused or failed (issue, host) is looked at again after this
 MAX_HOST_CHARS = 253  # a DNS name; longer label text is refused (and clipped in the audit log)
 # One node name: DNS labels (letters, digits, '-' and '_' inside), dot-separated. Everything
@@ -156,7 +174,8 @@ class KubernetesActions:
 
     def __init__(self, cfg: Mapping[str, Any], taint_key: str,
                  session: requests.Session | None = None) -> None:
-        self.api = KubeApi(cfg, session)
+        where = "quarantine.kubernetes"
+        self.api = KubeApi(CONNECTION_SECTION.resolve(cfg, where), where, session)
         self.taint_key = taint_key
 
     def _request(self, method: str, path: str, body: Any = None) -> requests.Response:
@@ -224,10 +243,11 @@ class Quarantine:
 
     def __init__(self, cfg: Mapping[str, Any], actions: SlurmActions | KubernetesActions | None,
                  audit_log: Path, clock: Callable[[], float] = time.time) -> None:
-        self.dry_run = bool(cfg.get("dry_run", True))
-        self.max_nodes = int(cfg.get("max_nodes", 2))
-        self.max_fraction = float(cfg.get("max_fraction", 0.05))
-        self.window = float(cfg.get("window_seconds", 3600.0))
+        cfg = SCHEMA.resolve(cfg, "quarantine")
+        self.dry_run = bool(cfg["dry_run"])
+        self.max_nodes = int(cfg["max_nodes"])
+        self.max_fraction = float(cfg["max_fraction"])
+        self.window = float(cfg["window_seconds"])
         self.actions, self.audit_log, self.clock = actions, audit_log, clock
         self._lock = threading.Lock()
         self._decisions: list[Decision] = []
@@ -440,25 +460,7 @@ class Quarantine:
 
 def check(raw: Mapping[str, Any] | None) -> dict[str, Any]:
     """The quarantine section over its defaults, validated (ConfigError says what is wrong)."""
-    cfg = {**DEFAULTS, **(raw or {})}
-    unknown = sorted(set(cfg) - set(DEFAULTS))
-    if unknown:
-        raise ConfigError(f"unknown keys in quarantine: {', '.join(unknown)}")
-    if cfg["scheduler"] not in ("slurm", "kubernetes"):
-        raise ConfigError("quarantine.scheduler must be 'slurm' or 'kubernetes'")
-    command = cfg["slurm_command"]
-    if not isinstance(command, list) or not command or not all(isinstance(c, str)
-                                                                 for c in command):
-        raise ConfigError("quarantine.slurm_command must be a list of strings")
-    try:
-        ok = (int(cfg["max_nodes"]) >= 0 and 0 <= float(cfg["max_fraction"]) <= 1
-              and float(cfg["window_seconds"]) > 0)
-    except (TypeError, ValueError):
-        ok = False
-    if not ok:
-        raise ConfigError("quarantine: max_nodes >= 0, 0 <= max_fraction <= 1, "
-                          "window_seconds > 0")
-    return cfg
+    return SCHEMA.resolve(raw, "quarantine")
 
 
 def build(raw: Mapping[str, Any] | None, store_dir: Path,
@@ -471,7 +473,7 @@ def build(raw: Mapping[str, Any] | None, store_dir: Path,
     actions: SlurmActions | KubernetesActions | None = None
     if acting:
         actions = (SlurmActions(cfg["slurm_command"]) if cfg["scheduler"] == "slurm"
-                   else KubernetesActions(cfg["kubernetes"] or {}, str(cfg["taint_key"])))
+                   else KubernetesActions(cfg["kubernetes"], str(cfg["taint_key"])))
     audit = Path(str(cfg["audit_log"])) if cfg["audit_log"] else store_dir / \
         "quarantine-audit.jsonl"
     return Quarantine(cfg, actions, audit)

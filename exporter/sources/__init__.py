@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from typing import Protocol
 
 from wandb_infra.common.configfile import ConfigError
 from wandb_infra.common.labels import NAME_CHARS, RUN_ID_CHARS
 from wandb_infra.common.runkey import RunKey
+from wandb_infra.common.schema import Key
 from wandb_infra.exporter.model import SourceResult
 
 
@@ -33,23 +33,26 @@ def valid_run_key(entity: object, project: object, run_id: object) -> RunKey | N
     return RunKey(entity, project, run_id)
 
 
-def positive_int(cfg: Mapping[str, object], key: str, default: int, section: str) -> int:
-    """An optional count or byte size from config: an integer > 0 (not a float, not a bool)."""
-    value = cfg.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"{section}.{key} must be an integer > 0, not {value!r}")
-    return value
+def source_keys(name: str, interval: float, timeout: float | None) -> dict[str, Key]:
+    """The keys every source has: ``enabled``, ``name``, ``interval_seconds`` and, for those
+    that run a command or call an API with their own timeout, ``timeout_seconds``."""
+    keys = {"enabled": Key("bool", False, "poll this source"),
+            "name": Key("str", name, "its `source` label", check=bool, expect="a non-empty "
+                        "string"),
+            "interval_seconds": Key("number", interval, "seconds between polls", above=0)}
+    if timeout is not None:
+        keys["timeout_seconds"] = Key("number", timeout, "timeout of one poll", above=0)
+    return keys
 
 
-def compile_regex(cfg: Mapping[str, object], key: str, section: str) -> re.Pattern[str] | None:
-    """An optional regex from config; must name a ``run_id`` group."""
-    raw = cfg.get(key)
+def compile_regex(raw: str, where: str) -> re.Pattern[str] | None:
+    """An optional regex from config (empty: none); must name a ``run_id`` group."""
     if not raw:
         return None
     try:
-        pattern = re.compile(str(raw))
+        pattern = re.compile(raw)
     except re.error as exc:
-        raise ConfigError(f"{section}.{key} is not a valid regex: {exc}") from exc
+        raise ConfigError(f"{where} is not a valid regex: {exc}") from exc
     if "run_id" not in pattern.groupindex:
-        raise ConfigError(f"{section}.{key} must have a named group (?P<run_id>...)")
+        raise ConfigError(f"{where} must have a named group (?P<run_id>...)")
     return pattern

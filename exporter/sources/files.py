@@ -24,11 +24,22 @@ from typing import Any
 
 from wandb_infra.common.commands import SourceError
 from wandb_infra.common.configfile import ConfigError
+from wandb_infra.common.schema import Key, Section
 from wandb_infra.exporter.model import SourceResult
 from wandb_infra.exporter.pushed import RegistrationError, parse_registration, series
-from wandb_infra.exporter.sources import positive_int
+from wandb_infra.exporter.sources import source_keys
 
-MAX_FILE_BYTES = 1 << 20
+SCHEMA = Section({
+    **source_keys("files", interval=10, timeout=None),
+    "directory": Key("str", "", "directory of *.json registration files (required when "
+                     "enabled)"),
+    "max_age_seconds": Key("number", 0, "a file counts while its mtime is this recent (0: as "
+                           "long as it exists)", minimum=0),
+    "max_file_bytes": Key("int", 1 << 20, "larger files are skipped and reported", above=0),
+    "max_series": Key("int", None, "registrations past this many series are skipped (unset: "
+                      "registrations.max_series)", above=0, optional=True),
+}, help="registration files, node_exporter textfile-collector style; only regular files are "
+        "read (no FIFOs or devices)")
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
 
@@ -61,16 +72,18 @@ def read_regular(path: Path, limit: int, max_age: float, now: float) -> bytes | 
 class RegistrationFilesSource:
     """Polls a directory of registration files."""
 
-    def __init__(self, cfg: Mapping[str, Any], max_series: int = 180_000) -> None:
-        self.name = str(cfg.get("name") or "files")
-        self.interval = float(cfg.get("interval_seconds", 10))
-        directory = cfg.get("directory")
-        if not directory:
+    def __init__(self, cfg: Mapping[str, Any], max_series: int) -> None:
+        """``max_series`` bounds the files when the section sets no ``max_series`` (the
+        exporter passes registrations.max_series, the HTTP path's cap)."""
+        cfg = SCHEMA.resolve(cfg, "sources.files")
+        self.name = str(cfg["name"])
+        self.interval = float(cfg["interval_seconds"])
+        if not cfg["directory"]:
             raise ConfigError("sources.files.directory is required when the source is enabled")
-        self.directory = Path(str(directory))
-        self.max_age = float(cfg.get("max_age_seconds", 0))
-        self.max_bytes = positive_int(cfg, "max_file_bytes", MAX_FILE_BYTES, "sources.files")
-        self.max_series = positive_int(cfg, "max_series", max_series, "sources.files")
+        self.directory = Path(cfg["directory"])
+        self.max_age = float(cfg["max_age_seconds"])
+        self.max_bytes = int(cfg["max_file_bytes"])
+        self.max_series = int(cfg["max_series"] or max_series)
 
     def poll(self) -> SourceResult:
         """Read every ``*.json`` file; unreadable directory -> SourceError."""

@@ -14,9 +14,24 @@ from typing import Any
 import requests
 
 from wandb_infra.common import labels
-from wandb_infra.common.kubeapi import KubeApi
+from wandb_infra.common.kubeapi import CONNECTION, KubeApi
+from wandb_infra.common.schema import Key, Section
 from wandb_infra.exporter.model import RunPlacement, SourceResult
-from wandb_infra.exporter.sources import valid_run_key
+from wandb_infra.exporter.sources import source_keys, valid_run_key
+
+SCHEMA = Section({
+    **source_keys("kubernetes", interval=30, timeout=None),
+    **CONNECTION,
+    "namespace": Key("str", "", "list pods of this namespace only (empty: all; needs a "
+                     "cluster-wide 'list' on pods)"),
+    "label_selector": Key("str", "", "list only pods matching this label selector"),
+    "run_id_key": Key("str", "wandb.ai/run-id", "label or annotation holding the run id "
+                      "(else WANDB_RUN_ID in a container's env)"),
+    "entity_key": Key("str", "wandb.ai/entity", "label or annotation holding the entity"),
+    "project_key": Key("str", "wandb.ai/project", "label or annotation holding the project"),
+    "default_entity": Key("str", "", "entity of a pod that names none"),
+    "default_project": Key("str", "", "project of a pod that names none"),
+}, help="running pods that carry a W&B run id (label, annotation or WANDB_* env)")
 
 
 def _env_of(pod: Mapping[str, Any]) -> dict[str, str]:
@@ -33,16 +48,17 @@ class KubernetesSource:
     """Lists running pods through the Kubernetes API."""
 
     def __init__(self, cfg: Mapping[str, Any], session: requests.Session | None = None) -> None:
-        self.api = KubeApi(cfg, session)
-        self.name = str(cfg.get("name") or "kubernetes")
-        self.interval = float(cfg.get("interval_seconds", 30))
-        self.namespace = str(cfg.get("namespace") or "")
-        self.label_selector = str(cfg.get("label_selector") or "")
-        self.run_id_key = str(cfg.get("run_id_key") or "wandb.ai/run-id")
-        self.entity_key = str(cfg.get("entity_key") or "wandb.ai/entity")
-        self.project_key = str(cfg.get("project_key") or "wandb.ai/project")
-        self.default_entity = str(cfg.get("default_entity") or "")
-        self.default_project = str(cfg.get("default_project") or "")
+        cfg = SCHEMA.resolve(cfg, "sources.kubernetes")
+        self.api = KubeApi(cfg, "sources.kubernetes", session)
+        self.name = str(cfg["name"])
+        self.interval = float(cfg["interval_seconds"])
+        self.namespace = str(cfg["namespace"])
+        self.label_selector = str(cfg["label_selector"])
+        self.run_id_key = str(cfg["run_id_key"])
+        self.entity_key = str(cfg["entity_key"])
+        self.project_key = str(cfg["project_key"])
+        self.default_entity = str(cfg["default_entity"])
+        self.default_project = str(cfg["default_project"])
 
     def list_pods(self) -> list[Mapping[str, Any]]:
         """Every running pod (all pages)."""

@@ -16,8 +16,7 @@ from typing import Any
 import requests
 
 from wandb_infra.common.commands import MAX_OUTPUT_BYTES, run_command
-from wandb_infra.common.configfile import ConfigError
-from wandb_infra.common.kubeapi import KubeApi
+from wandb_infra.common.kubeapi import CONNECTION, KubeApi
 from wandb_infra.common.nodestate import (
     DEFAULT_TOLERATED,
     NodeState,
@@ -25,8 +24,30 @@ from wandb_infra.common.nodestate import (
     parse_scontrol_nodes,
     parse_sinfo_json,
 )
+from wandb_infra.common.schema import Key, Section
 from wandb_infra.exporter.model import SourceResult
-from wandb_infra.exporter.sources import positive_int
+from wandb_infra.exporter.sources import source_keys
+
+COMMANDS = {"scontrol": ["scontrol", "show", "node", "-o"], "sinfo_json": ["sinfo", "--json"]}
+
+SLURM_SCHEMA = Section({
+    **source_keys("slurm_nodes", interval=30, timeout=10),
+    "mode": Key("str", "scontrol", "scontrol (scontrol show node -o) or sinfo_json "
+                "(sinfo --json)", choices=tuple(COMMANDS)),
+    "command": Key("list[str]", None, "run this instead of the mode's command", optional=True),
+    "max_output_bytes": Key("int", MAX_OUTPUT_BYTES, "more output is refused as a source error",
+                            above=0),
+}, help="each node's Slurm state (drained, down, ... and the reason) as "
+        "wandb_infra_node_state and wandb_infra_node_schedulable; read-only")
+
+KUBERNETES_SCHEMA = Section({
+    **source_keys("kubernetes_nodes", interval=30, timeout=None),
+    "tolerated_taints": Key("list[str]", list(DEFAULT_TOLERATED), "NoSchedule/NoExecute taint "
+                            "keys the runs' pods tolerate: a node with only these is still "
+                            "schedulable"),
+    **CONNECTION,
+}, help="each Node's state; needs 'list' on 'nodes'; a connection key not set here is taken "
+        "from sources.kubernetes")
 
 
 class _Published:
@@ -70,19 +91,13 @@ class SlurmNodeSource(_Published):
     def __init__(self, cfg: Mapping[str, Any], mapper: Callable[[str], str], grace: float,
                  runner: Any = subprocess.run, clock: Callable[[], float] = time.time) -> None:
         super().__init__(mapper, grace, clock)
-        self.name = str(cfg.get("name") or "slurm_nodes")
-        self.interval = float(cfg.get("interval_seconds", 30))
-        self.timeout = float(cfg.get("timeout_seconds", 10))
-        self.mode = str(cfg.get("mode", "scontrol"))
-        if self.mode not in ("scontrol", "sinfo_json"):
-            raise ConfigError("node_state.slurm.mode must be 'scontrol' or 'sinfo_json'")
-        command = cfg.get("command") or (["scontrol", "show", "node", "-o"]
-                                         if self.mode == "scontrol" else ["sinfo", "--json"])
-        if not isinstance(command, list) or not all(isinstance(c, str) for c in command):
-            raise ConfigError("node_state.slurm.command must be a list of strings")
-        self.command: list[str] = command
-        self.max_bytes = positive_int(cfg, "max_output_bytes", MAX_OUTPUT_BYTES,
-                                      "node_state.slurm")
+        cfg = SLURM_SCHEMA.resolve(cfg, "node_state.slurm")
+        self.name = str(cfg["name"])
+        self.interval = float(cfg["interval_seconds"])
+        self.timeout = float(cfg["timeout_seconds"])
+        self.mode = str(cfg["mode"])
+        self.command: list[str] = cfg["command"] or list(COMMANDS[self.mode])
+        self.max_bytes = int(cfg["max_output_bytes"])
         self._run = runner
 
     def poll(self) -> SourceResult:
@@ -100,13 +115,11 @@ class KubernetesNodeSource(_Published):
                  session: requests.Session | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         super().__init__(mapper, grace, clock)
-        self.api = KubeApi(cfg, session)
-        self.name = str(cfg.get("name") or "kubernetes_nodes")
-        self.interval = float(cfg.get("interval_seconds", 30))
-        tolerated = cfg.get("tolerated_taints", list(DEFAULT_TOLERATED))
-        if not isinstance(tolerated, list) or not all(isinstance(t, str) for t in tolerated):
-            raise ConfigError("node_state.kubernetes.tolerated_taints must be a list of keys")
-        self.tolerated = tuple(tolerated)
+        cfg = KUBERNETES_SCHEMA.resolve(cfg, "node_state.kubernetes")
+        self.api = KubeApi(cfg, "node_state.kubernetes", session)
+        self.name = str(cfg["name"])
+        self.interval = float(cfg["interval_seconds"])
+        self.tolerated = tuple(cfg["tolerated_taints"])
 
     def list_nodes(self) -> list[Mapping[str, Any]]:
         """Every Node (all pages)."""

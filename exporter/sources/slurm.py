@@ -18,15 +18,32 @@ from typing import Any
 
 from wandb_infra.common import labels
 from wandb_infra.common.commands import MAX_OUTPUT_BYTES, json_list, run_command
-from wandb_infra.common.configfile import ConfigError
 from wandb_infra.common.runkey import RunKey
+from wandb_infra.common.schema import Key, Section
 from wandb_infra.exporter.model import Gpu, RunPlacement, SourceResult
 from wandb_infra.exporter.nodelist import NodeListError, expand_hostlist, gres_gpu_indices
-from wandb_infra.exporter.sources import compile_regex, positive_int, valid_run_key
+from wandb_infra.exporter.sources import compile_regex, source_keys, valid_run_key
 
 DEFAULT_COMMENT_REGEX = (
     r"wandb:(?P<entity>[^/\s]+)/(?P<project>[^/\s]+)/(?P<run_id>[A-Za-z0-9_.\-]+)"
 )
+COMMANDS = {"squeue_json": ["squeue", "--json"], "scontrol": ["scontrol", "show", "job", "-d"]}
+
+SCHEMA = Section({
+    **source_keys("slurm", interval=15, timeout=10),
+    "mode": Key("str", "squeue_json", "squeue_json (squeue --json) or scontrol "
+                "(scontrol show job -d)", choices=tuple(COMMANDS)),
+    "command": Key("list[str]", None, "run this instead of the mode's command, e.g. [ssh, "
+                   "slurm-head, squeue, --json]", optional=True),
+    "comment_regex": Key("str", DEFAULT_COMMENT_REGEX, "regex over the job comment with named "
+                         "groups run_id and optionally entity, project (empty: not read)"),
+    "job_name_regex": Key("str", "", "regex over the job name, the same groups (empty: not "
+                          "read)"),
+    "default_entity": Key("str", "", "entity of a run whose regex match has none"),
+    "default_project": Key("str", "", "project of a run whose regex match has none"),
+    "max_output_bytes": Key("int", MAX_OUTPUT_BYTES, "more output is refused as a source error "
+                            "(about 5x that in memory while parsing)", above=0),
+}, help="running jobs whose comment (or name) names a W&B run")
 
 
 @dataclass(frozen=True)
@@ -203,26 +220,17 @@ class SlurmSource:
     """Polls squeue/scontrol with a timeout; a failing command raises SourceError."""
 
     def __init__(self, cfg: Mapping[str, Any], runner: Any = subprocess.run) -> None:
-        self.name = str(cfg.get("name") or "slurm")
-        self.interval = float(cfg.get("interval_seconds", 15))
-        self.timeout = float(cfg.get("timeout_seconds", 10))
-        self.mode = str(cfg.get("mode", "squeue_json"))
-        if self.mode not in ("squeue_json", "scontrol"):
-            raise ConfigError("sources.slurm.mode must be 'squeue_json' or 'scontrol'")
-        default_cmd = (["squeue", "--json"] if self.mode == "squeue_json"
-                       else ["scontrol", "show", "job", "-d"])
-        command = cfg.get("command") or default_cmd
-        if not isinstance(command, list) or not all(isinstance(c, str) for c in command):
-            raise ConfigError("sources.slurm.command must be a list of strings")
-        self.command: list[str] = command
-        self.max_bytes = positive_int(cfg, "max_output_bytes", MAX_OUTPUT_BYTES, "sources.slurm")
-        comment = cfg.get("comment_regex", DEFAULT_COMMENT_REGEX)
+        cfg = SCHEMA.resolve(cfg, "sources.slurm")
+        self.name = str(cfg["name"])
+        self.interval = float(cfg["interval_seconds"])
+        self.timeout = float(cfg["timeout_seconds"])
+        self.mode = str(cfg["mode"])
+        self.command: list[str] = cfg["command"] or list(COMMANDS[self.mode])
+        self.max_bytes = int(cfg["max_output_bytes"])
         self.naming = RunNaming(
-            comment_regex=compile_regex({"c": comment}, "c", "sources.slurm.comment_regex"),
-            name_regex=compile_regex(cfg, "job_name_regex", "sources.slurm"),
-            default_entity=str(cfg.get("default_entity") or ""),
-            default_project=str(cfg.get("default_project") or ""),
-        )
+            comment_regex=compile_regex(cfg["comment_regex"], "sources.slurm.comment_regex"),
+            name_regex=compile_regex(cfg["job_name_regex"], "sources.slurm.job_name_regex"),
+            default_entity=cfg["default_entity"], default_project=cfg["default_project"])
         self._run = runner
 
     def poll(self) -> SourceResult:

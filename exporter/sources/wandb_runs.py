@@ -23,9 +23,10 @@ from wandb_infra.common.commands import SourceError
 from wandb_infra.common.configfile import ConfigError, read_secret
 from wandb_infra.common.labels import NAME_CHARS
 from wandb_infra.common.runkey import RunKey
+from wandb_infra.common.schema import Key, Section
 from wandb_infra.exporter.model import Gpu, RunPlacement, SourceResult
 from wandb_infra.exporter.nodelist import NodeListError, expand_hostlist, gres_gpu_indices
-from wandb_infra.exporter.sources import valid_run_key
+from wandb_infra.exporter.sources import source_keys, valid_run_key
 
 RUNS_QUERY = """
 query ExporterRunningRuns($entity: String!, $project: String!, $first: Int!, $after: String) {
@@ -38,6 +39,19 @@ query ExporterRunningRuns($entity: String!, $project: String!, $first: Int!, $af
 }
 """
 MAX_PAGES = 1000
+
+SCHEMA = Section({
+    **source_keys("wandb", interval=60, timeout=20),
+    "base_url": Key("str", "https://api.wandb.ai", "W&B API base URL (self-managed: its URL)",
+                    check=lambda url: url.startswith(("http://", "https://")),
+                    expect="an http(s) URL"),
+    "api_key": Key("str", None, 'W&B API key ("env:NAME" reads a variable)', optional=True,
+                   secret=True),
+    "api_key_file": Key("str", None, "file holding the API key (preferred)", optional=True),
+    "projects": Key("list[str]", [], '"entity/project" whose running runs are placed '
+                    "(required when enabled)"),
+    "page_size": Key("int", 100, "runs per GraphQL page", above=0),
+}, help="running runs of these projects, placed by each writer's host and GPUs")
 
 
 def _unwrap(value: object) -> object:
@@ -123,17 +137,18 @@ class WandbRunsSource:
     """Polls the W&B GraphQL API for running runs of the configured projects."""
 
     def __init__(self, cfg: Mapping[str, Any], session: requests.Session | None = None) -> None:
-        self.name = str(cfg.get("name") or "wandb")
-        self.interval = float(cfg.get("interval_seconds", 60))
-        self.timeout = float(cfg.get("timeout_seconds", 20))
-        self.page_size = int(cfg.get("page_size", 100))
-        self.base_url = str(cfg.get("base_url") or "https://api.wandb.ai").rstrip("/")
-        key = read_secret(cfg.get("api_key"), cfg.get("api_key_file"), "W&B API key")
+        cfg = SCHEMA.resolve(cfg, "sources.wandb")
+        self.name = str(cfg["name"])
+        self.interval = float(cfg["interval_seconds"])
+        self.timeout = float(cfg["timeout_seconds"])
+        self.page_size = int(cfg["page_size"])
+        self.base_url = str(cfg["base_url"]).rstrip("/")
+        key = read_secret(cfg["api_key"], cfg["api_key_file"], "W&B API key")
         if not key:
             raise ConfigError("sources.wandb needs api_key or api_key_file")
         self.api_key = key
-        projects = cfg.get("projects") or []
-        if not isinstance(projects, list) or not projects:
+        projects = cfg["projects"]
+        if not projects:
             raise ConfigError("sources.wandb.projects must be a non-empty list of entity/project")
         self.projects: list[tuple[str, str]] = []
         for item in projects:
