@@ -68,15 +68,21 @@ def test_prometheus_example_scrapes_the_exporter_on_its_default_port():
                          ids=lambda p: p.name)
 def test_dockerfile_copies_existing_files_and_runs_a_real_entry_point(dockerfile):
     text = dockerfile.read_text()
-    for line in text.splitlines():
-        if line.startswith("COPY "):
-            sources = line.split()[1:-1]
-            for source in sources:
-                assert (ROOT / source).exists(), f"{dockerfile.name}: COPY {source} is missing"
-    copied = {line.split()[1] for line in text.splitlines() if line.startswith("COPY ")}
+    stages = re.split(r"^FROM ", text, flags=re.M)[1:]
+    assert len(stages) == 2, f"{dockerfile.name}: a build stage and the image"
+    build, image = ([line for line in stage.splitlines() if line.startswith("COPY ")]
+                    for stage in stages)
+    for line in build + image:
+        if "--from=" not in line:  # a file of the checkout, not of the build stage
+            for source in line.split()[1:-1]:
+                assert (ROOT / source).exists(), f"{dockerfile.name}: {line}: missing file"
     package_dirs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
         "package-dir"].values()
-    assert set(package_dirs) <= copied, f"{dockerfile.name}: pip install . needs every package"
+    assert set(package_dirs) <= {line.split()[1] for line in build}, \
+        f"{dockerfile.name}: building the wheel needs every package folder"
+    # The image holds the built wheel's install and its config, never the source tree.
+    config = f"deploy/{dockerfile.suffix.lstrip('.')}.example.yaml"
+    assert [line.split()[1] for line in image] == ["--from=build", config], image
     entry = re.search(r'ENTRYPOINT \["([^"]+)"\]', text).group(1)
     assert entry in SCRIPTS, f"{entry} is not a console script in pyproject.toml"
     cmd = yaml.safe_load(re.search(r"CMD (\[.*\])", text).group(1))
