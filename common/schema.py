@@ -75,16 +75,12 @@ class Key:
             quoted = [repr(c) for c in self.choices]
             text = ", ".join(quoted[:-1]) + " or " + quoted[-1] if len(quoted) > 1 else quoted[0]
         else:
-            text = _NOUN[self.kind]
             low, high = self.minimum, self.maximum
-            if self.above is not None:
-                text += f" > {self.above:g}"
-            elif low is not None and high is not None:
-                text += f" {low:g}-{high:g}"
-            elif low is not None:
-                text += f" >= {low:g}"
-            if high is not None and (self.above is not None or low is None):
-                text += f" <= {high:g}" if self.above is None else f" and <= {high:g}"
+            bounds = [f"{op} {x:g}" for op, x in ((">", self.above), (">=", low), ("<=", high))
+                      if x is not None]
+            if self.above is None and low is not None and high is not None:
+                bounds = [f"{low:g}-{high:g}"]
+            text = " ".join([_NOUN[self.kind], " and ".join(bounds)]).strip()
         if self.optional:
             text = "true, false or unset" if self.kind == "bool" else text + " or unset"
         return text

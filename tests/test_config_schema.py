@@ -26,8 +26,6 @@ from wandb_infra.exporter.sources.slurm import SlurmSource
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 SCHEMAS = {"exporter": exporter_config.SCHEMA, "bridge": bridge_config.SCHEMA}
 
-pytestmark = pytest.mark.unit
-
 TOY = Section({
     "port": Key("int", 80, "port", minimum=0, maximum=65535),
     "ratio": Key("number", 0.5, "share", above=0, maximum=1),
@@ -77,11 +75,15 @@ def test_exporter_env_overrides_reach_a_sources_own_section(tmp_path):
         exporter_config.load(None, environ=env)
 
 
+def _never_run(*args: object, **kwargs: object) -> None:
+    raise AssertionError("building a source runs no command")
+
+
 def test_a_source_built_directly_is_checked_by_its_own_schema():
     """Before, a constructor read ``cfg.get(key, default)``: a typo was silently ignored."""
     with pytest.raises(ConfigError, match=r"^sources\.slurm\.intervall_seconds: unknown key"):
-        SlurmSource({"intervall_seconds": 5})
-    assert SlurmSource({}).interval == 15
+        SlurmSource({"intervall_seconds": 5}, runner=_never_run)
+    assert SlurmSource({}, runner=_never_run).interval == 15
     files = RegistrationFilesSource({"directory": "/tmp"}, 7)
     assert files.max_series == 7 and files.interval == 10
 
@@ -112,7 +114,7 @@ def test_bridge_secrets_from_files_and_cross_key_checks(tmp_path):
     assert cfg.raw["endings"]["step_seconds"] == 30.0 and cfg.policy.endings is not None
     with pytest.raises(ConfigError, match=r"^listen\.port: must be an integer 0-65535, not 'x'"):
         bridge_config.load(None, environ={**env, "WANDB_INFRA_BRIDGE__LISTEN__PORT": "x"})
-    with pytest.raises(ConfigError, match="at least endings.step_seconds"):
+    with pytest.raises(ConfigError, match=r"at least endings\.step_seconds"):
         bridge_config.load(None, environ={**env, "WANDB_INFRA_BRIDGE__ENDINGS__GRACE_SECONDS": "5"})
     with pytest.raises(ConfigError, match=r"^quarantine\.kubernetes\.tokn: unknown key"):
         actuator.check({"kubernetes": {"tokn": "x"}})
