@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from wandb_infra.bridge.diagnosis.verdict import DEFAULT_SETTLE, Policy
-from wandb_infra.bridge.ingest.identity import DEFAULT_PATHS
 from wandb_infra.bridge.projection.delivery import DeliveryPolicy
 from wandb_infra.bridge.projection.markers import MARKER_SETTLE
 from wandb_infra.bridge.projection.wandb_client import RUN_METRICS
@@ -99,10 +98,6 @@ SCHEMA = Section({
         "min_free_bytes": Key("int", 16 * 1024 * 1024, "/readyz fails when the store's "
                               "filesystem has less free space", minimum=0),
     }),
-    "identity": Section({name: Key("str", path, f"JSONPath of the {name} in each alert")
-                         for name, path in DEFAULT_PATHS.items()},
-                        help="where each alert names its run and host (default: contract-2 "
-                             "labels)"),
     "prometheus": Section({
         "url": Key("str", "", "if set, unattributed alerts are attributed via the join metrics, "
                    "and each issue shows its faulty hosts' scheduler state and a restart "

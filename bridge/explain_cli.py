@@ -91,7 +91,7 @@ def _post(found: Explanation, args: argparse.Namespace, outcome: Outcome | None)
     setup_logging(str(cfg.raw["log_level"]), cfg.secrets.all())
     ctx = build(cfg)
     assert ctx.worker is not None
-    ctx.store.ingest(as_notification(found.alerts), ctx.reader)
+    ctx.store.ingest(as_notification(found.alerts))
     if outcome is not None:  # the same verdict the live bridge gives an ended run
         ctx.store.add_endings([(found.run, outcome.ended_at, outcome.how)], time.time())
         ctx.store.record_outcome(found.run, outcome.verdict, outcome.dumps(), time.time(),

@@ -12,7 +12,6 @@ from aiohttp import web
 
 from wandb_infra.bridge.config import BridgeConfig
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
-from wandb_infra.bridge.ingest.identity import IdentityReader
 from wandb_infra.bridge.ingest.store import Store, StoreError
 from wandb_infra.bridge.ingest.store import lock as lock_store
 from wandb_infra.bridge.metrics import BridgeMetrics
@@ -60,7 +59,7 @@ def build(cfg: BridgeConfig) -> BridgeContext:
     worker = DeliveryWorker(store, client=client, markers=markers, links=links,
                             metrics=metrics, policy=cfg.policy, lookup=lookup)
     return BridgeContext(
-        store=store, reader=IdentityReader(raw["identity"]), metrics=metrics, links=links,
+        store=store, metrics=metrics, links=links,
         credentials=Credentials(cfg.secrets.bearer_token, cfg.secrets.basic_username,
                                 cfg.secrets.basic_password),
         webhook_path=cfg.webhook_path, max_body_bytes=cfg.max_body_bytes, worker=worker,

@@ -17,7 +17,6 @@ from aiohttp import web
 
 from harness.processes import free_port
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
-from wandb_infra.bridge.ingest.identity import IdentityReader
 from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.web.webhook import BridgeContext, Credentials, create_app
@@ -96,7 +95,7 @@ class Running:
 def make_context(tmp_path: Path, **kwargs: Any) -> BridgeContext:
     """A context with a fresh store and bearer auth (``TOKEN``)."""
     defaults: dict[str, Any] = dict(
-        store=Store(tmp_path / "bridge.sqlite"), reader=IdentityReader(),
+        store=Store(tmp_path / "bridge.sqlite"),
         metrics=BridgeMetrics(), links=GrafanaLinks("http://grafana.invalid"),
         credentials=Credentials(bearer_token=TOKEN), webhook_path="/alertmanager",
         max_body_bytes=1024 * 1024)

@@ -25,7 +25,6 @@ from harness.bridge_payloads import T0, cascade, notification
 from harness.wandb_standin import WandbStandin
 from tests.cdp_browser import Browser
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
-from wandb_infra.bridge.ingest.identity import IdentityReader
 from wandb_infra.bridge.ingest.payload import parse_notification
 from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.metrics import BridgeMetrics
@@ -62,7 +61,7 @@ def recorded_run(state: Path) -> tuple[list[str], str]:
             alert["annotations"] = {k: known[k] for k in ("summary", "description", "impact",
                                                           "remediation") if k in known}
         body = json.dumps(notification(alerts)).encode()
-        store.ingest(parse_notification(body), IdentityReader(), T0.timestamp() + 60)
+        store.ingest(parse_notification(body), T0.timestamp() + 60)
         worker.run_once()
         run = wb.run("team", "proj", "cascade1")
         store.close()

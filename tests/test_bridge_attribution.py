@@ -11,7 +11,6 @@ from prometheus_client import CollectorRegistry, Gauge, start_http_server
 from harness.bridge_payloads import alert, notification
 from harness.processes import free_port, prom_query, prometheus, wait_for
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
-from wandb_infra.bridge.ingest.identity import IdentityReader
 from wandb_infra.bridge.ingest.payload import parse_notification
 from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.metrics import BridgeMetrics
@@ -57,7 +56,7 @@ scrape_configs:
                       alert("NodeDown", category="node", host="h1", start=now),
                       alert("NodeDown", category="node", host="idle-host", start=now)]
             body = json.dumps(notification(alerts)).encode()
-            store.ingest(parse_notification(body), IdentityReader())
+            store.ingest(parse_notification(body))
             worker = DeliveryWorker(store, client=None, markers=None,
                                     links=GrafanaLinks(""), metrics=BridgeMetrics(),
                                     policy=DeliveryPolicy(),
@@ -74,8 +73,7 @@ scrape_configs:
             assert store.outbox(r2).dirty_seq == seq, "looked up once"
             resolved = [alert("GpuXidError", category="gpu_hardware", host="h1", gpu="5",
                               start=now, end=now + timedelta(minutes=2))]
-            store.ingest(parse_notification(json.dumps(notification(resolved)).encode()),
-                         IdentityReader())
+            store.ingest(parse_notification(json.dumps(notification(resolved)).encode()))
             worker.run_once()
             xid = next(f for f in store.facts(r2) if f.alertname == "GpuXidError")
             assert xid.ends_at is not None

@@ -12,7 +12,6 @@ from harness.bridge_payloads import T0, alert, cascade, notification
 from harness.clock import ManualClock
 from harness.wandb_standin import WandbStandin
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
-from wandb_infra.bridge.ingest.identity import IdentityReader
 from wandb_infra.bridge.ingest.payload import parse_notification
 from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.metrics import BridgeMetrics
@@ -45,8 +44,7 @@ def make_worker(tmp_path, wb, *, key=None, markers=None, clock=None, **policy):
 
 
 def ingest(store, alerts, now=None):
-    return store.ingest(parse_notification(json.dumps(notification(alerts)).encode()),
-                        IdentityReader(), now)
+    return store.ingest(parse_notification(json.dumps(notification(alerts)).encode()), now)
 
 
 def test_tags_and_notes_added_user_data_untouched_summary_left_alone(tmp_path, wb):

@@ -9,17 +9,16 @@ from datetime import timedelta
 
 from harness.bridge_payloads import T0, alert, cascade, notification
 from wandb_infra.bridge.diagnosis.root_cause import AlertFact, diagnose
-from wandb_infra.bridge.ingest.identity import IdentityReader
+from wandb_infra.bridge.ingest import identity
 from wandb_infra.bridge.ingest.payload import parse_notification
 
 
 def facts(alerts: list[dict]) -> list[AlertFact]:
     """Parse webhook alerts the same way the bridge does and turn them into facts."""
     parsed = parse_notification(json.dumps(notification(alerts)).encode())
-    reader = IdentityReader()
     out = []
     for a in parsed.alerts:
-        ident = reader.read(a.raw)
+        ident = identity.read(a.labels)
         out.append(AlertFact(a.fingerprint, a.alertname, a.starts_at, a.ends_at,
                              a.labels.get("severity", ""), a.labels.get("category", ""),
                              ident.hostname, ident.gpu, a.labels, a.annotations))

@@ -20,7 +20,6 @@ from tests.pages_helpers import HTML, MEASURED_AT, FakePrometheus, cascade_bridg
 from wandb_infra.bridge.diagnosis.impact import HANG, SLOWDOWN, Impact, Signals, measure, unmeasured
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.diagnosis.root_cause import AlertFact, Diagnosis, diagnose
-from wandb_infra.bridge.ingest.identity import IdentityReader
 from wandb_infra.bridge.ingest.payload import parse_notification
 from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.metrics import BridgeMetrics
@@ -200,7 +199,7 @@ def test_delivery_writes_the_step_into_the_runs_notes(tmp_path, wb):
                             metrics=BridgeMetrics(), policy=DeliveryPolicy(flush_interval=0),
                             clock=lambda: T0.timestamp() + 300, seed=1)
     body = json.dumps(notification(cascade(hosts=2, gpus=1, run="r1"))).encode()
-    store.ingest(parse_notification(body), IdentityReader(), T0.timestamp() + 60)
+    store.ingest(parse_notification(body), T0.timestamp() + 60)
     assert worker.run_once() == 1
     notes = wb.run("team", "proj", "r1").notes
     # steps at -60 + 7 i s: step 8 (T0 - 4 s) is the last at or before T0
@@ -273,7 +272,7 @@ def test_delivery_writes_measured_impacts_and_the_gpu_hours_survive_a_restart(tm
                             clock=lambda: T0.timestamp() + 400, seed=1)
     reader = worker.impact = _Measured()
     body = json.dumps(notification(cascade(hosts=2, gpus=1, run="r1"))).encode()
-    store.ingest(parse_notification(body), IdentityReader(), T0.timestamp() + 60)
+    store.ingest(parse_notification(body), T0.timestamp() + 60)
     assert worker.run_once() == 1
     rec = wb.run("team", "proj", "r1")
     assert "- Impact on this run (measured): Hang: no GPU of the run computed from 12:00:40 " \
@@ -285,7 +284,7 @@ def test_delivery_writes_measured_impacts_and_the_gpu_hours_survive_a_restart(tm
     assert GAUGE in generate_latest(metrics.registry).decode()
     # the next projection knows the run's W&B state (a finished run is never a crash)
     body = json.dumps(notification(cascade(hosts=3, gpus=1, run="r1"))).encode()
-    store.ingest(parse_notification(body), IdentityReader(), T0.timestamp() + 90)
+    store.ingest(parse_notification(body), T0.timestamp() + 90)
     worker.run_once()
     assert reader.states == [None, "crashed"]
     store.close()

@@ -10,7 +10,6 @@ from datetime import timedelta
 from pathlib import Path
 
 from harness.bridge_payloads import T0, alert, notification
-from wandb_infra.bridge.ingest.identity import IdentityReader
 from wandb_infra.bridge.ingest.payload import parse_notification
 from wandb_infra.bridge.ingest.store import SCHEMA_VERSION, Store, iso
 from wandb_infra.common.runkey import RunKey
@@ -90,13 +89,11 @@ def test_a_version_0_store_is_migrated_and_keeps_working(tmp_path):
     assert store.markers(RUN) == {"m1"}
 
     # The same alerts again are duplicates; a resolution closes the migrated firing alert.
-    again = store.ingest(parse_notification(json.dumps(notification([XID, STALL])).encode()),
-                         IdentityReader())
+    again = store.ingest(parse_notification(json.dumps(notification([XID, STALL])).encode()))
     assert (again.new, again.duplicates) == (0, 2)
     ended = alert("GpuXidError", category="gpu_hardware", host="h1", gpu="0", run="r1",
                   end=T0 + timedelta(minutes=5))
-    closed = store.ingest(parse_notification(json.dumps(notification([ended])).encode()),
-                          IdentityReader())
+    closed = store.ingest(parse_notification(json.dumps(notification([ended])).encode()))
     assert closed.resolved == 1 and closed.runs == (RUN,)
     assert {f.alertname: f.ends_at for f in store.facts(RUN)}["GpuXidError"] == \
         T0 + timedelta(minutes=5)

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from harness.bridge_payloads import T0, TOKEN, alert, make_context, notification, serve
 from wandb_infra.bridge.config import load
-from wandb_infra.bridge.ingest.identity import IdentityReader
+from wandb_infra.bridge.ingest import identity
 from wandb_infra.bridge.ingest.payload import (
     PayloadError,
     _alert,
@@ -237,34 +237,24 @@ def test_refuses_to_start_without_auth(tmp_path):
                             "WANDB_INFRA_BRIDGE__AUTH__BEARER_TOKEN": "x"})
 
 
-def test_identity_paths_are_configurable():
-    reader = IdentityReader({"run_id": "$.labels.job_run", "entity": "$.annotations.team"})
-    ident = reader.read({"labels": {"job_run": "abc", "wandb_project": "p", "hostname": "h"},
-                         "annotations": {"team": "t"}})
-    assert ident.run == RunKey("t", "p", "abc") and ident.hostname == "h"
-    with pytest.raises(ConfigError):
-        IdentityReader({"run_id": "$..[["})
+def test_identity_is_read_from_each_alerts_own_contract_labels():
+    labels = {"wandb_entity": "t", "wandb_project": "p", "wandb_run_id": "abc",
+              "hostname": "h", "gpu": "3"}
+    assert identity.read(labels) == (RunKey("t", "p", "abc"), "h", "3")
+    # Any run part missing: unattributed (the join metrics may still place it), host kept.
+    partial = {k: v for k, v in labels.items() if k != "wandb_project"}
+    assert identity.read(partial) == (identity.UNATTRIBUTED, "h", "3")
+    # A notification: one RunKey object per run, in alert order.
+    other = {**labels, "wandb_run_id": "xyz", "gpu": "0"}
+    read = identity.read_all([labels, other, labels, {}])
+    assert [r.run.run_id for r in read] == ["abc", "xyz", "abc", ""]
+    assert read[0].run is read[2].run
 
 
-@given(st.dictionaries(st.sampled_from(["labels", "annotations", "x"]),
-                       st.one_of(st.dictionaries(st.sampled_from(["a", "b.c", "wandb_run_id"]),
-                                                 st.one_of(st.text(), st.integers(), st.none(),
-                                                           st.booleans())),
-                                 st.text(), st.integers())))
-@settings(max_examples=300, deadline=None)
-def test_fast_identity_paths_agree_with_jsonpath_ng(alert_obj):
-    exprs = {"run_id": "$.labels.wandb_run_id", "entity": "$['labels']['b.c']",
-             "project": "$.annotations.a", "hostname": "$.labels.a", "gpu": "$.x"}
-    fast = IdentityReader(exprs)
-    slow = IdentityReader(exprs)
-    slow._simple = {k: None for k in slow._simple}
-    assert fast.read(alert_obj) == slow.read(alert_obj)
-    # The bulk reader (one part at a time across a notification) gives the same answers, with
-    # custom paths and with the defaults.
-    assert fast.read_all([alert_obj, {}, alert_obj]) == [fast.read(alert_obj), fast.read({}),
-                                                         fast.read(alert_obj)]
-    default = IdentityReader()
-    assert default.read_all([alert_obj]) == [default.read(alert_obj)]
+def test_a_config_with_the_removed_identity_section_is_refused_by_name():
+    with pytest.raises(ConfigError, match=r"identity"):
+        load(None, environ={"WANDB_INFRA_BRIDGE__IDENTITY__RUN_ID": "$.labels.job",
+                            "WANDB_INFRA_BRIDGE__AUTH__BEARER_TOKEN": "x"})
 
 
 def test_example_config_is_valid(tmp_path):
@@ -302,10 +292,10 @@ def test_large_notification_over_several_runs_is_stored_exactly(tmp_path):
     ended = [alert("GpuXidError", category="gpu_hardware", host=f"h{i}", gpu=str(i % 8),
                    run=f"r{i % 3}", end=T0 + timedelta(minutes=1)) for i in range(1, 40, 2)]
     body = json.dumps(notification(alerts + ended)).encode()
-    first = store.ingest(parse_notification(body), IdentityReader())
+    first = store.ingest(parse_notification(body))
     assert (first.received, first.new, first.resolved) == (len(alerts) + 20, len(alerts), 20)
     assert first.runs == (RunKey(), *(RunKey("team", "proj", f"r{k}") for k in range(3)))
-    again = store.ingest(parse_notification(body), IdentityReader())
+    again = store.ingest(parse_notification(body))
     assert (again.new, again.resolved, again.duplicates) == (0, 0, len(alerts) + 20)
     per_run = {run.run_id: (n, firing) for run, n, firing, _ in store.runs()}
     unattributed = sum(1 for i in range(len(alerts)) if i % 10 == 0)

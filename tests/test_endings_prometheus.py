@@ -23,7 +23,6 @@ from harness.wandb_standin import WandbStandin
 from wandb_infra.bridge import explain_cli
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.diagnosis.outcome import Outcome
-from wandb_infra.bridge.ingest.identity import IdentityReader
 from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorker
@@ -86,7 +85,6 @@ def test_clean_faulty_and_blind_runs_get_their_verdicts_in_wandb(world, tmp_path
     (sd / "dcgm.json").write_text(json.dumps(target_groups(address, HOSTS[:3], "dcgm")))
     cluster.inject("xid", HOSTS[1], gpu=3, code=94)
     store = Store(tmp_path / "bridge.sqlite")
-    reader = IdentityReader()
 
     def faulty_alerts() -> list | None:
         found = explain(PrometheusClient(url), FAULTY, started - 60, time.time(),
@@ -94,7 +92,7 @@ def test_clean_faulty_and_blind_runs_get_their_verdicts_in_wandb(world, tmp_path
         return found.alerts or None
 
     alerts = wait_for(faulty_alerts, 90, "an alert on the faulty run in ALERTS", 1.0)
-    store.ingest(as_notification(alerts), reader)  # what Alertmanager would have delivered
+    store.ingest(as_notification(alerts))  # what Alertmanager would have delivered
     wait_for(lambda: not prom_query(url, f'up{{instance="{HOSTS[3]}:9400"}}'), 30,
              "gpu-node-004's dcgm target gone", 0.5)
     time.sleep(4)

@@ -20,7 +20,6 @@ from harness.clock import ManualClock
 from harness.processes import wait_for
 from harness.wandb_standin import WandbStandin
 from tests.test_bridge_delivery import ingest, make_worker
-from wandb_infra.bridge.ingest.identity import IdentityReader
 from wandb_infra.bridge.ingest.payload import Alert, Notification
 from wandb_infra.bridge.web import webhook
 from wandb_infra.common.runkey import RunKey
@@ -39,8 +38,8 @@ def wb():
 def _stored_as_is(store, raw: dict, starts_at: datetime, ends_at: datetime | None) -> None:
     """Store an alert without the door's checks (as an older bridge did)."""
     item = Alert(raw["fingerprint"], raw["status"], starts_at, ends_at, raw["labels"],
-                 raw["annotations"], "", raw)
-    store.ingest(Notification("r", raw["status"], [item], "{}", 0), IdentityReader())
+                 raw["annotations"])
+    store.ingest(Notification("r", raw["status"], [item], "{}", 0))
 
 
 def _poison_year_0999(store) -> None:

@@ -19,7 +19,6 @@ from harness.processes import prom_query, prometheus, scrape_target, wait_for
 from harness.wandb_standin import WandbStandin
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.diagnosis.root_cause import diagnose
-from wandb_infra.bridge.ingest.identity import IdentityReader
 from wandb_infra.bridge.ingest.payload import parse_notification
 from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.metrics import BridgeMetrics
@@ -62,8 +61,7 @@ def _worker(store: Store, wb: WandbStandin, prom: str, **policy: Any) -> Deliver
 
 
 def _ingest(store: Store, alerts: list[dict[str, Any]]) -> None:
-    store.ingest(parse_notification(json.dumps(notification(alerts)).encode()),
-                 IdentityReader(), time.time())
+    store.ingest(parse_notification(json.dumps(notification(alerts)).encode()), time.time())
 
 
 def test_forged_run_labels_write_nothing(prom, tmp_path):

@@ -18,7 +18,6 @@ from harness.bridge_payloads import TOKEN, alert, make_context, notification, se
 from harness.processes import wait_for
 from harness.wandb_standin import WandbStandin
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
-from wandb_infra.bridge.ingest.identity import IdentityReader
 from wandb_infra.bridge.ingest.payload import parse_notification
 from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.metrics import BridgeMetrics
@@ -140,7 +139,7 @@ def test_a_backward_clock_step_does_not_stop_delivery(tmp_path):
                                 clock=lambda: now[0])
         store.ingest(parse_notification(json.dumps(notification([alert(
             "GpuXidError", category="gpu_hardware", host="h1", gpu="0", run="r1")])).encode()),
-            IdentityReader(), now[0])
+            now[0])
         wb.fail(503, times=1)
         assert worker.run_once() == 0  # paused for about 0.1 s
         now[0] -= 3600  # NTP steps the wall clock back an hour

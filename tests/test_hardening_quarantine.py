@@ -21,7 +21,6 @@ from harness.bridge_payloads import alert, notification
 from harness.bridge_process import BRIDGE_CLI, ROOT, bridge_env, start_bridge
 from harness.k8s_standin import K8sStandin, make_node
 from wandb_infra.bridge.diagnosis.root_cause import Issue, diagnose
-from wandb_infra.bridge.ingest.identity import IdentityReader
 from wandb_infra.bridge.ingest.payload import parse_notification
 from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.quarantine.actuator import (
@@ -45,7 +44,7 @@ def issue_on(tmp_path: Path, host: str, run: str = "r1") -> Issue:
     store = Store(tmp_path / f"{run}.sqlite")
     store.ingest(parse_notification(json.dumps(notification([alert(
         "GpuContainedEccError", category="gpu_hardware", host=host, gpu="3", run=run,
-        start=START)])).encode()), IdentityReader())
+        start=START)])).encode()))
     (issue,) = diagnose(store.facts(RunKey("team", "proj", run)), timedelta(minutes=10)).issues
     return issue
 

@@ -15,7 +15,6 @@ import pytest
 from harness.bridge_payloads import alert, notification
 from tests.slurm_cluster import slurm_cluster, unavailable_reason
 from wandb_infra.bridge.diagnosis.root_cause import diagnose
-from wandb_infra.bridge.ingest.identity import IdentityReader
 from wandb_infra.bridge.ingest.payload import parse_notification
 from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.quarantine.actuator import Quarantine, SlurmActions
@@ -42,7 +41,7 @@ def test_forged_host_labels_drain_nothing_on_real_slurm(slurm, tmp_path):
     store.ingest(parse_notification(json.dumps(notification([alert(
         "GpuContainedEccError", category="gpu_hardware", host=host, gpu="0", run=f"r{i}",
         start=datetime.now(UTC) - timedelta(minutes=1)) for i, host in enumerate(forged)]
-        )).encode()), IdentityReader())
+        )).encode()))
     calls: list[list[str]] = []
 
     def runner(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess:
@@ -63,7 +62,7 @@ def test_forged_host_labels_drain_nothing_on_real_slurm(slurm, tmp_path):
         # The exact node is still drained, once, as one node.
         store.ingest(parse_notification(json.dumps(notification([alert(
             "GpuContainedEccError", category="gpu_hardware", host=node, gpu="0", run="real",
-            start=datetime.now(UTC) - timedelta(minutes=1))])).encode()), IdentityReader())
+            start=datetime.now(UTC) - timedelta(minutes=1))])).encode()))
         (issue,) = diagnose(store.facts(RunKey("team", "proj", "real")),
                             timedelta(minutes=10)).issues
         live = Quarantine({"dry_run": False, "max_fraction": 1.0},

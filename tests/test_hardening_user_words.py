@@ -17,7 +17,6 @@ import pytest
 from harness.bridge_payloads import alert, notification
 from harness.wandb_standin import WandbStandin
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
-from wandb_infra.bridge.ingest.identity import IdentityReader
 from wandb_infra.bridge.ingest.payload import parse_notification
 from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.metrics import BridgeMetrics
@@ -45,7 +44,7 @@ def worker(wb: WandbStandin, tmp_path) -> tuple[DeliveryWorker, Store]:
 def ingest(store: Store, *names: str) -> None:
     store.ingest(parse_notification(json.dumps(notification([
         alert(name, category="gpu_hardware", host="h1", gpu="0", run="r1")
-        for name in names])).encode()), IdentityReader())
+        for name in names])).encode()))
 
 
 def test_an_edit_while_the_bridge_waits_on_prometheus_survives(wb, tmp_path):

@@ -12,7 +12,6 @@ from harness.bridge_payloads import alert, notification
 from harness.clock import ManualClock
 from harness.wandb_standin import WandbStandin
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
-from wandb_infra.bridge.ingest.identity import IdentityReader
 from wandb_infra.bridge.ingest.payload import parse_notification
 from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.metrics import BridgeMetrics
@@ -33,7 +32,7 @@ def _setup(tmp_path, wb: WandbStandin) -> tuple[Store, DeliveryWorker, ManualClo
                                                   backoff_max=0.01), clock=clock)
     store.ingest(parse_notification(json.dumps(notification([alert(
         "GpuUncontainedEccError", category="gpu_hardware", host="gpu-07", gpu="3", run="r1",
-        start=datetime.now(UTC), extra={"xid": "95"})])).encode()), IdentityReader(), clock())
+        start=datetime.now(UTC), extra={"xid": "95"})])).encode()), clock())
     return store, worker, clock
 
 

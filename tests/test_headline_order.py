@@ -18,7 +18,6 @@ from harness.wandb_standin import WandbStandin
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.diagnosis.report import render_run
 from wandb_infra.bridge.diagnosis.root_cause import diagnose
-from wandb_infra.bridge.ingest.identity import IdentityReader
 from wandb_infra.bridge.ingest.payload import parse_notification
 from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.metrics import BridgeMetrics
@@ -59,7 +58,7 @@ def _worker(tmp_path, wb, clock):
 
 def _ingest(store, alerts, now):
     body = json.dumps(notification(alerts)).encode()
-    return store.ingest(parse_notification(body), IdentityReader(), now)
+    return store.ingest(parse_notification(body), now)
 
 
 def test_headline_first_in_tags_notes_runs_column_and_summary(tmp_path, wb):

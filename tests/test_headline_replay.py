@@ -18,7 +18,6 @@ from harness.bridge_payloads import T0, alert, notification
 from harness.clock import ManualClock
 from harness.wandb_standin import WandbStandin
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
-from wandb_infra.bridge.ingest.identity import IdentityReader
 from wandb_infra.bridge.ingest.payload import parse_notification
 from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.metrics import BridgeMetrics
@@ -60,7 +59,7 @@ def _replay(tmp_path, wb, settle: float, stall_wait: float):
         clock.now = at
         note = notification(alerts, truncated=body.get("truncated", 0))
         note["commonLabels"] = body.get("common", {})
-        store.ingest(parse_notification(json.dumps(note).encode()), IdentityReader(), at)
+        store.ingest(parse_notification(json.dumps(note).encode()), at)
         worker.run_once()
 
     def idle_until(at: float) -> None:

@@ -14,7 +14,6 @@ import pytest
 from harness.bridge_payloads import alert, notification
 from harness.wandb_standin import WandbStandin
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
-from wandb_infra.bridge.ingest.identity import IdentityReader
 from wandb_infra.bridge.ingest.payload import parse_notification
 from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.metrics import BridgeMetrics
@@ -66,7 +65,7 @@ def test_a_run_parked_for_auth_says_so(tmp_path, wb):
                             markers=None, links=GrafanaLinks(""), metrics=BridgeMetrics(),
                             policy=DeliveryPolicy(flush_interval=0))
     body = json.dumps(notification([alert("NodeDown", category="node", host="h", run="r1")]))
-    store.ingest(parse_notification(body.encode()), IdentityReader())
+    store.ingest(parse_notification(body.encode()))
     worker.run_once()
     reason = store.parked()[0].parked
     assert "HTTP 401" in reason and "rejected the API key" in reason
@@ -82,7 +81,7 @@ def test_a_missing_sdk_at_write_time_parks_with_the_install_hint(tmp_path, wb):
                             markers=NoSdk(), links=GrafanaLinks(""), metrics=BridgeMetrics(),
                             policy=DeliveryPolicy(flush_interval=0, marker_settle=0))
     body = json.dumps(notification([alert("NodeDown", category="node", host="h", run="r1")]))
-    store.ingest(parse_notification(body.encode()), IdentityReader())
+    store.ingest(parse_notification(body.encode()))
     worker.run_once()
     assert "pip install '.[markers]'" in store.parked()[0].parked
 

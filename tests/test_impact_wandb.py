@@ -15,7 +15,6 @@ from wandb_infra.bridge import config as C
 from wandb_infra.bridge.diagnosis.impact import NONE, Impact
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.diagnosis.root_cause import Diagnosis
-from wandb_infra.bridge.ingest.identity import IdentityReader
 from wandb_infra.bridge.ingest.payload import parse_notification
 from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.metrics import BridgeMetrics
@@ -65,7 +64,7 @@ def _deliver(tmp_path, wb: WandbStandin, run: str,
                             clock=lambda: NOW, seed=1)
     worker.impact = _Flat()  # type: ignore[assignment]
     body = json.dumps(notification(cascade(hosts=2, gpus=1, run=run))).encode()
-    store.ingest(parse_notification(body), IdentityReader(), T0.timestamp() + 60)
+    store.ingest(parse_notification(body), T0.timestamp() + 60)
     assert worker.run_once() == 1
     return worker, wb.run("team", "proj", run).notes
 
@@ -93,7 +92,7 @@ def test_a_run_whose_logged_mfu_fell_gets_it_named(tmp_path, wb):
     # projection in between costs no history read
     reads = len(_metric_reads(wb))
     body = json.dumps(notification(cascade(hosts=3, gpus=1, run="mfu"))).encode()
-    worker.store.ingest(parse_notification(body), IdentityReader(), T0.timestamp() + 90)
+    worker.store.ingest(parse_notification(body), T0.timestamp() + 90)
     assert worker.run_once() == 1
     assert len(_metric_reads(wb)) == reads
 

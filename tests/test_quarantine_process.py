@@ -20,7 +20,6 @@ from harness.wandb_standin import WandbStandin
 from tests.slurm_cluster import slurm_cluster, unavailable_reason
 from wandb_infra.bridge.config import DEFAULTS, build_config
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
-from wandb_infra.bridge.ingest.identity import IdentityReader
 from wandb_infra.bridge.ingest.payload import parse_notification
 from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.metrics import BridgeMetrics
@@ -52,8 +51,7 @@ def test_serve_never_acts_and_the_quarantine_process_does(slurm, tmp_path):
     store = Store(raw["store"]["path"])
     store.ingest(parse_notification(json.dumps(notification([alert(
         "GpuUncontainedEccError", category="gpu_hardware", host=slurm.node, gpu="1", run="r1",
-        start=datetime.now(UTC) - timedelta(seconds=30), extra={"xid": "95"})])).encode()),
-        IdentityReader())
+        start=datetime.now(UTC) - timedelta(seconds=30), extra={"xid": "95"})])).encode()))
     policy = build_config(raw).policy
     assert policy.quarantine_acts is False
     with WandbStandin() as wb:

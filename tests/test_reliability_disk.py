@@ -19,7 +19,6 @@ from harness.bridge_process import bridge_env, start_bridge
 from harness.clock import ManualClock
 from harness.wandb_standin import WandbStandin
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
-from wandb_infra.bridge.ingest.identity import IdentityReader
 from wandb_infra.bridge.ingest.payload import parse_notification
 from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.metrics import BridgeMetrics
@@ -127,7 +126,7 @@ def _resolved_day(store: Store, day: int, run: str, n: int = 40) -> None:
     body = notification([alert("NodeDown", category="node", host=f"d{day}h{i}", run=run,
                                start=start, end=start + timedelta(minutes=10))
                          for i in range(n)])
-    store.ingest(parse_notification(json.dumps(body).encode()), IdentityReader(),
+    store.ingest(parse_notification(json.dumps(body).encode()),
                  start.timestamp())
 
 

@@ -25,7 +25,6 @@ from harness.bridge_process import raw_status
 from harness.wandb_standin import WandbStandin
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.diagnosis.root_cause import AlertFact, diagnose
-from wandb_infra.bridge.ingest.identity import IdentityReader
 from wandb_infra.bridge.ingest.payload import parse_notification
 from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorker
@@ -160,7 +159,7 @@ def test_evil_alerts_end_to_end_in_wandb_notes_and_pages(tmp_path: Path):
             # A second projection (new alert) replaces the section, never duplicates it.
             ctx.store.ingest(parse_notification(json.dumps(notification(
                 [alert("NodeDown", category="node", host="late", run="evil",
-                       start=T0 + timedelta(hours=3))])).encode()), IdentityReader())
+                       start=T0 + timedelta(hours=3))])).encode()))
             assert worker.run_once() == 1
             notes = wb.run("team", "proj", "evil").notes
             for path in ("/runs", "/runs/team/proj/evil"):

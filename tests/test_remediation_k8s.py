@@ -19,7 +19,6 @@ from harness.k8s_standin import K8sStandin, make_node
 from harness.processes import prom_query, prometheus, scrape_target, wait_for
 from harness.wandb_standin import WandbStandin
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
-from wandb_infra.bridge.ingest.identity import IdentityReader
 from wandb_infra.bridge.ingest.payload import parse_notification
 from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.metrics import BridgeMetrics
@@ -72,7 +71,7 @@ def test_quarantine_cordons_and_the_verdict_flips_through_prometheus(tmp_path):
             fault = alert("GpuFallenOffBus", category="gpu_hardware", host="gpu-02", gpu="5",
                           run="r1", start=datetime.now(UTC) - timedelta(seconds=30))
             store.ingest(parse_notification(json.dumps(notification([fault])).encode()),
-                         IdentityReader(), time.time())
+                         time.time())
 
             def notes() -> str:
                 return wb.run("team", "proj", "r1").notes.replace("\\", "")
@@ -114,7 +113,7 @@ def test_kube_state_metrics_in_real_prometheus(tmp_path):
         store.ingest(parse_notification(json.dumps(notification([alert(
             "GpuXidError", category="gpu_hardware", host="gpu-09", gpu="0", run="r1",
             start=datetime.now(UTC) - timedelta(seconds=20), extra={"xid": "119"})]
-            )).encode()), IdentityReader())
+            )).encode()))
         facts = store.facts(RunKey("team", "proj", "r1"))
         history = NodeStateHistory(PrometheusClient(prom.url), cache_seconds=0)
 

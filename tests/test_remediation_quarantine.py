@@ -16,7 +16,6 @@ from harness.k8s_standin import K8sStandin, make_node
 from harness.wandb_standin import WandbStandin
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.diagnosis.root_cause import Issue, diagnose
-from wandb_infra.bridge.ingest.identity import IdentityReader
 from wandb_infra.bridge.ingest.payload import parse_notification
 from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.metrics import BridgeMetrics
@@ -36,7 +35,7 @@ def xid(host: str, run: str = "r1", **kw: Any) -> dict[str, Any]:
 
 
 def ingest(store: Store, alerts: list[dict[str, Any]]) -> None:
-    store.ingest(parse_notification(json.dumps(notification(alerts)).encode()), IdentityReader())
+    store.ingest(parse_notification(json.dumps(notification(alerts)).encode()))
 
 
 def issues(tmp_path: Path, alerts: list[dict[str, Any]]) -> list[Issue]:

@@ -24,7 +24,6 @@ from harness.wandb_standin import WandbStandin
 from tests.slurm_cluster import slurm_cluster, unavailable_reason
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.diagnosis.root_cause import diagnose
-from wandb_infra.bridge.ingest.identity import IdentityReader
 from wandb_infra.bridge.ingest.payload import parse_notification
 from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.metrics import BridgeMetrics
@@ -125,7 +124,7 @@ def test_verdict_flips_when_the_node_is_drained_resumed_and_rebooted(slurm, tmp_
 
             def ingest(alerts: list) -> None:
                 store.ingest(parse_notification(json.dumps(notification(alerts)).encode()),
-                             IdentityReader(), time.time())
+                             time.time())
 
             def upserts() -> int:
                 return sum(r.operation_name == "BridgeUpsertBucket" for r in wb.requests)
@@ -188,8 +187,7 @@ def test_quarantine_drains_real_node_once_and_never_resumes(slurm, tmp_path):
     store = Store(tmp_path / "q.sqlite")
     store.ingest(parse_notification(json.dumps(notification([alert(
         "GpuUncontainedEccError", category="gpu_hardware", host=slurm.node, gpu="1", run="r1",
-        start=datetime.now(UTC) - timedelta(minutes=1), extra={"xid": "95"})])).encode()),
-        IdentityReader())
+        start=datetime.now(UTC) - timedelta(minutes=1), extra={"xid": "95"})])).encode()))
     (issue,) = diagnose(store.facts(RunKey("team", "proj", "r1")), timedelta(minutes=10)).issues
     actions = SlurmActions(["scontrol"], runner=partial(subprocess.run, env=slurm.env()))
 

@@ -18,7 +18,6 @@ from harness.bridge_payloads import TOKEN, alert, make_context, notification, se
 from harness.wandb_standin import WandbStandin
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.diagnosis.root_cause import diagnose
-from wandb_infra.bridge.ingest.identity import IdentityReader
 from wandb_infra.bridge.ingest.payload import parse_notification
 from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.metrics import BridgeMetrics
@@ -97,8 +96,7 @@ def state(host: str, scheduler: str, st: str, reason: str = "",
 
 def facts(*alerts: dict[str, Any], tmp_path) -> Any:
     store = Store(tmp_path / "b.sqlite")
-    store.ingest(parse_notification(json.dumps(notification(list(alerts))).encode()),
-                 IdentityReader())
+    store.ingest(parse_notification(json.dumps(notification(list(alerts))).encode()))
     return store, store.facts(RunKey("team", "proj", "r1"))
 
 
@@ -200,8 +198,7 @@ def test_run_page_json_carries_remediation(tmp_path):
                                     links=GrafanaLinks(""), metrics=BridgeMetrics(),
                                     policy=DeliveryPolicy(),
                                     lookup=PrometheusRunLookup(PrometheusClient(prom)))
-        ctx.store.ingest(parse_notification(json.dumps(notification([xid()])).encode()),
-                         IdentityReader())
+        ctx.store.ingest(parse_notification(json.dumps(notification([xid()])).encode()))
         with serve(ctx) as bridge:
             resp = requests.get(bridge.url + "/runs/team/proj/r1", timeout=10,
                                 headers={"Authorization": f"Bearer {TOKEN}",
@@ -264,8 +261,7 @@ def test_crashed_run_summary_gets_the_verdict(tmp_path):
                                 markers=None, links=GrafanaLinks(""), metrics=BridgeMetrics(),
                                 policy=DeliveryPolicy(verify_placement=False, flush_interval=0),
                                 lookup=PrometheusRunLookup(PrometheusClient(prom)))
-        store.ingest(parse_notification(json.dumps(notification([xid()])).encode()),
-                     IdentityReader())
+        store.ingest(parse_notification(json.dumps(notification([xid()])).encode()))
         assert worker.run_once() == 1
         summary = wb.run("team", "proj", "r1").summary
     assert summary["infra/restart_verdict"] == "unsafe" and summary["loss"] == 1.0
@@ -344,8 +340,7 @@ def test_first_write_while_prometheus_is_not_answering_says_unknown(tmp_path):
                                                       scheduler="slurm"),
                                 lookup=None)
         worker.remediation = _Unanswering()
-        store.ingest(parse_notification(json.dumps(notification([xid()])).encode()),
-                     IdentityReader())
+        store.ingest(parse_notification(json.dumps(notification([xid()])).encode()))
         assert worker.run_once() == 1
         run = wb.run("team", "proj", "r1")
     notes = run.notes.replace("\\", "")

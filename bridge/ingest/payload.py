@@ -15,7 +15,7 @@ from __future__ import annotations
 import operator
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
 from itertools import chain
@@ -53,7 +53,6 @@ class Alert:
     labels: dict[str, str]
     annotations: dict[str, str]
     generator_url: str = ""
-    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def alertname(self) -> str:
@@ -141,7 +140,7 @@ def _string_map(value: object, field: str) -> dict[str, str]:
         raise _Invalid(f"{field}.{key[:40]!r} must be a string")
     if sum(map(len, value)) + sum(map(len, values)) > MAX_LABEL_BYTES:
         raise _Invalid(f"{field} is larger than {MAX_LABEL_BYTES} bytes")
-    return value  # shared with the alert's raw object, not copied: nothing mutates either
+    return value  # shared with the decoded body, not copied: nothing mutates either
 
 
 def _alert(item: object) -> Alert:
@@ -167,8 +166,7 @@ def _alert(item: object) -> Alert:
     generator = item.get("generatorURL", "")
     if not isinstance(generator, str):
         raise _Invalid(".generatorURL must be a string")
-    return Alert(fingerprint.lower(), status, starts_at, ends_at, labels, annotations, generator,
-                 item)
+    return Alert(fingerprint.lower(), status, starts_at, ends_at, labels, annotations, generator)
 
 
 # The fields of an alert the bulk path reads, in the order ``_bulk`` unpacks them.
@@ -239,7 +237,7 @@ def _bulk(items: list[Any]) -> list[Alert] | None:
         ends = [end if status == "resolved" else None for end, status in zip(ends, statuses,
                                                                               strict=True)]
     return list(map(Alert, map(str.lower, fingerprints), statuses, starts, ends, labels,
-                    annotations, generators, items))
+                    annotations, generators))
 
 
 def _alerts(items: list[object]) -> list[Alert]:

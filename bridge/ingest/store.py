@@ -31,7 +31,8 @@ from pathlib import Path
 import orjson
 
 from wandb_infra.bridge.diagnosis.root_cause import AlertFact
-from wandb_infra.bridge.ingest.identity import Identity, IdentityReader
+from wandb_infra.bridge.ingest import identity
+from wandb_infra.bridge.ingest.identity import Identity
 from wandb_infra.bridge.ingest.payload import Notification
 from wandb_infra.common.logsetup import log_fields
 from wandb_infra.common.runkey import RunKey
@@ -517,15 +518,14 @@ class Store:
             conn.execute("DELETE FROM probe WHERE id = 1")
 
     # ingest ---------------------------------------------------------------------------------
-    def ingest(self, notification: Notification, reader: IdentityReader,
-               now: float | None = None, *,
+    def ingest(self, notification: Notification, now: float | None = None, *,
                identities: Sequence[Identity] | None = None) -> IngestResult:
         """Store a notification in one durable transaction; returns what changed.
         ``identities`` are the alerts' identities when the caller already read them."""
         now = time.time() if now is None else now
         alerts = notification.alerts
         if identities is None:
-            identities = reader.read_all([alert.raw for alert in alerts])
+            identities = identity.read_all(alerts)
         # Alerts grouped by run and written from a generator, so rows are built a chunk at a
         # time; a run changed when its inserts or resolutions changed a row. Inserts go first,
         # so a resolution in the same body closes an alert inserted firing.

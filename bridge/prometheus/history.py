@@ -149,11 +149,7 @@ def rebuild_alerts(prom: PrometheusClient, run: RunKey, placement: Placement, st
             starts = datetime.fromtimestamp(first, UTC)
             ends = None if firing else datetime.fromtimestamp(last + step, UTC)
             status, key = "firing" if firing else "resolved", fingerprint(labels, first)
-            raw = {"status": status, "labels": labels, "annotations": annotations,
-                   "startsAt": _iso(first),
-                   "endsAt": _iso(last + step) if ends else "0001-01-01T00:00:00Z",
-                   "fingerprint": key}
-            alerts.append(Alert(key, status, starts, ends, labels, annotations, "", raw))
+            alerts.append(Alert(key, status, starts, ends, labels, annotations))
     alerts.sort(key=lambda a: (a.starts_at, a.alertname, a.fingerprint))
     return alerts
 

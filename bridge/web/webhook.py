@@ -31,7 +31,8 @@ from wandb_infra.bridge.diagnosis.impact import Impact
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.diagnosis.outcome import VERDICTS, Outcome
 from wandb_infra.bridge.diagnosis.root_cause import DEFAULT_GAP, AlertFact, Diagnosis, diagnose
-from wandb_infra.bridge.ingest.identity import UNATTRIBUTED, Identity, IdentityReader
+from wandb_infra.bridge.ingest import identity
+from wandb_infra.bridge.ingest.identity import UNATTRIBUTED, Identity
 from wandb_infra.bridge.ingest.payload import Notification, PayloadError, parse_notification
 from wandb_infra.bridge.ingest.store import (
     IngestResult,
@@ -160,7 +161,6 @@ class BridgeContext:
     """Everything the handlers need; built by ``bridge.service``."""
 
     store: Store
-    reader: IdentityReader
     metrics: BridgeMetrics
     links: GrafanaLinks
     credentials: Credentials
@@ -224,11 +224,11 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def check_runs(notification: Notification, reader: IdentityReader) -> list[Identity]:
+def check_runs(notification: Notification) -> list[Identity]:
     """Each alert's identity (read once, for ``Store.ingest`` too), rejecting run addresses the
     exporter could never have published (``fullmatch``, so a trailing newline or a slash cannot
     make a second run or an unreachable /runs page)."""
-    identities = reader.read_all([alert.raw for alert in notification.alerts])
+    identities = identity.read_all(notification.alerts)
     # A notification names few runs: each distinct address is checked once.
     runs = [ident.run for ident in identities]
     bad = {run for run in set(runs) if run.attributed and not (
@@ -360,8 +360,8 @@ class Handlers:
 
     def _parse_and_store(self, handed: list[bytearray]) -> tuple[IngestResult, Notification]:
         notification = parse_notification(handed.pop())
-        identities = check_runs(notification, self.ctx.reader)
-        result = self.ctx.store.ingest(notification, self.ctx.reader, identities=identities)
+        identities = check_runs(notification)
+        result = self.ctx.store.ingest(notification, identities=identities)
         return result, replace(notification, alerts=[])
 
     async def healthz(self, _request: web.Request) -> web.Response:
