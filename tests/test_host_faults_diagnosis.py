@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.bridge_payloads import T0, alert
+from harness.bridge_payloads import T0, alert, rfc3339
 from tests.test_bridge_diagnosis import facts
 from wandb_infra.bridge.diagnosis.root_cause import diagnose
-from wandb_infra.bridge.diagnosis.verdict import Change, Policy, Timeline, decide
+from wandb_infra.bridge.diagnosis.verdict import Change, HostEvidence, Policy, Timeline, decide
 from wandb_infra.bridge.prometheus.remediation import exclusion
 from wandb_infra.catalog import host_alerts
 from wandb_infra.catalog.alerts import ALERTS
@@ -162,6 +162,31 @@ def test_repeat_offender_gpu_is_replace_not_reset():
     assert decision is not None and decision.need.action is Action.REPLACE
     assert "replace, not reset" in decision.detail
     assert "replacement" in decision.advice
+
+
+def test_repeat_offender_host_is_replace_not_reset():
+    """A host's third hardware-fault episode (HostRepeatOffender: an operators' alert on no run)
+    reaches its run's decision through the host's evidence: a replacement, which the fault
+    clearing (as each episode of a lemon does) never shows; a host-resource fault there stays
+    the job's."""
+    psu = shipped("HostPowerSupplyFault", host="gpu-04", extra={"name": "PS1 Status"})
+    cleared = {**psu, "status": "resolved", "endsAt": rfc3339(T0 + timedelta(minutes=4))}
+    lemon = {"gpu-04": HostEvidence(repeat_episodes=3)}
+    now = (T0 + timedelta(hours=2)).timestamp()
+    pool = {"gpu-04": _schedulable("gpu-04")}
+    issue = diagnose(facts([cleared])).issues[0]
+    plain = decide(issue, Policy(), timelines=pool, evidence={}, now=now, exclusion_for=exclusion)
+    assert plain is not None and (plain.need.action, plain.verdict) == (Action.SERVICE, "safe")
+    decision = decide(issue, Policy(), timelines=pool, evidence=lemon, now=now,
+                      exclusion_for=exclusion)
+    assert decision is not None and decision.need.action is Action.REPLACE
+    assert decision.verdict == "unsafe"
+    assert ("gpu-04 is a repeat offender (HostRepeatOffender: 3 hardware-fault episodes in the "
+            "last 7 days): replace, not reset") in decision.detail
+    assert "failing part replaced" in decision.advice and "dcgmi" not in decision.advice
+    oom = diagnose(facts([shipped("HostOomKill", host="gpu-04")])).issues[0]
+    job = decide(oom, Policy(), timelines=pool, evidence=lemon, now=now, exclusion_for=exclusion)
+    assert job is not None and job.need.action is Action.RESTART_APP
 
 
 def test_catalog_needs_follow_the_recovery_model():

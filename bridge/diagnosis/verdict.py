@@ -38,6 +38,7 @@ from wandb_infra.catalog.recovery import (
     stronger,
 )
 from wandb_infra.catalog.runbook import CLASS_ALERT
+from wandb_infra.catalog.series import REPEAT_WINDOW, span
 from wandb_infra.catalog.vocabulary import CauseClass
 from wandb_infra.catalog.xid import CATALOG_URL, XIDS, XidClass, codes
 from wandb_infra.common.configfile import ConfigError
@@ -180,12 +181,15 @@ class GpuEvidence:
 
 @dataclass(frozen=True)
 class HostEvidence:
-    """A host's boot time now, its GPU count now and at the start of the window, its GPUs."""
+    """A host's boot time now, its GPU count now and at the start of the window, its GPUs, and
+    its hardware-fault episodes in the repeat window when that makes it a repeat offender
+    (``HostRepeatOffender``'s own condition; 0 otherwise)."""
 
     boot_time: float | None = None
     gpus_now: int | None = None
     gpus_before: int | None = None
     gpus: Mapping[str, GpuEvidence] = field(default_factory=dict)
+    repeat_episodes: int = 0
 
 
 @dataclass(frozen=True)
@@ -276,27 +280,39 @@ def resolve(need: Need, issue: Issue, evidence: Mapping[str, HostEvidence] | Non
                 _and(need.policy, f"the driver's recovery action asks for {SPECS[said].needs}"))
 
 
-# issue 28: a GPU flagged as a repeat offender (its Nth hardware fault in the window) needs a
-# replacement whatever the fault itself asks: a reset clears the fault, not its cause.
+# issue 28: a GPU or host flagged as a repeat offender (its Nth hardware fault in the window)
+# needs a replacement whatever the fault itself asks: a reset clears the fault, not its cause.
+# A GPU's flag reaches the run as an alert; a host's (HostRepeatOffender, an operators' alert
+# with no run labels) is read from Prometheus with the host's evidence.
 REPEAT_OFFENDER = "GpuRepeatOffender"
+HOST_REPEAT_OFFENDER = "HostRepeatOffender"
 
 
-def repeat_offender(need: Need, issue: Issue) -> Need:
+def repeat_offender(need: Need, issue: Issue,
+                    evidence: Mapping[str, HostEvidence] | None = None) -> Need:
     """The need raised to a replacement when the issue's own host and GPU are flagged as a
-    repeat offender (``GpuRepeatOffender`` among its alerts)."""
+    repeat offender (``GpuRepeatOffender`` among its alerts), or its hardware fault is on a host
+    that is one (``repeat_episodes`` in its evidence)."""
     root = issue.root
     if root.alertname == REPEAT_OFFENDER or need.application:
         return need
     flagged = [f for f in (*issue.peers, *issue.consequences)
                if f.alertname == REPEAT_OFFENDER and f.hostname == root.hostname
                and (not root.gpu or f.gpu == root.gpu)]
-    if not flagged:
+    notes = []
+    if flagged:
+        gpus = ", ".join(sorted({f.gpu for f in flagged if f.gpu}))
+        notes.append(f"GPU {gpus} of {root.hostname} is a repeat offender ({REPEAT_OFFENDER}): "
+                     "replace, not reset")
+    host = (evidence or {}).get(root.hostname)
+    if host is not None and host.repeat_episodes and root.cause is CauseClass.HARDWARE:
+        notes.append(f"{root.hostname} is a repeat offender ({HOST_REPEAT_OFFENDER}: "
+                     f"{host.repeat_episodes} hardware-fault episodes in the last "
+                     f"{span(REPEAT_WINDOW)}): replace, not reset")
+    if not notes:
         return need
-    gpus = ", ".join(sorted({f.gpu for f in flagged if f.gpu}))
-    note = (f"GPU {gpus} of {root.hostname} is a repeat offender ({REPEAT_OFFENDER}): "
-            "replace, not reset")
     return Need(stronger(need.action, Action.REPLACE), need.subject, False,
-                _and(need.policy, note))
+                _and(need.policy, "; ".join(notes)))
 
 
 def _and(a: str, b: str) -> str:
@@ -315,7 +331,8 @@ def _done(action: Action, issue: Issue, host: str, *, ev: HostEvidence | None, n
     gpu_words = f"GPU {', '.join(gpus)}" if gpus else "the GPU"
     ended = issue.root_ended_at.timestamp() if issue.root_ended_at else None
     known = ALERTS.get(issue.root.alertname)
-    if known is not None and known.clears_when_fixed:
+    # a replacement is never shown by the fault clearing (a repeat offender's clears each time)
+    if known is not None and known.clears_when_fixed and action is not Action.REPLACE:
         if ended is None:
             return PENDING, f"the fault on {host} is still present"
         if action not in (Action.RESTORE_LINK, Action.SERVICE):
@@ -414,8 +431,11 @@ def advice(need: Need, hosts: Sequence[str], gpus: Mapping[str, Sequence[str]],
         Action.RESTORE_LINK: f"{without.capitalize()} until the link is back and stable.",
         Action.SERVICE: f"{without.capitalize()}; the node needs an operator's inspection "
                         "before it takes a job again.",
-        Action.REPLACE: f"{without.capitalize()}; the GPU needs field diagnosis (dcgmi diag -r 3) "
-                        "and likely a replacement (NVIDIA support, RMA).",
+        Action.REPLACE: f"{without.capitalize()}; " + (
+            "the GPU needs field diagnosis (dcgmi diag -r 3) and likely a replacement (NVIDIA "
+            "support, RMA)." if any(gpus.values()) else
+            "the node needs its failing part replaced (GPU, DIMM, PSU or board), not another "
+            "reset, before it takes a job again."),
         Action.DECODE: f"Decode {need.subject}'s fields (NVIDIA's XID catalog) to know whether "
                        f"the GPU needs a reset; {without} until then.",
         Action.FOLLOW_DRIVER: f"Do the recovery action the driver logged with {need.subject} "
@@ -460,7 +480,7 @@ def decide(issue: Issue, policy: Policy, *, timelines: Mapping[str, Timeline] | 
                   f"{', '.join(hosts)} explains it yet, so no node is known to be faulty; if "
                   "none appears, look at the application")
         return Decision(UNKNOWN, need, detail, root.text("remediation"), "", tuple(hosts), False)
-    need = repeat_offender(resolve(need_of(root, policy), issue, evidence), issue)
+    need = repeat_offender(resolve(need_of(root, policy), issue, evidence), issue, evidence)
     known = ALERTS.get(root.alertname)
     # the catalog's own specifics (an alert's annotations can be forged), or a user's own rule's
     catalog_detail = known.remediation if known is not None and known.needs in (

@@ -6,7 +6,9 @@ For each issue's faulty hosts, one set of range queries from shortly before the 
   state, reason}``, exporter/sources/nodestate.py), or kube-state-metrics' cordon and taints
   where only that is scraped (taints the run's pods tolerate do not take a node out);
 * the evidence that a recovery action happened: the driver's recovery action per GPU (DCGM field
-  1523), the GPUs' UUIDs and count, the host's ``node_boot_time_seconds``.
+  1523), the GPUs' UUIDs and count, the host's ``node_boot_time_seconds``;
+* whether the host is a repeat offender (``HostRepeatOffender``'s condition on the
+  hardware-fault episodes the rules record), which turns its hardware fault into a replacement.
 
 ``bridge/diagnosis/verdict.py`` decides from them; this module turns its ``Decision`` into the
 ``Remediation`` the notes, the run page, the summary and the quarantine read. Without Prometheus
@@ -29,6 +31,7 @@ from typing import Any
 
 from wandb_infra.bridge.diagnosis.root_cause import AlertFact, Diagnosis, Issue, diagnose
 from wandb_infra.bridge.diagnosis.verdict import (
+    HOST_REPEAT_OFFENDER,
     NO_PROMETHEUS,
     Change,
     Decision,
@@ -42,6 +45,7 @@ from wandb_infra.bridge.diagnosis.verdict import (
 from wandb_infra.bridge.prometheus.client import PrometheusClient, PrometheusError, regex_literal
 from wandb_infra.bridge.prometheus.history import pick_step
 from wandb_infra.catalog import series
+from wandb_infra.catalog.alerts import ALERTS, PLAIN_VALUES
 from wandb_infra.catalog.template import fill
 from wandb_infra.common.nodestate import DEFAULT_TOLERATED, STATE
 
@@ -267,6 +271,10 @@ class NodeStateHistory:
         select = f'{{hostname=~"{regex}"}}'
         boot = {s["metric"].get("hostname", ""): float(s["value"][1]) for s in self.prom.instant(
             fill(BOOT_TIME, {"TARGET": series.NODE_EXPORTER_TARGET + select}), end)}
+        repeat = {s["metric"].get("hostname", ""): round(float(s["value"][1]))
+                  for s in self.prom.instant(fill(ALERTS[HOST_REPEAT_OFFENDER].condition, {
+                      **PLAIN_VALUES, "HOST_HARDWARE_SINCE": series.HOST_HARDWARE_SINCE + select}),
+                      end)}
         counts: dict[str, list[tuple[float, float]]] = {}
         for s in self.prom.range(series.HOST_GPU_COUNT + select, start, end, step):
             counts[s["metric"].get("hostname", "")] = [(float(t), float(v))
@@ -307,7 +315,8 @@ class NodeStateHistory:
             out[host] = HostEvidence(
                 boot_time=boot.get(host),
                 gpus_now=None if now_count is None else int(now_count),
-                gpus_before=int(count[0][1]) if count else None, gpus=gpus)
+                gpus_before=int(count[0][1]) if count else None, gpus=gpus,
+                repeat_episodes=repeat.get(host, 0))
         return out
 
     def _points(self, expr: str, start: float, end: float, step: float,
