@@ -239,16 +239,15 @@ def _smart(world: World) -> None:
     world.extra["smartctl"].dropped.clear()  # EXAMPLE.md as captured: its NVMe fails
 
 
-def _ipmi(target: str, sample: str) -> Callable[[World], None]:
-    def inject(world: World) -> None:
-        world.extra[target].values[sample] = "2"
-    return inject
-
-
-def _dcgm_fault(target: str, sample: str, value: str) -> Callable[[World], None]:
+def _exposed(target: str, sample: str, value: str) -> Callable[[World], None]:
+    """Set one sample of a smartctl, ipmi or dcgm exposition."""
     def inject(world: World) -> None:
         world.extra[target].values[sample] = value
     return inject
+
+
+def _oom(world: World) -> None:
+    world.nodes[_host(1)].values["node_vmstat_oom_kill"] += 2
 
 
 K8S_TAINT = "taint aws-node-termination-handler/scheduled-maintenance=i-0abc:NoSchedule"
@@ -263,7 +262,7 @@ FAULTS: tuple[Fault, ...] = (
     Fault("HostOomKill", "oomrun", _host(1),
           f"The OOM killer ran 2 time(s) on {_host(1)} in the last 10 minutes "
           "(node_vmstat_oom_kill).",
-          lambda w: w.nodes[_host(1)].values.__setitem__("node_vmstat_oom_kill", 2)),
+          _oom),
     Fault("FilesystemReadOnly", "rorun", _host(2),
           f"/checkpoints on {_host(2)} is read-only (readonly = 1) since it was remounted so",
           lambda w: _set(w, _host(2), read_only=1)),
@@ -282,7 +281,8 @@ FAULTS: tuple[Fault, ...] = (
           f"/checkpoints on {_host(17)} is not answering (statfs failing, or 1 NFS major ",
           lambda w: _set(w, _host(17), device_error=1)),
     Fault("SharedFilesystemNotResponding", "nfsrun", _host(7),
-          f"/mnt/nfs/test-dupe on {_host(7)} is not answering (statfs failing, or ", _nfs),
+          f"/mnt/nfs/test-dupe on {_host(7)} is not answering (statfs failing, or # NFS major "
+          "timeout(s) in the last 10 minutes).", _nfs),
     Fault("LocalDiskFailing", "smartrun", _host(8),
           f"Disk /dev/nvme0 on {_host(8)}: ", _smart),
     Fault("NodeRebooted", "bootrun", _host(9),
@@ -296,15 +296,17 @@ FAULTS: tuple[Fault, ...] = (
           _kubernetes_maintenance, out_of_pool=True),
     Fault("NvswitchFatalError", "sxidrun", _host(12),
           f"NVSwitch 0 on {_host(12)} reported fatal SXid 24.",
-          _dcgm_fault("dcgm-12", SXID.format(_host(12)), "24")),
+          _exposed("dcgm-12", SXID.format(_host(12)), "24")),
     Fault("FabricManagerNotReady", "fmrun", _host(13),
-          f"The Fabric Manager status of GPU 0 on {_host(13)} is 4 ",
-          _dcgm_fault("dcgm-13", FM.format(_host(13)), "4")),
+          f"The Fabric Manager status of GPU 0 on {_host(13)} is 4 (1 not started, 4 failure, 5 "
+          "unrecognized, 6 NVML too old; 3 is success).",
+          _exposed("dcgm-13", FM.format(_host(13)), "4")),
     Fault("HostPowerSupplyFault", "psurun", _host(14),
           f"IPMI sensor Pwr Consumption on {_host(14)} is critical (state 2).",
-          _ipmi("ipmi-14", PSU)),
+          _exposed("ipmi-14", PSU, "2")),
     Fault("HostChassisSensorCritical", "fanrun", _host(15),
-          f"IPMI sensor Fan1A on {_host(15)} is critical (state 2).", _ipmi("ipmi-15", FAN)),
+          f"IPMI sensor Fan1A on {_host(15)} is critical (state 2).",
+          _exposed("ipmi-15", FAN, "2")),
 )
 # the repeat offender: its fan goes critical REPEAT_FAULTS_MIN times
 REPEAT = ("lemonrun", _host(16))
@@ -345,8 +347,9 @@ def _am_config(bridge: str, token_file: Path) -> str:
 
 def _prom_config(rules: Path, am: str, nodes: list[str], exporter: str,
                  extra: dict[str, tuple[str, str]]) -> str:
-    """smartctl, ipmi and dcgm exporters are scraped as their node (``instance`` set to the
-    node's name, as a remote BMC scrape must): their series carry no host name of their own."""
+    """The smartctl, ipmi and dcgm exporters are scraped as their node (``instance`` set to the
+    node's name, as a remote BMC scrape must): smartctl's and ipmi's series carry no host name
+    of their own, so the rules take it from ``instance``."""
     jobs: dict[str, list[dict[str, Any]]] = {}
     for name, (address, instance) in extra.items():
         jobs.setdefault(name.split("-")[0], []).append(
@@ -548,8 +551,9 @@ NOT_END_TO_END = {
     # the same records as their local twins, on network fstypes: FilesystemNotResponding and
     # SharedFilesystemNotResponding show the split reaches the bridge (promtool: host_cases.py)
     "SharedFilesystemReadOnly": "twin", "SharedFilesystemFull": "twin",
-    # episodes of XID alerts, whose dcgm-exporter window is not scaled (promtool: host_cases.py;
-    # the decision: test_host_faults_diagnosis.py)
+    # episodes of XID alerts, which hold for their rule's 10-minute max_over_time (not scaled
+    # here): three would take over 20 minutes (promtool: host_cases.py; the decision:
+    # test_host_faults_diagnosis.py)
     "GpuRepeatOffender": "xid window",
     # raised for operators only, with no run labels: the repeat offender's test below
     "HostRepeatOffender": "operators",
