@@ -215,26 +215,39 @@ def env_without_proxies() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
 
 
+# What a stub answers a GET with: status, Content-Type, body.
+Reply = tuple[int, str, bytes]
+
+
 @contextlib.contextmanager
-def scrape_target(text: Callable[[], str]) -> Iterator[str]:
-    """A loopback scrape target answering every GET with ``text()`` in Prometheus' text format
-    (read at each scrape, so a test changes what Prometheus sees); yields ``host:port``."""
+def http_stub(answer: Callable[[str, Mapping[str, str]], Reply]) -> Iterator[str]:
+    """A loopback HTTP server answering every GET with ``answer(path, headers)`` (the tests'
+    one stand-in for a small HTTP dependency: a scrape target, Prometheus' query API, a faulty
+    proxy); yields ``host:port``."""
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args: Any) -> None:
             return
 
         def do_GET(self) -> None:
-            body = text().encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            status, content_type, body = answer(self.path, dict(self.headers))
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield f"127.0.0.1:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()
+
+
+def scrape_target(text: Callable[[], str]) -> contextlib.AbstractContextManager[str]:
+    """A loopback scrape target answering every GET with ``text()`` in Prometheus' text format
+    (read at each scrape, so a test changes what Prometheus sees); yields ``host:port``."""
+    return http_stub(lambda _path, _headers: (200, "text/plain; version=0.0.4",
+                                              text().encode()))

@@ -8,11 +8,9 @@ answering, the mapping is dropped after the grace period, and everything comes b
 
 from __future__ import annotations
 
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import pytest
 import requests
@@ -20,7 +18,7 @@ import requests
 from harness.bridge_process import raw_status
 from harness.exporter_process import metric_samples, metric_value, running_exporter
 from harness.k8s_standin import K8sStandin, make_pod
-from harness.processes import wait_for
+from harness.processes import Reply, http_stub, wait_for
 from harness.wandb_standin import WandbStandin
 from tests.test_exporter_wandb import env, wire_config
 from wandb_infra.common import labels
@@ -37,42 +35,24 @@ class FaultProxy:
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream
         self.mode = "ok"
-        proxy = self
+        self._stub = http_stub(self._answer)
+        self.url = ""
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, format: str, *args: Any) -> None:
-                return
-
-            def do_GET(self) -> None:
-                if proxy.mode == "hang":
-                    time.sleep(3)  # the simulated hang, past the sources' 1 s timeout; not a wait
-                if proxy.mode in ("hang", "garbage"):
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(GARBAGE)))
-                    self.end_headers()
-                    self.wfile.write(GARBAGE)
-                    return
-                resp = requests.get(proxy.upstream + self.path, timeout=10, headers={
-                    "Authorization": self.headers.get("Authorization", "")})
-                self.send_response(resp.status_code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(resp.content)))
-                self.end_headers()
-                self.wfile.write(resp.content)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+    def _answer(self, path: str, headers: Mapping[str, str]) -> Reply:
+        if self.mode == "hang":
+            time.sleep(3)  # the simulated hang, past the sources' 1 s timeout; not a wait
+        if self.mode in ("hang", "garbage"):
+            return 200, "application/json", GARBAGE
+        resp = requests.get(self.upstream + path, timeout=10,
+                            headers={"Authorization": headers.get("Authorization", "")})
+        return resp.status_code, "application/json", resp.content
 
     def __enter__(self) -> FaultProxy:
-        self.thread.start()
+        self.url = "http://" + self._stub.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self._stub.__exit__(None, None, None)
 
 
 def _hosts(url: str) -> set[tuple[str, str]]:

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 import requests
 
 from harness.bridge_payloads import TOKEN, alert, make_context, notification, serve
+from harness.processes import Reply, http_stub
 from harness.wandb_standin import WandbStandin
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.diagnosis.root_cause import diagnose
@@ -50,42 +49,28 @@ def _value(alive: bool | str) -> str:
 
 @contextmanager
 def fake_prometheus(series_for: Callable[[str], Series]) -> Iterator[str]:
-    """Answers /api/v1/query_range like Prometheus from canned series (matched by query)."""
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: Any) -> None:
-            return
+    """Answers /api/v1/query and /api/v1/query_range like Prometheus from canned series
+    (matched by query)."""
+    def answer(path: str, _headers: object) -> Reply:
+        q = {k: v[0] for k, v in parse_qs(urlparse(path).query).items()}
+        result: list[dict[str, Any]] = []
+        if "start" not in q:  # an instant query
+            at = float(q["time"])
+            result = [{"metric": m, "value": [at, _value(alive(at))]}
+                      for m, alive in series_for(q["query"]) if alive(at)]
+            data = {"resultType": "vector", "result": result}
+        else:
+            start, end, step = float(q["start"]), float(q["end"]), float(q["step"])
+            times = [start + i * step for i in range(int((end - start) / step) + 1)]
+            for metric, alive in series_for(q["query"]):
+                values = [[t, _value(alive(t))] for t in times if alive(t)]
+                if values:
+                    result.append({"metric": metric, "values": values})
+            data = {"resultType": "matrix", "result": result}
+        return 200, "application/json", json.dumps({"status": "success", "data": data}).encode()
 
-        def do_GET(self) -> None:
-            q = {k: v[0] for k, v in parse_qs(urlparse(self.path).query).items()}
-            result: list[dict[str, Any]] = []
-            if "start" not in q:  # an instant query
-                at = float(q["time"])
-                result = [{"metric": m, "value": [at, _value(alive(at))]}
-                          for m, alive in series_for(q["query"]) if alive(at)]
-                body = json.dumps({"status": "success", "data": {"resultType": "vector",
-                                                                 "result": result}}).encode()
-            else:
-                start, end, step = float(q["start"]), float(q["end"]), float(q["step"])
-                times = [start + i * step for i in range(int((end - start) / step) + 1)]
-                for metric, alive in series_for(q["query"]):
-                    values = [[t, _value(alive(t))] for t in times if alive(t)]
-                    if values:
-                        result.append({"metric": metric, "values": values})
-                body = json.dumps({"status": "success",
-                                   "data": {"resultType": "matrix", "result": result}}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with http_stub(answer) as address:
+        yield f"http://{address}"
 
 
 def state(host: str, scheduler: str, st: str, reason: str = "",
