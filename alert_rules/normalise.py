@@ -471,33 +471,32 @@ label_replace(
 # targets still down (up == 0: still in discovery), or gone from discovery while their host has a
 # run: a host down for a day still names its host, and it is forgotten when its target is up
 # again or removed from discovery with no run on it (decommissioned). The seen maps win, so a
-# target keeps one host.
+# target keeps one host: ``or on (instance, job)`` adds a remembered map only where no seen one
+# has that target, reading the seen maps (an hour of both) once.
 TARGET_REMEMBERED = """
 topk by (instance, job) (1,
   ${SEEN}
-  or
+  or on (instance, job)
   (
     (
-      (
-        last_over_time(${TARGET_HOSTS}[${HISTORY_WINDOW}])
-        and on (instance, job)
-        (up == 0)
-      )
-      or
-      (
-        (last_over_time(${TARGET_HOSTS}[${HISTORY_WINDOW}]) unless on (instance, job) up)
-        and on (hostname)
-        ${NODE_INFO}
-      )
+      last_over_time(${TARGET_HOSTS}[${HISTORY_WINDOW}])
+      and on (instance, job)
+      (up == 0)
     )
-    unless on (instance, job)
-    ${SEEN}
+    or
+    (
+      (last_over_time(${TARGET_HOSTS}[${HISTORY_WINDOW}]) unless on (instance, job) up)
+      and on (hostname)
+      ${NODE_INFO}
+    )
   )
 )
 """
+# A host with a target none of whose targets is scraped: every target of the hosts known, less
+# those with one in up (each of the map and up read once).
 TARGET_VANISHED = """
 (
-  max by (hostname, ${TARGET_LABEL}) (${TARGET_HOSTS} unless on (instance, job) up)
+  max by (hostname, ${TARGET_LABEL}) (${TARGET_HOSTS})
   unless on (hostname, ${TARGET_LABEL})
   max by (hostname, ${TARGET_LABEL}) (${TARGET_HOSTS} and on (instance, job) up)
 )

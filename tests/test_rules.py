@@ -16,6 +16,7 @@ from harness.processes import PROMTOOL
 from tests.rules import build
 from wandb_infra.alert_rules import generate, tiers
 from wandb_infra.catalog import panels
+from wandb_infra.catalog import series as s
 from wandb_infra.catalog.alerts import ALERTS, SCOPES, duration_seconds
 from wandb_infra.catalog.template import fill, placeholders
 from wandb_infra.catalog.vocabulary import CATEGORIES, REQUIRED_ANNOTATIONS, SEVERITIES
@@ -319,6 +320,24 @@ def test_tiers_keep_records_visible_and_counter_windows_overlapping():
     assert len(intervals) == 4, intervals
     assert windows >= 20, windows
     assert wrapped >= 10, wrapped
+
+
+def _reads(name: str, expr: str) -> int:
+    """How many selectors of ``name`` (whole name, not a prefix of a longer one) ``expr`` has."""
+    return len(re.findall(rf"(?<![\w:]){re.escape(name)}(?![\w:])", expr))
+
+
+def test_target_maps_read_each_input_once():
+    """Selecting a series is the unit of cost: the remembered target map reads the maps seen
+    within the hour once (``or on (instance, job)`` keeps a remembered map only where no seen
+    one is), and the vanished hosts read the map and up once each."""
+    records = {r["record"]: r["expr"] for g in _groups() for r in g["rules"] if "record" in r}
+    remembered = records[s.TARGET_HOSTS]
+    assert _reads(s.NODE_EXPORTER_TARGET, remembered) == 1
+    assert _reads(s.DCGM_EXPORTER_TARGET, remembered) == 1
+    vanished = records[s.TARGET_VANISHED]
+    assert _reads("up", vanished) == 1
+    assert _reads(s.TARGET_HOSTS, vanished) == 2
 
 
 def test_no_join_puts_run_info_on_the_one_side():
