@@ -236,9 +236,21 @@ def fault_record(alert: AlertDef) -> str | None:
     return f"{level}:alert_{snake}:fault"
 
 
+# Families evaluated every cycle that attribute host and link faults, merged into one group each
+# (within MAX_GROUP_RULES): a group's join rows read the per-host join metric once per evaluation
+# for all its alerts, instead of once per family. Each alert joins those rows on its own fault's
+# hosts, so a row of a host with another member's fault never matches, and the rows stay in the
+# alerts' own group (no order between groups to depend on).
+SHARED_GROUPS: dict[str, str] = {
+    "node-lifecycle": "node", "network": "node",
+    "host-memory": "host", "fabric": "host", "host-power": "host",
+}
+
+
 def family(alert: AlertDef) -> str:
     """The rule group (family) an alert is evaluated in."""
-    return alert.group or alert.category
+    name = alert.group or alert.category
+    return SHARED_GROUPS.get(name, name)
 
 
 def _alert(alert: AlertDef, cfg: dict[str, Any], by_record: dict[str, str | None]

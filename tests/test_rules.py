@@ -158,7 +158,7 @@ def test_a_suite_loads_every_group_its_alerts_read():
     """The closure follows records across groups and ALERTS to the alerts it selects: a host
     alert pulls in the host normalisation, the repeat offenders pull in the hardware alerts."""
     names = {g["name"] for g in needed_groups({"HostOomKill"})}
-    assert {"wandb-infra-host-memory", "wandb-infra-normalise-host"} <= names
+    assert {"wandb-infra-host", "wandb-infra-normalise-host"} <= names
     assert "wandb-infra-gpu-thermal" not in names
     offenders = {g["name"] for g in needed_groups({"GpuRepeatOffender"})}
     assert {"wandb-infra-gpu-xid", "wandb-infra-gpu-memory"} <= offenders
@@ -338,6 +338,23 @@ def test_target_maps_read_each_input_once():
     vanished = records[s.TARGET_VANISHED]
     assert _reads("up", vanished) == 1
     assert _reads(s.TARGET_HOSTS, vanished) == 2
+
+
+def test_join_rows_are_read_once_per_cycle_group_and_in_the_alerts_group():
+    """Every join-rows record an alert reads is recorded in the alert's own group (a group
+    split by MAX_GROUP_RULES would read it across groups, one evaluation late in some orders),
+    and the groups evaluated every cycle read the per-host join metric four times per cycle at
+    most (the XID family and the three host groups; eight when each host family had its own)."""
+    joins = re.compile(r"wandb_run_[a-z]+:wandb_run_[a-z_]+:faulty_[a-z_]+")
+    fast_reads = 0
+    for group in _groups():
+        recorded = {r["record"] for r in group["rules"] if "record" in r}
+        for rule in group["rules"]:
+            if "alert" in rule:
+                assert set(joins.findall(rule["expr"])) <= recorded, (group["name"], rule["alert"])
+            elif "interval" not in group:
+                fast_reads += _reads("wandb_run_node_info", rule["expr"])
+    assert fast_reads <= 4, fast_reads
 
 
 def test_no_join_puts_run_info_on_the_one_side():
