@@ -993,10 +993,14 @@ max by (hostname, scheduler, state, reason) (
 )
 """
 # The host part of the scrape target (``host:port``), for exporters that name no host.
+# The host of an exporter's series: its ``hostname`` target label where the scrape config sets
+# one (ipmi_exporter scraping a BMC remotely), else the host part of ``instance``. label_join
+# puts both side by side ("gpu01;10.1.0.7:9290" or ";gpu01:9633"); the regex takes the first
+# when present, else the second without its port.
 INSTANCE_HOST = """
 label_replace(
-  ${EXPR},
-  "hostname", "$1", "instance", "(.+?)(:[0-9]+)?"
+  label_join(${EXPR}, "host_source", ";", "hostname", "instance"),
+  "hostname", "$1$2", "host_source", "([^;]+);.*|;(.+?)(:[0-9]+)?"
 )
 """
 TAGGED_CHECK = 'label_replace(${EXPR}, "check", "${CHECK}", "", "")'
@@ -1065,7 +1069,8 @@ def _host_by(inner: str, by: str) -> str:
 
 
 def _instance_host(expr: str, by: str, host: HostKey) -> str:
-    """An exporter's series without a host name, named by the host part of ``instance``."""
+    """An exporter's series named by its ``hostname`` target label or ``instance``'s host
+    (``INSTANCE_HOST``); the aggregation drops the helper label."""
     named = host.canonical(promql(INSTANCE_HOST, EXPR=expr))
     return promql(f"max by (hostname, {by}) (\n  ${{EXPR}}\n)", EXPR=named)
 

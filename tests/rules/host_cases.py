@@ -251,6 +251,15 @@ def power_cases() -> list[b.Case]:
                                                name="PS1 Status", type="Power Supply")], "10m",
                         [b.Expect({**_run(), "name": "PS1 Status"},
                                   "IPMI sensor PS1 Status on n1 is critical (state 2).")]))
+    # ipmi_exporter scraping the BMC remotely: ``instance`` is the BMC's address, the scrape
+    # config's ``hostname`` target label names the node.
+    remote = b.Series("ipmi_sensor_state", {"instance": "10.1.0.17:9290", "job": "ipmi",
+                                            "hostname": "n1", "id": "77", "name": "PS1 Status",
+                                            "type": "Power Supply"}, "2x80")
+    cases.append(b.Case("HostPowerSupplyFault: a BMC scraped remotely is named by its hostname "
+                        "target label", "HostPowerSupplyFault", [*_base(), remote], "10m",
+                        [b.Expect({**_run(), "name": "PS1 Status"},
+                                  "IPMI sensor PS1 Status on n1 is critical (state 2).")]))
     cases.append(b.Case("HostPowerSupplyFault: a power supply in warning state is not critical",
                         "HostPowerSupplyFault",
                         [*_base(), cable, ipmi("ipmi_sensor_state", "1x80", id="77",
