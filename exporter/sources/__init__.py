@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import re
-from typing import Protocol
+import subprocess
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
 
+from wandb_infra.common.commands import run_command
 from wandb_infra.common.configfile import ConfigError
 from wandb_infra.common.labels import NAME_CHARS, RUN_ID_CHARS
 from wandb_infra.common.runkey import RunKey
@@ -21,6 +25,31 @@ class Source(Protocol):
     def poll(self) -> SourceResult:
         """Return what runs where now; raise SourceError when it cannot tell."""
         ...
+
+
+@dataclass(frozen=True)
+class SchedulerCommand:
+    """The command a scheduler source runs (its mode's, or the configured ``command``), with
+    the section's timeout and output cap: the Slurm job and node sources share it."""
+
+    mode: str
+    argv: tuple[str, ...]
+    timeout: float
+    max_bytes: int
+    runner: Callable[..., Any] = subprocess.run
+
+    @classmethod
+    def from_section(cls, cfg: Mapping[str, Any], commands: Mapping[str, list[str]],
+                     runner: Callable[..., Any] = subprocess.run) -> SchedulerCommand:
+        """From a resolved section with ``mode``, ``command``, ``timeout_seconds`` and
+        ``max_output_bytes``."""
+        mode = str(cfg["mode"])
+        return cls(mode, tuple(cfg["command"] or commands[mode]), float(cfg["timeout_seconds"]),
+                   int(cfg["max_output_bytes"]), runner)
+
+    def output(self) -> str:
+        """The command's stdout; ``SourceError`` when it fails, hangs or floods."""
+        return run_command(self.argv, self.timeout, self.runner, self.max_bytes)
 
 
 def valid_run_key(entity: object, project: object, run_id: object) -> RunKey | None:

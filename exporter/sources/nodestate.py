@@ -15,7 +15,7 @@ from typing import Any
 
 import requests
 
-from wandb_infra.common.commands import MAX_OUTPUT_BYTES, run_command
+from wandb_infra.common.commands import MAX_OUTPUT_BYTES
 from wandb_infra.common.kubeapi import CONNECTION, KubeApi
 from wandb_infra.common.nodestate import (
     DEFAULT_TOLERATED,
@@ -26,7 +26,7 @@ from wandb_infra.common.nodestate import (
 )
 from wandb_infra.common.schema import Key, Section
 from wandb_infra.exporter.model import SourceResult
-from wandb_infra.exporter.sources import source_keys
+from wandb_infra.exporter.sources import SchedulerCommand, source_keys
 
 COMMANDS = {"scontrol": ["scontrol", "show", "node", "-o"], "sinfo_json": ["sinfo", "--json"]}
 
@@ -94,17 +94,13 @@ class SlurmNodeSource(_Published):
         cfg = SLURM_SCHEMA.resolve(cfg, "node_state.slurm")
         self.name = str(cfg["name"])
         self.interval = float(cfg["interval_seconds"])
-        self.timeout = float(cfg["timeout_seconds"])
-        self.mode = str(cfg["mode"])
-        self.command: list[str] = cfg["command"] or list(COMMANDS[self.mode])
-        self.max_bytes = int(cfg["max_output_bytes"])
-        self._run = runner
+        self.command = SchedulerCommand.from_section(cfg, COMMANDS, runner)
 
     def poll(self) -> SourceResult:
         """Run the command; publish every node's state (a host name shared by several nodes,
         none, and a problem)."""
-        parse = parse_scontrol_nodes if self.mode == "scontrol" else parse_sinfo_json
-        states = parse(run_command(self.command, self.timeout, self._run, self.max_bytes))
+        parse = parse_scontrol_nodes if self.command.mode == "scontrol" else parse_sinfo_json
+        states = parse(self.command.output())
         return SourceResult(problems=self.put(states))
 
 

@@ -17,12 +17,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from wandb_infra.common import labels
-from wandb_infra.common.commands import MAX_OUTPUT_BYTES, json_list, run_command
+from wandb_infra.common.commands import MAX_OUTPUT_BYTES, json_list
 from wandb_infra.common.runkey import RunKey
 from wandb_infra.common.schema import Key, Section
 from wandb_infra.exporter.model import Gpu, RunPlacement, SourceResult
 from wandb_infra.exporter.nodelist import NodeListError, expand_hostlist, gres_gpu_indices
-from wandb_infra.exporter.sources import compile_regex, source_keys, valid_run_key
+from wandb_infra.exporter.sources import (
+    SchedulerCommand,
+    compile_regex,
+    source_keys,
+    valid_run_key,
+)
 
 DEFAULT_COMMENT_REGEX = (
     r"wandb:(?P<entity>[^/\s]+)/(?P<project>[^/\s]+)/(?P<run_id>[A-Za-z0-9_.\-]+)"
@@ -223,20 +228,15 @@ class SlurmSource:
         cfg = SCHEMA.resolve(cfg, "sources.slurm")
         self.name = str(cfg["name"])
         self.interval = float(cfg["interval_seconds"])
-        self.timeout = float(cfg["timeout_seconds"])
-        self.mode = str(cfg["mode"])
-        self.command: list[str] = cfg["command"] or list(COMMANDS[self.mode])
-        self.max_bytes = int(cfg["max_output_bytes"])
+        self.command = SchedulerCommand.from_section(cfg, COMMANDS, runner)
         self.naming = RunNaming(
             comment_regex=compile_regex(cfg["comment_regex"], "sources.slurm.comment_regex"),
             name_regex=compile_regex(cfg["job_name_regex"], "sources.slurm.job_name_regex"),
             default_entity=cfg["default_entity"], default_project=cfg["default_project"])
-        self._run = runner
 
     def poll(self) -> SourceResult:
         """Run the command and turn running jobs into placements."""
-        parse = parse_squeue_json if self.mode == "squeue_json" else parse_scontrol
-        jobs, problems = parse(run_command(self.command, self.timeout, self._run,
-                                                 self.max_bytes))
+        parse = parse_squeue_json if self.command.mode == "squeue_json" else parse_scontrol
+        jobs, problems = parse(self.command.output())
         placements, more = placements_from_jobs(jobs, self.naming, self.name)
         return SourceResult(placements, problems + more)
