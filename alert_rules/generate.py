@@ -32,29 +32,14 @@ from wandb_infra.catalog.alerts import (
     duration_seconds,
 )
 from wandb_infra.catalog.template import Value, fill, placeholders
-from wandb_infra.common.configfile import ConfigError, load_config
+from wandb_infra.common.configfile import ConfigError, read_config
 from wandb_infra.common.generated import checkout_root, write_or_check
+from wandb_infra.common.schema import Key, Section
 
 # The default --out-dir: the source checkout this module runs from (None where it is installed).
 CHECKOUT = checkout_root(__file__)
 
 ENV_PREFIX = "WANDB_INFRA_RULES"
-DEFAULTS: dict[str, Any] = {
-    "violation_unit": "ns",
-    # Reduce exporters' FQDN host names to the first label, as the exporter does by default
-    # (its hostnames.strip_domain); turn off only if the exporter keeps domains too.
-    "strip_domain": True,
-    # Where the bridge serves the runbook (its Service in deploy/kubernetes/bridge.yaml).
-    "runbook_base": runbook.DEFAULT_BASE,
-    "group_prefix": "wandb-infra",
-    "manifest_name": "wandb-infra-rules",
-    "manifest_namespace": "monitoring",
-    # The canonical host key: the first group of this regex where it matches the exporter's host
-    # name (mixin _config.hostKeyRegex); "(.+)" keeps names whole.
-    "host_key_regex": normalise.FQDN,
-    # Alert thresholds by the mixin's _config.thresholds keys (THRESHOLDS); unset: the catalog's.
-    "thresholds": {},
-}
 # Thresholds an operator may set (generator config ``thresholds:``, mixin ``_config.thresholds``),
 # by the mixin's camelCase key, with the catalog name the alert conditions read. Only thresholds
 # that no normalisation record cuts at (a record's own cut, such as the 85 C warning, bounds what
@@ -74,6 +59,36 @@ THRESHOLDS: dict[str, str] = {
     "sourceStaleSeconds": "SOURCE_STALE_SECONDS",
     "deliveryBacklogSeconds": "DELIVERY_BACKLOG_SECONDS",
 }
+def _nonempty(help_text: str, default: str) -> Key:
+    return Key("str", default, help_text, check=bool, expect="a non-empty string")
+
+
+# The generator's options, one schema for the config file, the environment and the defaults the
+# command line falls back to (common/schema.py).
+SCHEMA = Section({
+    "violation_unit": Key("str", "ns", "unit of DCGM's *_VIOLATION counters: ns (DCGM >= 4.1) "
+                          "or us (older DCGM)",
+                          choices=tuple(sorted(normalise.VIOLATION_DIVISORS))),
+    "strip_domain": Key("bool", True, "reduce exporters' FQDN host names to their first label, "
+                        "as the exporter's hostnames.strip_domain does; turn off only if the "
+                        "exporter keeps domains too"),
+    "runbook_base": _nonempty("the bridge's URL as on-call engineers reach it; runbook_url is "
+                              "<base>/runbook#<alert>, served by the bridge (default: its "
+                              "Service in deploy/kubernetes/bridge.yaml)", runbook.DEFAULT_BASE),
+    "group_prefix": _nonempty("prefix of the rule group names", "wandb-infra"),
+    "manifest_name": _nonempty("metadata.name of the PrometheusRule", "wandb-infra-rules"),
+    "manifest_namespace": _nonempty("metadata.namespace of the PrometheusRule", "monitoring"),
+    "host_key_regex": Key("str", normalise.FQDN, "regex whose first group is the canonical host "
+                          "key where it matches an exporter's host name (default: the first "
+                          "label of an FQDN; '(.+)' keeps names whole); the mixin's "
+                          "_config.hostKeyRegex", check=lambda v: "(" in v,
+                          expect="a regex with a group (the host key)"),
+    "thresholds": Section({key: Key("number", TEMPLATE_VALUES[name], f"the catalog's {name}")
+                           for key, name in THRESHOLDS.items()},
+                          help="alert thresholds by the mixin's _config.thresholds keys"),
+})
+DEFAULTS: dict[str, Any] = SCHEMA.defaults()
+
 # mixin/rules.json carries these in place of the values; mixin/rules.libsonnet puts _config's in.
 MIXIN_PLACEHOLDER = "<<{}>>"
 RULES_FILE = "wandb-infra.rules.yml"
@@ -138,28 +153,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Command line; every option may also come from the config file or environment."""
     parser = argparse.ArgumentParser(
         description="Generate alert_rules/ files and docs/runbook.md from catalog/.",
-        epilog=(f"Environment overrides: {ENV_PREFIX}__VIOLATION_UNIT, "
-                f"{ENV_PREFIX}__RUNBOOK_BASE, {ENV_PREFIX}__GROUP_PREFIX, "
-                f"{ENV_PREFIX}__MANIFEST_NAME, {ENV_PREFIX}__MANIFEST_NAMESPACE, "
-                f"{ENV_PREFIX}__STRIP_DOMAIN."))
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Config file keys; those in lower case also from the environment, e.g. "
+               f"{ENV_PREFIX}__GROUP_PREFIX=team-a:\n"
+               + "\n".join(SCHEMA.help_lines()))
     parser.add_argument("--config", help="YAML file with any of the keys below (lower case)")
-    parser.add_argument("--violation-unit", choices=sorted(normalise.VIOLATION_DIVISORS),
-                        help="unit of DCGM's *_VIOLATION counters: ns (DCGM >= 4.1, default) "
-                             "or us (older DCGM)")
-    parser.add_argument("--strip-domain", action=argparse.BooleanOptionalAction, default=None,
-                        help="reduce exporters' FQDN host names to their first label, as the "
-                             "exporter's hostnames.strip_domain does (default: on)")
-    parser.add_argument("--runbook-base", help="the bridge's URL as on-call engineers reach it; "
-                                               "runbook_url is <base>/runbook#<alert>, served "
-                                               "by the bridge (default: its in-cluster Service "
-                                               f"{runbook.DEFAULT_BASE})")
-    parser.add_argument("--group-prefix", help="prefix of the rule group names")
-    parser.add_argument("--manifest-name", help="metadata.name of the PrometheusRule")
-    parser.add_argument("--manifest-namespace", help="metadata.namespace of the PrometheusRule")
-    parser.add_argument("--host-key-regex",
-                        help="regex whose first group is the canonical host key where it matches "
-                             "an exporter's host name (default: the first label of an FQDN; "
-                             "'(.+)' keeps names whole); the mixin's _config.hostKeyRegex")
+    for key, item in SCHEMA.keys.items():
+        if isinstance(item, Key):
+            flag = "--" + key.replace("_", "-")
+            if item.kind == "bool":
+                parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
+                                    help=item.help)
+            else:
+                parser.add_argument(flag, choices=item.choices or None, help=item.help)
     parser.add_argument("--out-dir",
                         help="folder to write into, as a checkout's root: alert_rules/, docs/ and "
                              "mixin/ below it (default: the source checkout this runs from; "
@@ -170,33 +176,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def options(args: argparse.Namespace) -> dict[str, Any]:
-    """Defaults < config file < environment < command line, validated."""
-    cfg = load_config(args.config, DEFAULTS, ENV_PREFIX)
-    for key in DEFAULTS:
-        value = getattr(args, key, None)
-        if value is not None:
-            cfg[key] = value
-    if cfg["violation_unit"] not in normalise.VIOLATION_DIVISORS:
-        raise ConfigError(f"violation_unit must be one of "
-                          f"{sorted(normalise.VIOLATION_DIVISORS)}, not {cfg['violation_unit']!r}")
-    if not isinstance(cfg["strip_domain"], bool):
-        raise ConfigError(f"strip_domain must be true or false, not {cfg['strip_domain']!r}")
-    for key in ("runbook_base", "group_prefix", "manifest_name", "manifest_namespace"):
-        if not isinstance(cfg[key], str) or not cfg[key]:
-            raise ConfigError(f"{key} must be a non-empty string")
-    cfg["runbook_base"] = cfg["runbook_base"].rstrip("/")
-    if not isinstance(cfg["host_key_regex"], str) or "(" not in cfg["host_key_regex"]:
-        raise ConfigError("host_key_regex must be a regex with a group (the host key)")
-    thresholds = cfg["thresholds"] or {}
-    if not isinstance(thresholds, dict) or set(thresholds) - set(THRESHOLDS):
-        raise ConfigError(f"thresholds takes only {sorted(THRESHOLDS)}")
-    for key, value in thresholds.items():
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"thresholds.{key} must be a number, not {value!r}")
-    if thresholds.get("tempCriticalC", TEMPLATE_VALUES["TEMP_CRITICAL_C"]) < TEMP_WARNING_C:
+    """Defaults < config file < environment < command line, validated by ``SCHEMA``."""
+    raw = read_config(args.config, ENV_PREFIX)
+    raw.update({key: getattr(args, key) for key in SCHEMA.keys
+                if getattr(args, key, None) is not None})
+    cfg = SCHEMA.resolve(raw)
+    if cfg["thresholds"]["tempCriticalC"] < TEMP_WARNING_C:
         raise ConfigError(f"thresholds.tempCriticalC must be at least the {TEMP_WARNING_C} C "
                           "warning the temperature records start at")
-    cfg["thresholds"] = dict(thresholds)
+    cfg["runbook_base"] = cfg["runbook_base"].rstrip("/")
     return cfg
 
 

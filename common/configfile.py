@@ -1,4 +1,5 @@
-"""One YAML file plus environment overrides plus secrets from files: shared by both daemons.
+"""One YAML file plus environment overrides plus secrets from files: shared by both daemons and
+the rule generator.
 
 Environment overrides use the prefix and double underscores for nesting, e.g.
 ``WANDB_INFRA_BRIDGE__WANDB__BASE_URL`` sets ``wandb.base_url``. Values are parsed as YAML
@@ -73,20 +74,6 @@ def read_config(path: str | os.PathLike[str] | None, env_prefix: str,
         if not isinstance(data, Mapping):
             raise ConfigError(f"config file {file} must be a mapping at the top level")
     return deep_merge(data, env_overrides(env_prefix, environ))
-
-
-def load_config(
-    path: str | os.PathLike[str] | None,
-    defaults: Mapping[str, Any],
-    env_prefix: str,
-    environ: Mapping[str, str] | None = None,
-) -> dict[str, Any]:
-    """Defaults, then the YAML file, then environment overrides. Unknown top-level keys fail."""
-    merged = deep_merge(defaults, read_config(path, env_prefix, environ))
-    unknown = sorted(set(merged) - set(defaults))
-    if unknown:
-        raise ConfigError(f"unknown configuration keys: {', '.join(unknown)}")
-    return merged
 
 
 def read_secret(
