@@ -82,6 +82,11 @@ _MOUNT = "{{ $labels.mountpoint }} on " + _HOST
 _RESTART = "Restart the job from its last checkpoint"
 
 
+# The repeat-offender alerts, named here for the records that exclude them and for the bridge's
+# verdict, which raises a repeat offender's fault to a replacement.
+GPU_REPEAT_OFFENDER = "GpuRepeatOffender"
+HOST_REPEAT_OFFENDER = "HostRepeatOffender"
+
 def definitions(make: Callable[..., T]) -> list[T]:
     """Every alert of this module, built with ``make`` (``AlertDef``)."""
     d: list[dict[str, Any]] = [
@@ -258,7 +263,7 @@ max_over_time(${NODE_MAINTENANCE}[${BOOT_WINDOW}])
             needs=Action.SERVICE, clears_when_fixed=True),
         # --- repeat offenders -------------------------------------------------------------------
         dict(
-            name="GpuRepeatOffender", severity="warning", category="gpu_hardware",
+            name=GPU_REPEAT_OFFENDER, severity="warning", category="gpu_hardware",
             cause=CauseClass.HARDWARE, scope="gpu",
             summary="A GPU keeps failing: replace it, do not reset it again.",
             description=f"GPU {{{{ $labels.gpu }}}} on {_HOST} had {_WHOLE} hardware faults in "
@@ -276,7 +281,7 @@ changes(${GPU_HARDWARE_SINCE}[${REPEAT_WINDOW}]) + 1
             group="repeat-offenders",
             needs=Action.REPLACE),
         dict(
-            name="HostRepeatOffender", severity="warning", category="pipeline",
+            name=HOST_REPEAT_OFFENDER, severity="warning", category="pipeline",
             cause=CauseClass.SYMPTOM, scope="pipeline",
             summary="A node keeps having hardware faults: take it out for repair.",
             description=f"{_HOST} had {_WHOLE} hardware-fault episodes in the last "
@@ -370,7 +375,7 @@ def _filesystem_alerts() -> list[dict[str, Any]]:
 
 # The alerts that count as a hardware fault for the repeat-offender records: the hardware class
 # on a GPU or host, but never the repeat offenders themselves.
-REPEAT_EXCLUDED = ("GpuRepeatOffender", "HostRepeatOffender")
+REPEAT_EXCLUDED = (GPU_REPEAT_OFFENDER, HOST_REPEAT_OFFENDER)
 
 
 def hardware_alerts(alerts: dict[str, Any], scopes: tuple[str, ...]) -> str:

@@ -27,6 +27,7 @@ from typing import Any
 
 from wandb_infra.bridge.diagnosis.root_cause import AlertFact, Issue
 from wandb_infra.catalog.alerts import ALERTS
+from wandb_infra.catalog.host_alerts import GPU_REPEAT_OFFENDER, HOST_REPEAT_OFFENDER
 from wandb_infra.catalog.recovery import (
     BUCKETS,
     DRIVER_ACTION_WORDS,
@@ -284,8 +285,6 @@ def resolve(need: Need, issue: Issue, evidence: Mapping[str, HostEvidence] | Non
 # needs a replacement whatever the fault itself asks: a reset clears the fault, not its cause.
 # A GPU's flag reaches the run as an alert; a host's (HostRepeatOffender, an operators' alert
 # with no run labels) is read from Prometheus with the host's evidence.
-REPEAT_OFFENDER = "GpuRepeatOffender"
-HOST_REPEAT_OFFENDER = "HostRepeatOffender"
 
 
 def repeat_offender(need: Need, issue: Issue,
@@ -294,15 +293,15 @@ def repeat_offender(need: Need, issue: Issue,
     repeat offender (``GpuRepeatOffender`` among its alerts), or its hardware fault is on a host
     that is one (``repeat_episodes`` in its evidence)."""
     root = issue.root
-    if root.alertname == REPEAT_OFFENDER or need.application:
+    if root.alertname == GPU_REPEAT_OFFENDER or need.application:
         return need
     flagged = [f for f in (*issue.peers, *issue.consequences)
-               if f.alertname == REPEAT_OFFENDER and f.hostname == root.hostname
+               if f.alertname == GPU_REPEAT_OFFENDER and f.hostname == root.hostname
                and (not root.gpu or f.gpu == root.gpu)]
     notes = []
     if flagged:
         gpus = ", ".join(sorted({f.gpu for f in flagged if f.gpu}))
-        notes.append(f"GPU {gpus} of {root.hostname} is a repeat offender ({REPEAT_OFFENDER}): "
+        notes.append(f"GPU {gpus} of {root.hostname} is a repeat offender ({GPU_REPEAT_OFFENDER}): "
                      "replace, not reset")
     host = (evidence or {}).get(root.hostname)
     if host is not None and host.repeat_episodes and root.cause is CauseClass.HARDWARE:

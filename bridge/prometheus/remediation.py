@@ -31,7 +31,6 @@ from typing import Any
 
 from wandb_infra.bridge.diagnosis.root_cause import AlertFact, Diagnosis, Issue, diagnose
 from wandb_infra.bridge.diagnosis.verdict import (
-    HOST_REPEAT_OFFENDER,
     NO_PROMETHEUS,
     Change,
     Decision,
@@ -46,6 +45,7 @@ from wandb_infra.bridge.prometheus.client import PrometheusClient, PrometheusErr
 from wandb_infra.bridge.prometheus.history import pick_step
 from wandb_infra.catalog import series
 from wandb_infra.catalog.alerts import ALERTS, PLAIN_VALUES
+from wandb_infra.catalog.host_alerts import HOST_REPEAT_OFFENDER
 from wandb_infra.catalog.template import fill
 from wandb_infra.common.nodestate import DEFAULT_TOLERATED, STATE
 
