@@ -43,9 +43,10 @@ generate: venv
 
 # Both cores: two workers, each test file on one worker (a file's module fixtures, e.g. a running
 # stack, stay shared by its tests) except the files tests/conftest.py spreads test by test (the
-# promtool suites); every service a test starts listens on a free port.
+# promtool suites), handed out longest first in the order tests/conftest.py collects them; every
+# service a test starts listens on a free port.
 test: system-deps venv lint
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder
 
 # The unit layer only (no real binaries; about a minute): the inner loop while editing.
 test-fast: venv

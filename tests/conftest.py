@@ -15,10 +15,10 @@ LAYERS = ("integration", "slurm", "e2e")
 # fixture such as a running stack is started once (``--dist loadgroup``, one group per file).
 SPREAD = frozenset({"tests.test_rules"})
 # The longest work goes out first, so the two workers finish together instead of one running a
-# long file alone at the end (xdist hands out groups in collection order): the promtool suites'
-# runs, largest suite first, then the files of many real-binary tests. Measured with
-# ``pytest -n 2 --dist loadgroup --durations=80``; a name that no longer exists only loses its
-# place.
+# long file alone at the end: xdist hands out groups in collection order (``make test`` passes
+# ``--no-loadscope-reorder``; by default it would hand out the groups with most tests first, and
+# every one-test group, such as each promtool run, last). Measured with ``pytest -n 2 --dist
+# loadgroup --durations=80``; a name that no longer exists only loses its place.
 FIRST = ("host_alerts.test.yml", "gpu_alerts_hostname.test.yml", "real_telemetry.test.yml",
          "tests.test_e2e", "tests.test_impact_prometheus", "tests.test_dashboards_prometheus",
          "tests.test_e2e_victoriametrics", "tests.test_host_faults_e2e",
