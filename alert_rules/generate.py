@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from wandb_infra.alert_rules import normalise, tiers
+from wandb_infra.alert_rules import normalise, selectors, tiers
 from wandb_infra.alert_rules.attribution import attributed, family_joins, faulty_joins
 from wandb_infra.catalog import panels, runbook
 from wandb_infra.catalog import series as s
@@ -59,6 +59,13 @@ THRESHOLDS: dict[str, str] = {
     "sourceStaleSeconds": "SOURCE_STALE_SECONDS",
     "deliveryBacklogSeconds": "DELIVERY_BACKLOG_SECONDS",
 }
+def _selector(exporter: str) -> Key:
+    return Key("str", "", f"label matchers added to every {exporter} series the rules read, "
+               'e.g. job="..." (default: none)',
+               check=lambda v: not v.strip() or bool(selectors.SELECTOR.fullmatch(v)),
+               expect='label matchers such as job="dcgm-exporter",namespace="gpu"')
+
+
 def _nonempty(help_text: str, default: str) -> Key:
     return Key("str", default, help_text, check=bool, expect="a non-empty string")
 
@@ -86,11 +93,17 @@ SCHEMA = Section({
     "thresholds": Section({key: Key("number", TEMPLATE_VALUES[name], f"the catalog's {name}")
                            for key, name in THRESHOLDS.items()},
                           help="alert thresholds by the mixin's _config.thresholds keys"),
+    "selectors": Section({key: _selector(key) for key in selectors.EXPORTERS},
+                         help="label matchers per exporter, the mixin's _config.selectors "
+                              "(alert_rules/selectors.py)"),
 })
 DEFAULTS: dict[str, Any] = SCHEMA.defaults()
 
 # mixin/rules.json carries these in place of the values; mixin/rules.libsonnet puts _config's in.
 MIXIN_PLACEHOLDER = "<<{}>>"
+# An exporter's selector; mixin/rules.libsonnet drops the token with its comma or braces when the
+# selector is empty.
+MIXIN_SELECTOR = "<<selectors.{}>>"
 RULES_FILE = "wandb-infra.rules.yml"
 MANIFEST_FILE = "wandb-infra.prometheusrule.yaml"
 COUNTERS_FILE = "dcgm-counters.csv"
@@ -194,6 +207,13 @@ def threshold_values(cfg: dict[str, Any]) -> dict[str, Value]:
     if cfg.get("mixin_tokens"):
         return {name: MIXIN_PLACEHOLDER.format(key) for key, name in THRESHOLDS.items()}
     return {THRESHOLDS[key]: value for key, value in cfg.get("thresholds", {}).items()}
+
+
+def selector_values(cfg: dict[str, Any]) -> dict[str, str]:
+    """Each exporter's label matchers (or, for the mixin, its tokens)."""
+    if cfg.get("mixin_tokens"):
+        return {key: MIXIN_SELECTOR.format(key) for key in selectors.EXPORTERS}
+    return dict(cfg.get("selectors", {}))
 
 
 def _host_key_regex(cfg: dict[str, Any]) -> str:
@@ -426,9 +446,12 @@ def groups(cfg: dict[str, Any]) -> list[dict[str, Any]]:
     by_record = record_tiers(cfg["violation_unit"])
     alerts = families()
     out: list[dict[str, Any]] = []
+    chosen = selector_values(cfg)
     for name, tier, records in recordings(cfg):
         rules = [_recording(r) for r in records]
         rules += [_alert(a, cfg, by_record) for a in alerts.get(name, [])]
+        for rule in rules:
+            rule["expr"] = selectors.apply(rule["expr"], chosen)
         for gname, chunk in _chunks(rules, f"{prefix}-{name}"):
             out.append(_group(gname, tier, chunk))
     return out
@@ -719,7 +742,8 @@ def mixin_rules_text(cfg: dict[str, Any]) -> str:
     the mixin with a changed _config renders what the generator writes with the same options."""
     tokens = {**cfg, "mixin_tokens": True}
     defaults = {"thresholds": {key: TEMPLATE_VALUES[name] for key, name in THRESHOLDS.items()},
-                "hostKeyRegex": normalise.FQDN}
+                "hostKeyRegex": normalise.FQDN,
+                "selectors": {key: "" for key in selectors.EXPORTERS}}
     return json.dumps({"defaults": defaults, "groups": groups(tokens)}, indent=1) + "\n"
 
 

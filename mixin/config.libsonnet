@@ -15,5 +15,11 @@ local generated = import 'rules.json';
     // host name (default: the first label of an FQDN; '(.+)' keeps names whole). Must match the
     // exporter's hostnames.strip_domain. The generator's --host-key-regex / host_key_regex.
     hostKeyRegex: generated.defaults.hostKeyRegex,
+    // Label matchers added to every series the rules read from each exporter, e.g.
+    // selectors+: { dcgmExporter: 'job="dcgm-exporter"' } where two deployments share a
+    // Prometheus (keys: alert_rules/selectors.py EXPORTERS; default none). `up` and the rules'
+    // own records take none: they are joined on the targets these select. The generator's
+    // selectors: section takes the same keys.
+    selectors: generated.defaults.selectors,
   },
 }

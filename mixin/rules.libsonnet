@@ -1,6 +1,6 @@
 // Rule groups of alert_rules/wandb-infra.rules.yml (rules.json is the same output of
 // alert_rules/generate.py as JSON, with <<key>> in place of each _config.thresholds value and of
-// hostKeyRegex). Groups whose rules are all recording rules are prometheusRules; the alert
+// hostKeyRegex, and <<selectors.key>> where each exporter's _config.selectors matchers go). Groups whose rules are all recording rules are prometheusRules; the alert
 // families (their fault records first, then the alerts that read them in the same evaluation)
 // stay whole in prometheusAlerts.
 local generated = import 'rules.json';
@@ -11,10 +11,18 @@ local isAlertGroup(group) = std.length([r for r in group.rules if std.objectHas(
   // Numbers as the generator prints them: whole ones as integers, others shortest (%g).
   local number(v) =
     if std.isString(v) then v else if v == std.floor(v) then std.toString(v) else std.format('%g', v),
+  // An exporter's matchers; an empty selector takes its token's braces or comma with it.
+  local select(text, key) =
+    local token = '<<selectors.' + key + '>>';
+    local matchers = std.stripChars(config.selectors[key], ' ');
+    if matchers == '' then
+      std.strReplace(std.strReplace(text, '{' + token + '}', ''), token + ',', '')
+    else std.strReplace(text, token, matchers),
   local fill(expr) = std.foldl(
     function(text, key) std.strReplace(text, '<<' + key + '>>', number(config.thresholds[key])),
     std.objectFields(config.thresholds),
-    std.strReplace(expr, '<<hostKeyRegex>>', config.hostKeyRegex),
+    std.foldl(select, std.objectFields(config.selectors),
+              std.strReplace(expr, '<<hostKeyRegex>>', config.hostKeyRegex)),
   ),
   local withConfig(rule) =
     if std.objectHas(rule, 'alert') then rule {

@@ -72,20 +72,25 @@ def test_promtool_accepts_the_rendered_rules(tmp_path, field):
 
 
 CHANGED = {"thresholds": {"tempCriticalC": 92, "ibFlapsMin": 5, "thermalViolationRatio": 0.2},
-           "hostKeyRegex": "(.+)"}
+           "hostKeyRegex": "(.+)",
+           "selectors": {"dcgmExporter": 'job="dcgm-exporter"',
+                         "nodeExporter": 'job="node", cluster=~"gpu-.*"'}}
 
 
 @pytest.mark.integration
 def test_changed_config_renders_what_the_generator_writes_with_the_same_options(tmp_path):
-    """kubernetes-mixin style _config: thresholds and the host key set in the mixin give the
-    groups the generator writes when given the same options in its config file."""
+    """kubernetes-mixin style _config: thresholds, the host key and exporter selectors set in the
+    mixin give the groups the generator writes when given the same options in its config file,
+    and promtool accepts them."""
     overrides = ('thresholds+: { tempCriticalC: 92, ibFlapsMin: 5, thermalViolationRatio: 0.2 }, '
-                 "hostKeyRegex: '(.+)'")
+                 "hostKeyRegex: '(.+)', selectors+: { dcgmExporter: 'job=\"dcgm-exporter\"', "
+                 "nodeExporter: 'job=\"node\", cluster=~\"gpu-.*\"' }")
     rendered = {g["name"]: g for f in ("prometheusRules", "prometheusAlerts")
                 for g in render(f"{_mixin(overrides)}.{f}")["groups"]}
     config = tmp_path / "rules.yml"
     config.write_text(yaml.safe_dump({"thresholds": CHANGED["thresholds"],
-                                      "host_key_regex": CHANGED["hostKeyRegex"]}))
+                                      "host_key_regex": CHANGED["hostKeyRegex"],
+                                      "selectors": CHANGED["selectors"]}))
     cfg = generate.options(generate.parse_args(["--config", str(config)]))
     generated = {g["name"]: g for g in generate.groups(cfg)}
     assert rendered == generated
@@ -94,6 +99,15 @@ def test_changed_config_renders_what_the_generator_writes_with_the_same_options(
     assert "gpu:dcgm_gpu_temp:max_from_warning >= 92" in text
     assert '"hostname", "$1", "hostname", "(.+)"' in text
     assert "([^.]*[^0-9.][^.]*)" not in text
+    assert 'DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{job="dcgm-exporter"}[' in text
+    assert '{job="dcgm-exporter",__name__=~"DCGM_FI_DEV_XID_ERRORS|' in text
+    assert 'node_filesystem_size_bytes{job="node", cluster=~"gpu-.*",fstype=~' in text
+    assert "smartctl_device_smart_status{" not in text  # no selector for it: unchanged
+    path = tmp_path / "selected.yml"
+    path.write_text(yaml.safe_dump({"groups": list(rendered.values())}))
+    proc = subprocess.run([PROMTOOL, "check", "rules", str(path)], capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     default = "\n".join(r["expr"] for g in render(f"{_mixin()}.prometheusRules")["groups"]
                         for r in g["rules"])
     assert "([^.]*[^0-9.][^.]*)" in default
@@ -102,6 +116,8 @@ def test_changed_config_renders_what_the_generator_writes_with_the_same_options(
 def test_generator_refuses_unknown_or_unsafe_thresholds(tmp_path):
     config = tmp_path / "rules.yml"
     for bad in ({"thresholds": {"tempCritical": 92}}, {"thresholds": {"tempCriticalC": "hot"}},
-                {"thresholds": {"tempCriticalC": 80}}, {"host_key_regex": "no-group"}):
+                {"thresholds": {"tempCriticalC": 80}}, {"host_key_regex": "no-group"},
+                {"selectors": {"dcgm": 'job="x"'}}, {"selectors": {"dcgmExporter": "job=x"}},
+                {"selectors": {"dcgmExporter": 'job="x"} or up{'}}):
         config.write_text(yaml.safe_dump(bad))
         assert generate.main(["--config", str(config), "--out-dir", str(tmp_path)]) == 2, bad
