@@ -51,6 +51,9 @@ GPUS = 8
 INTERVAL_S = 30
 TARGET_RATIO = 0.05
 GROWTH_TOLERANCE = 1.02
+# Wall-clock evaluation per host may grow this much from the smallest size to the largest
+# (issue 23): scraping and the simulator's rendering grow too and share the 2 cores.
+WALL_GROWTH_TARGET = 1.15
 RULES = str(ROOT / "alert_rules" / RULES_FILE)
 METRIC = re.compile(r'^(prometheus_rule_[a-z_]+)\{rule_group="[^"]*;([^"]+)"\} (\S+)$', re.M)
 
@@ -257,8 +260,9 @@ def run() -> list[Result]:
         base = costs[smallest] / smallest
         results.append(Result(
             f"rules: evaluation seconds per host at {hosts} vs {smallest} hosts",
-            costs[hosts] / hosts, "s", base, None,
+            costs[hosts] / hosts, "s", base, base * WALL_GROWTH_TARGET,
             note=f"{costs[hosts]:.3f} s per 30 s at {hosts} hosts, {costs[smallest]:.3f} s at "
                  f"{smallest}; wall-clock, so it also grows with the CPU the simulator and "
-                 "scraping take on 2 shared cores (each size's load average is in its note)"))
+                 "scraping take on 2 shared cores (each size's load average is in its note); "
+                 f"target: within {WALL_GROWTH_TARGET}x of the smallest size"))
     return results
