@@ -36,9 +36,10 @@ from wandb_infra.bridge.web.webhook import BridgeContext
 ROOT = Path(__file__).resolve().parent.parent
 
 HEADERS = {"Content-Type": "application/json", "Authorization": f"Bearer {bp.TOKEN}"}
-# Sustained ingest measured by this bench before the durable-ack work of issue 14 finished
-# (commit bd0b4b9, 2026-12-01): the floor that work must keep.
-INGEST_BEFORE = 23_140.0
+# Sustained ingest as a share of the null receiver's, measured by this bench before the
+# durable-ack work of issue 14 finished (commit bd0b4b9, 2026-12-01: 23,141 alerts/s against
+# 70,496): the floor that work must keep, as a ratio so that it holds on a slower machine.
+INGEST_SHARE_BEFORE = 23_141 / 70_496
 
 
 class _Counter:
@@ -205,11 +206,12 @@ def run() -> list[Result]:
                                "notification is parsed and stored), posts alternating with "
                                "it; the ratio is what the pause saves"))
     results.append(Result("bridge: sustained ingest, every notification committed", rate,
-                          "alerts/s", null_rate, INGEST_BEFORE, lower_is_better=False,
+                          "alerts/s", null_rate, INGEST_SHARE_BEFORE * null_rate,
+                          lower_is_better=False,
                           note="64-alert notifications, sequential; baseline: null receiver, in "
-                               "rounds of 40 alternating with the bridge's; "
-                               f"target: not lower than before issue 14's work "
-                               f"({INGEST_BEFORE:,.0f} alerts/s)"))
+                               "rounds of 40 alternating with the bridge's; target: the share "
+                               "of the null receiver's rate before issue 14's work "
+                               f"({INGEST_SHARE_BEFORE:.3f}, commit bd0b4b9)"))
     results.append(Result("bridge: W&B GraphQL calls per run in a 15,360-alert storm", per_run,
                           "calls", naive, None,
                           note="baseline: naive one call per alert; 32 runs, flush 1 s; grows "
