@@ -7,18 +7,15 @@ count (coalescing).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
-from unittest import mock
 
 import requests
 from aiohttp import web
@@ -30,7 +27,6 @@ from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorker
 from wandb_infra.bridge.projection.wandb_client import WandbClient
-from wandb_infra.bridge.web import webhook
 from wandb_infra.bridge.web.webhook import BridgeContext
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -95,27 +91,17 @@ def _timed(session: requests.Session, url: str, body: bytes) -> float:
     return time.perf_counter() - start
 
 
-def _collecting() -> contextlib.AbstractContextManager[object]:
-    """The cyclic collector left running through the parse (the bridge pauses it)."""
-    return mock.patch.object(webhook, "_collector_paused", contextlib.nullcontext)
-
-
-def _acks(arms: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager[object]]]],
-          counter: _Counter, repeat: int = 16) -> dict[str, float]:
-    """Median seconds to acknowledge a 1,536-alert notification per arm (a receiver's URL and
-    the conditions of its posts), the arms taking turns post by post, so a machine that speeds
-    up or slows down mid-run moves them all."""
+def _acks(null_url: str, url: str, counter: _Counter, repeat: int = 16) -> tuple[float, float]:
+    """Median seconds to acknowledge a 1,536-alert notification: (null receiver, bridge),
+    taking turns post by post, so a machine that speeds up or slows down mid-run moves both."""
     session = requests.Session()
-    for url, conditions in arms.values():
-        with conditions():
-            _post(session, url, _crash_body(counter))
-    times: dict[str, list[float]] = {name: [] for name in arms}
+    _post(session, null_url, _crash_body(counter))
+    _post(session, url, _crash_body(counter))
+    null, bridge = [], []
     for _ in range(repeat):
-        for name, (url, conditions) in arms.items():
-            body = _crash_body(counter)
-            with conditions():
-                times[name].append(_timed(session, url, body))
-    return {name: statistics.median(values) for name, values in times.items()}
+        null.append(_timed(session, null_url, _crash_body(counter)))
+        bridge.append(_timed(session, url, _crash_body(counter)))
+    return statistics.median(null), statistics.median(bridge)
 
 
 def _ingest(null_url: str, url: str, counter: _Counter, *, rounds: int = 6,
@@ -187,12 +173,7 @@ def run() -> list[Result]:
         counter = _Counter()
         ctx: BridgeContext = bp.make_context(tmp, max_body_bytes=64 * 1024 * 1024)
         with _null_receiver() as null_url, bp.serve(ctx) as running:
-            # The bridge's acknowledgement also with the cyclic collector left running through
-            # the parse: what pausing it (webhook._collector_paused) buys, measured, not assumed.
-            acks = _acks({"null": (null_url, contextlib.nullcontext),
-                          "bridge": (running.url, contextlib.nullcontext),
-                          "collecting": (running.url, _collecting)}, counter)
-            null_ack, ack, ack_collecting = acks["null"], acks["bridge"], acks["collecting"]
+            null_ack, ack = _acks(null_url, running.url, counter)
             null_rate, rate = _ingest(null_url, running.url, counter)
         per_run, naive, per_flush = _storm_calls(tmp)
     results.append(Result("bridge: durable ack of a 1,536-alert notification", ack, "s",
@@ -200,11 +181,6 @@ def run() -> list[Result]:
                           note="baseline: null receiver, same aiohttp stack, same run, posts "
                                "alternating with the bridge's; median of 16; target: 10x the "
                                "baseline (issue 14)"))
-    results.append(Result("bridge: durable ack with the garbage collector running in the parse",
-                          ack_collecting, "s", ack, None,
-                          note="baseline: the ack above (collector paused while a "
-                               "notification is parsed and stored), posts alternating with "
-                               "it; the ratio is what the pause saves"))
     results.append(Result("bridge: sustained ingest, every notification committed", rate,
                           "alerts/s", null_rate, INGEST_SHARE_BEFORE * null_rate,
                           lower_is_better=False,
