@@ -8,6 +8,13 @@ local isAlertGroup(group) = std.length([r for r in group.rules if std.objectHas(
 
 {
   local config = self._config,
+  // A misspelt key would otherwise change nothing, silently.
+  local unknown(field) = std.setDiff(std.set(std.objectFields(config[field])),
+                                     std.set(std.objectFields(generated.defaults[field]))),
+  assert std.length(unknown('thresholds')) == 0 :
+         'unknown _config.thresholds keys: ' + std.join(', ', unknown('thresholds')),
+  assert std.length(unknown('selectors')) == 0 :
+         'unknown _config.selectors keys: ' + std.join(', ', unknown('selectors')),
   // Numbers as the generator prints them: whole ones as integers, others shortest (%g).
   local number(v) =
     if std.isString(v) then v else if v == std.floor(v) then std.toString(v) else std.format('%g', v),

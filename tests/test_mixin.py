@@ -121,3 +121,15 @@ def test_generator_refuses_unknown_or_unsafe_thresholds(tmp_path):
                 {"selectors": {"dcgmExporter": 'job="x"} or up{'}}):
         config.write_text(yaml.safe_dump(bad))
         assert generate.main(["--config", str(config), "--out-dir", str(tmp_path)]) == 2, bad
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("override", "named"), [
+    ("thresholds+: { tempCritical: 92 }", "unknown _config.thresholds keys: tempCritical"),
+    ("selectors+: { dcgm: 'job=\"x\"' }", "unknown _config.selectors keys: dcgm"),
+])
+def test_a_misspelt_config_key_is_refused_by_name(override, named):
+    proc = subprocess.run([JSONNET, "-J", str(ROOT), "-e", f"{_mixin(override)}.prometheusRules"],
+                          capture_output=True, text=True, timeout=60, check=False, cwd=ROOT)
+    assert proc.returncode != 0
+    assert named in proc.stderr
