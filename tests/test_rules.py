@@ -145,6 +145,23 @@ def test_promtool_unit_tests(path, order, tmp_path):
             failures.append(res.stdout + res.stderr)
     assert failures == []
 
+@pytest.mark.integration
+@pytest.mark.parametrize(("selector", "passes"), [('job="dcgm"', True),
+                                                   ('job="another-dcgm"', False)])
+def test_a_selector_keeps_or_drops_its_exporters_series_under_promtool(tmp_path, selector,
+                                                                       passes):
+    """The attribution suite's dcgm-exporter series carry job="dcgm": selecting that job changes
+    no outcome; selecting another job drops them, so the suite's alerts no longer fire."""
+    suite = ROOT / "tests" / "rules" / "attribution_hostname.test.yml"
+    doc = yaml.safe_load(suite.read_text())
+    wanted = {g["name"] for g in needed_groups(_tested_alerts(doc))}
+    cfg = {**generate.DEFAULTS, "selectors": {"dcgmExporter": selector}}
+    groups = [g for g in generate.groups(cfg) if g["name"] in wanted]
+    assert any('{job="' in r["expr"] for g in groups for r in g["rules"])
+    result = run_in_order(doc, groups, ORDERS[0], tmp_path / suite.name)
+    assert (result.returncode == 0) is passes, result.stdout[-2000:] + result.stderr[-2000:]
+
+
 
 def test_group_orders_differ_and_name_every_group():
     names = [g["name"] for g in _groups()]

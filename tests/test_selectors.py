@@ -59,3 +59,4 @@ def test_selected_rules_keep_every_configured_series_selected():
                 for owner in owners:
                     assert f'job="{owner}"' in braces, (rule.get("record") or rule["alert"],
                                                         name, braces)
+
