@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping
+from typing import NamedTuple
 
 # Exporter (the generator's ``selectors:`` key and the mixin's ``_config.selectors`` key) and
 # the metric-name prefixes of the series it exports that the rules read.
@@ -40,8 +41,9 @@ _TOKEN = re.compile(r"""
   | (?P<other>.)
 """, re.X | re.S)
 _GROUPING = frozenset({"by", "without", "on", "ignoring", "group_left", "group_right"})
-# An aggregation may put its grouping before its argument: ``sum by (x) (...)``.
-_AGGREGATION_GROUPING = frozenset({"by", "without"})
+# What follows a function or an aggregation's name, never a metric's: its arguments, or an
+# aggregation's grouping before them (``sum by (x) (...)``).
+_CALLED = frozenset({"(", "by", "without"})
 _KEYWORDS = _GROUPING | frozenset({"and", "or", "unless", "bool", "offset", "atan2", "inf",
                                    "nan", "start", "end"})
 _NAME_MATCHER = re.compile(r'__name__\s*(=~|=)\s*"((?:[^"\\]|\\.)*)"')
@@ -65,33 +67,55 @@ def names_in(braces: str) -> list[str]:
     return match.group(2).split("|") if match.group(1) == "=~" else [match.group(2)]
 
 
-def _tokens(expr: str) -> Iterator[tuple[str, str]]:
+def _tokens(expr: str) -> list[tuple[str, str]]:
+    """``expr`` as (kind, text) pieces that join back to it exactly."""
+    out = []
     for match in _TOKEN.finditer(expr):
         kind = match.lastgroup
         assert kind is not None
-        yield kind, match.group()
+        out.append((kind, match.group()))
+    return out
+
+
+class _Selector(NamedTuple):
+    """A vector selector found in the pieces: ``pieces[start:end]`` is its text."""
+
+    name: str | None  # None for a bare ``{__name__=...}`` selector
+    braces: str  # its label matchers with their braces, '' when it has none
+    start: int
+    end: int
+
+
+def _next_solid(pieces: list[tuple[str, str]], start: int) -> int | None:
+    return next((j for j in range(start, len(pieces)) if pieces[j][0] != "space"), None)
+
+
+def _selectors(pieces: list[tuple[str, str]]) -> Iterator[_Selector]:
+    """Every vector selector: a name that is no keyword, function or aggregation (what follows
+    it is not ``(``, ``by`` or ``without``), with the braces after it if any, or braces on their
+    own; grouping label lists (``by (...)``, ``on (...)``) are skipped."""
+    i = 0
+    while i < len(pieces):
+        kind, text = pieces[i]
+        after = _next_solid(pieces, i + 1)
+        follows = pieces[after][1] if after is not None else ""
+        if kind == "name" and text in _GROUPING and follows == "(":
+            assert after is not None
+            i = next(j for j in range(after, len(pieces)) if pieces[j][1] == ")") + 1
+        elif kind == "name" and text not in _KEYWORDS and follows not in _CALLED:
+            braced = after is not None and pieces[after][0] == "braces"
+            end = after + 1 if braced and after is not None else i + 1
+            yield _Selector(text, pieces[end - 1][1] if braced else "", i, end)
+            i = end
+        else:
+            if kind == "braces":
+                yield _Selector(None, text, i, i + 1)
+            i += 1
 
 
 def vector_selectors(expr: str) -> Iterator[tuple[str | None, str]]:
     """Every vector selector of ``expr``: (metric name or None, its braces or '')."""
-    tokens = [t for t in _tokens(expr) if t[0] != "space"]
-    i = 0
-    while i < len(tokens):
-        kind, text = tokens[i]
-        following = tokens[i + 1] if i + 1 < len(tokens) else ("", "")
-        if kind == "name" and text in _GROUPING and following[1] == "(":
-            i += 2  # skip the label list
-            while i < len(tokens) and tokens[i][1] != ")":
-                i += 1
-        elif (kind == "name" and text not in _KEYWORDS and following[1] != "("
-              and following[1] not in _AGGREGATION_GROUPING):
-            braces = following[1] if following[0] == "braces" else ""
-            yield text, braces
-            i += 2 if braces else 1
-            continue
-        elif kind == "braces":
-            yield None, text
-        i += 1
+    return ((found.name, found.braces) for found in _selectors(_tokens(expr)))
 
 
 def apply(expr: str, selectors: Mapping[str, str]) -> str:
@@ -99,42 +123,25 @@ def apply(expr: str, selectors: Mapping[str, str]) -> str:
     chosen = {k: v.strip() for k, v in selectors.items() if v.strip()}
     if not chosen:
         return expr
+    pieces = _tokens(expr)
     out: list[str] = []
-    pieces = list(_tokens(expr))
-    i = 0
-    while i < len(pieces):
-        kind, text = pieces[i]
-        out.append(text)
-        after = _next_solid(pieces, i + 1)
-        if kind == "name" and text in _GROUPING and after is not None and pieces[after][1] == "(":
-            close = next(j for j in range(after, len(pieces)) if pieces[j][1] == ")")
-            out.extend(t for _, t in pieces[i + 1:close + 1])
-            i = close + 1
+    done = 0
+    for found in _selectors(pieces):
+        owners = {exporter_of(n) for n in ([found.name] if found.name else names_in(found.braces))}
+        selector = chosen.get(owners.pop() or "") if len(owners) == 1 else None
+        if not selector:
             continue
-        if kind == "name" and text not in _KEYWORDS and (
-                after is None or pieces[after][1] not in _AGGREGATION_GROUPING | {"("}):
-            selector = chosen.get(exporter_of(text) or "")
-            if after is not None and pieces[after][0] == "braces":
-                out.extend(t for _, t in pieces[i + 1:after])
-                out.append(_merge(pieces[after][1], selector))
-                i = after + 1
-                continue
-            if selector:
-                out.append("{" + selector + "}")
-        elif kind == "braces":
-            exporters = {exporter_of(n) for n in names_in(text)}
-            if len(exporters) == 1:
-                out[-1] = _merge(text, chosen.get(exporters.pop() or ""))
-        i += 1
+        text = "".join(t for _, t in pieces[found.start:found.end])
+        out += [t for _, t in pieces[done:found.start]]
+        if found.braces:
+            out.append(text[:-len(found.braces)] + _merge(found.braces, selector))
+        else:
+            out.append(text + "{" + selector + "}")
+        done = found.end
+    out += [t for _, t in pieces[done:]]
     return "".join(out)
 
 
-def _next_solid(pieces: list[tuple[str, str]], start: int) -> int | None:
-    return next((j for j in range(start, len(pieces)) if pieces[j][0] != "space"), None)
-
-
-def _merge(braces: str, selector: str | None) -> str:
+def _merge(braces: str, selector: str) -> str:
     """Braces with ``selector``'s matchers first (the others keep their layout)."""
-    if not selector:
-        return braces
     return "{" + selector + ("," + braces[1:] if braces[1:-1].strip() else "}")
