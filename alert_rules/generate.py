@@ -59,6 +59,8 @@ THRESHOLDS: dict[str, str] = {
     "sourceStaleSeconds": "SOURCE_STALE_SECONDS",
     "deliveryBacklogSeconds": "DELIVERY_BACKLOG_SECONDS",
 }
+
+
 def _selector(exporter: str) -> Key:
     return Key("str", "", f"label matchers added to every {exporter} series the rules read, "
                'e.g. job="..." (default: none)',

@@ -1,8 +1,9 @@
 // Rule groups of alert_rules/wandb-infra.rules.yml (rules.json is the same output of
 // alert_rules/generate.py as JSON, with <<key>> in place of each _config.thresholds value and of
-// hostKeyRegex, and <<selectors.key>> where each exporter's _config.selectors matchers go). Groups whose rules are all recording rules are prometheusRules; the alert
-// families (their fault records first, then the alerts that read them in the same evaluation)
-// stay whole in prometheusAlerts.
+// hostKeyRegex, and <<selectors.key>> where each exporter's _config.selectors matchers go).
+// Groups whose rules are all recording rules are prometheusRules; the alert families (their fault
+// records first, then the alerts that read them in the same evaluation) stay whole in
+// prometheusAlerts.
 local generated = import 'rules.json';
 local isAlertGroup(group) = std.length([r for r in group.rules if std.objectHas(r, 'alert')]) > 0;
 

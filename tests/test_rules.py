@@ -145,6 +145,7 @@ def test_promtool_unit_tests(path, order, tmp_path):
             failures.append(res.stdout + res.stderr)
     assert failures == []
 
+
 @pytest.mark.integration
 @pytest.mark.parametrize(("selector", "passes"), [('job="dcgm"', True),
                                                    ('job="another-dcgm"', False)])
@@ -160,7 +161,6 @@ def test_a_selector_keeps_or_drops_its_exporters_series_under_promtool(tmp_path,
     assert any('{job="' in r["expr"] for g in groups for r in g["rules"])
     result = run_in_order(doc, groups, ORDERS[0], tmp_path / suite.name)
     assert (result.returncode == 0) is passes, result.stdout[-2000:] + result.stderr[-2000:]
-
 
 
 def test_group_orders_differ_and_name_every_group():
