@@ -30,10 +30,20 @@ def test_names_functions_keywords_and_label_lists_are_told_apart():
 
 
 def test_no_selector_changes_nothing():
+    """Blank selectors, and selectors of exporters a rule does not read, leave it as it was: the
+    walk over its pieces gives back every character."""
     rules = yaml.safe_load(generate.rules_text(generate.DEFAULTS))
+    walked = 0
     for group in rules["groups"]:
         for rule in group["rules"]:
             assert apply(rule["expr"], {"dcgmExporter": "", "nodeExporter": "  "}) == rule["expr"]
+            read = {exporter_of(m) for name, braces in vector_selectors(rule["expr"])
+                    for m in ([name] if name else selectors.names_in(braces))}
+            unread = {k: f'job="{k}"' for k in selectors.EXPORTERS if k not in read}
+            if len(unread) < len(selectors.EXPORTERS):
+                walked += 1
+                assert apply(rule["expr"], unread) == rule["expr"], rule
+    assert walked > 50
 
 
 def test_every_raw_series_the_rules_read_belongs_to_an_exporter():
