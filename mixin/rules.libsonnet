@@ -22,7 +22,7 @@ local isAlertGroup(group) = std.length([r for r in group.rules if std.objectHas(
   // An exporter's matchers; an empty selector takes its token's braces or comma with it.
   local select(text, key) =
     local token = '<<selectors.' + key + '>>';
-    local matchers = std.stripChars(config.selectors[key], ' ');
+    local matchers = std.stripChars(config.selectors[key], ' \t\n');
     if matchers == '' then
       std.strReplace(std.strReplace(text, '{' + token + '}', ''), token + ',', '')
     else std.strReplace(text, token, matchers),
