@@ -115,7 +115,18 @@ def _selectors(pieces: list[tuple[str, str]]) -> Iterator[_Selector]:
 
 def vector_selectors(expr: str) -> Iterator[tuple[str | None, str]]:
     """Every vector selector of ``expr``: (metric name or None, its braces or '')."""
-    return ((found.name, found.braces) for found in _selectors(_tokens(expr)))
+    return ((name, braces) for name, braces, _ in reads(expr))
+
+
+def reads(expr: str) -> Iterator[tuple[str | None, str, str]]:
+    """Every vector selector of ``expr`` with the range it is read over: (metric name or None,
+    its braces or '', its range or subquery such as ``[10m]`` or '' for an instant read). The
+    rules benchmark prices reading the inputs from these."""
+    pieces = _tokens(expr)
+    for found in _selectors(pieces):
+        after = _next_solid(pieces, found.end)
+        ranged = after is not None and pieces[after][0] == "brackets"
+        yield found.name, found.braces, pieces[after][1] if ranged and after is not None else ""
 
 
 def apply(expr: str, selectors: Mapping[str, str]) -> str:

@@ -41,6 +41,7 @@ from demo.simulator.server import serve
 from harness.processes import prom_query, prometheus
 from wandb_infra.alert_rules import tiers
 from wandb_infra.alert_rules.generate import RULES_FILE
+from wandb_infra.alert_rules.selectors import names_in, reads
 from wandb_infra.catalog.alerts import duration_seconds
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -159,6 +160,39 @@ def _samples_read(base_url: str) -> tuple[float, float]:
             samples += stats["samples"]["totalQueryableSamples"] * share
             seconds += stats["timings"]["evalTotalTime"] * share
     return samples, seconds
+
+
+def floor_queries(rules_text: str) -> dict[str, float]:
+    """The rules' input reads with no logic: one query per raw series selector they read
+    (``count`` of it, or of ``count_over_time`` over its range), weighted by 30 s over the
+    interval of the fastest group that reads it. Recorded series are the rules' own output,
+    not input, and are left out. However the rules are written, at these tiers they must read
+    each input at least this often, so its cost bounds theirs from below."""
+    share: dict[str, float] = {}
+    for group in yaml.safe_load(rules_text)["groups"]:
+        weight = INTERVAL_S / duration_seconds(group.get("interval", f"{INTERVAL_S}s"))
+        for rule in group["rules"]:
+            for name, braces, window in reads(rule["expr"]):
+                metrics = [name] if name else names_in(braces)
+                if not metrics or any(":" in m or m.startswith("ALERTS") for m in metrics):
+                    continue
+                selector = f"{name or ''}{braces}"
+                query = (f"count(count_over_time({selector}{window}))" if window
+                         else f"count({selector})")
+                share[query] = max(share.get(query, 0.0), weight)
+    return share
+
+
+def _floor_read(base_url: str) -> tuple[float, float]:
+    """(seconds, samples) per 30 s of the input reads of ``floor_queries``, each query evaluated
+    once with ``stats=all`` as ``_samples_read`` evaluates the rules."""
+    seconds = samples = 0.0
+    for query, share in floor_queries(Path(RULES).read_text()).items():
+        stats = requests.get(base_url + "/api/v1/query", timeout=120,
+                             params={"query": query, "stats": "all"}).json()["data"]["stats"]
+        samples += stats["samples"]["totalQueryableSamples"] * share
+        seconds += stats["timings"]["evalTotalTime"] * share
+    return seconds, samples
 
 
 def _cpu_seconds(base_url: str) -> float:
