@@ -20,6 +20,12 @@ same at the smallest size is at most 1 when the rules' work grows at most linear
 Wall-clock seconds per host are reported too, but on 2 shared cores the simulator and
 Prometheus' scraping take CPU the rules would use, and those durations grow for that reason alone
 (each size's load average is in its note).
+
+Floor: the same one-at-a-time evaluation of one query per raw series selector the rules read
+(``count`` of it, over its range if it has one), each at the fastest tier that reads it: what
+any rules detecting these faults at these tiers must read. The rules' one-at-a-time seconds over
+the floor's say how much of the cost is the rules' logic (joins, aggregations) and how much is
+reading their inputs at all.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import requests
 import yaml
@@ -204,10 +211,22 @@ def _cpu_seconds(base_url: str) -> float:
     return float(match.group(1))
 
 
-def _one_size(hosts: int, minutes: float) -> tuple[float, float, float, str]:
+class Size(NamedTuple):
+    """One cluster size's figures, each per 30 s."""
+
+    evaluation: float  # the groups' own evaluation seconds (Prometheus' evaluationTime)
+    cpu: float  # Prometheus' CPU seconds
+    samples: float  # samples the rules read (each query once more, stats=all)
+    sequential: float  # seconds those one-at-a-time queries took
+    floor: float  # seconds the input-read floor's queries took, the same way
+    floor_samples: float
+    note: str
+
+
+def _one_size(hosts: int, minutes: float) -> Size:
     """Start simulator + Prometheus, let the groups evaluate while the cluster is scraped every
-    30 s, read their durations: (evaluation s per 30 s, Prometheus CPU s per 30 s, samples read
-    per 30 s, note).
+    30 s, read their durations, then evaluate every rule and the input-read floor once more,
+    one at a time.
 
     The simulator (Python) shares the 2 cores with Prometheus, so the figure is pessimistic: a
     real Prometheus host does not also render the cluster. Stretching the scrape interval to
@@ -229,6 +248,7 @@ def _one_size(hosts: int, minutes: float) -> tuple[float, float, float, str]:
                / ((time.monotonic() - wall_before) / INTERVAL_S))
         machine = ", ".join(f"{x:.1f}" for x in os.getloadavg())
         samples, sequential = _samples_read(prom.url)
+        floor, floor_samples = _floor_read(prom.url)
         intervals = {g["name"]: g["interval"] for g in _groups(prom.url)}
         slowest = _slowest_rules(prom.url)
         metrics = _rule_metrics(prom.url)
@@ -255,9 +275,10 @@ def _one_size(hosts: int, minutes: float) -> tuple[float, float, float, str]:
             f"{machine} on {os.cpu_count()} shared cores; windows up to 1h hold only "
             f"~{minutes:.0f} min of data; head series {head_series}; every rule evaluated "
             f"once more, one at a time: {samples:,.0f} samples read and {sequential:.2f}s per "
-            f"30 s; firing: {fired}")
+            f"30 s; the input-read floor the same way: {floor_samples:,.0f} samples and "
+            f"{floor:.2f}s per 30 s; firing: {fired}")
     print(note, flush=True)
-    return statistics.median(load), cpu, samples, note
+    return Size(statistics.median(load), cpu, samples, sequential, floor, floor_samples, note)
 
 
 def run() -> list[Result]:
@@ -265,18 +286,28 @@ def run() -> list[Result]:
     minutes = float(os.environ.get("WANDB_INFRA_BENCH_RULES_MINUTES", "16"))
     results, costs, reads = [], {}, {}
     for hosts in SIZES:
-        cost, cpu, samples, note = _one_size(hosts, minutes)
-        costs[hosts], reads[hosts] = cost, samples
+        size = _one_size(hosts, minutes)
+        costs[hosts], reads[hosts] = size.evaluation, size.samples
         results += [
             Result(f"rules: evaluation per 30 s, {hosts}x{GPUS} GPUs, {max(1, hosts // 8)} "
-                   "runs, while ingesting", cost, "s", float(INTERVAL_S),
-                   INTERVAL_S * TARGET_RATIO, note=note),
-            Result(f"rules: Prometheus CPU seconds per 30 s, {hosts}x{GPUS} GPUs", cpu, "s",
+                   "runs, while ingesting", size.evaluation, "s", float(INTERVAL_S),
+                   INTERVAL_S * TARGET_RATIO, note=size.note),
+            Result(f"rules: one-at-a-time evaluation over the input-read floor, {hosts}x{GPUS} "
+                   "GPUs", size.sequential, "s", size.floor, None,
+                   note=f"every rule's query evaluated once more with stats=all "
+                        f"({size.sequential:.2f} s per 30 s, {size.samples:,.0f} samples) over "
+                        f"the floor: one query per raw series selector the rules read, at the "
+                        f"fastest tier reading it, with no joins or arithmetic "
+                        f"({size.floor:.2f} s, {size.floor_samples:,.0f} samples; "
+                        f"{size.floor / INTERVAL_S:.1%} of 30 s). No rules at these tiers can "
+                        "cost less than the floor: the share of the ratio above 1 is what "
+                        "writing them differently could save"),
+            Result(f"rules: Prometheus CPU seconds per 30 s, {hosts}x{GPUS} GPUs", size.cpu, "s",
                    float(INTERVAL_S), None,
                    note="process_cpu_seconds_total over the measured phase, per 30 s: rule "
                         "evaluation, scraping and ingesting the cluster, and the Go garbage "
                         "collector's work on the head"),
-            Result(f"rules: samples read per 30 s, {hosts}x{GPUS} GPUs", samples, "samples",
+            Result(f"rules: samples read per 30 s, {hosts}x{GPUS} GPUs", size.samples, "samples",
                    None, None, note="totalQueryableSamples of every rule's query evaluated once "
                                     "more with stats=all, each group weighted by 30 s over its "
                                     "interval"),

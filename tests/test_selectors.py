@@ -6,7 +6,7 @@ from __future__ import annotations
 import yaml
 
 from wandb_infra.alert_rules import generate, selectors
-from wandb_infra.alert_rules.selectors import apply, exporter_of, vector_selectors
+from wandb_infra.alert_rules.selectors import apply, exporter_of, reads, vector_selectors
 
 SELECT = {"dcgmExporter": 'job="dcgm"', "nodeExporter": 'job="node"'}
 
@@ -27,6 +27,15 @@ def test_names_functions_keywords_and_label_lists_are_told_apart():
     assert '{job="dcgm",__name__=~"DCGM_FI_DEV_XID_ERRORS|' in selected
     assert "max by (hostname, gpu) (" in selected and "on (instance, job) group_left" in selected
     assert selected.endswith(" and up == 0 and gpu:dcgm_gpu:present")
+
+
+def test_each_selector_comes_with_the_range_or_subquery_it_is_read_over():
+    expr = ('increase(DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{job="d"} [10m] offset 5m) > 0'
+            ' and on (hostname) max_over_time(gpu:dcgm_gpu:present[1h:5m])'
+            ' or count_over_time({__name__=~"A|B"}[2m]) or up == 0')
+    assert list(reads(expr)) == [("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", '{job="d"}', "[10m]"),
+                                 ("gpu:dcgm_gpu:present", "", "[1h:5m]"),
+                                 (None, '{__name__=~"A|B"}', "[2m]"), ("up", "", "")]
 
 
 def test_no_selector_changes_nothing():
