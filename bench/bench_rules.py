@@ -284,10 +284,10 @@ def _one_size(hosts: int, minutes: float) -> Size:
 def run() -> list[Result]:
     """Every size in turn, then the growth of the cost per host against the smallest size."""
     minutes = float(os.environ.get("WANDB_INFRA_BENCH_RULES_MINUTES", "16"))
-    results, costs, reads = [], {}, {}
+    results, costs, reads, floors = [], {}, {}, {}
     for hosts in SIZES:
         size = _one_size(hosts, minutes)
-        costs[hosts], reads[hosts] = size.evaluation, size.samples
+        costs[hosts], reads[hosts], floors[hosts] = size.evaluation, size.samples, size.floor
         results += [
             Result(f"rules: evaluation per 30 s, {hosts}x{GPUS} GPUs, {max(1, hosts // 8)} "
                    "runs, while ingesting", size.evaluation, "s", float(INTERVAL_S),
@@ -330,4 +330,11 @@ def run() -> list[Result]:
                  f"{smallest}; wall-clock, so it also grows with the CPU the simulator and "
                  "scraping take on 2 shared cores (each size's load average is in its note); "
                  f"target: within {WALL_GROWTH_TARGET}x of the smallest size"))
+        base = floors[smallest] / smallest
+        results.append(Result(
+            f"rules: input-read floor seconds per host at {hosts} vs {smallest} hosts",
+            floors[hosts] / hosts, "s", base, None,
+            note=f"{floors[hosts]:.3f} s per 30 s at {hosts} hosts, {floors[smallest]:.3f} s at "
+                 f"{smallest}: how much reading the rules' inputs alone, with no rule logic, "
+                 "grows per host on this machine; beside the rules' own growth above"))
     return results
