@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -962,7 +963,7 @@ EVALUATION_INTERVAL = {"down_long.test.yml": "1m"}
 def files(cfg: dict[str, Any]) -> dict[str, str]:
     """Test file name -> YAML text."""
     rules = f"../../alert_rules/{generate.RULES_FILE}"
-    groups: dict[str, list[Case]] = {"node_alerts.test.yml": node_cases(),
+    groups: dict[str, Sequence[Case | Timeline]] = {"node_alerts.test.yml": node_cases(),
                                      "link_attribution.test.yml": link_attribution_cases(),
                                      "dcgm_4_9.test.yml": dcgm49_cases(),
                                      "real_telemetry.test.yml": real_telemetry_cases(),
@@ -974,9 +975,9 @@ def files(cfg: dict[str, Any]) -> dict[str, str]:
         groups[f"workload_{sp}.test.yml"] = workload_cases(sp)
         groups[f"attribution_{sp}.test.yml"] = attribution_cases(sp)
     groups["scrape_paths.test.yml"] = scrape_path_cases()
+    groups["down_long.test.yml"] = down_cases()
     out = {}
-    timelines: dict[str, list[Timeline]] = {"down_long.test.yml": down_cases()}
-    for name, cases in [*groups.items(), *timelines.items()]:
+    for name, cases in groups.items():
         doc = {"rule_files": [rules],
                "evaluation_interval": EVALUATION_INTERVAL.get(name, "30s"),
                "tests": [c.as_dict(cfg) for c in cases]}

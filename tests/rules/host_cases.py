@@ -267,9 +267,10 @@ def power_cases() -> list[b.Case]:
     return cases
 
 
-def repeat_cases() -> list[b.Case]:
+def repeat_cases() -> list[b.Timeline]:
     """The third hardware-fault episode of one GPU within the window (XID 48, counted by
-    dcgm-exporter), and a GPU with two."""
+    dcgm-exporter), and a GPU with two. Both repeat-offender alerts are checked on the same
+    series, one timeline each way: each test costs every rule at each of its 200 steps."""
     long = "1x220"
     run = [b.Series(s.name, s.labels, long if s.values == "1x80" else "40x220")
            for s in (b.node_info(b.RUN_A), b.gpu_info(b.RUN_A, "0"), *b.healthy_gpus("hostname"))]
@@ -280,20 +281,22 @@ def repeat_cases() -> list[b.Case]:
                       (episode * n) + "0x" + str(220 - 61 * n), xid="48",
                       window_size_in_ms="300000")
 
+    gpu = b.Expect({**_run(), "gpu": "0", "gpu_uuid": "GPU-n1-0"},
+                   "GPU 0 on n1 had 3 hardware faults in the last 7 days (repeat offender from 3).")
+    host = b.Expect({"hostname": "n1"}, "n1 had 3 hardware-fault episodes in the last 7 days "
+                                        "(repeat offender from 3).")
     return [
-        *b._pair("third XID episode in the window", "GpuRepeatOffender", [*run, xids(3)],
-                 [*run, xids(2)], "100m",
-                 [b.Expect({**_run(), "gpu": "0", "gpu_uuid": "GPU-n1-0"},
-                           "GPU 0 on n1 had 3 hardware faults in the last 7 days (repeat "
-                           "offender from 3).")]),
-        *b._pair("third XID episode in the window", "HostRepeatOffender", [*run, xids(3)],
-                 [*run, xids(2)], "100m",
-                 [b.Expect({"hostname": "n1"}, "n1 had 3 hardware-fault episodes in the last "
-                           "7 days (repeat offender from 3).")]),
+        b.Timeline("GpuRepeatOffender, HostRepeatOffender: third XID episode in the window",
+                   [*run, xids(3)], "30s",
+                   [("GpuRepeatOffender", ("100m",), [gpu]),
+                    ("HostRepeatOffender", ("100m",), [host])]),
+        b.Timeline("GpuRepeatOffender, HostRepeatOffender: healthy twin of third XID episode in "
+                   "the window", [*run, xids(2)], "30s",
+                   [("GpuRepeatOffender", ("100m",), []), ("HostRepeatOffender", ("100m",), [])]),
     ]
 
 
-def cases() -> list[b.Case]:
+def cases() -> list[b.Case | b.Timeline]:
     """Every issue-28 case, for ``host_alerts.test.yml``."""
     return [*memory_cases(), *storage_cases(), *lifecycle_cases(), *fabric_cases("Hostname"),
             *fabric_cases("hostname"), *power_cases(), *repeat_cases()]
