@@ -125,8 +125,8 @@ def reads(expr: str) -> Iterator[tuple[str | None, str, str]]:
     pieces = _tokens(expr)
     for found in _selectors(pieces):
         after = _next_solid(pieces, found.end)
-        ranged = after is not None and pieces[after][0] == "brackets"
-        yield found.name, found.braces, pieces[after][1] if ranged and after is not None else ""
+        window = pieces[after][1] if after is not None and pieces[after][0] == "brackets" else ""
+        yield found.name, found.braces, window
 
 
 def apply(expr: str, selectors: Mapping[str, str]) -> str:
