@@ -22,10 +22,10 @@ Prometheus' scraping take CPU the rules would use, and those durations grow for 
 (each size's load average is in its note).
 
 Floor: the same one-at-a-time evaluation of one query per raw series selector the rules read
-(``count`` of it, over its range if it has one), each at the fastest tier that reads it: what
-any rules detecting these faults at these tiers must read. The rules' one-at-a-time seconds over
-the floor's say how much of the cost is the rules' logic (joins, aggregations) and how much is
-reading their inputs at all.
+(``count`` of it, over its range if it has one), each at the fastest tier that reads it, and of
+each raw metric only its dearest read: what any rules detecting these faults at these tiers must
+read. The rules' one-at-a-time seconds over the floor's say how much of the cost is the rules'
+logic (joins, aggregations) and how much is reading their inputs at all.
 """
 
 from __future__ import annotations
@@ -151,55 +151,75 @@ def _slowest_rules(base_url: str, count: int = 8) -> list[tuple[float, str]]:
     return sorted(rules, reverse=True)[:count]
 
 
-def _samples_read(base_url: str) -> tuple[float, float]:
-    """(samples, seconds) every shipped rule reads per 30 s, from evaluating each rule's query
-    once more, one at a time, with ``stats=all``: ``totalQueryableSamples`` counts the samples a
-    query touched, which the CPU the simulator and scraping take from the rules cannot change,
-    so its growth with the cluster is the rules' own. Each group counts 30 s over its interval."""
+class Priced(NamedTuple):
+    """What queries evaluated once more, one at a time, cost per 30 s."""
+
+    seconds: float  # evalTotalTime
+    samples: float  # totalQueryableSamples: the samples the queries touched
+
+
+def _price(base_url: str, query: str, share: float) -> Priced:
+    """``query`` evaluated once with ``stats=all``, times ``share`` (30 s over the interval it
+    runs at). The samples touched are what the CPU the simulator and scraping take cannot
+    change, so their growth with the cluster is the queries' own."""
+    stats = requests.get(base_url + "/api/v1/query", timeout=120,
+                         params={"query": query, "stats": "all"}).json()["data"]["stats"]
+    return Priced(stats["timings"]["evalTotalTime"] * share,
+                  stats["samples"]["totalQueryableSamples"] * share)
+
+
+def _total(priced: list[Priced]) -> Priced:
+    return Priced(sum(p.seconds for p in priced), sum(p.samples for p in priced))
+
+
+def _rules_read(base_url: str) -> Priced:
+    """Every loaded rule's query priced by ``_price``, each group weighted by 30 s over its
+    interval."""
     data = requests.get(base_url + "/api/v1/rules", timeout=30).json()["data"]["groups"]
-    samples = seconds = 0.0
-    for group in data:
-        share = INTERVAL_S / float(group["interval"])
-        for rule in group["rules"]:
-            stats = requests.get(base_url + "/api/v1/query", timeout=120,
-                                 params={"query": rule["query"], "stats": "all"}
-                                 ).json()["data"]["stats"]
-            samples += stats["samples"]["totalQueryableSamples"] * share
-            seconds += stats["timings"]["evalTotalTime"] * share
-    return samples, seconds
+    return _total([_price(base_url, rule["query"], INTERVAL_S / float(group["interval"]))
+                   for group in data for rule in group["rules"]])
 
 
-def floor_queries(rules_text: str) -> dict[str, float]:
+class Read(NamedTuple):
+    """One input read of the floor: its query, 30 s over the fastest interval it is read at,
+    and the raw metrics it reads."""
+
+    query: str
+    share: float
+    metrics: frozenset[str]
+
+
+def floor_reads(rules_text: str) -> list[Read]:
     """The rules' input reads with no logic: one query per raw series selector they read
-    (``count`` of it, or of ``count_over_time`` over its range), weighted by 30 s over the
-    interval of the fastest group that reads it. Recorded series are the rules' own output,
-    not input, and are left out. However the rules are written, at these tiers they must read
-    each input at least this often, so its cost bounds theirs from below."""
-    share: dict[str, float] = {}
+    (``count`` of it, or of ``count_over_time`` over its range), at the fastest group that reads
+    it. Recorded series and ``ALERTS`` are the rules' own output, not input, and are left out."""
+    found: dict[str, Read] = {}
     for group in yaml.safe_load(rules_text)["groups"]:
-        weight = INTERVAL_S / duration_seconds(group.get("interval", f"{INTERVAL_S}s"))
+        share = INTERVAL_S / duration_seconds(group.get("interval", f"{INTERVAL_S}s"))
         for rule in group["rules"]:
             for name, braces, window in reads(rule["expr"]):
-                metrics = [name] if name else names_in(braces)
+                metrics = frozenset([name] if name else names_in(braces))
                 if not metrics or any(":" in m or m.startswith("ALERTS") for m in metrics):
                     continue
                 selector = f"{name or ''}{braces}"
                 query = (f"count(count_over_time({selector}{window}))" if window
                          else f"count({selector})")
-                share[query] = max(share.get(query, 0.0), weight)
-    return share
+                if query not in found or found[query].share < share:
+                    found[query] = Read(query, share, metrics)
+    return list(found.values())
 
 
-def _floor_read(base_url: str) -> tuple[float, float]:
-    """(seconds, samples) per 30 s of the input reads of ``floor_queries``, each query evaluated
-    once with ``stats=all`` as ``_samples_read`` evaluates the rules."""
-    seconds = samples = 0.0
-    for query, share in floor_queries(Path(RULES).read_text()).items():
-        stats = requests.get(base_url + "/api/v1/query", timeout=120,
-                             params={"query": query, "stats": "all"}).json()["data"]["stats"]
-        samples += stats["samples"]["totalQueryableSamples"] * share
-        seconds += stats["timings"]["evalTotalTime"] * share
-    return seconds, samples
+def _floor_read(base_url: str) -> Priced:
+    """The floor of ``floor_reads``, priced like the rules. Reads of the same metrics overlap
+    (an instant read within a range read, two sets of matchers), and rules written differently
+    could serve several from one, so each metric set counts only its dearest read: whatever
+    the rules do, at these tiers they must make at least these reads."""
+    dearest: dict[frozenset[str], Priced] = {}
+    for read in floor_reads(Path(RULES).read_text()):
+        priced = _price(base_url, read.query, read.share)
+        if read.metrics not in dearest or priced.seconds > dearest[read.metrics].seconds:
+            dearest[read.metrics] = priced
+    return _total(list(dearest.values()))
 
 
 def _cpu_seconds(base_url: str) -> float:
@@ -216,10 +236,8 @@ class Size(NamedTuple):
 
     evaluation: float  # the groups' own evaluation seconds (Prometheus' evaluationTime)
     cpu: float  # Prometheus' CPU seconds
-    samples: float  # samples the rules read (each query once more, stats=all)
-    sequential: float  # seconds those one-at-a-time queries took
-    floor: float  # seconds the input-read floor's queries took, the same way
-    floor_samples: float
+    rules: Priced  # every rule's query once more, one at a time
+    floor: Priced  # the input-read floor, the same way
     note: str
 
 
@@ -247,8 +265,7 @@ def _one_size(hosts: int, minutes: float) -> Size:
         cpu = ((_cpu_seconds(prom.url) - cpu_before)
                / ((time.monotonic() - wall_before) / INTERVAL_S))
         machine = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-        samples, sequential = _samples_read(prom.url)
-        floor, floor_samples = _floor_read(prom.url)
+        rules, floor = _rules_read(prom.url), _floor_read(prom.url)
         intervals = {g["name"]: g["interval"] for g in _groups(prom.url)}
         slowest = _slowest_rules(prom.url)
         metrics = _rule_metrics(prom.url)
@@ -274,67 +291,69 @@ def _one_size(hosts: int, minutes: float) -> Size:
             f"evaluation failures, {missed:.0f} missed iterations; machine load average "
             f"{machine} on {os.cpu_count()} shared cores; windows up to 1h hold only "
             f"~{minutes:.0f} min of data; head series {head_series}; every rule evaluated "
-            f"once more, one at a time: {samples:,.0f} samples read and {sequential:.2f}s per "
-            f"30 s; the input-read floor the same way: {floor_samples:,.0f} samples and "
-            f"{floor:.2f}s per 30 s; firing: {fired}")
+            f"once more, one at a time: {rules.samples:,.0f} samples read and "
+            f"{rules.seconds:.2f}s per 30 s; the input-read floor the same way: "
+            f"{floor.samples:,.0f} samples and {floor.seconds:.2f}s per 30 s; firing: {fired}")
     print(note, flush=True)
-    return Size(statistics.median(load), cpu, samples, sequential, floor, floor_samples, note)
+    return Size(statistics.median(load), cpu, rules, floor, note)
 
 
 def run() -> list[Result]:
     """Every size in turn, then the growth of the cost per host against the smallest size."""
     minutes = float(os.environ.get("WANDB_INFRA_BENCH_RULES_MINUTES", "16"))
-    results, costs, reads, floors = [], {}, {}, {}
+    results, sizes = [], {}
     for hosts in SIZES:
-        size = _one_size(hosts, minutes)
-        costs[hosts], reads[hosts], floors[hosts] = size.evaluation, size.samples, size.floor
+        size = sizes[hosts] = _one_size(hosts, minutes)
         results += [
             Result(f"rules: evaluation per 30 s, {hosts}x{GPUS} GPUs, {max(1, hosts // 8)} "
                    "runs, while ingesting", size.evaluation, "s", float(INTERVAL_S),
                    INTERVAL_S * TARGET_RATIO, note=size.note),
             Result(f"rules: one-at-a-time evaluation over the input-read floor, {hosts}x{GPUS} "
-                   "GPUs", size.sequential, "s", size.floor, None,
+                   "GPUs", size.rules.seconds, "s", size.floor.seconds, None,
                    note=f"every rule's query evaluated once more with stats=all "
-                        f"({size.sequential:.2f} s per 30 s, {size.samples:,.0f} samples) over "
-                        f"the floor: one query per raw series selector the rules read, at the "
-                        f"fastest tier reading it, with no joins or arithmetic "
-                        f"({size.floor:.2f} s, {size.floor_samples:,.0f} samples; "
-                        f"{size.floor / INTERVAL_S:.1%} of 30 s). No rules at these tiers can "
-                        "cost less than the floor: the share of the ratio above 1 is what "
-                        "writing them differently could save"),
+                        f"({size.rules.seconds:.2f} s per 30 s, {size.rules.samples:,.0f} "
+                        f"samples) over the floor: the dearest read of each raw metric the "
+                        f"rules read, at the fastest tier reading it, with no joins or "
+                        f"arithmetic ({size.floor.seconds:.2f} s, {size.floor.samples:,.0f} "
+                        f"samples; {size.floor.seconds / INTERVAL_S:.1%} of 30 s). No rules at "
+                        "these tiers can cost less than the floor: the share of the ratio above "
+                        "1 is what writing them differently could save"),
             Result(f"rules: Prometheus CPU seconds per 30 s, {hosts}x{GPUS} GPUs", size.cpu, "s",
                    float(INTERVAL_S), None,
                    note="process_cpu_seconds_total over the measured phase, per 30 s: rule "
                         "evaluation, scraping and ingesting the cluster, and the Go garbage "
                         "collector's work on the head"),
-            Result(f"rules: samples read per 30 s, {hosts}x{GPUS} GPUs", size.samples, "samples",
-                   None, None, note="totalQueryableSamples of every rule's query evaluated once "
-                                    "more with stats=all, each group weighted by 30 s over its "
-                                    "interval"),
+            Result(f"rules: samples read per 30 s, {hosts}x{GPUS} GPUs", size.rules.samples,
+                   "samples", None, None,
+                   note="totalQueryableSamples of every rule's query evaluated once more with "
+                        "stats=all, each group weighted by 30 s over its interval"),
         ]
-    smallest = min(costs)
-    for hosts in sorted(costs)[1:]:
-        base = reads[smallest] / smallest
+    low = min(sizes)
+    smallest = sizes[low]
+    for hosts in sorted(sizes)[1:]:
+        size = sizes[hosts]
+        base = smallest.rules.samples / low
         results.append(Result(
-            f"rules: samples read per host at {hosts} vs {smallest} hosts",
-            reads[hosts] / hosts, "samples", base, base * GROWTH_TOLERANCE,
-            note=f"{reads[hosts]:,.0f} samples per 30 s at {hosts} hosts, "
-                 f"{reads[smallest]:,.0f} at {smallest}: the rules' work grows at most "
+            f"rules: samples read per host at {hosts} vs {low} hosts",
+            size.rules.samples / hosts, "samples", base, base * GROWTH_TOLERANCE,
+            note=f"{size.rules.samples:,.0f} samples per 30 s at {hosts} hosts, "
+                 f"{smallest.rules.samples:,.0f} at {low}: the rules' work grows at most "
                  "linearly when the ratio is <= 1 (target allows 2% for the fixed set of "
                  "faults and scrape-phase jitter)"))
-        base = costs[smallest] / smallest
+        base = smallest.evaluation / low
         results.append(Result(
-            f"rules: evaluation seconds per host at {hosts} vs {smallest} hosts",
-            costs[hosts] / hosts, "s", base, base * WALL_GROWTH_TARGET,
-            note=f"{costs[hosts]:.3f} s per 30 s at {hosts} hosts, {costs[smallest]:.3f} s at "
-                 f"{smallest}; wall-clock, so it also grows with the CPU the simulator and "
+            f"rules: evaluation seconds per host at {hosts} vs {low} hosts",
+            size.evaluation / hosts, "s", base, base * WALL_GROWTH_TARGET,
+            note=f"{size.evaluation:.3f} s per 30 s at {hosts} hosts, {smallest.evaluation:.3f} s "
+                 f"at {low}; wall-clock, so it also grows with the CPU the simulator and "
                  "scraping take on 2 shared cores (each size's load average is in its note); "
                  f"target: within {WALL_GROWTH_TARGET}x of the smallest size"))
-        base = floors[smallest] / smallest
+        base = smallest.floor.seconds / low
         results.append(Result(
-            f"rules: input-read floor seconds per host at {hosts} vs {smallest} hosts",
-            floors[hosts] / hosts, "s", base, None,
-            note=f"{floors[hosts]:.3f} s per 30 s at {hosts} hosts, {floors[smallest]:.3f} s at "
-                 f"{smallest}: how much reading the rules' inputs alone, with no rule logic, "
-                 "grows per host on this machine; beside the rules' own growth above"))
+            f"rules: input-read floor seconds per host at {hosts} vs {low} hosts",
+            size.floor.seconds / hosts, "s", base, None,
+            note=f"{size.floor.seconds:.3f} s per 30 s at {hosts} hosts, "
+                 f"{smallest.floor.seconds:.3f} s at {low}: how much reading the rules' inputs "
+                 "alone, with no rule logic, grows per host on this machine; beside the rules' "
+                 "own growth above"))
     return results
