@@ -1,14 +1,26 @@
-"""The shipped Alertmanager example keeps paging the operators: alerts are routed with the real
-``amtool config routes test`` (Debian's Alertmanager 0.25), for alerts that carry a W&B run and
-for alerts on idle hosts, of every severity the catalog uses."""
+"""The shipped Alertmanager example pages the operators once per incident and hands every
+run-labelled alert to the bridge: alerts are routed with the real ``amtool config routes test``
+(Debian's Alertmanager 0.25) for every catalog alert, with and without a W&B run, and a real
+Alertmanager on the shipped routing receives an XID cascade (the fault plus 64 stalled hosts) and
+sends its notifications to webhook sinks that count them. The routing snippet in
+deploy/bridge.example.yaml is checked to be the same routing."""
 
 from __future__ import annotations
 
+import json
 import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import requests
+import yaml
 
+from harness import processes
 from harness.processes import AMTOOL
 from wandb_infra.catalog.alerts import ALERTS
 from wandb_infra.catalog.vocabulary import SEVERITIES
@@ -17,7 +29,8 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "deploy" / "alertmanager" / "alertmanager.yml"
-BRIDGE, PAGER, QUEUE = "wandb.bridge", "operators.pager", "operators"
+SNIPPET_SOURCE = ROOT / "deploy" / "bridge.example.yaml"
+BRIDGE, OWNERS, PAGER, QUEUE = "wandb.bridge", "run.owners", "operators.pager", "operators"
 RUN = {"wandb_entity": "acme", "wandb_project": "llm", "wandb_run_id": "r8x2k"}
 OPERATORS = {"critical": PAGER, "warning": QUEUE, "info": QUEUE}
 
@@ -32,9 +45,24 @@ def routes(labels: dict[str, str], config: Path = EXAMPLE) -> list[str]:
     return out.stdout.strip().split(",")
 
 
-def _an_alert(severity: str) -> dict[str, str]:
-    """Labels of the first catalog alert of that severity that can be on a run."""
-    alert = next(a for a in ALERTS.values() if a.severity == severity and a.scope != "pipeline")
+def snippet() -> dict:
+    """The Alertmanager routing commented out at the end of deploy/bridge.example.yaml."""
+    text = SNIPPET_SOURCE.read_text()
+    block = text[text.index("# route:"):]
+    return yaml.safe_load("\n".join(line.removeprefix("# ") for line in block.splitlines()))
+
+
+@pytest.fixture(scope="module")
+def snippet_config(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("snippet") / "alertmanager.yml"
+    path.write_text(yaml.safe_dump(snippet()))
+    return path
+
+
+def _an_alert(severity: str, category: str | None = None) -> dict[str, str]:
+    """Labels of the first catalog alert of that severity (and category) that can be on a run."""
+    alert = next(a for a in ALERTS.values() if a.severity == severity and a.scope != "pipeline"
+                 and a.category == (category or a.category))
     labels = {"alertname": alert.name, "severity": severity, "category": alert.category,
               "hostname": "gpu-node-017"}
     if alert.scope == "gpu":
@@ -49,9 +77,18 @@ def test_example_passes_amtool_check_config():
     assert "SUCCESS" in out.stdout
 
 
-@pytest.mark.parametrize("severity", SEVERITIES)
-def test_run_labelled_alert_reaches_the_bridge_and_the_operators(severity):
-    assert routes({**_an_alert(severity), **RUN}) == [BRIDGE, OPERATORS[severity]]
+def test_the_bridge_example_snippet_is_the_example_routing():
+    example = yaml.safe_load(EXAMPLE.read_text())
+    copied = snippet()
+    assert copied["route"] == example["route"]
+    assert copied["receivers"] == example["receivers"]
+    assert not example.get("inhibit_rules")
+
+
+@pytest.mark.parametrize("which", ["example", "snippet"])
+def test_run_labelled_critical_alert_reaches_the_bridge_and_the_pager(which, snippet_config):
+    config = EXAMPLE if which == "example" else snippet_config
+    assert routes({**_an_alert("critical"), **RUN}, config) == [BRIDGE, PAGER]
 
 
 @pytest.mark.parametrize("severity", SEVERITIES)
@@ -67,28 +104,112 @@ def test_an_empty_run_id_is_not_a_run():
     assert routes(labels) == [PAGER]
 
 
-def test_every_catalog_alert_pages_or_queues_for_the_operators():
+def test_every_catalog_alert_reaches_the_operators_or_the_runs_owner():
     """Each alert the rules can raise, as they raise it (with a run unless it is a pipeline
-    alert, which is never on a run), reaches the operators' receiver for its severity."""
+    alert, which is never on a run): infrastructure faults page or queue for the operators by
+    severity, with or without a run; a run's symptoms go to the bridge only, and the same
+    symptom without a run (a user's own rule) still reaches the operators."""
     assert set(SEVERITIES) == {a.severity for a in ALERTS.values()}
     for alert in ALERTS.values():
         labels = {"alertname": alert.name, "severity": alert.severity,
                   "category": alert.category, "hostname": "gpu-node-017", **alert.extra_labels}
-        expected = [OPERATORS[alert.severity]]
-        if alert.scope != "pipeline":
-            labels |= RUN
-            expected.insert(0, BRIDGE)
-        assert routes(labels) == expected, alert.name
-        if alert.scope != "pipeline":
-            idle = {k: v for k, v in labels.items() if k not in RUN}
-            assert routes(idle) == [OPERATORS[alert.severity]], alert.name
+        operators = OPERATORS[alert.severity]
+        if alert.scope == "pipeline":
+            assert routes(labels) == [operators], alert.name
+            continue
+        on_run = OWNERS if alert.category == "workload" else operators
+        assert routes(labels | RUN) == [BRIDGE, on_run], alert.name
+        assert routes(labels) == [operators], alert.name
 
 
 def test_without_continue_the_operators_would_lose_run_alerts(tmp_path):
     """The property the example depends on, shown with amtool: drop `continue: true` and a
-    critical fault under a run reaches the bridge alone (the bug of issue 29)."""
+    critical fault under a run reaches the bridge alone."""
     broken = tmp_path / "alertmanager.yml"
     broken.write_text(EXAMPLE.read_text().replace("continue: true", "continue: false"))
     labels = {"alertname": "GpuXidError", "severity": "critical", **RUN}
     assert routes(labels, broken) == [BRIDGE]
     assert routes(labels) == [BRIDGE, PAGER]
+
+
+# --- a real Alertmanager and an XID cascade ------------------------------------------------------
+
+class _Sink(BaseHTTPRequestHandler):
+    """Records each webhook notification under the receiver named by its path."""
+
+    received: dict[str, list[dict]]
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.received.setdefault(self.path.strip("/"), []).append(body)
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Quiet: the test reads what was received, not the access log."""
+
+
+@pytest.fixture
+def sink() -> Iterator[tuple[str, dict[str, list[dict]]]]:
+    received: dict[str, list[dict]] = {}
+    handler = type("Sink", (_Sink,), {"received": received})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}", received
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+def _timed_for_a_test(config: dict, url: str) -> str:
+    """The shipped config with every receiver a webhook to the sink and the waits in seconds,
+    the routing tree itself unchanged."""
+    def shorten(route: dict) -> None:
+        route.update(group_wait="1s", group_interval="2s", repeat_interval="1h")
+        for child in route.get("routes", []):
+            shorten(child)
+    shorten(config["route"])
+    config["receivers"] = [
+        {"name": r["name"], "webhook_configs": [
+            {"url": f"{url}/{r['name']}", "send_resolved": False, "max_alerts": 0}]}
+        for r in config["receivers"]]
+    return yaml.safe_dump(config)
+
+
+def test_an_xid_cascade_is_one_operator_page_and_whole_at_the_bridge(sink, tmp_path):
+    """GPU 3 of gpu-node-017 has a contained ECC error, then all 64 hosts of the run stall:
+    the operators get one notification, a page titled by the fault and its host; the bridge
+    gets all 65 alerts of the run in one group."""
+    url, received = sink
+    config = _timed_for_a_test(yaml.safe_load(EXAMPLE.read_text()), url)
+    root = ALERTS["GpuContainedEccError"]
+    stall = ALERTS["TrainingStalled"]
+    now = datetime.now(UTC).isoformat()
+    alerts = [{"labels": {"alertname": root.name, "severity": root.severity,
+                          "category": root.category, "hostname": "gpu-node-017", "gpu": "3",
+                          "xid": "94", **RUN}, "startsAt": now}]
+    alerts += [{"labels": {"alertname": stall.name, "severity": stall.severity,
+                           "category": stall.category, "hostname": f"gpu-node-{i:03d}", **RUN},
+                "startsAt": now} for i in range(1, 65)]
+    with processes.alertmanager(config, tmp_path / "am") as am:
+        requests.post(f"{am.url}/api/v2/alerts", json=alerts, timeout=10).raise_for_status()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (
+                received.get(PAGER) and sum(len(n["alerts"]) for n in received.get(BRIDGE, []))
+                >= len(alerts)):
+            time.sleep(0.2)
+        time.sleep(3)  # one more group_interval: anything else that was coming has come
+    operators = [n for name in (PAGER, QUEUE) for n in received.get(name, [])]
+    assert len(operators) == 1, operators
+    page = received[PAGER][0]
+    assert page["groupLabels"] == {"alertname": root.name, "hostname": "gpu-node-017"}
+    assert [a["labels"]["alertname"] for a in page["alerts"]] == [root.name]
+    at_bridge = [a for n in received[BRIDGE] for a in n["alerts"]]
+    assert len(received[BRIDGE]) == 1 and len(at_bridge) == len(alerts)
+    assert received[BRIDGE][0]["groupLabels"] == RUN
+    assert {a["labels"]["hostname"] for a in at_bridge if a["labels"]["alertname"] ==
+            stall.name} == {f"gpu-node-{i:03d}" for i in range(1, 65)}
+    assert len(received[OWNERS]) == 1  # no integration in the shipped file; one group a run
