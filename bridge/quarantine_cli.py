@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from dataclasses import replace
+from pathlib import Path
 from types import FrameType
 
 from wandb_infra.bridge.config import load
@@ -26,6 +27,8 @@ from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.projection.delivery import DeliveryWorker
 from wandb_infra.bridge.prometheus.client import PrometheusClient
 from wandb_infra.bridge.prometheus.run_lookup import PrometheusRunLookup
+from wandb_infra.bridge.quarantine.actuator import QuarantineError
+from wandb_infra.bridge.quarantine.actuator import build as build_quarantine
 from wandb_infra.common.configfile import ConfigError
 from wandb_infra.common.logsetup import log_fields, setup_logging
 
@@ -49,8 +52,27 @@ def build_worker(config: str | None) -> DeliveryWorker:
                           lookup=lookup)
 
 
+def _reset(config: str | None) -> int:
+    """Reset the breaker's total cap (one line saying how many nodes it had counted); needs
+    only the audit log, not the scheduler or Prometheus."""
+    try:
+        cfg = load(config, insecure_no_auth=True)
+        quarantine = build_quarantine(cfg.policy.quarantine,
+                                      Path(cfg.store_path).resolve().parent, acting=False)
+        if quarantine is None:
+            raise ConfigError("quarantine.enabled is false: there is no breaker to reset")
+        decision = quarantine.reset_breaker()
+    except (ConfigError, QuarantineError) as exc:
+        print(f"wandb-infra-bridge quarantine: {exc}", file=sys.stderr)
+        return 2
+    print(decision.detail)
+    return 0
+
+
 def _run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level, [])
+    if args.reset_breaker:
+        return _reset(args.config)
     try:
         worker = build_worker(args.config)
     except (ConfigError, StoreTooNew) as exc:
@@ -86,6 +108,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                                     "restart_policy.*, quarantine.*)")
     p.add_argument("--interval", type=float, default=60.0,
                    help="seconds between passes (default 60)")
+    p.add_argument("--reset-breaker", action="store_true",
+                   help="reset the circuit breaker's total cap (quarantine.max_total) after "
+                        "an operator has looked at the nodes it took out, then exit")
     p.add_argument("--once", action="store_true", help="one pass, then exit (cron, tests)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="log level (JSON lines on stderr)")

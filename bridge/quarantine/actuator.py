@@ -10,10 +10,13 @@ tainted in Kubernetes (one merge PATCH carrying the Node's ``resourceVersion``; 
 is retried on a fresh read). Rules that keep it from doing harm:
 
 * a circuit breaker: at most ``max_nodes`` nodes, and at most ``max_fraction`` of the fleet, per
-  ``window_seconds``; beyond it nothing is done and the refusal is audit-logged;
-* idempotent: at most one action per (issue, host), remembered in the audit log across restarts,
-  so a node an operator returned to service is not taken out again for the same event; a node
-  already out of the pool is left alone;
+  ``window_seconds``, and at most ``max_total`` nodes in all until an operator resets the breaker
+  (``wandb-infra-bridge quarantine --reset-breaker``); beyond it nothing is done and the refusal
+  is audit-logged;
+* idempotent: at most one action per (issue, host), remembered in the audit log and in the
+  ledger beside it (``<audit_log>.ledger``: every node acted on, and the last reset) across
+  restarts and audit-log rotation, so a node an operator returned to service is not taken out
+  again for the same event; a node already out of the pool is left alone;
 * never returns a node to service: there is no resume or uncordon anywhere in this module;
 * every decision (done, would do in dry run, skipped, refused by the breaker, failed) is one JSON
   line in the audit log and is shown in the issue;
@@ -72,6 +75,9 @@ SCHEMA = Section({
     "max_fraction": Key("number", 0.05, "circuit breaker: at most this share of the fleet per "
                         "window", minimum=0, maximum=1),
     "window_seconds": Key("number", 3600.0, "the circuit breaker's window", above=0),
+    "max_total": Key("int", 10, "circuit breaker: at most this many nodes in all until an "
+                     "operator resets it (wandb-infra-bridge quarantine --reset-breaker)",
+                     minimum=0),
     "audit_log": Key("str", "", "JSON-lines file of every decision (empty: "
                      "quarantine-audit.jsonl next to the store)"),
     "taint_key": Key("str", "wandb.ai/infra-quarantine", "the Kubernetes taint key and "
@@ -83,6 +89,7 @@ SCHEMA = Section({
                           "the exporter's sources.kubernetes"),
 }, help="optional active quarantine (off by default)")
 RETRY_SECONDS = 300.0  # a refused or failed (issue, host) is looked at again after this
+LEDGER_ENTRIES = 10_000  # nodes acted on remembered in the ledger (the oldest are forgotten)
 MAX_HOST_CHARS = 253  # a DNS name; longer label text is refused (and clipped in the audit log)
 # One node name: DNS labels (letters, digits, '-' and '_' inside), dot-separated. Everything
 # Slurm or Kubernetes would read as more than one node is outside it: ',' lists, '[02-40]'
@@ -248,7 +255,10 @@ class Quarantine:
         self.max_nodes = int(cfg["max_nodes"])
         self.max_fraction = float(cfg["max_fraction"])
         self.window = float(cfg["window_seconds"])
+        self.max_total = int(cfg["max_total"])
         self.actions, self.audit_log, self.clock = actions, audit_log, clock
+        self.ledger_path = audit_log.with_name(audit_log.name + ".ledger")
+        self._inode: int | None = None  # the audit log's, to notice a rotation
         self._lock = threading.Lock()
         self._decisions: list[Decision] = []
         self._offset = 0  # bytes of the audit log already read
@@ -272,7 +282,12 @@ class Quarantine:
         """Read the complete lines appended since the last read (other processes' decisions);
         a line that is not UTF-8 JSON of a decision is skipped and reported. A last line
         without its newline is a truncated write when found at start (reported; the next
-        record starts on a new line), and another writer's line in progress otherwise."""
+        record starts on a new line), and another writer's line in progress otherwise. A new
+        file under the same name (a rotation) is read from its start; what was read from the
+        old one stays remembered."""
+        inode = os.fstat(handle.fileno()).st_ino
+        if inode != self._inode:
+            self._inode, self._offset, self._lineno = inode, 0, 0
         handle.seek(self._offset)
         data = handle.read()
         complete, newline, rest = data.rpartition(b"\n")
@@ -342,6 +357,7 @@ class Quarantine:
         out = []
         final = {"done", "already_out", "acting", *(("dry_run",) if self.dry_run else ())}
         with self._lock, self._shared() as handle:
+            ledger = self._ledger() if handle is not None else None
             # clipped: a forged label of any length is refused without being stored whole
             for host in (h[:MAX_HOST_CHARS + 1] for h in faulty_hosts(issue)):
                 last = next((d for d in reversed(self._decisions)
@@ -349,10 +365,50 @@ class Quarantine:
                 if last is not None and (last.outcome in final
                                          or self.clock() - last.at < RETRY_SECONDS):
                     continue  # one action per (issue, host): idempotent, never undone
-                decision = self._decide(issue, host, handle)
+                if isinstance(ledger, Ledger) and ledger.acted_on(issue.key, host):
+                    continue  # acted on before the audit log was rotated
+                decision = self._decide(issue, host, handle, ledger)
                 self._record(decision, handle)
                 out.append(decision)
         return out
+
+    def reset_breaker(self) -> Decision:
+        """An operator's reset of the total cap: nodes acted on before it no longer count
+        against ``max_total`` (they are still never acted on again for the same issue)."""
+        with self._lock, self._shared() as handle:
+            now = self.clock()
+            ledger = self._ledger() if handle is not None else None
+            if not isinstance(ledger, Ledger):
+                why = ledger or "audit log not writable"
+                raise QuarantineError(f"cannot reset the breaker: {why}")
+            counted = ledger.since_reset()
+            ledger.reset_at = now
+            self._save(ledger)
+            decision = Decision(now, "", "", "reset", f"circuit breaker reset by an operator; "
+                                f"{counted} node(s) had been quarantined since the last reset")
+            self._record(decision, handle)
+            return decision
+
+    def _ledger(self) -> Ledger | str:
+        """The ledger, or why it cannot be read (then nothing is acted on)."""
+        try:
+            return Ledger.parse(self.ledger_path.read_bytes())
+        except FileNotFoundError:
+            return Ledger([], 0.0)
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            return f"quarantine ledger {self.ledger_path} unreadable: {exc}"
+
+    def _save(self, ledger: Ledger) -> None:
+        """Write the ledger atomically and durably (QuarantineError when it cannot be)."""
+        tmp = self.ledger_path.with_name(self.ledger_path.name + ".tmp")
+        try:
+            with tmp.open("wb") as handle:
+                handle.write(ledger.dump())
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, self.ledger_path)
+        except OSError as exc:
+            raise QuarantineError(f"quarantine ledger not writable: {exc}") from exc
 
     @contextlib.contextmanager
     def _shared(self) -> Iterator[Any]:
@@ -385,16 +441,19 @@ class Quarantine:
                       extra=log_fields(audit_log=str(self.audit_log), error=str(exc)))
         self.audit_writable = False
 
-    def _decide(self, issue: Issue, host: str, handle: Any) -> Decision:
+    def _decide(self, issue: Issue, host: str, handle: Any,
+                ledger: Ledger | str | None) -> Decision:
         assert self.actions is not None  # consider() never decides without actions
         now = self.clock()
         reason = f"wandb-infra: {issue.root.alertname} {issue.where}"[:200]
         invalid = one_node(host)
         if invalid is not None:
             return Decision(now, issue.key, host, "refused", invalid)
-        if handle is None:
+        if handle is None or ledger is None:
             return Decision(now, issue.key, host, "failed",
                             "audit log not writable: nothing done (no record, no action)")
+        if isinstance(ledger, str):
+            return Decision(now, issue.key, host, "failed", f"{ledger}: nothing done")
         try:
             if not self.actions.in_pool(host):
                 return Decision(now, issue.key, host, "already_out", "")
@@ -411,6 +470,14 @@ class Quarantine:
                 return Decision(now, issue.key, host, "refused", detail)
             if self.dry_run:
                 return Decision(now, issue.key, host, "dry_run", f"reason '{reason}'")
+            total = ledger.since_reset()
+            if total >= self.max_total:
+                detail = (f"circuit breaker open: {total} node(s) quarantined since the last "
+                          f"reset, limit max_total {self.max_total}; an operator resets it "
+                          "with 'wandb-infra-bridge quarantine --reset-breaker'")
+                return Decision(now, issue.key, host, "refused", detail)
+            ledger.add(issue.key, host, now)
+            self._save(ledger)  # first: a crash after it never acts again, never twice
             intent = Decision(now, issue.key, host, "acting", f"reason '{reason}'")
             if not self._record(intent, handle):  # no record, no action
                 return Decision(now, issue.key, host, "failed",
@@ -456,6 +523,35 @@ class Quarantine:
         last = handle.read(1)
         handle.seek(0, os.SEEK_END)
         return bool(last == b"\n")
+
+
+@dataclass
+class Ledger:
+    """What the audit log must not forget when it is rotated: the (issue, host) pairs acted on
+    (newest ``LEDGER_ENTRIES``) and when an operator last reset the total cap."""
+
+    acted: list[tuple[str, str, float]]
+    reset_at: float
+
+    @classmethod
+    def parse(cls, raw: bytes) -> Ledger:
+        data = json.loads(raw.decode("utf-8"))
+        acted = [(str(i), str(h), float(a)) for i, h, a in data["acted"]]
+        return cls(acted, float(data["reset_at"]))
+
+    def dump(self) -> bytes:
+        return json.dumps({"acted": self.acted[-LEDGER_ENTRIES:],
+                           "reset_at": self.reset_at}).encode()
+
+    def acted_on(self, issue: str, host: str) -> bool:
+        return any(i == issue and h == host for i, h, _ in self.acted)
+
+    def since_reset(self) -> int:
+        """Distinct nodes acted on since the last reset."""
+        return len({h for _, h, at in self.acted if at > self.reset_at})
+
+    def add(self, issue: str, host: str, at: float) -> None:
+        self.acted.append((issue, host, at))
 
 
 def check(raw: Mapping[str, Any] | None) -> dict[str, Any]:
