@@ -8,7 +8,7 @@ PACKAGED := common catalog exporter bridge alert_rules dashboards
 # links files, so a new module must be linked).
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-8)-$(shell find $(PACKAGED) -name '*.py' -o -name py.typed | sort | sha1sum | cut -c1-8)
 
-.PHONY: help system-deps venv lint generate test test-fast demo bench clean
+.PHONY: help system-deps venv lint generate test test-fast demo bench dist clean
 
 help:
 	@echo "make demo   run the whole pipeline on the two motivating scenarios (real Prometheus + Alertmanager)"
@@ -17,6 +17,7 @@ help:
 	@echo "make test-fast  the unit layer only (no real binaries), about a minute"
 	@echo "make lint   ruff and mypy"
 	@echo "make generate  regenerate alert_rules/ and dashboards/ from the catalog"
+	@echo "make dist   build the wheel and the sdist into dist/ (what the Slurm guide and the images install)"
 
 system-deps:
 	@bash setup/system-deps.sh
@@ -58,5 +59,14 @@ demo: system-deps venv
 bench: system-deps venv
 	$(BIN)/python -m bench.run
 
+# The wheel and the sdist, each built in an isolated environment from pyproject.toml;
+# tests/test_packaging.py builds them the same way, installs the wheel into a fresh virtualenv and
+# runs both console scripts.
+DIST ?= dist
+dist: venv
+	rm -rf $(DIST)
+	$(BIN)/python -m build --outdir $(DIST) .
+	@ls -l $(DIST)
+
 clean:
-	rm -rf .state bench/results.json
+	rm -rf .state bench/results.json dist

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the demo, tests and benchmarks run for real: Prometheus + promtool,
 # Alertmanager + amtool, Slurm 22.05 with munge, VictoriaMetrics + vmalert, jsonnet, Chromium
-# (headless page tests), kubectl (kustomize). Idempotent: does nothing when all are present.
+# (headless page tests), kubectl (kustomize), systemd-analyze (the deploy/systemd/ units).
+# Idempotent: does nothing when all are present.
 set -euo pipefail
 
 need=()
@@ -18,6 +19,8 @@ command -v chromium >/dev/null || need+=(chromium)
 # The machine images ship kubectl 1.3x; Debian's kubernetes-client (1.20, kustomize 2) is only a
 # fallback, and tests/test_deploy_kubernetes.py says so when its kustomize is too old.
 command -v kubectl >/dev/null || need+=(kubernetes-client)
+# systemd-analyze verifies deploy/systemd/ (tests/test_deploy_systemd.py); nothing is started.
+command -v systemd-analyze >/dev/null || need+=(systemd)
 if [ ${#need[@]} -eq 0 ]; then
   exit 0
 fi

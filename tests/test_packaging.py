@@ -8,6 +8,7 @@ Installed generators write only where told, never into site-packages."""
 from __future__ import annotations
 
 import json
+import zipfile
 import re
 import subprocess
 import sys
@@ -182,3 +183,29 @@ def test_outside_a_checkout_a_generator_writes_only_where_told(generator, writte
     assert generator.main(["--out-dir", str(tmp_path / "out")]) == 0
     assert generator.main(["--out-dir", str(tmp_path / "out"), "--check"]) == 0
     assert (tmp_path / "out" / written).is_file()
+
+
+@pytest.mark.integration
+def test_make_dist_builds_a_wheel_and_an_sdist_that_install_and_run(tmp_path):
+    """``make dist`` as the Slurm guide runs it: the wheel installs with both services' extras
+    into a fresh virtualenv and both console scripts answer ``--help``; the sdist builds the
+    same wheel (the same files)."""
+    dist = tmp_path / "dist"
+    made = _run("make", "-s", "dist", f"DIST={dist}", cwd=ROOT)
+    assert made.returncode == 0, made.stdout + made.stderr
+    (wheel,) = dist.glob("wandb_infra_issues-*.whl")
+    (sdist,) = dist.glob("wandb_infra_issues-*.tar.gz")
+    python = _venv(tmp_path / "venv", f"{wheel}[exporter,bridge]")
+    for script in ("wandb-infra-exporter", "wandb-infra-bridge"):
+        out = _run(python.parent / script, "--help")
+        assert out.returncode == 0 and "usage:" in out.stdout, out
+    rebuilt = tmp_path / "from-sdist"
+    built = _run(sys.executable, "-m", "pip", "wheel", sdist, "--no-deps", "-q", "-w", rebuilt)
+    assert built.returncode == 0, built.stderr
+    (again,) = rebuilt.glob("wandb_infra_issues-*.whl")
+    assert _zip_names(again) == _zip_names(wheel)
+
+
+def _zip_names(path: Path) -> set[str]:
+    with zipfile.ZipFile(path) as archive:
+        return {n for n in archive.namelist() if ".dist-info/" not in n}
