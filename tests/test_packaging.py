@@ -8,11 +8,11 @@ Installed generators write only where told, never into site-packages."""
 from __future__ import annotations
 
 import json
-import zipfile
 import re
 import subprocess
 import sys
 import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
