@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import textwrap
+import tomllib
 from functools import cache
 from pathlib import Path
 from urllib.parse import urlparse
@@ -337,3 +338,66 @@ def test_quarantine_component_gives_only_its_container_the_node_rights(tmp_path)
     # without the component nothing may patch anything
     assert not [r for o in built() if o["kind"] in ("ClusterRole", "Role")
                 for r in o["rules"] if set(r["verbs"]) - {"get", "list", "watch"}]
+
+
+# --- the site overlay: images and GPU telemetry ------------------------------------------------
+
+SITE = ROOT / "deploy" / "kubernetes-site"
+GUIDE = ROOT / "docs" / "deploy-kubernetes.md"
+# The Service the GPU Operator creates for dcgm-exporter (NVIDIA/gpu-operator,
+# assets/state-dcgm-exporter/0600_service.yaml), in the namespace NVIDIA's install guide uses.
+GPU_OPERATOR_SERVICE = {"namespace": "gpu-operator", "labels": {"app": "nvidia-dcgm-exporter"},
+                        "ports": {"gpu-metrics"}}
+
+
+@cache
+def site() -> tuple[dict, ...]:
+    return tuple(kustomize(SITE))
+
+
+def _images(objects: tuple[dict, ...]) -> set[str]:
+    return {c["image"] for o in objects if o["kind"] == "Deployment"
+            for c in o["spec"]["template"]["spec"]["containers"]}
+
+
+def test_the_site_overlay_names_the_images_the_guide_builds_and_pushes():
+    doc = GUIDE.read_text()
+    shell = {k: re.search(rf"^{k}=(\S+)", doc, re.M) for k in ("REGISTRY", "TAG")}
+    assert all(shell.values()), "REGISTRY= and TAG= are missing from the guide"
+    values = {k: m.group(1) for k, m in shell.items() if m}
+    def expand(text: str) -> str:
+        return text.replace("$REGISTRY", values["REGISTRY"]).replace("$TAG", values["TAG"])
+    built_images = {expand(tag): dockerfile for dockerfile, tag in re.findall(
+        r"^docker build -f (deploy/docker/Dockerfile\.\w+) -t (\S+) \.$", doc, re.M)}
+    pushed = {expand(tag) for tag in re.findall(r"^docker push (\S+)$", doc, re.M)}
+    assert len(built_images) == 2 and pushed == set(built_images)
+    assert all((ROOT / dockerfile).exists() for dockerfile in built_images.values())
+    assert _images(site()) == set(built_images)
+    assert values["TAG"] == tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "version"]
+
+
+def test_the_base_names_no_registry_so_an_unset_image_cannot_be_pulled_by_mistake():
+    assert _images(built()) == {"wandb-infra-bridge:0.1.0", "wandb-infra-exporter:0.1.0"}
+
+
+def test_every_site_object_matches_its_published_schema():
+    failures = {f"{o['kind']}/{o['metadata']['name']}": errors
+                for o in site() if (errors := schema_errors(o))}
+    assert not failures, json.dumps(failures, indent=1)
+
+
+def test_the_site_overlay_scrapes_the_gpu_operators_dcgm_exporter():
+    """Enabled (in the site overlay, not in the base), selected by kube-prometheus-stack's
+    Prometheus, selecting the operator's Service and port, the GPU's pod labels kept."""
+    (monitor,) = [o for o in site() if o["kind"] == "ServiceMonitor"
+                  and o["metadata"]["name"] == "nvidia-dcgm-exporter"]
+    assert not [o for o in built() if o["metadata"]["name"] == "nvidia-dcgm-exporter"]
+    assert monitor["metadata"]["labels"]["release"] == RELEASE
+    spec = monitor["spec"]
+    assert GPU_OPERATOR_SERVICE["namespace"] in spec["namespaceSelector"]["matchNames"]
+    assert _selects(spec["selector"], GPU_OPERATOR_SERVICE["labels"])
+    (endpoint,) = spec["endpoints"]
+    assert endpoint["port"] in GPU_OPERATOR_SERVICE["ports"]
+    assert endpoint["honorLabels"] is True
+    assert endpoint["interval"] == "30s"
