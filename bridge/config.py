@@ -16,7 +16,7 @@ from typing import Any
 from wandb_infra.bridge.diagnosis.verdict import DEFAULT_SETTLE, Policy
 from wandb_infra.bridge.projection.delivery import DeliveryPolicy
 from wandb_infra.bridge.projection.markers import MARKER_SETTLE
-from wandb_infra.bridge.projection.wandb_client import RUN_METRICS
+from wandb_infra.bridge.projection.wandb_client import RUN_METRICS, STEP_METRICS
 from wandb_infra.bridge.prometheus.endings import EndingsPolicy
 from wandb_infra.bridge.quarantine import actuator as quarantine
 from wandb_infra.common.configfile import ConfigError, read_config, read_secret
@@ -139,6 +139,13 @@ SCHEMA = Section({
                                      "issue's root cause has not changed for this long "
                                      "(history is append-only; default: Alertmanager "
                                      "group_interval 1 m + 15 s)", minimum=0),
+        "step_metrics": Key("list[str]", list(STEP_METRICS), "history keys of the run's own "
+                            "step counter, first logged one wins: each marker row carries its "
+                            "value at the row's time, so charts drawn against it place the "
+                            "marker where the run was ([]: wall time only)",
+                            check=_run_metric_keys,
+                            expect="a list of history keys (not '_step' or other keys starting "
+                                   "with '_')"),
         "run_metrics": Key("list[str]", list(RUN_METRICS), "history keys of the run's own "
                            "throughput or MFU (higher is better), first logged one wins: where "
                            "it fell around an issue's onset the impact line names it instead of "

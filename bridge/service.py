@@ -16,7 +16,7 @@ from wandb_infra.bridge.ingest.store import Store, StoreError
 from wandb_infra.bridge.ingest.store import lock as lock_store
 from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.projection.delivery import DeliveryWorker
-from wandb_infra.bridge.projection.markers import SdkMarkerWriter, startup_checks
+from wandb_infra.bridge.projection.markers import RunAxis, SdkMarkerWriter, startup_checks
 from wandb_infra.bridge.projection.wandb_client import WandbClient
 from wandb_infra.bridge.prometheus.client import PrometheusClient
 from wandb_infra.bridge.prometheus.run_lookup import PrometheusRunLookup
@@ -53,8 +53,10 @@ def build(cfg: BridgeConfig) -> BridgeContext:
         client = WandbClient(str(wb["base_url"]), cfg.secrets.wandb_api_key,
                              float(wb["timeout_seconds"]))
         if wb["markers"]:
+            steps = list(dict.fromkeys(wb["step_metrics"]))
             markers = SdkMarkerWriter(str(wb["base_url"]), cfg.secrets.wandb_api_key,
-                                      Path(cfg.store_path).parent / "wandb-markers")
+                                      Path(cfg.store_path).parent / "wandb-markers",
+                                      axis=RunAxis(client, steps) if steps else None)
     startup_checks(client, markers is not None)
     worker = DeliveryWorker(store, client=client, markers=markers, links=links,
                             metrics=metrics, policy=cfg.policy, lookup=lookup)

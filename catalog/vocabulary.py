@@ -18,6 +18,15 @@ ANNOTATION_PANEL_ID = "panel_id"
 # The rule's ``for`` in seconds: Prometheus stamps ``startsAt`` when an alert fires, this long
 # after its condition began; the bridge subtracts it to place the issue at the fault's onset.
 ANNOTATION_FOR_SECONDS = "for_seconds"
+# History keys of the bridge's plot markers (bridge/projection/plan.py). No summary key the
+# bridge writes has one of these names: where the server derives a run's summary from its history
+# (it does for a shared-mode writer's rows), a shared name would let one overwrite the other.
+MARKER_ISSUE = "infra/issue"  # 1 at an issue's onset, 0 at its end: the plotted series
+MARKER_ALERT = "infra/issue_alert"  # the issue's root-cause alert
+MARKER_CAUSE = "infra/issue_cause"  # its cause class (hardware, node_loss, ...)
+MARKER_SUPERSEDED = "infra/issue_superseded"  # 1 on the end row of a replaced root cause
+MARKER_KEYS: tuple[str, ...] = (MARKER_ISSUE, MARKER_ALERT, MARKER_CAUSE, MARKER_SUPERSEDED)
+
 REQUIRED_ANNOTATIONS: tuple[str, ...] = (
     "summary", "description", "impact", "remediation", "runbook_url",
     ANNOTATION_DASHBOARD_UID, ANNOTATION_PANEL_ID,

@@ -216,7 +216,7 @@ def test_markers_with_the_real_wandb_sdk(tmp_path, wb):
         run = wb.run("team", "proj", "r1")
         assert [(r["infra/issue"], r["_timestamp"]) for r in run.history] == [
             (1, T0.timestamp())]
-        assert run.history[0]["infra/root_cause"] == "GpuThermalViolation"
+        assert run.history[0]["infra/issue_alert"] == "GpuThermalViolation"
         assert run.state == "running" and run.tags[:2] == ["mine", "baseline"]
         ingest(store, [alert("GpuThermalViolation", category="gpu_thermal", host="h1", gpu="1",
                              run="r1", start=T0, end=T0 + timedelta(minutes=9))])
@@ -233,8 +233,7 @@ def test_markers_with_the_real_wandb_sdk(tmp_path, wb):
         for call in sdk:
             sent = {k for k, v in (call.variables or {}).items() if v is not None}
             assert not sent & {"program", "summaryMetrics", "tags", "notes", "commit", "repo",
-                               "description", "jobType", "host"}, sent
-            assert set(json.loads(call.variables.get("config") or "{}")) <= {"_wandb"}
+                               "description", "jobType", "host", "config"}, sent
         streams = wb.calls(path_prefix="/files/team/proj/r1/file_stream")
         files = {name for r in streams for name in ((r.body or {}).get("files") or {})}
         assert files == {"wandb-history.jsonl"}, files

@@ -144,7 +144,7 @@ def test_the_notes_say_at_which_step_the_issue_began(wb):
     # a trainer logging every 10 s, then the bridge's own marker row stamped with the onset
     _log(wb, "r1", [{"loss": 1.0 / (i + 1), "_timestamp": T0.timestamp() + 10 * i}
                     for i in range(9)])
-    _log(wb, "r1", [{"infra/issue": 1, "infra/root_cause": "GpuXidError",
+    _log(wb, "r1", [{"infra/issue": 1, "infra/issue_alert": "GpuXidError",
                      "_timestamp": ONSET}])
     client = WandbClient(wb.url, wb.api_key, timeout=5)
     steps = _steps(wb, client, "r1")

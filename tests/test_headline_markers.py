@@ -37,7 +37,7 @@ def test_start_rows_wait_for_the_settle_time_and_come_in_one_batch():
     stall = _fact("TrainingStalled", 0.7, "h2", "warning", "workload")
     xid = _fact("GpuXidError", 0, "h1")
     written = _run([(0, stall), (60, xid)], until=300)
-    assert [(at, row["infra/root_cause"]) for at, _, row in written] == [
+    assert [(at, row["infra/issue_alert"]) for at, _, row in written] == [
         (135.0, "GpuXidError")], "the stall was never a root cause long enough to be written"
 
 

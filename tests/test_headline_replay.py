@@ -89,7 +89,7 @@ def test_no_premature_stall_marker_and_headline_first(tmp_path, wb):
     assert run.tags == ["mine", "infra:GpuXidError", "infra:GpuClocksThrottledThermal",
                         "infra:TrainingStalled"]
     assert "root cause resolved at 2026-11-29 12:03:00 UTC" in run.notes
-    rows = [(r["infra/root_cause"], r["infra/issue"]) for r in run.history]
+    rows = [(r["infra/issue_alert"], r["infra/issue"]) for r in run.history]
     assert sorted(rows) == [("GpuClocksThrottledThermal", 1), ("GpuXidError", 1)], rows
     assert run.state == "running" and run.summary == {"loss": 0.5}
     upserts = wb.calls(operation="BridgeUpsertBucket") + wb.calls(operation="UpsertBucket")
@@ -106,7 +106,7 @@ def test_a_marker_written_before_its_cause_arrived_gets_an_end_row(tmp_path, wb)
         _replay(tmp_path, wb, settle=20, stall_wait=60)
     finally:
         wandb.teardown()
-    rows = [(r["infra/root_cause"], r["infra/issue"], r.get("infra/superseded"))
+    rows = [(r["infra/issue_alert"], r["infra/issue"], r.get("infra/issue_superseded"))
             for r in wb.run("team", "proj", "r1").history]
     stall_rows = [r for r in rows if r[0] == "TrainingStalled"]
     assert stall_rows == [("TrainingStalled", 1, None), ("TrainingStalled", 0, 1)], rows

@@ -16,6 +16,12 @@ from typing import Any
 from wandb_infra.bridge.diagnosis.impact import UNMEASURED, Impact, run_gpu_hours
 from wandb_infra.bridge.diagnosis.root_cause import Diagnosis, Issue
 from wandb_infra.bridge.projection.notes import strip_controls
+from wandb_infra.catalog.vocabulary import (
+    MARKER_ALERT,
+    MARKER_CAUSE,
+    MARKER_ISSUE,
+    MARKER_SUPERSEDED,
+)
 
 TAG_PREFIX = "infra:"
 MAX_TAG = 64
@@ -104,8 +110,7 @@ def _seen_id(now: float, issue: Issue) -> str:
 
 
 def _row(name: str, cause: str, value: int, at: float) -> dict[str, Any]:
-    return {"infra/root_cause": name, "infra/cause_class": cause, "infra/issue": value,
-            "_timestamp": at}
+    return {MARKER_ALERT: name, MARKER_CAUSE: cause, MARKER_ISSUE: value, "_timestamp": at}
 
 
 def plan_markers(diagnosis: Diagnosis, done: set[str], now: float,
@@ -146,5 +151,5 @@ def plan_markers(diagnosis: Diagnosis, done: set[str], now: float,
         key = marker.removeprefix("start:")
         if marker.startswith("start:") and key not in since and f"end:{key}" not in done:
             name = first_seen.get(key, (0.0, ""))[1]
-            rows.append((f"end:{key}", {**_row(name, "", 0, now), "infra/superseded": 1}))
+            rows.append((f"end:{key}", {**_row(name, "", 0, now), MARKER_SUPERSEDED: 1}))
     return MarkerPlan(rows, seen, min(waits) if waits else None)

@@ -25,6 +25,7 @@ from typing import Any
 import requests
 
 from wandb_infra.bridge.diagnosis.impact import RunMetric
+from wandb_infra.catalog.vocabulary import MARKER_ISSUE
 from wandb_infra.common.logsetup import log_fields
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,7 @@ query BridgeSampledHistory($project: String!, $entity: String!, $name: String!,
 
 # Every row the bridge's own marker writer appends carries this key (projection/plan.py); those
 # rows are stamped with the issue's onset, so they are left out when finding the run's step.
-MARKER_KEY = "infra/issue"
+MARKER_KEY = MARKER_ISSUE
 STEP_SAMPLES = 1000  # rows per sampled read; a step range with fewer rows comes back whole
 STEP_READS = 4  # sampled reads per onset, each narrowing the step range around it
 # The run's last step before the onset says where the issue began only if it was logged shortly
@@ -87,6 +88,10 @@ STEP_CACHE = 4096  # onsets remembered (oldest dropped first)
 # What the impact line names when the run logs it (bridge config ``wandb.run_metrics``): the
 # first of these keys the run's history holds, each a rate where higher is better.
 RUN_METRICS = ("mfu", "throughput", "tokens_per_s", "samples_per_s")
+# The run's own step counter (bridge config ``wandb.step_metrics``), as PyTorch Lightning
+# (``trainer/global_step``), Hugging Face's Trainer (``train/global_step``) and hand-written
+# loops log it: marker rows carry its value (projection/markers.py, ``RunAxis``).
+STEP_METRICS = ("trainer/global_step", "train/global_step", "global_step", "step")
 
 NOTIFY = """
 mutation NotifyScriptableRunAlert($entityName: String!, $projectName: String!, $runName: String!,
