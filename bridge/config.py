@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from wandb_infra.bridge.diagnosis.verdict import DEFAULT_SETTLE, Policy
+from wandb_infra.bridge.joblog import sources as joblog
 from wandb_infra.bridge.projection.delivery import DeliveryPolicy
 from wandb_infra.bridge.projection.markers import MARKER_SETTLE
 from wandb_infra.bridge.projection.wandb_client import RUN_METRICS, STEP_METRICS
@@ -184,6 +185,7 @@ SCHEMA = Section({
                                  "wait", minimum=1, maximum=10_000),
     }),
     "quarantine": quarantine.SCHEMA,
+    "joblog": joblog.SCHEMA,
     "restart_policy": Section({
         "xid": Key("mapping", {}, f"override NVIDIA's recovery action per XID code (94: "
                    f"reset_gpu); actions: {ACTIONS}; the issue states the choice"),
@@ -233,6 +235,7 @@ class BridgeConfig:
     max_inflight_bytes: int
     policy: DeliveryPolicy
     insecure_no_auth: bool = False
+    joblog: joblog.Settings = field(default_factory=joblog.Settings)
 
     @property
     def auth_enabled(self) -> bool:
@@ -319,6 +322,7 @@ def build_config(raw: dict[str, Any], environ: Mapping[str, str] | None = None,
         body_timeout=float(webhook["body_timeout_seconds"]),
         max_inflight_bytes=webhook["max_inflight_bytes"],
         insecure_no_auth=insecure_no_auth,
+        joblog=joblog.Settings.from_config(raw["joblog"]),
     )
     if not cfg.auth_enabled and not insecure_no_auth:
         raise ConfigError("no webhook credentials configured (auth.bearer_token[_file] or "

@@ -14,6 +14,11 @@ from wandb_infra.bridge.diagnosis.outcome import Outcome
 from wandb_infra.bridge.diagnosis.outcome import judge as judge_outcome
 from wandb_infra.bridge.diagnosis.report import render_run
 from wandb_infra.bridge.diagnosis.root_cause import DEFAULT_GAP, diagnose
+from wandb_infra.bridge.joblog.join import join as join_log
+from wandb_infra.bridge.joblog.report import as_json as log_json
+from wandb_infra.bridge.joblog.report import explain_logs
+from wandb_infra.bridge.joblog.sources import FileSource
+from wandb_infra.bridge.joblog.sources import read as read_logs
 from wandb_infra.bridge.prometheus.client import PrometheusClient, PrometheusError, quote
 from wandb_infra.bridge.prometheus.endings import EndingsPolicy, RunEndings
 from wandb_infra.bridge.prometheus.history import (
@@ -41,9 +46,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "over its lifetime (range queries), run the bridge's diagnosis and print the "
                     "timeline with the root cause. --post writes the result to the run in W&B "
                     "through the bridge's own store and delivery path.")
-    p.add_argument("run", metavar="ENTITY/PROJECT/RUN_ID", help="the W&B run to explain")
-    p.add_argument("--prometheus", required=True, metavar="URL",
-                   help="Prometheus base URL holding the rules' ALERTS and the join metrics")
+    p.add_argument("run", metavar="ENTITY/PROJECT/RUN_ID", nargs="?",
+                   help="the W&B run to explain (optional with --log)")
+    p.add_argument("--prometheus", metavar="URL",
+                   help="Prometheus base URL holding the rules' ALERTS and the join metrics "
+                        "(needed with a run)")
+    p.add_argument("--log", action="append", metavar="FILE",
+                   help="the job's console log (repeatable): its first meaningful error, rank, "
+                        "host and GPU; without a run it needs no Prometheus and no W&B")
     p.add_argument("--start", help="window start: RFC 3339, unix seconds or e.g. 2d (ago); "
                                    "default: 10 minutes before the run was first seen")
     p.add_argument("--end", help="window end (same forms); default: 10 minutes after the run "
@@ -113,6 +123,12 @@ def _post(found: Explanation, args: argparse.Namespace, outcome: Outcome | None)
 
 def run(args: argparse.Namespace) -> int:
     """Explain one run; exit 2 on bad input, 1 when Prometheus or W&B fails."""
+    if args.run is None or not args.prometheus:
+        if args.run is None and args.log:
+            return explain_logs(args.log, args.json)
+        print("wandb-infra-bridge explain: give ENTITY/PROJECT/RUN_ID with --prometheus, or "
+              "--log FILE", file=sys.stderr)
+        return 2
     try:
         target = parse_run(args.run)
         now = time.time()
@@ -153,6 +169,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"wandb-infra-bridge explain: {exc}", file=sys.stderr)
         return 1
     view["verdict"] = None if outcome is None else outcome.as_dict()
+    if args.log:  # the job's own log, joined with the diagnosis's root cause
+        reading = read_logs([FileSource(p) for p in args.log])
+        view["job_log"] = log_json(reading, join_log(
+            reading, diagnosis.root_cause, "" if outcome is None else outcome.coverage_line))
     if running:
         view["running"] = (f"its join series were published within the last {args.grace:.0f} s"
                            ": it is still running (or only just ended), so no ended-run "
@@ -176,6 +196,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"Verdict: {outcome.verdict}: {outcome.text}")
             print(f"  {outcome.coverage_line}")
         print(render_run(view))
+        if args.log:
+            print(f"Job log: {view['job_log']['statement']}")
         if args.post:
             print(f"W&B: {view['wandb']['state']}")
     return 0

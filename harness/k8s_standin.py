@@ -11,6 +11,11 @@ and ``PATCH /api/v1/nodes/<name>`` with ``application/merge-patch+json`` (what c
 writes use): each write bumps the node's ``metadata.resourceVersion``; a patch carrying a stale
 ``metadata.resourceVersion`` gets 409 ``Conflict``, as does the next patch after
 ``conflict_next_patches`` is set (another writer got there first); ``patch_forbidden`` answers 403.
+
+Pod logs: ``GET /api/v1/namespaces/<ns>/pods/<pod>/log`` as ``text/plain`` with ``tailLines``,
+``limitBytes`` and ``previous`` (Kubernetes API reference, "read log of the specified Pod"): 404
+``NotFound`` for an unknown pod, 400 ``BadRequest`` when the previous container is asked for and
+the pod never restarted, ``logs_forbidden`` answers 403.
 """
 
 from __future__ import annotations
@@ -90,6 +95,8 @@ class K8sStandin:
         self.patches: list[tuple[str, dict[str, Any]]] = []
         self.conflict_next_patches = 0
         self.patch_forbidden = False
+        self.logs: dict[tuple[str, str, bool], bytes] = {}
+        self.logs_forbidden = False
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self.url = ""
@@ -112,6 +119,34 @@ class K8sStandin:
         with self._lock:
             self.pods = list(pods)
             self.resource_version += 1
+
+    def set_log(self, namespace: str, pod: str, text: bytes, previous: bool = False) -> None:
+        """A pod's container log (``previous``: the container before its last restart)."""
+        with self._lock:
+            self.logs[(namespace, pod, previous)] = text
+
+    def read_log(self, namespace: str, pod: str, query: dict[str, list[str]]
+                 ) -> tuple[int, bytes | dict[str, Any]]:
+        """The API server's answer to one log read: the tail by ``tailLines``, then cut to
+        ``limitBytes`` (from the start of that tail, as the kubelet stops reading there)."""
+        with self._lock:
+            previous = query.get("previous", ["false"])[0] == "true"
+            if self.logs_forbidden:
+                return 403, _status(403, "Forbidden", 'pods "' + pod + '" is forbidden: cannot '
+                                    'get resource "pods/log"')
+            if not any(k[:2] == (namespace, pod) for k in self.logs):
+                return 404, _status(404, "NotFound", f'pods "{pod}" not found')
+            text = self.logs.get((namespace, pod, previous))
+            if text is None:
+                return 400, _status(400, "BadRequest", 'previous terminated container "trainer" '
+                                    f'in pod "{pod}" not found')
+        if "tailLines" in query:
+            keep = int(query["tailLines"][0])
+            lines = text.splitlines(keepends=True)
+            text = b"".join(lines[-keep:] if keep else [])
+        if "limitBytes" in query:
+            text = text[:int(query["limitBytes"][0])]
+        return 200, text
 
     def list_pods(self, namespace: str | None, query: dict[str, list[str]]
                   ) -> tuple[int, dict[str, Any]]:
@@ -231,10 +266,11 @@ def _handler(server: K8sStandin) -> type[BaseHTTPRequestHandler]:
         def log_message(self, format: str, *args: Any) -> None:
             return
 
-        def _send(self, code: int, body: dict[str, Any]) -> None:
-            data = json.dumps(body).encode()
+        def _send(self, code: int, body: dict[str, Any] | bytes) -> None:
+            data = body if isinstance(body, bytes) else json.dumps(body).encode()
             self.send_response(code)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", "text/plain" if isinstance(body, bytes)
+                             else "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
@@ -251,6 +287,10 @@ def _handler(server: K8sStandin) -> type[BaseHTTPRequestHandler]:
                 return
             if len(parts) == 4 and parts[:3] == ["api", "v1", "nodes"]:
                 self._send(*server.get_node(parts[3]))
+                return
+            if len(parts) == 7 and parts[:3] == ["api", "v1", "namespaces"] \
+                    and parts[4] == "pods" and parts[6] == "log":
+                self._send(*server.read_log(parts[3], parts[5], parse_qs(url.query)))
                 return
             if parts == ["api", "v1", "pods"]:
                 pass

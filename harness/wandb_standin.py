@@ -130,7 +130,14 @@ type Run {
   user: User
   historyKeys(format: String): JSON
   sampledHistory(specs: [JSONString!]!): [JSON]
+  logLineCount: Int
+  logLines(first: Int, last: Int, after: String, before: String,
+           useImprovedPagination: Boolean): LogLineConnection
 }
+
+type LogLineConnection { edges: [LogLineEdge!]! pageInfo: PageInfo! }
+type LogLineEdge { node: LogLine! cursor: String! }
+type LogLine { id: ID! number: Int timestamp: String level: String label: String line: String }
 
 input UpsertBucketInput {
   id: String
@@ -204,6 +211,7 @@ class RunRecord:
     summary: dict[str, Any] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
+    console: list[dict[str, Any]] = field(default_factory=list)
     created_at: str = field(default_factory=_now_iso)
     heartbeat_at: str = field(default_factory=_now_iso)
     created_seq: int = 0
@@ -394,6 +402,41 @@ def _sampled_history(rows: list[dict[str, Any]], specs: list[str]) -> list[list[
     return out
 
 
+def _log_lines(lines: list[dict[str, Any]], *, first: int | None = None, last: int | None = None,
+               after: str | None = None, before: str | None = None,
+               useImprovedPagination: bool | None = None) -> dict[str, Any]:
+    """``logLines`` as the wandb SDK reads a run's console log (wandb/wandb,
+    ``core/api/graphql/query_run_console_logs.graphql``): ``last: N`` is the tail in ascending
+    line order; ``first``/``after`` page forward from the start (the SDK sends those with
+    ``useImprovedPagination: true``). ``number`` is the 0-based line number, ``level`` "error"
+    for stderr, ``label`` the shared-mode writer's ``x_label``."""
+    del useImprovedPagination  # accepted as the real server does; both modes give the tail
+    start, stop = 0, len(lines)
+    if after is not None:
+        start = _cursor(after) + 1
+    if before is not None:
+        stop = _cursor(before)
+    window = lines[start:stop]
+    if first is not None:
+        window = window[:max(0, first)]
+    if last is not None:
+        window = window[-last:] if last > 0 else []
+    edges = [{"node": {**node, "id": _b64(f"LogLine:{node['number']}")},
+              "cursor": _b64(f"cursor:{node['number']}")} for node in window]
+    return {"edges": edges, "pageInfo": {
+        "startCursor": edges[0]["cursor"] if edges else None,
+        "endCursor": edges[-1]["cursor"] if edges else None,
+        "hasPreviousPage": bool(edges) and window[0]["number"] > 0,
+        "hasNextPage": bool(edges) and window[-1]["number"] < len(lines) - 1}}
+
+
+def _cursor(text: str) -> int:
+    try:
+        return int(base64.b64decode(text).decode().split(":", 1)[1])
+    except (ValueError, IndexError, UnicodeDecodeError) as exc:
+        raise GraphQLError(f"invalid cursor {text!r}") from exc
+
+
 def _run_view(rec: RunRecord, project_id: int) -> dict[str, Any]:
     keys = sorted({k for row in rec.history for k in row if not k.startswith("_")})
     return {
@@ -414,6 +457,8 @@ def _run_view(rec: RunRecord, project_id: int) -> dict[str, Any]:
         # read when asked (graphql-core calls it with the field's arguments); list() copies the
         # rows appended so far in one step, so a concurrent file_stream append cannot tear it
         "sampledHistory": lambda _info, specs: _sampled_history(list(rec.history), specs),
+        "logLineCount": len(rec.console),
+        "logLines": lambda _info, **kw: _log_lines(list(rec.console), **kw),
     }
 
 
@@ -568,6 +613,18 @@ class WandbStandin:
                 rec.notes = notes(rec.notes)
             if tags is not None:
                 rec.tags = list(tags(list(rec.tags)))
+
+    def add_console(self, entity: str, project: str, run_id: str, lines: list[str], *,
+                    label: str = "", level: str = "info", start: float | None = None) -> None:
+        """Append console lines as the run's writer ``label`` (shared mode's ``x_label``; empty
+        for the primary) would have streamed them, one second apart from ``start``."""
+        at = time.time() if start is None else start
+        with self._lock:
+            rec = self._runs[(entity, project, run_id)]
+            for i, line in enumerate(lines):
+                stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at + i)) + "Z"
+                rec.console.append({"number": len(rec.console), "timestamp": stamp,
+                                    "level": level, "label": label or None, "line": line})
 
     def set_state(self, entity: str, project: str, run_id: str, state: str) -> None:
         """Change a run's state, as the trainer finishing or crashing would."""

@@ -31,7 +31,8 @@ FOLDERS = (*PRODUCT, *TOOLS)
 # Inside the bridge, lowest first: each part imports only the parts before it (and itself). The
 # entry points (cli, config, service and the *_cli commands) sit above all of them; ``metrics``
 # (the bridge's own counters) is a leaf every part may count into.
-BRIDGE_PARTS = ("metrics", "diagnosis", "ingest", "prometheus", "quarantine", "projection", "web")
+BRIDGE_PARTS = ("metrics", "diagnosis", "joblog", "ingest", "prometheus", "quarantine",
+                "projection", "web")
 BRIDGE_ENTRY_POINTS = {"cli", "config", "service", "explain_cli", "quarantine_cli", "view_cli"}
 
 
