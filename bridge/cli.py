@@ -1,8 +1,9 @@
 """``wandb-infra-bridge``: the Alertmanager -> W&B bridge command line.
 
-Subcommands: ``serve`` (the daemon), ``explain`` (post-mortem from Prometheus history) and
-``quarantine`` (the one process with scheduler rights) and ``view`` (a saved W&B view with the
-markers); each registers itself in ``SUBCOMMANDS`` with a function that adds its parser.
+Subcommands: ``serve`` (the daemon), ``explain`` (post-mortem from Prometheus history),
+``quarantine`` (the one process with scheduler rights), ``view`` (a saved W&B view with the
+markers) and ``selftest`` (the W&B writes tried on a scratch run); each registers itself in
+``SUBCOMMANDS`` with a function that adds its parser.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from wandb_infra.bridge.config import ENV_PREFIX, SCHEMA, BridgeConfig, load
 from wandb_infra.bridge.explain_cli import add_parser as add_explain
 from wandb_infra.bridge.ingest.store import StoreLocked, StoreTooNew
 from wandb_infra.bridge.quarantine_cli import add_parser as add_quarantine
+from wandb_infra.bridge.selftest_cli import add_parser as add_selftest
 from wandb_infra.bridge.view_cli import add_parser as add_view
 from wandb_infra.common.configfile import ConfigError
 from wandb_infra.common.logsetup import setup_logging
@@ -81,8 +83,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_serve)
 
 
-SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_serve, add_explain,
-                                                                   add_quarantine, add_view]
+SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
+    _add_serve, add_explain, add_quarantine, add_view, add_selftest]
 
 
 def build_parser() -> argparse.ArgumentParser:

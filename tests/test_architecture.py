@@ -33,7 +33,8 @@ FOLDERS = (*PRODUCT, *TOOLS)
 # (the bridge's own counters) is a leaf every part may count into.
 BRIDGE_PARTS = ("metrics", "diagnosis", "joblog", "ingest", "prometheus", "quarantine",
                 "projection", "web")
-BRIDGE_ENTRY_POINTS = {"cli", "config", "service", "explain_cli", "quarantine_cli", "view_cli"}
+BRIDGE_ENTRY_POINTS = {"cli", "config", "service", "explain_cli", "quarantine_cli", "view_cli",
+                       "selftest_cli"}
 
 
 def _layer(module: str) -> str:
