@@ -274,24 +274,29 @@ def _scheduler(raw: Mapping[str, Any]) -> str:
 
 
 def build_config(raw: dict[str, Any], environ: Mapping[str, str] | None = None,
-                 insecure_no_auth: bool = False) -> BridgeConfig:
+                 insecure_no_auth: bool = False, serves: bool = True) -> BridgeConfig:
     """Check ``raw`` against the schema (completing it with the defaults), then the rules that
-    span keys, and read the secrets it points at."""
+    span keys, and read the secrets it points at. ``serves=False`` (a command that serves
+    nothing: ``view``, ``selftest``) reads the W&B key only, not the webhook's or pages'
+    credentials, which such a command's user may not be able to read."""
     raw = SCHEMA.resolve(raw)
     auth, wb = raw["auth"], raw["wandb"]
     secrets = Secrets(
-        bearer_token=read_secret(auth["bearer_token"], auth["bearer_token_file"],
-                                 "auth.bearer_token", environ),
-        basic_username=auth["basic_username"],
-        basic_password=read_secret(auth["basic_password"], auth["basic_password_file"],
-                                   "auth.basic_password", environ),
-        wandb_api_key=read_secret(wb["api_key"], wb["api_key_file"], "wandb.api_key", environ),
-        pages_token=read_secret(auth["pages_token"], auth["pages_token_file"],
-                                "auth.pages_token", environ),
-    )
-    if bool(secrets.basic_username) != bool(secrets.basic_password):
-        raise ConfigError("auth.basic_username and auth.basic_password go together")
-    _check_pages_auth(secrets)
+        wandb_api_key=read_secret(wb["api_key"], wb["api_key_file"], "wandb.api_key", environ))
+    if serves:
+        secrets = Secrets(
+            bearer_token=read_secret(auth["bearer_token"], auth["bearer_token_file"],
+                                     "auth.bearer_token", environ),
+            basic_username=auth["basic_username"],
+            basic_password=read_secret(auth["basic_password"], auth["basic_password_file"],
+                                       "auth.basic_password", environ),
+            wandb_api_key=secrets.wandb_api_key,
+            pages_token=read_secret(auth["pages_token"], auth["pages_token_file"],
+                                    "auth.pages_token", environ),
+        )
+        if bool(secrets.basic_username) != bool(secrets.basic_password):
+            raise ConfigError("auth.basic_username and auth.basic_password go together")
+        _check_pages_auth(secrets)
     policy = DeliveryPolicy(
         flush_interval=float(wb["flush_interval_seconds"]),
         backoff_base=float(wb["backoff_base_seconds"]),
@@ -332,6 +337,7 @@ def build_config(raw: dict[str, Any], environ: Mapping[str, str] | None = None,
 
 
 def load(path: str | None, environ: Mapping[str, str] | None = None,
-         insecure_no_auth: bool = False) -> BridgeConfig:
-    """YAML file + environment overrides over the defaults, validated."""
-    return build_config(read_config(path, ENV_PREFIX, environ), environ, insecure_no_auth)
+         insecure_no_auth: bool = False, serves: bool = True) -> BridgeConfig:
+    """YAML file + environment overrides over the defaults, validated (see ``build_config``)."""
+    return build_config(read_config(path, ENV_PREFIX, environ), environ, insecure_no_auth,
+                        serves)

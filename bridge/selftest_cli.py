@@ -331,7 +331,7 @@ def table(checks: list[Check]) -> str:
 
 def _run(args: argparse.Namespace) -> int:
     try:
-        cfg = load(args.config, insecure_no_auth=True)  # it serves nothing
+        cfg = load(args.config, insecure_no_auth=True, serves=False)  # it serves nothing
     except ConfigError as exc:
         print(f"wandb-infra-bridge selftest: configuration error: {exc}", file=sys.stderr)
         return 2

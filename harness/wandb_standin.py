@@ -66,7 +66,9 @@ input UpsertViewInput {
   spec: String
   createdUsing: ViewSource
 }
-type View { id: ID! name: String! }
+type View { id: ID! name: String! displayName: String }
+type ViewConnection { edges: [ViewEdge!]! }
+type ViewEdge { node: View }
 type UpsertViewPayload { view: View inserted: Boolean }
 
 type ServerInfo { features: [ServerFeature!]! }
@@ -98,6 +100,7 @@ type Project {
   bucket(name: String!): Run
   runs(filters: JSONString, first: Int, after: String, order: String): RunConnection!
   runCount(filters: JSONString): Int!
+  allViews(viewType: String, viewName: String, userName: String): ViewConnection
 }
 
 type RunConnection { edges: [RunEdge!]! pageInfo: PageInfo! totalCount: Int! }
@@ -297,9 +300,15 @@ class _Resolver:
             raise GraphQLError("spec is not JSON") from exc
         with s._lock:
             view = {**input, "spec": spec, "id": input.get("id") or f"view-{len(s.views) + 1}"}
-            s.views.append(view)
+            same = [i for i, v in enumerate(s.views) if v["id"] == view["id"]]
+            if input.get("id") and not same:
+                raise GraphQLError(f"view {input['id']} not found")
+            if same:
+                s.views[same[0]] = view
+            else:
+                s.views.append(view)
         return {"view": {"id": view["id"], "name": view.get("name") or ""},
-                "inserted": not input.get("id")}
+                "inserted": not same}
 
     def deleteRun(self, _info: Any, input: dict[str, Any]) -> dict[str, Any]:
         s = self.server
@@ -329,6 +338,16 @@ class _ProjectView:
         self.internalId = str(server._projects[(entity, name)])
         self.readOnly = False
         self.entity = {"id": _b64(f"Entity:{entity}"), "name": entity, "organization": None}
+
+    def allViews(self, _info: Any, viewType: str | None = None, viewName: str | None = None,
+                 userName: str | None = None) -> dict[str, Any]:
+        """The project's saved views (upsertView), of that type and name when given."""
+        with self.server._lock:
+            views = [v for v in self.server.views
+                     if (v.get("entityName"), v.get("projectName")) == (self.entityName, self.name)
+                     and viewType in (None, v.get("type")) and viewName in (None, v.get("name"))]
+        return {"edges": [{"node": {"id": v["id"], "name": v.get("name") or "",
+                                    "displayName": v.get("displayName")}} for v in views]}
 
     def run(self, _info: Any, name: str) -> dict[str, Any] | None:
         with self.server._lock:

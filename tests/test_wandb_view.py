@@ -1,7 +1,8 @@
-"""``wandb-infra-bridge view`` (issue 29 item 4): a saved W&B view, built with W&B's own
-wandb-workspaces library and sent to the W&B stand-in, that draws the runs' metrics with the
-``infra/issue`` markers on wall time (the axis on which they line up) and pins the infra
-columns in the runs table."""
+"""``wandb-infra-bridge view``: a saved W&B view, built with W&B's own wandb-workspaces library
+and sent to the W&B stand-in, that draws the runs' metrics with the ``infra/issue`` markers on
+wall time or the runs' step metric (the axes on which they line up) and pins the infra columns
+in the runs table; it needs only the W&B key of the configuration, and saving again updates the
+view instead of adding one."""
 
 from __future__ import annotations
 
@@ -20,7 +21,10 @@ pytestmark = pytest.mark.integration
 
 
 def _view(tmp_path: Path, wb: WandbStandin, *args: str) -> subprocess.CompletedProcess:
-    cfg = {"wandb": {"base_url": wb.url, "api_key": wb.api_key}}
+    # as deploy/bridge.example.yaml: webhook and page token files this user cannot read
+    cfg = {"wandb": {"base_url": wb.url, "api_key": wb.api_key},
+           "auth": {"bearer_token_file": str(tmp_path / "absent" / "webhook-token"),
+                    "pages_token_file": str(tmp_path / "absent" / "pages-token")}}
     (tmp_path / "bridge.yaml").write_text(yaml.safe_dump(cfg))
     env = {**os.environ, "HOME": str(tmp_path), "WANDB_SILENT": "true",
            "WANDB__GRAPHQL_RETRY_MAX": "1"}
@@ -57,3 +61,25 @@ def test_view_refuses_bad_input_in_one_line(tmp_path):
         none = _view(tmp_path, wb, "team/llm", "--metrics", " , ")
         assert none.returncode == 2 and "--metrics names at least one" in none.stderr
         assert wb.views == []
+
+
+def test_view_run_again_updates_its_view_and_can_use_the_runs_step_metric(tmp_path):
+    with WandbStandin() as wb:
+        wb.add_run("team", "llm", "r1")
+        first = _view(tmp_path, wb, "team/llm", "--metrics", "loss")
+        assert first.returncode == 0, first.stderr
+        assert first.stdout.startswith("saved view 'Infrastructure issues': ")
+        again = _view(tmp_path, wb, "team/llm", "--metrics", "loss,mfu", "--x",
+                      "trainer/global_step")
+        assert again.returncode == 0, again.stderr
+        assert again.stdout.startswith("updated view 'Infrastructure issues': ")
+        other = _view(tmp_path, wb, "team/llm", "--metrics", "loss", "--name", "Mine")
+        assert other.returncode == 0, other.stderr
+        views = {v["displayName"]: v for v in wb.views}
+    assert len(views) == 2 and set(views) == {"Infrastructure issues", "Mine"}
+    panels = [p for section in views["Infrastructure issues"]["spec"]["section"][
+        "panelBankConfig"]["sections"] for p in section["panels"]]
+    assert {tuple(p["config"]["metrics"]): p["config"]["xAxis"] for p in panels} == {
+        ("loss", "infra/issue"): "trainer/global_step",
+        ("mfu", "infra/issue"): "trainer/global_step",
+        ("infra/issue",): "trainer/global_step"}
