@@ -132,6 +132,19 @@ COSTS_SCHEMA = (
     PRIMARY KEY (entity, project, run_id)
 )""",
 )
+# What said each ended run ended (the join series gone, its W&B state): a verdict is final only
+# with two witnesses, and withdrawn when the join series come back. Added within version 2: an
+# older bridge ignores the table, and endings without rows here are re-checked.
+WITNESS_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS ending_witnesses (
+    entity TEXT NOT NULL,
+    project TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    how TEXT NOT NULL,
+    at REAL NOT NULL,
+    PRIMARY KEY (entity, project, run_id, how)
+)""",
+)
 # PRAGMA user_version: 0 is a store written before the clustered alerts table (a rowid table
 # keyed by fingerprint first, plus an alerts_by_run index, with alertname, severity and category
 # columns); it is rewritten once when opened. 1 has no endings tables; they are added.
@@ -327,7 +340,7 @@ def _prepare(conn: sqlite3.Connection) -> None:
                              f"updated_at, lookup_done) SELECT {_ALERT_COLUMNS}, received_at, "
                              "updated_at, lookup_done FROM alerts_v0")
                 conn.execute("DROP TABLE alerts_v0")
-        for statement in (*OTHER_SCHEMA, *ENDINGS_SCHEMA, *COSTS_SCHEMA):
+        for statement in (*OTHER_SCHEMA, *ENDINGS_SCHEMA, *COSTS_SCHEMA, *WITNESS_SCHEMA):
             conn.execute(statement)
         if version < SCHEMA_VERSION:
             conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
@@ -786,13 +799,44 @@ class Store:
 
     def add_endings(self, runs: Sequence[tuple[RunKey, float, str]], now: float) -> int:
         """Record runs as ended (run, when, what said so); a run already known keeps its
-        first record. Returns how many were new."""
+        first record and gains the witness. Returns how many were new."""
+        rows = [(r.entity, r.project, r.run_id, at, now, how) for r, at, how in runs
+                if r.attributed]
         with self._tx() as conn:
+            conn.executemany(
+                "INSERT OR IGNORE INTO ending_witnesses (entity, project, run_id, at, how) "
+                "VALUES (?,?,?,?,?)", [(*row[:4], row[5]) for row in rows])
             return max(0, conn.executemany(
                 "INSERT OR IGNORE INTO endings (entity, project, run_id, ended_at, found_at, how) "
-                "VALUES (?,?,?,?,?,?)",
-                [(r.entity, r.project, r.run_id, at, now, how) for r, at, how in runs
-                 if r.attributed]).rowcount)
+                "VALUES (?,?,?,?,?,?)", rows).rowcount)
+
+    def witnesses(self, run: RunKey) -> list[str]:
+        """What said the run ended, first first."""
+        return [r[0] for r in self._read(
+            "SELECT how FROM ending_witnesses WHERE entity=? AND project=? AND run_id=? "
+            "ORDER BY at, how", (run.entity, run.project, run.run_id))]
+
+    def unconfirmed_endings(self, since: float, limit: int) -> list[Ending]:
+        """Ended runs (judged or not) with fewer than two witnesses that ended after
+        ``since``, newest first: the ones a reappearing run withdraws."""
+        rows = self._read(
+            "SELECT * FROM endings e WHERE ended_at > ? AND (SELECT COUNT(*) FROM "
+            "ending_witnesses w WHERE w.entity=e.entity AND w.project=e.project AND "
+            "w.run_id=e.run_id) < 2 ORDER BY ended_at DESC LIMIT ?", (since, limit))
+        return [self._ending(r) for r in rows]
+
+    def withdraw_ending(self, run: RunKey, now: float) -> None:
+        """The run is alive after all: forget its ending, witnesses and verdict; a verdict
+        already queued for W&B is projected again without it."""
+        key = (run.entity, run.project, run.run_id)
+        with self._tx() as conn:
+            judged = conn.execute("SELECT verdict FROM endings WHERE entity=? AND project=? "
+                                  "AND run_id=?", key).fetchone()
+            conn.execute("DELETE FROM endings WHERE entity=? AND project=? AND run_id=?", key)
+            conn.execute("DELETE FROM ending_witnesses WHERE entity=? AND project=? AND "
+                         "run_id=?", key)
+            if judged is not None and judged[0] is not None:
+                self._bump(conn, run, now)
 
     def pending_endings(self, now: float, limit: int) -> list[Ending]:
         """Ended runs still to be judged, past their retry time, oldest end first."""

@@ -174,13 +174,22 @@ class DeliveryWorker:
         self._next_refresh = 0.0
         self.endings = (EndingsPass(store, RunEndings(lookup.client, policy.endings),
                                     store.facts, incident_gap=policy.incident_gap,
-                                    deliver=client is not None)
+                                    deliver=client is not None,
+                                    state=None if client is None else self._wandb_state)
                         if lookup is not None and policy.endings is not None
                         and policy.endings.enabled else None)
         self.quarantine = build_quarantine(policy.quarantine,
                                            Path(store.path).resolve().parent,
                                            acting=policy.quarantine_acts)
         self._audit_status()
+
+    def _wandb_state(self, run: RunKey) -> str | None:
+        """A run's W&B state, the second witness of its ending (None: W&B has no such run)."""
+        assert self.client is not None
+        try:
+            return self.client.find_run(run.entity, run.project, run.run_id).state
+        except PermanentError:
+            return None
 
     def _audit_status(self) -> None:
         """The quarantine audit log's health on /metrics (damage never stops the bridge)."""

@@ -33,6 +33,15 @@ class PrometheusClient:
         """The result vector of ``expr`` evaluated at unix time ``at``."""
         return self._get("query", expr, {"time": f"{at:.3f}"})
 
+    def now(self) -> float:
+        """Prometheus' own clock: ``time()`` evaluated at its now (no ``time`` parameter)."""
+        result = self._get("query", "time()", {})
+        try:
+            return float(result[1])  # type: ignore[arg-type]  # a scalar: [time, "value"]
+        except (IndexError, TypeError, ValueError) as exc:
+            raise PrometheusError(f"Prometheus at {self.base_url} answered time() without "
+                                  "a time") from exc
+
     def range(self, expr: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
         """The result matrix of ``expr`` from ``start`` to ``end`` every ``step`` seconds."""
         return self._get("query_range", expr, {"start": f"{start:.3f}", "end": f"{end:.3f}",

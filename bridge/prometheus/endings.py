@@ -7,11 +7,19 @@ back; after a restart the first pass looks back ``lookback`` (runs that ended wh
 was down). Each ended run then costs four range queries over its own hosts: its placement (the
 join metrics, as ``explain``), its exporters' ``up`` joined to the target maps, and its GPUs'
 presence record.
+
+A verdict is final only when two witnesses say the run ended: its join series gone (asked at
+Prometheus' own time, so a bridge clock running ahead never ends a live run) and its W&B state
+(finished, failed, crashed, or no such run in W&B). A run the join series alone say ended
+waits while W&B says it runs; without W&B to ask, the join series' verdict is given but stays
+provisional. An ending with one witness is withdrawn, verdict and all, when the run's join
+series come back (an exporter outage, a registration that expired and was renewed).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -32,6 +40,10 @@ log = logging.getLogger(__name__)
 
 RUN_LABELS = f"{L.ENTITY}, {L.PROJECT}, {L.RUN_ID}"
 JOIN_GONE = "join series gone"
+WANDB_ENDED = frozenset({"finished", "failed", "crashed"})  # W&B states of a run that ended
+NOT_IN_WANDB = "no such run in W&B"
+PRESENCE_CHUNK = 100  # runs per presence query (a run-id regex per run)
+UNCONFIRMED_PER_PASS = 500  # one-witness endings re-checked per pass, newest first
 
 
 @dataclass(frozen=True)
@@ -54,10 +66,20 @@ def host_matcher(hosts: Iterable[str]) -> str:
 
 def vanished_query(window: float, grace: float) -> str:
     """Runs with a join sample in the ``window`` before the last ``grace`` seconds and none in
-    those ``grace`` seconds (range selections skip staleness markers)."""
-    return (f"group by ({RUN_LABELS}) (last_over_time({L.NODE_INFO}[{window + grace:.0f}s])) "
+    those ``grace`` seconds (range selections skip staleness markers). The window is rounded
+    up: rounded to the nearest second, up to half a second between passes was never searched,
+    and a run whose last sample fell there never got a verdict."""
+    return (f"group by ({RUN_LABELS}) (last_over_time({L.NODE_INFO}"
+            f"[{math.ceil(window + grace)}s])) "
             f"unless on ({RUN_LABELS}) "
             f"group by ({RUN_LABELS}) (last_over_time({L.NODE_INFO}[{grace:.0f}s]))")
+
+
+def present_query(runs: Iterable[RunKey], grace: float) -> str:
+    """The runs among ``runs`` with a join sample in the last ``grace`` seconds."""
+    ids = "|".join(regex_literal(r.run_id) for r in sorted(set(runs)))
+    return (f"group by ({RUN_LABELS}) (last_over_time({L.NODE_INFO}"
+            f'{{{L.RUN_ID}=~"{ids}"}}[{grace:.0f}s]))')
 
 
 def targets_query(hosts: Iterable[str], step: float) -> str:
@@ -84,6 +106,23 @@ class RunEndings:
         self.prom = prom
         self.policy = policy
         self.queries = 0  # Prometheus queries made (bench and /metrics figures)
+
+    def now(self) -> float:
+        """Prometheus' clock (``time()`` evaluated at its now): endings are judged by it, not
+        by the bridge's."""
+        self.queries += 1
+        return self.prom.now()
+
+    def present(self, runs: Iterable[RunKey], now: float) -> set[RunKey]:
+        """Those of ``runs`` whose join series have a sample within the grace before ``now``."""
+        wanted, found = sorted(set(runs)), set()
+        for start in range(0, len(wanted), PRESENCE_CHUNK):
+            chunk = wanted[start:start + PRESENCE_CHUNK]
+            self.queries += 1
+            for s in self.prom.instant(present_query(chunk, self.policy.grace), now):
+                found.add(RunKey(s["metric"].get(L.ENTITY, ""), s["metric"].get(L.PROJECT, ""),
+                                 s["metric"].get(L.RUN_ID, "")))
+        return found & set(wanted)
 
     def vanished(self, since: float, now: float) -> list[RunKey]:
         """Runs whose join series disappeared between ``since - grace`` and ``now - grace``."""
@@ -138,19 +177,24 @@ RETRY = 300.0  # a run Prometheus could not answer for is tried again after this
 
 class EndingsPass:
     """One pass of the verdict work, driven by the delivery worker: find the runs that ended
-    since the last pass (or within ``lookback`` on the first), then judge at most ``per_pass``
-    of the pending ones. Everything is kept in the store, so a restart resumes."""
+    since the last pass (or within ``lookback`` on the first), gather a second witness for the
+    ones with one (or withdraw them when their join series are back), then judge at most
+    ``per_pass`` of the pending ones. Everything is kept in the store, so a restart resumes.
+    ``state`` answers a run's W&B state (None: W&B has no such run); without it there is no
+    second witness to ask."""
 
     def __init__(self, store: Store, endings: RunEndings,
                  facts: Callable[[RunKey], list[AlertFact]], *, incident_gap: float,
-                 deliver: bool) -> None:
+                 deliver: bool, state: Callable[[RunKey], str | None] | None = None) -> None:
         self.store = store
         self.endings = endings
         self.facts = facts
         self.incident_gap = timedelta(seconds=incident_gap)
         self.deliver = deliver
+        self.state = state
         self.next_pass = 0.0
         self.judged = 0
+        self.withdrawn = 0
 
     def due(self, now: float) -> bool:
         """Whether a pass should run now."""
@@ -158,18 +202,28 @@ class EndingsPass:
 
     def run(self, now: float) -> int:
         """Find and judge; returns how many runs were judged. Raises what Prometheus raised
-        when the search itself failed (the cursor then stays, nothing is lost)."""
+        when the search itself failed (the cursor then stays, nothing is lost). ``now`` is the
+        bridge's clock, used only to schedule retries; Prometheus' clock decides endings."""
         policy = self.endings.policy
         self.next_pass = now + policy.interval
-        since = max(self.store.scanned_to(SCAN) or 0.0, now - policy.lookback)
-        if now - since >= 1.0:
-            found = self.endings.vanished(since, now)
-            self.store.add_endings([(run, now - policy.grace, JOIN_GONE) for run in found], now)
-            self.store.set_scanned_to(SCAN, now)
+        prom_now = self.endings.now()
+        since = max(self.store.scanned_to(SCAN) or 0.0, prom_now - policy.lookback)
+        if prom_now - since >= 1.0:
+            found = self.endings.vanished(since, prom_now)
+            self.store.add_endings([(run, prom_now - policy.grace, JOIN_GONE) for run in found],
+                                   now)
+            self.store.set_scanned_to(SCAN, prom_now)
+        self._witness(prom_now, now)
         judged = 0
         for ending in self.store.pending_endings(now, policy.per_pass):
+            witnesses = self.store.witnesses(ending.run) or [ending.how]
+            if len(witnesses) < 2 and self.state is not None:
+                self.store.ending_failed(ending.run, now + policy.interval,
+                                         f"only one witness ({witnesses[0]}): waiting for "
+                                         "another")
+                continue
             try:
-                outcome = self.judge(ending.run, ending.ended_at, ending.how)
+                outcome = self.judge(ending.run, ending.ended_at, " and ".join(witnesses))
             except PrometheusError as exc:
                 self.store.ending_failed(ending.run, now + RETRY, str(exc))
                 log.warning("cannot judge an ended run yet", extra=log_fields(
@@ -180,6 +234,37 @@ class EndingsPass:
             judged += 1
         self.judged += judged
         return judged
+
+    def _witness(self, prom_now: float, now: float) -> None:
+        """For each ending with one witness: withdraw it if the run's join series are back,
+        add the join series' absence to a W&B ending, ask W&B about a join-series ending."""
+        policy = self.endings.policy
+        unconfirmed = self.store.unconfirmed_endings(prom_now - policy.lookback,
+                                                     UNCONFIRMED_PER_PASS)
+        if not unconfirmed:
+            return
+        present = self.endings.present([e.run for e in unconfirmed], prom_now)
+        for ending in unconfirmed:
+            witnesses = self.store.witnesses(ending.run) or [ending.how]
+            if ending.run in present:
+                if JOIN_GONE in witnesses:  # it was alive after all
+                    self.store.withdraw_ending(ending.run, now)
+                    self.withdrawn += 1
+                    log.warning("ended run seen again: its ending and verdict are withdrawn",
+                                extra=log_fields(run=ending.run.path()))
+                continue
+            if JOIN_GONE not in witnesses:
+                self.store.add_endings([(ending.run, prom_now - policy.grace, JOIN_GONE)], now)
+            elif self.state is not None:
+                try:
+                    state = self.state(ending.run)
+                except Exception as exc:
+                    log.info("W&B state of an ended run not known yet", extra=log_fields(
+                        run=ending.run.path(), error=f"{type(exc).__name__}: {exc}"[:300]))
+                    continue
+                if state is None or state in WANDB_ENDED:
+                    how = NOT_IN_WANDB if state is None else f"W&B state {state}"
+                    self.store.add_endings([(ending.run, prom_now - policy.grace, how)], now)
 
     def judge(self, run: RunKey, ended_at: float, how: str) -> Outcome:
         """The run's verdict from its stored alerts and its coverage in Prometheus."""
