@@ -20,6 +20,7 @@ from wandb_infra.bridge.joblog.join import join
 from wandb_infra.bridge.joblog.reading import (
     PREFILTER,
     Budget,
+    Reading,
     Scanner,
     Verdict,
     classify,
@@ -326,3 +327,18 @@ def test_a_coincident_alert_is_not_called_the_cause_of_an_application_error():
     assert joined.verdict is Verdict.APPLICATION
     assert "does not explain this error" in joined.statement
     assert "GpuThermalViolation on node-009 GPU 1" in joined.statement
+
+
+@pytest.mark.parametrize("excerpt", EXCERPTS[:8], ids=lambda e: e["file"])
+def test_a_stored_reading_reads_back_the_same(excerpt):
+    reading = read([FileSource(str(DATA / "excerpts" / excerpt["file"]))])
+    back = Reading.from_dict(json.loads(json.dumps(reading.as_dict())))
+    assert back.as_dict() == reading.as_dict()
+    assert join(back, None) == join(reading, None)
+
+
+def test_the_summary_keys_name_the_verdict_and_the_applications_error():
+    log = b"[rank12]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n"
+    assert join(reading_of(log), None).summary() == {
+        "infra/verdict": "application", "infra/app_error": "torch.OutOfMemoryError on rank 12"}
+    assert join(reading_of(b"step 1\n"), None).summary() == {"infra/verdict": "unknown"}

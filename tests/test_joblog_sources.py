@@ -10,8 +10,10 @@ from wandb_infra.bridge.joblog.sources import (
     FileSource,
     KubernetesLogs,
     Pod,
+    RunLogs,
     Settings,
     WandbConsole,
+    for_run,
     read,
 )
 from wandb_infra.common.kubeapi import CONNECTION_SECTION, KubeApi
@@ -98,3 +100,18 @@ def test_the_config_section_gives_typed_settings():
     assert settings.budget == Budget(65536, 200_000)
     assert settings.slurm_templates == ("/l/%j-%N.out",)
     assert settings.kubernetes is not None and settings.kubernetes["in_cluster"] is True
+
+
+def test_a_runs_sources_are_the_configured_ones_it_can_use(tmp_path):
+    (tmp_path / "77-gpu-node-017.out").write_text(ECC + "\n")
+    settings = Settings.from_config({"wandb": {"enabled": True},
+                                     "slurm": {"output": str(tmp_path / "%j-%N.out")}})
+    run = RunLogs("team", "proj", "r1", slurm_job_id="77", nodes=("gpu-node-017",))
+    with WandbStandin() as wb:
+        wb.add_run("team", "proj", "r1")
+        wb.add_console("team", "proj", "r1", ["step 1"])
+        sources = for_run(settings, run, wandb_base_url=wb.url, wandb_api_key=wb.api_key)
+        reading = read(sources)
+    assert [type(s).__name__ for s in sources] == ["WandbConsole", "SlurmFiles"]
+    assert reading.first_error is not None and reading.first_error.host == "gpu-node-017"
+    assert for_run(settings, RunLogs("team", "proj", "r1")) == []

@@ -41,11 +41,18 @@ class Joined:
         return {"verdict": str(self.verdict), "basis": self.basis, "statement": self.statement,
                 "app_error": self.app_error}
 
+    def summary(self) -> dict[str, str]:
+        """The run's summary keys for the runs table: ``infra/verdict`` always,
+        ``infra/app_error`` when the application's own error is the answer."""
+        return {"infra/verdict": str(self.verdict),
+                **({"infra/app_error": self.app_error} if self.app_error else {})}
+
 
 def where(ev: Event) -> str:
     """``rank 12 (node-003 GPU 4)``, with whatever the log named."""
     place = [p for p in (ev.host, None if ev.gpu is None else f"GPU {ev.gpu}") if p]
-    who = f"rank {ev.rank}" if ev.rank is not None else f"task {ev.task}" if ev.task else ""
+    tasks = "tasks" if ev.task and not ev.task.isdigit() else "task"
+    who = f"rank {ev.rank}" if ev.rank is not None else f"{tasks} {ev.task}" if ev.task else ""
     if who and place:
         return f"{who} ({' '.join(place)})"
     return who or " ".join(place) or "an unnamed rank"
@@ -72,9 +79,14 @@ def _line(ev: Event) -> str:
     return f"`{ev.text}`"
 
 
+def _clock(stamp: str) -> str:
+    """``21:44:35`` from an ISO timestamp or a clock time."""
+    return stamp[11:19] if len(stamp) >= 19 and stamp[10] == "T" else stamp
+
+
 def _consequences(reading: Reading) -> str:
     if reading.cascade_ranks:
-        start = f" from {reading.span[0][-9:].strip('TZ')}" if reading.span else ""
+        start = f" from {_clock(reading.span[0])}" if reading.span else ""
         return (f"the NCCL timeouts and aborts on {reading.cascade_ranks} rank(s){start}")
     if reading.cascade_lines:
         return f"the {reading.cascade_lines} consequence line(s) in the job's log"

@@ -29,7 +29,7 @@ from typing import Any
 import re2
 
 from wandb_infra.bridge.joblog import text as T
-from wandb_infra.catalog.logsignatures import BY_SPECIFICITY, LogClass, Signature
+from wandb_infra.catalog.logsignatures import BY_ID, BY_SPECIFICITY, LogClass, Signature
 from wandb_infra.catalog.xid import XIDS, XidClass
 
 # Every signature's lines contain one of these (checked by tests against every example line);
@@ -109,6 +109,17 @@ class Event:
     generic: bool = False
     pid: int | None = None
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Event:
+        """The event ``as_dict`` wrote (stored evidence read back)."""
+        sig = str(data["signature"])
+        return cls(signature=sig, cls=LogClass(data["class"]), text=str(data["text"]),
+                   source=str(data["source"]), line=int(data["line"]), order=(0, int(data["line"])),
+                   rank=data.get("rank"), host=data.get("host"), gpu=data.get("gpu"),
+                   pci_bus=data.get("pci_bus"), peer=data.get("peer"), task=data.get("task"),
+                   clock=data.get("time"), epoch=data.get("epoch"),
+                   generic=BY_ID[sig].generic if sig in BY_ID else False)
+
     def as_dict(self) -> dict[str, Any]:
         """JSON shape of the first error (``line`` is 1-based in its source)."""
         return {"text": self.text, "line": self.line, "source": self.source,
@@ -165,9 +176,30 @@ class Reading:
                 "host": self.launcher.host, "rank": self.launcher.rank,
                 "exitcode": self.launcher.exitcode, "time": self.launcher.time},
             "corroborated_by": list(self.corroborates),
+            "telemetry_needs": self.gap,
+            "xid": self.xid,
             "budget_cut": self.cut,
             "sources": [s.as_dict() for s in self.sources],
         }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Reading:
+        """The reading ``as_dict`` wrote (the run service stores it as evidence)."""
+        cascade, launcher = data["cascade"], data.get("launcher_root_cause")
+        return cls(
+            verdict=Verdict(data["verdict"]),
+            first_error=None if data["first_error"] is None
+            else Event.from_dict(data["first_error"]),
+            meaning=str(data["meaning"]), cascade_ranks=int(cascade["ranks"]),
+            cascade_hosts=int(cascade["hosts"]), cascade_lines=int(cascade["lines"]),
+            error_lines=int(data["error_lines"]),
+            span=None if data["span"] is None else (str(data["span"][0]), str(data["span"][1])),
+            quotes=tuple(str(q) for q in data["quotes"]),
+            origin_tasks=tuple(int(t) for t in data["origin_tasks"]),
+            launcher=None if launcher is None else LauncherRootCause(**launcher),
+            sources=tuple(SourceStatus(**s) for s in data["sources"]), cut=bool(data["budget_cut"]),
+            corroborates=tuple(data["corroborated_by"]), gap=str(data.get("telemetry_needs", "")),
+            xid=data.get("xid"))
 
 
 def classify(line: str) -> Signature | None:

@@ -376,3 +376,32 @@ class Settings:
             kubernetes={k: kube[k] for k in CONNECTION_SECTION.keys} if kube["enabled"]
             else None,
             container=kube["container"], previous=kube["previous"])
+
+
+@dataclass(frozen=True)
+class RunLogs:
+    """Where one run's console log may be, as the bridge knows the run: its W&B path, its Slurm
+    job and nodes, its pods."""
+
+    entity: str
+    project: str
+    run_id: str
+    slurm_job_id: str = ""
+    nodes: tuple[str, ...] = ()
+    pods: tuple[Pod, ...] = ()
+
+
+def for_run(settings: Settings, run: RunLogs, *, wandb_base_url: str = "",
+            wandb_api_key: str | None = None, kube: KubeApi | None = None) -> list[LogSource]:
+    """The configured sources for ``run``; a source configured but unusable for this run (no
+    Slurm job id, no pods, no W&B key) is left out, and ``read`` names the ones that fail."""
+    out: list[LogSource] = []
+    if settings.wandb and wandb_api_key:
+        out.append(WandbConsole(wandb_base_url, wandb_api_key, run.entity, run.project,
+                                run.run_id, last=settings.wandb_last))
+    if settings.slurm_templates and run.slurm_job_id:
+        out.append(SlurmFiles(settings.slurm_templates, run.slurm_job_id, run.nodes,
+                              settings.slurm_max_tasks))
+    if kube is not None and run.pods:
+        out.append(KubernetesLogs(kube, run.pods, settings.container, settings.previous))
+    return out
