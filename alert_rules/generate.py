@@ -154,7 +154,7 @@ DCGM_COUNTERS: tuple[tuple[str, str, str], ...] = (
      "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION)."),
     ("DCGM_EXP_XID_ERRORS_COUNT", "gauge", "Count of XID errors within the window set by "
      "--xid-count-window-size."),
-    # issue 28: NVLink fabric and NVSwitches
+    # NVLink fabric and NVSwitches
     ("DCGM_FI_DEV_FABRIC_MANAGER_STATUS", "gauge", "Fabric Manager status: 1 not started; 2 in "
      "progress; 3 success; 4 failure."),
     ("DCGM_FI_DEV_SXID_FATAL_ERROR", "gauge", "Last fatal NVSwitch error (SXid; legacy name "
@@ -312,7 +312,7 @@ def recording_groups(violation_unit: str, strip_domain: bool = True,
         ("normalise-workload", tiers.SLOW, normalise.workload_history_rules(host)),
         ("normalise-gpu-wear", tiers.WEAR, normalise.dcgm_wear_rules(host)),
         ("normalise-link-wear", tiers.WEAR, normalise.link_wear_rules()),
-        # issue 28: the host around the GPUs (normalise.py, its section)
+        # the host around the GPUs (normalise.py, its section)
         ("normalise-host", tiers.MEDIUM, normalise.host_rules(host)),
         ("normalise-host-history", tiers.SLOW, normalise.host_history_rules()),
         # slow: GpuRepeatOffender's family runs at its input's pace and reads every GPU row of
@@ -659,8 +659,9 @@ def counters_text() -> str:
     return "\n".join(lines) + "\n"
 
 
-def _md(text: str) -> str:
-    return text.replace("{{", "`{{").replace("}}", "}}`")
+def _record_anchor(record: str) -> str:
+    """The id of a recorded input's entry in docs/runbook.md."""
+    return "record-" + re.sub(r"[^a-z0-9]+", "-", record.lower()).strip("-")
 
 
 def runbook_text(cfg: dict[str, Any]) -> str:
@@ -709,7 +710,7 @@ def runbook_text(cfg: dict[str, Any]) -> str:
             "",
             f"**{a.summary}** {e.raised}",
             "",
-            f"- **Meaning:** {_md(a.description)}",
+            f"- **Meaning:** {runbook.placeholders(a.description)}",
             f"- **Impact on training:** {a.impact}",
             f"- **How to confirm:** {e.confirm}",
             f"- **What to do:** {a.remediation}",
@@ -722,9 +723,18 @@ def runbook_text(cfg: dict[str, Any]) -> str:
         read = records_read(a.expr, [r.record for r in records])
         inputs = [r for r in records if r.record in read]
         if inputs:
-            out += ["", "Recorded inputs (`alert_rules/normalise.py`):", "", "```promql"]
-            out += [f"{r.record} = {r.expr}" for r in inputs]
-            out += ["```"]
+            out += ["", "Reads the recorded inputs " + ", ".join(
+                f"[`{r.record}`](#{_record_anchor(r.record)})" for r in inputs) + "."]
+    names = [r.record for r in records]
+    used = {name for e in entries for name in records_read(e.alert.expr, names)}
+    out += ["", '<a id="recorded-inputs"></a>', "", "## Recorded inputs", "",
+            "The recording rules of `alert_rules/normalise.py` the alerts above read, each once: "
+            "they give dcgm-exporter's, node_exporter's and the exporter's series one set of "
+            "label names (`hostname`, `gpu`, `gpu_uuid`) whatever their versions emit."]
+    for r in records:
+        if r.record in used:
+            out += ["", f'<a id="{_record_anchor(r.record)}"></a>', "", f"### `{r.record}`",
+                    "", "```promql", r.expr, "```"]
     out += ["", '<a id="safe-to-restart"></a>', "", "## Is it safe to restart?", "",
             runbook.SAFE_TO_RESTART, "",
             "| Action | Needs | Node leaves the pool | Seen done when |", "|---|---|---|---|"]

@@ -922,7 +922,7 @@ def workload_history_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
     ]
 
 
-# --- issue 28: host memory, storage, reboots and maintenance, NVSwitch, power, repeat offenders --
+# --- host memory, storage, reboots and maintenance, NVSwitch, power, repeat offenders --
 # Sparse like the rest: every raw family is filtered by its threshold before any join. node_exporter
 # series are named by host through the target map; smartctl_exporter and ipmi_exporter series by
 # the host part of their ``instance`` (``exporter_host``). Read by catalog/host_alerts.py.

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 HEADERS = {"Content-Type": "application/json", "Authorization": f"Bearer {bp.TOKEN}"}
 # Sustained ingest as a share of the null receiver's, measured by this bench before the
-# durable-ack work of issue 14 finished (commit bd0b4b9, 2026-12-01: 23,141 alerts/s against
+# durable-ack work finished (commit bd0b4b9, 2026-12-01: 23,141 alerts/s against
 # 70,496): the floor that work must keep, as a ratio so that it holds on a slower machine.
 INGEST_SHARE_BEFORE = 23_141 / 70_496
 
@@ -180,13 +180,13 @@ def run() -> list[Result]:
                           null_ack, 10 * null_ack,
                           note="baseline: null receiver, same aiohttp stack, same run, posts "
                                "alternating with the bridge's; median of 16; target: 10x the "
-                               "baseline (issue 14)"))
+                               "baseline"))
     results.append(Result("bridge: sustained ingest, every notification committed", rate,
                           "alerts/s", null_rate, INGEST_SHARE_BEFORE * null_rate,
                           lower_is_better=False,
                           note="64-alert notifications, sequential; baseline: null receiver, in "
                                "rounds of 40 alternating with the bridge's; target: the share "
-                               "of the null receiver's rate before issue 14's work "
+                               "of the null receiver's rate before the durable-ack work "
                                f"({INGEST_SHARE_BEFORE:.3f}, commit bd0b4b9)"))
     results.append(Result("bridge: W&B GraphQL calls per run in a 15,360-alert storm", per_run,
                           "calls", naive, None,

@@ -1,4 +1,4 @@
-"""Cost of ended-run verdicts (issue 26): 1,000 runs ending per hour on a 2,000-host cluster,
+"""Cost of ended-run verdicts: 1,000 runs ending per hour on a 2,000-host cluster,
 as a ratio to the bridge's idle load.
 
 Why a Prometheus stand-in: the figure is the bridge's own CPU for the work, with answers the

@@ -59,8 +59,8 @@ GPUS = 8
 INTERVAL_S = 30
 TARGET_RATIO = 0.05
 GROWTH_TOLERANCE = 1.02
-# Wall-clock evaluation per host may grow this much from the smallest size to the largest
-# (issue 23): scraping and the simulator's rendering grow too and share the 2 cores.
+# Wall-clock evaluation per host may grow this much from the smallest size to the largest:
+# scraping and the simulator's rendering grow too and share the 2 cores.
 WALL_GROWTH_TARGET = 1.15
 RULES = str(ROOT / "alert_rules" / RULES_FILE)
 METRIC = re.compile(r'^(prometheus_rule_[a-z_]+)\{rule_group="[^"]*;([^"]+)"\} (\S+)$', re.M)

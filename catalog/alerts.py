@@ -198,6 +198,10 @@ or
 """
 _CHECKPOINT = ("Restart the job from its last checkpoint on healthy nodes; exclude this node "
                "(Slurm --exclude, Kubernetes cordon) until the GPU is reset or replaced.")
+# A lost link, not a GPU: the node comes back once the link is repaired and stays up.
+_CHECKPOINT_LINK = ("Restart the job from its last checkpoint on healthy nodes; exclude this node "
+                    "(Slurm --exclude, Kubernetes cordon) until its link is repaired and stays "
+                    "up.")
 _CHECKPOINT_NOW = "Checkpoint now; move the job off the node and fix cooling before reuse."
 # The driver's recovery action, one alert per GPU labelled with the action's name (the rule
 # cannot turn a value into a label any other way).
@@ -571,7 +575,7 @@ ${NVLINK_CRC_RATE} >= ${NVLINK_CRC_FAIL_PER_SECOND}
                     f"active) after being active within the last {span(s.HISTORY_WINDOW)}.",
         impact="Inter-node collectives over this port fail: multi-node jobs on the node hang "
                "until the NCCL timeout, then crash.",
-        remediation=_CHECKPOINT + " Check the cable, transceiver and switch port.",
+        remediation=_CHECKPOINT_LINK + " Check the cable, transceiver and switch port.",
         panel="ib_link_state",
         condition="${IB_PORT_DOWN} unless on (hostname, device, port) ${IB_PORT_IDLE_1H}",
         for_="1m", copy_labels=("device", "port"), group="network",
@@ -608,7 +612,7 @@ ${NVLINK_CRC_RATE} >= ${NVLINK_CRC_FAIL_PER_SECOND}
                     f"within the last {span(s.HISTORY_WINDOW)}; value {_WHOLE}).",
         impact="Traffic over this interface (RoCE collectives, storage, data loading) stops; "
                "the job may hang or crash.",
-        remediation=_CHECKPOINT + " Check the cable, NIC and switch port.",
+        remediation=_CHECKPOINT_LINK + " Check the cable, NIC and switch port.",
         panel="net_interfaces",
         condition="${NET_DOWN} unless on (hostname, device) ${NET_IDLE_1H}",
         for_="1m", copy_labels=("device",), group="network",
@@ -828,7 +832,7 @@ max by (instance, job) (${BRIDGE_OLDEST_UNDELIVERED})
 )
 
 
-# --- issue 28: host memory, storage, reboots and maintenance, NVSwitch, power, repeat offenders ---
+# --- host memory, storage, reboots and maintenance, NVSwitch, power, repeat offenders ---
 # Defined in catalog/host_alerts.py (plain data with AlertDef's keywords); registered here, last,
 # so the repeat-offender records count every hardware alert the catalog has.
 

@@ -1,4 +1,4 @@
-"""Alerts on the host around the GPUs (issue 28): host memory, the run's filesystems, reboots and
+"""Alerts on the host around the GPUs: host memory, the run's filesystems, reboots and
 maintenance, NVSwitch and the fabric, power and chassis, and repeat offenders.
 
 The rest of the failure landscape after GPUs and links: of the 419 unexpected interruptions of

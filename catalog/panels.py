@@ -92,7 +92,7 @@ PANELS: dict[str, Panel] = {
               ("pipeline",)),
         Panel("pipeline_delivery", 62, "Bridge delivery: queue, parked runs, backlog age, store",
               ("pipeline",)),
-        # issue 28: the host around the GPUs
+        # the host around the GPUs
         Panel("host_memory", 70, "Host memory: OOM kills, memory pressure, DIMM errors", _BOTH),
         Panel("filesystems", 71, "Run filesystems: free space, read-only, not answering", _BOTH),
         Panel("local_disks", 72, "Local disks (SMART, smartctl_exporter)", _BOTH),

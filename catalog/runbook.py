@@ -9,6 +9,7 @@ annotation, ``<base>/runbook#<anchor>``, where the base is the bridge's URL as o
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from wandb_infra.catalog import panels
@@ -47,6 +48,16 @@ CONFIRM = {
                    "`kubectl describe node <node>` (taints, conditions); the cloud's host "
                    "events.",
 }
+
+
+_TEMPLATE = re.compile(r"\{\{\s*\$(?:labels\.(\w+)|(value))[^}]*\}\}")
+
+
+def placeholders(text: str) -> str:
+    """Alert templates as the reader's placeholders: ``{{ $labels.gpu }}`` becomes "gpu" in angle
+    quotes, ``{{ $value | humanize }}`` "value" (the runbook documents every alert, not one
+    firing), in docs/runbook.md and on the bridge's page alike."""
+    return _TEMPLATE.sub(lambda m: f"‹{m.group(1) or m.group(2)}›", text)
 
 
 def anchor(name: str) -> str:

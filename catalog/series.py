@@ -132,7 +132,7 @@ GPU_UTIL_LAGGING_RUN_HOSTS = f"gpu:dcgm_gpu_util:avg{UTIL_WINDOW}_on_lagging_run
 RUN_GPU_UTIL_BUSIEST = f"wandb_run:dcgm_gpu_util:max_avg{UTIL_WINDOW}"
 RUN_GPU_STRAGGLING = f"wandb_run_gpu:dcgm_gpu_util:straggling_avg{UTIL_WINDOW}"
 
-# --- issue 28: host memory, storage, reboots and maintenance, NVSwitch, power, repeat offenders -
+# --- host memory, storage, reboots and maintenance, NVSwitch, power, repeat offenders -
 # Levels: ``filesystem`` = (hostname, mountpoint); ``hostname`` as above. node_exporter series are
 # named by host through NODE_EXPORTER_TARGET; smartctl_exporter and ipmi_exporter series carry no
 # host name, so theirs comes from a ``hostname`` target label when the scrape config sets one,

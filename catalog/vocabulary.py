@@ -7,7 +7,7 @@ from enum import IntEnum
 SEVERITIES: tuple[str, ...] = ("critical", "warning", "info")
 CATEGORIES: tuple[str, ...] = (
     "gpu_hardware", "gpu_thermal", "gpu_interconnect", "network", "node", "workload", "pipeline",
-    # issue 28: the host around the GPUs (memory, power, chassis, local disks), the run's
+    # the host around the GPUs (memory, power, chassis, local disks), the run's
     # filesystems, and the scheduler's or cloud's maintenance of a node.
     "host", "storage", "maintenance",
 )

@@ -341,7 +341,7 @@ def specs(alert_selector: str, scope: str) -> dict[str, PanelSpec]:
     }
 
 
-# ---- issue 28: the host around the GPUs (catalog/host_alerts.py) -----------------------------
+# ---- the host around the GPUs (catalog/host_alerts.py) -----------------------------
 
 def host_specs(board_key: str) -> dict[str, PanelSpec]:
     """Panels of the host alerts: the sparse records they read (no series: nothing recorded)."""

@@ -60,7 +60,7 @@ def test_tags_and_notes_added_user_data_untouched_summary_left_alone(tmp_path, w
     assert "https://grafana.example/d/" in run.notes
     assert run.summary == {"loss": 0.5}, "live run: summary is the trainer's"
     ops = [r.operation_name for r in wb.requests]
-    # read, write, read back (a user's edit meanwhile would be merged again; issue 24)
+    # read, write, read back (a user's edit meanwhile would be merged again)
     assert ops == ["BridgeRun", "BridgeUpsertBucket", "BridgeRun"]
     # Nothing new: nothing sent. A re-notification: nothing sent either.
     assert worker.run_once() == 0

@@ -154,7 +154,7 @@ def test_issue_starts_at_the_fault_onset_not_when_the_rule_fired():
 
 
 def test_a_later_warning_of_a_stronger_class_does_not_become_the_cause():
-    """Issue 13 case 8: a critical InfiniBand link loss stalls every rank; minutes later an
+    """A critical InfiniBand link loss stalls every rank; minutes later an
     unrelated correctable-ECC warning (category gpu_hardware) on another host. Severity counts
     across classes and a cause cannot start after what it explains."""
     link = alert("InfinibandLinkDown", category="network", host="h1", run="r", start=T0)

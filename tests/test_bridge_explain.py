@@ -85,7 +85,7 @@ def test_regex_literal_survives_promql_string_and_re2_escaping():
 
 
 def test_live_and_explain_agree_on_onset_and_links_for_every_catalog_alert():
-    """Issue 13: the rules' annotations (what the live bridge receives) and explain's rebuilt
+    """The rules' annotations (what the live bridge receives) and explain's rebuilt
     ones place every alert identically: same onset, same dashboard, panel and link."""
     rules_file = Path(__file__).resolve().parents[1] / "alert_rules" / "wandb-infra.rules.yml"
     live = {r["alert"]: r["annotations"] for g in yaml.safe_load(rules_file.read_text())["groups"]

@@ -209,7 +209,7 @@ def test_readiness_needs_free_space(tmp_path):
     ctx = make_context(tmp_path, store=Store(tmp_path / "s.sqlite", min_free_bytes=1 << 62))
     with serve(ctx) as running:
         resp = requests.get(running.url + "/readyz", timeout=10)
-        # ready or not and nothing else (issue 24: the reason, with the path, is in the log)
+        # ready or not and nothing else (the reason, with the path, is in the log)
         assert resp.status_code == 503 and resp.json() == {"status": "not ready"}
 
 

@@ -232,7 +232,7 @@ def test_servicemonitor_selects_its_service_and_a_named_port(name):
 
 
 def test_exporter_servicemonitor_honours_labels_and_nothing_is_overridden():
-    """honorLabels keeps wandb_run_pod_info's namespace/pod (issue 23); it is safe because the
+    """honorLabels keeps wandb_run_pod_info's namespace/pod; it is safe because the
     only target labels the exporter emits are exactly those two."""
     endpoint = _find("ServiceMonitor", "wandb-infra-exporter")["spec"]["endpoints"][0]
     assert endpoint["honorLabels"] is True

@@ -161,7 +161,7 @@ def test_scenario2_thermal_issue_starts_inside_the_mfu_drop(stack, standin):
     started = _ts(thermal[0]["started_at"])
     assert window[0] - stack.config.interval_seconds <= started <= window[1] + job.period, (
         window, thermal[0]["started_at"])
-    # its effect measured on the run's own GPUs (issue 27), and what it cost
+    # its effect measured on the run's own GPUs, and what it cost
     measured = (view.get("impacts") or {}).get(thermal[0]["key"])
     assert measured is not None and measured["kind"] == "slowdown", view.get("impacts")
     assert "tensor activity on " in measured["text"]

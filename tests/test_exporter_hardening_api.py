@@ -1,4 +1,4 @@
-"""The registration API and basic auth against forged, greedy and timing clients (issue 24, 5).
+"""The registration API and basic auth against forged, greedy and timing clients.
 
 In-process: the exporter's aiohttp app on a loopback port, clients through ``requests``."""
 

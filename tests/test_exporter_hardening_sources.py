@@ -1,5 +1,5 @@
 """The files source and scheduler commands against FIFOs, devices, floods and hung children, and
-the options that bound them (issue 24, part 5). Polls that could hang or eat memory on a
+the options that bound them. Polls that could hang or eat memory on a
 regression run in a child process with a time limit and an address-space limit."""
 
 from __future__ import annotations

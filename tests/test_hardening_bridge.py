@@ -1,4 +1,4 @@
-"""Nothing one client sends stops the bridge (issue 14).
+"""Nothing one client sends stops the bridge.
 
 Poison that got past the door (a store written by an older version, or a bug in rendering) parks
 its own run with the reason, in /runs and /metrics, while every other run keeps being delivered;

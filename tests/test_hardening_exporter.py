@@ -1,4 +1,4 @@
-"""The exporter's registration API is closed by default and validates whole values (issue 14)."""
+"""The exporter's registration API is closed by default and validates whole values."""
 
 from __future__ import annotations
 

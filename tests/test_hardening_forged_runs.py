@@ -1,4 +1,4 @@
-"""Forged alerts (issue 24 item 2): Alertmanager's API takes alerts from anyone and hands them to
+"""Forged alerts: Alertmanager's API takes alerts from anyone and hands them to
 the bridge with valid credentials, so run labels, prose and URLs in an alert are untrusted. With
 Prometheus, a run is written only with alerts the join metrics place on their host (here a real
 Prometheus scraping the exporter's series); W&B alert text and the runbook link come from the

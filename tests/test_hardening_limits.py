@@ -1,4 +1,4 @@
-"""Connection and memory limits of the real bridge process (issue 14): idle and slow clients are
+"""Connection and memory limits of the real bridge process: idle and slow clients are
 cut off, bodies in flight are bounded with 503 + Retry-After, and a state directory that cannot
 be created makes the bridge unready (503) instead of exiting, until it can."""
 

@@ -1,4 +1,4 @@
-"""Issue 24 item 6 (the parts done): every page carries security headers, a chunked POST /login
+"""Every page carries security headers, a chunked POST /login
 body is bounded like every other body and counted against the in-flight bound, /readyz says
 ready or not and nothing else, and a backward wall-clock step after a W&B 503 does not stop
 delivery."""

@@ -1,4 +1,4 @@
-"""Issue 24 item 1: alert content is untrusted, so a forged host label costs no node.
+"""Alert content is untrusted, so a forged host label costs no node.
 
 A host label must be exactly one node before any scheduler action; the circuit breaker is shared
 by every process that appends to the audit log, and one store has one active bridge (a second one

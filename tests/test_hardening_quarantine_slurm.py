@@ -1,4 +1,4 @@
-"""Issue 24 item 1 on a REAL Slurm 22.05 (tests/slurm_cluster.py): a forged host label drains
+"""On a REAL Slurm 22.05 (tests/slurm_cluster.py): a forged host label drains
 nothing, however Slurm would expand it (host lists, hostlist ranges, ``ALL``); the real node
 named exactly is still drained, once."""
 

@@ -1,4 +1,4 @@
-"""Page sessions (issue 24 item 6): a cookie per login that expires and can be signed out,
+"""Page sessions: a cookie per login that expires and can be signed out,
 ``Secure`` when configured or behind TLS or a TLS proxy, and guesses of the page token (at the
 login form or as a bearer header on a page) throttled per client, with the total only as a
 backstop."""

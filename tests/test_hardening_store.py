@@ -1,4 +1,4 @@
-"""Issue 24 item 3: durability is checked, not assumed.
+"""Durability is checked, not assumed.
 
 Deleting the store's WAL (or database) file under a running bridge used to leave it answering 200,
 with /readyz 200, into a file that was gone at the next restart (40 of 40 acknowledged

@@ -1,4 +1,4 @@
-"""Issue 24 item 4: the user's words are sacred.
+"""The user's words are sacred.
 
 The bridge read a run's notes and tags, waited on Prometheus (up to about 15 s), then wrote them
 back, erasing the user's edits made meanwhile; and it removed the user's own tags starting with

@@ -1,4 +1,4 @@
-"""Transient W&B answers are retried, and parked runs are tried again (issue 24 item 6): an HTTP
+"""Transient W&B answers are retried, and parked runs are tried again: an HTTP
 200 whose GraphQL error asks for a retry, an ingress's HTML 404, a key revoked then restored.
 Against the W&B stand-in; the worker's clock is driven by the test."""
 

@@ -1,4 +1,4 @@
-"""Issue 13: marker rows wait for the root cause to settle, batched per run, never starved."""
+"""Marker rows wait for the root cause to settle, batched per run, never starved."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 13: the run's headline first in tags, notes, /runs and summary, on real alert order.
+"""The run's headline first in tags, notes, /runs and summary, on real alert order.
 
 Alerts arrive as Alertmanager delivers them: an earlier unrelated thermal warning in its own
 notification, then a notification whose first alerts are the stalls and whose last is the

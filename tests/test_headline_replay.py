@@ -1,4 +1,4 @@
-"""Issue 13: alert orders as Alertmanager really delivers them, replayed against the W&B
+"""Alert orders as Alertmanager really delivers them, replayed against the W&B
 stand-in with markers on (the real wandb SDK): nothing premature, nothing stale.
 
 Order: an earlier unrelated thermal warning; a notification holding only stalls (truncated,

@@ -1,4 +1,4 @@
-"""Issue 13: the bridge refuses to start when W&B delivery could never work, in one line."""
+"""The bridge refuses to start when W&B delivery could never work, in one line."""
 
 from __future__ import annotations
 

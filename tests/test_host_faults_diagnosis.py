@@ -1,4 +1,4 @@
-"""Issue 28 end to end through the bridge's diagnosis: the host alerts, with the labels and
+"""End to end through the bridge's diagnosis: the host alerts, with the labels and
 annotations the shipped rules give them (alert_rules/wandb-infra.rules.yml), parsed from a
 webhook body as the bridge parses it, then diagnosed and decided (diagnosis/verdict.py). A host OOM
 kill or a lost mount explains the NCCL errors and stalls that follow; maintenance is shown as
@@ -280,7 +280,7 @@ def _schedulable(host: str) -> Timeline:
 
 
 def test_lost_shared_filesystem_on_every_host_drains_no_node():
-    """issue 28 audit: an NFS/Lustre export lost on every host was rooted on one of them and
+    """An NFS/Lustre export lost on every host was rooted on one of them and
     the quarantine could drain it. The storage service is at fault: the verdict is safe on
     schedulable nodes, nothing is drained or excluded, and the issue says whose fault it is."""
     mount = {"mountpoint": "/mnt/ckpt", "fstype": "nfs4"}

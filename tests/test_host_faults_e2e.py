@@ -1,4 +1,4 @@
-"""Issue 28 end to end: every host-fault class issue 28 lists, each on its own host of a run,
+"""End to end: every host-fault class, each on its own host of a run,
 through one real Prometheus running the shipped rules (``for`` and the slower tiers 60 times
 faster), a real Alertmanager on the shipped routing (deploy/alertmanager/alertmanager.yml) and the
 bridge process.

@@ -1,4 +1,4 @@
-"""The run's own throughput or MFU in the impact line (issue 27): the delivery worker reads the
+"""The run's own throughput or MFU in the impact line: the delivery worker reads the
 run's W&B history (the stand-in's ``sampledHistory``) around each issue's onset; a run whose
 logged mfu fell gets that named, a run logging none of the keys keeps the GPU-signal impact."""
 

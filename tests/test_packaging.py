@@ -1,4 +1,4 @@
-"""The runtime wheel where it is installed (issue 25 item 6): built once from this checkout and
+"""The runtime wheel where it is installed: built once from this checkout and
 installed into clean virtualenvs. Bare, it is the training client alone (standard library only:
 none of the services' dependencies come with it), and each console script names the extra it
 needs in one line. With the exporter's extra the exporter's side imports; with the bridge's too,

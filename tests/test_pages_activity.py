@@ -1,4 +1,4 @@
-"""Issue 15: the activity plot's PromQL against a real Prometheus: the run's GPUs from the join
+"""The activity plot's PromQL against a real Prometheus: the run's GPUs from the join
 metrics, both dcgm-exporter host-label spellings, other GPUs and hosts left out, utilisation
 scaled from percent; and the incident window."""
 

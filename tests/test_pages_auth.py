@@ -1,4 +1,4 @@
-"""Issue 15: pages have their own read credential (login form -> HttpOnly, SameSite=Strict
+"""Pages have their own read credential (login form -> HttpOnly, SameSite=Strict
 cookie, or a bearer header), separate from the webhook's token unless configured otherwise."""
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
-"""Issue 15 in a real browser: headless Chromium logs in with the page token, opens the demo
+"""In a real browser: headless Chromium logs in with the page token, opens the demo
 scenarios' run pages (the 64-host cascade; a thermal slowdown on one host of two) and /runs,
 finds the headline card, SVG timeline and activity plot on the first screen (1280 x 900, no
 scrolling) and no console error; the screenshots are kept in the test's directory.
 
-Issue 29 item 7: at 1280 and 800 px, on those pages and on one built for the labels' hard cases,
+At 1280 and 800 px, on those pages and on one built for the labels' hard cases,
 every chart label is whole inside what the reader sees of its chart (or cut with its full text
 as tooltip), apart from the others and at least 9.5 px high.
 

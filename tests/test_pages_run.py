@@ -1,4 +1,4 @@
-"""Issue 15: the run page tells the cascade's story (headline card, grouped consequences, SVG
+"""The run page tells the cascade's story (headline card, grouped consequences, SVG
 timeline, GPU-activity plot), /runs lists and filters runs, empty runs get HTML, W&B status is
 truthful, and label text stays inert in the new markup."""
 
@@ -147,7 +147,7 @@ def test_run_without_issues_gets_an_html_empty_state(tmp_path):
         api = requests.get(running.url + "/runs/team/proj/nope?format=json", headers=AUTH,
                            timeout=10)
     assert html.status_code == 404 and html.headers["Content-Type"].startswith("text/html")
-    # neither alerts nor a verdict: said so, never shown as a clean run (issue 26)
+    # neither alerts nor a verdict: said so, never shown as a clean run
     assert "No verdict yet" in html.text and "team/proj/nope" in html.text
     assert "not a clean bill of health" in html.text
     assert api.status_code == 404 and api.json()["status"] == "error"

@@ -1,4 +1,4 @@
-"""The quarantine as its own process (issue 25 item 4): the receiver (``serve``) holds no
+"""The quarantine as its own process: the receiver (``serve``) holds no
 scheduler rights and never acts; ``wandb-infra-bridge quarantine`` reads the bridge's store,
 drains the node of a fault that needs it out of service on the real Slurm the tests start, and
 the receiver shows that decision in the run's notes."""

@@ -1,4 +1,4 @@
-"""What one run receives is bounded, however many distinct alerts hit it (issue 14), and names
+"""What one run receives is bounded, however many distinct alerts hit it, and names
 with a trailing newline are not names."""
 
 from __future__ import annotations

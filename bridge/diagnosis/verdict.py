@@ -281,7 +281,7 @@ def resolve(need: Need, issue: Issue, evidence: Mapping[str, HostEvidence] | Non
                 _and(need.policy, f"the driver's recovery action asks for {SPECS[said].needs}"))
 
 
-# issue 28: a GPU or host flagged as a repeat offender (its Nth hardware fault in the window)
+# a GPU or host flagged as a repeat offender (its Nth hardware fault in the window)
 # needs a replacement whatever the fault itself asks: a reset clears the fault, not its cause.
 # A GPU's flag reaches the run as an alert; a host's (HostRepeatOffender, an operators' alert
 # with no run labels) is read from Prometheus with the host's evidence.

@@ -27,19 +27,10 @@ _STYLE = (
 )
 
 
-_TEMPLATE = re.compile(r"\{\{\s*\$(?:labels\.(\w+)|(value))[^}]*\}\}")
-
-
-def placeholders(text: str) -> str:
-    """Alert templates as the reader's placeholders: ``{{ $labels.gpu }}`` becomes "gpu" in angle
-    quotes, ``{{ $value | humanize }}`` "value" (the page documents every alert, not one)."""
-    return _TEMPLATE.sub(lambda m: f"‹{m.group(1) or m.group(2)}›", text)
-
-
 def _inline(text: str) -> str:
     """Escaped text with the Markdown the catalog uses (`code`, **bold**) as HTML, templates
     as placeholders."""
-    html = escape(placeholders(text), quote=False)
+    html = escape(runbook.placeholders(text), quote=False)
     return _BOLD.sub(r"<strong>\1</strong>", _CODE.sub(r"<code>\1</code>", html))
 
 

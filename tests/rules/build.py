@@ -968,7 +968,7 @@ def files(cfg: dict[str, Any]) -> dict[str, str]:
                                      "dcgm_4_9.test.yml": dcgm49_cases(),
                                      "real_telemetry.test.yml": real_telemetry_cases(),
                                      "pipeline.test.yml": pipeline_cases(),
-                                     # issue 28: tests/rules/host_cases.py
+                                     # tests/rules/host_cases.py
                                      "host_alerts.test.yml": host_cases.cases()}
     for sp in SPELLINGS:
         groups[f"gpu_alerts_{sp}.test.yml"] = gpu_cases(sp) + dcgm_node_cases(sp)

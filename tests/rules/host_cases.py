@@ -1,4 +1,4 @@
-"""promtool cases for the host alerts of issue 28 (catalog/host_alerts.py), built from upstream
+"""promtool cases for the host alerts (catalog/host_alerts.py), built from upstream
 label sets: node_exporter's collector fixture (tests/data/node_exporter/e2e-output.txt: vmstat,
 pressure, EDAC, mountstats), smartctl_exporter's EXAMPLE.md and ipmi_exporter's docs/metrics.md
 (tests/data/{smartctl,ipmi}/, provenance in tests/data/README.md), this project's
@@ -129,7 +129,7 @@ def storage_cases() -> list[b.Case]:
                         [b.Expect({**_run(), "mountpoint": "/scratch", "fstype": "ext4"},
                                   "/scratch on n1 is not answering (statfs failing, or 1 NFS "
                                   "major timeout(s) in the last 10 minutes).")]))
-    # issue 28 audit: the condition once subtracted mounts read-only for the whole last hour, so
+    # the condition once subtracted mounts read-only for the whole last hour, so
     # a remount ended its own alert an hour later; it holds while the mount stays read-only.
     # (80 minutes, 70 of them read-only, evaluated every 30 s: the old rule had ended at 70.)
     long = [b.Series(s.name, s.labels, "1x170") for s in _base()]
@@ -173,7 +173,7 @@ def lifecycle_cases() -> list[b.Case]:
                [b.node("node_boot_time_seconds", "1000x80")], "25m", {},
                "n1 booted again at 1970-01-01 00:33:20 +0000 UTC (node_boot_time_seconds "
                "moved later), with no maintenance state seen in the last 30 minutes."),
-        # issue 28 audit: Slurm's own reason for a node back with a new boot time names a reboot,
+        # Slurm's own reason for a node back with a new boot time names a reboot,
         # but an unplanned one (SchedMD/slurm src/slurmctld/node_mgr.c)
         *_case("Slurm: Node unexpectedly rebooted", "NodeRebooted",
                [rebooted, state("n1", "slurm", "DOWN", UNEXPECTED, "_x30 1x50")],
