@@ -342,3 +342,9 @@ def test_the_summary_keys_name_the_verdict_and_the_applications_error():
     assert join(reading_of(log), None).summary() == {
         "infra/verdict": "application", "infra/app_error": "torch.OutOfMemoryError on rank 12"}
     assert join(reading_of(b"step 1\n"), None).summary() == {"infra/verdict": "unknown"}
+
+
+def test_a_huge_line_is_read_up_to_its_first_64_kib():
+    first = reading_of(ECC + b" " + b"\x00junk" * 2_000_000 + b"\n").first_error
+    assert first is not None and len(first.text) <= T.QUOTE_CHARS
+    assert reading_of(b"x" * (T.LINE_BYTES + 10) + ECC + b"\n").first_error is None

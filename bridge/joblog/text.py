@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 
 QUOTE_CHARS = 300
 QUOTE_LINES = 5
+LINE_BYTES = 64 * 1024  # a longer physical line is read up to here (no console line is longer)
 REDACTED = "[line redacted: it looks like it holds a secret]"
 
 _ANSI = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)?|[@-Z\\-_])")
@@ -46,8 +47,9 @@ COMM_INIT = re.compile(r"comm 0x[0-9a-f]+ rank (?P<rank>[0-9]+) nranks [0-9]+ cu
 
 def segments(raw: bytes) -> list[str]:
     """The clean text segments of one physical line (a ``\\r`` starts a new segment, as on a
-    terminal); empty ones dropped."""
-    text = raw.decode("utf-8", "replace")
+    terminal); empty ones dropped; only its first ``LINE_BYTES`` are read, so a binary blob
+    without newlines costs no more than a long line."""
+    text = raw[:LINE_BYTES].decode("utf-8", "replace")
     out = []
     for part in text.split("\r"):
         clean = _CONTROL.sub("", _CARET_ESC.sub("", _ANSI.sub("", part))).strip()
