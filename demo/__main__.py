@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     if received:
         name = signal.Signals(received[0]).name
         print(f"{name}: stopping every service the demo started ...", file=sys.stderr, flush=True)
-        processes.terminate(processes.descendants())
+        processes.stop_descendants()
         print("stopped", file=sys.stderr, flush=True)
         # leave the worker thread mid-call: no atexit or SDK teardown may hold the exit up
         os._exit(128 + received[0])

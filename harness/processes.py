@@ -107,12 +107,19 @@ class Service:
                 self.proc.wait(timeout=10)
 
 
+# Held while a service process is being created: ``stop_descendants`` takes it for good, so a
+# thread starting services cannot add one after the sweep has looked.
+_SPAWNING = threading.Lock()
+
+
 def _spawn(cmd: list[str], workdir: Path, name: str,
            env: Mapping[str, str] | None = None) -> tuple[subprocess.Popen, Path]:
     log = workdir / f"{name}.log"
     handle = log.open("ab")
-    proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, cwd=workdir,
-                            start_new_session=True, env={**env_without_proxies(), **(env or {})})
+    with _SPAWNING:
+        proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, cwd=workdir,
+                                start_new_session=True,
+                                env={**env_without_proxies(), **(env or {})})
     handle.close()
     return proc, log
 
@@ -299,6 +306,24 @@ def terminate(pids: list[int], grace: float = 5.0) -> list[int]:
             os.kill(pid, signal.SIGKILL)
     _reap(killed)
     return killed
+
+
+def stop_descendants(grace: float = 5.0, rounds: int = 5) -> None:
+    """Stop every descendant of this process, for a signal that may arrive while another thread
+    is starting services: no new service starts from here on, and the sweep repeats until it
+    finds nothing (a library may have been starting a process of its own), ``rounds`` at most."""
+    _SPAWNING.acquire()  # never released: this process is on its way out
+    quiet = 0
+    for _ in range(rounds):
+        pids = descendants()
+        if pids:
+            terminate(pids, grace)
+            quiet = 0
+            continue
+        quiet += 1
+        if quiet == 2:
+            return
+        time.sleep(0.2)
 
 
 def _reap(pids: list[int]) -> None:
