@@ -16,12 +16,18 @@ import os
 import shutil
 import signal
 import sys
+import threading
 import time
+import traceback
 from pathlib import Path
 
 from demo import scenarios
 from demo.stack import ROOT, Stack, StackConfig
+from harness import processes
 from wandb_infra.bridge.diagnosis.report import render_run
+
+# What --scenario accepts: the demo's three motivating scenarios (demo/scenarios.py numbers them).
+SCENARIOS = ("1", "2", "5")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -36,37 +42,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="leave everything running after the scenarios until Ctrl-C")
     parser.add_argument("--grafana-url", default="http://localhost:3000",
                         help="Grafana base URL used in deep links (default http://localhost:3000)")
-    return parser.parse_args(argv)
+    parser.add_argument("--scenario", action="append", choices=SCENARIOS,
+                        help="play only this scenario (repeat for several; default all: "
+                             "1 XID 94 cascade, 2 thermal slowdown, 5 XID 95 GPU reset)")
+    args = parser.parse_args(argv)
+    args.scenario = args.scenario or list(SCENARIOS)
+    return args
 
 
-def _exit_on_sigterm(_signum: int, _frame: object) -> None:
-    raise SystemExit(143)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run both scenarios end to end and print what a W&B user would read."""
-    args = parse_args(argv)
-    # SIGTERM (``kill``, a CI timeout) unwinds like Ctrl-C, so every service started is stopped.
-    # SIGINT too, even when started from a shell that ignores it for background jobs (``&``,
-    # nohup): Python then leaves it ignored, and Ctrl-C or ``kill -INT`` would do nothing.
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    shutil.rmtree(args.workdir, ignore_errors=True)
-    api_key = os.environ.get("WANDB_API_KEY") or None
-    config = StackConfig(
-        workdir=args.workdir, hosts=67, flavour=args.flavour, grafana_url=args.grafana_url,
-        wandb_api_key=api_key, wandb_base_url=os.environ.get("WANDB_BASE_URL") if api_key else None,
-        markers=bool(api_key), jobs_online=bool(api_key))
-    if api_key and os.environ.get("WANDB_ENTITY"):
-        scenarios.ENTITY = os.environ["WANDB_ENTITY"]
+def play(stack: Stack, args: argparse.Namespace, api_key: str | None) -> None:
+    """Start the stack and play the chosen scenarios, printing what a W&B user would read.
+    Runs on a worker thread: the main thread only waits for it or for a signal."""
     began = time.monotonic()
     print(f"starting simulator (67 hosts x 8 GPUs), exporter, bridge, Alertmanager, Prometheus "
           f"in {args.workdir} ...", flush=True)
-    with Stack(config) as stack:
-        assert stack.bridge and stack.prometheus and stack.alertmanager
-        hosts = list(stack.cluster.hosts)
-        print(f"  Prometheus   {stack.prometheus.url}\n  Alertmanager {stack.alertmanager.url}\n"
-              f"  bridge       {stack.bridge.url}/runs\n", flush=True)
+    stack.start()
+    assert stack.bridge and stack.prometheus and stack.alertmanager
+    hosts = list(stack.cluster.hosts)
+    print(f"  Prometheus   {stack.prometheus.url}\n  Alertmanager {stack.alertmanager.url}\n"
+          f"  bridge       {stack.bridge.url}/runs\n", flush=True)
+    runs = []
+    if "1" in args.scenario:
         print("scenario 1: XID 94 on gpu-node-017 GPU 3 of a 64-host run, then the NCCL stall "
               "cascade ...", flush=True)
         run1, view1 = scenarios.xid94_cascade(stack, hosts[:64])
@@ -74,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         rem = view1.get("remediation") or {}
         print(f"  restart without draining gpu-node-017: {rem.get('verdict')} "
               f"({rem.get('detail')})\n", flush=True)
+        runs.append(run1)
+    if "2" in args.scenario:
         print("scenario 2: thermal violation on one host of a 2-host run ...", flush=True)
         run2, view2, job, neighbour = scenarios.thermal_slowdown(stack, hosts[64:66])
         print(render_run(view2), flush=True)
@@ -83,24 +81,70 @@ def main(argv: list[str] | None = None) -> int:
             print(f"    (the job's MFU dropped from {dropped} UTC; the neighbour run "
                   f"{neighbour.path} on the other GPUs has "
                   f"{len(scenarios.run_view(stack, neighbour).get('issues', []))} issue(s))\n")
+        runs.append(run2)
+    if "5" in args.scenario:
         print("scenario 5: XID 95 on gpu-node-067 GPU 5 needs a GPU reset ...", flush=True)
         run5, before, after = scenarios.gpu_reset(stack, hosts[66])
         print(f"    restart before the reset: {before['verdict']} ({before['detail']})\n"
               f"      {before['advice']}\n"
               f"    restart after the reset:  {after['verdict']} ({after['detail']})\n",
               flush=True)
-        where = "in W&B and " if api_key else ""
-        print(f"The issues are {where}at the bridge's run views:\n"
-              f"  {stack.bridge.url}/runs/{run1.path}\n  {stack.bridge.url}/runs/{run2.path}\n"
-              f"  {stack.bridge.url}/runs/{run5.path}")
-        print(f"demo finished in {time.monotonic() - began:.0f} s")
-        if args.keep_running:
-            print("keeping everything running; Ctrl-C to stop", flush=True)
-            try:
-                while True:
-                    time.sleep(3600)
-            except KeyboardInterrupt:
-                pass
+        runs.append(run5)
+    where = "in W&B and " if api_key else ""
+    print(f"The issues are {where}at the bridge's run views:\n" + "\n".join(
+        f"  {stack.bridge.url}/runs/{run.path}" for run in runs))
+    print(f"demo finished in {time.monotonic() - began:.0f} s", flush=True)
+    if args.keep_running:
+        print("keeping everything running; Ctrl-C to stop", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Play the scenarios on a worker thread; stop everything on the first SIGINT or SIGTERM.
+
+    The signal handlers only record the signal: raising from a handler (KeyboardInterrupt,
+    SystemExit) lands wherever the main thread happens to be, and a library that catches
+    broadly there (the wandb SDK's start-up, a cleanup callback) can swallow it, leaving the
+    demo and its services running. Instead the main thread does nothing but wait, and on a
+    signal stops every process the demo started (its own descendants, read from /proc, so the
+    wandb SDK's service too), all at once, and exits without running other threads' cleanup."""
+    args = parse_args(argv)
+    received: list[int] = []
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        # SIGINT too, even when started from a shell that ignores it for background jobs (``&``,
+        # nohup): Python would leave it ignored, and Ctrl-C or ``kill -INT`` would do nothing.
+        signal.signal(signum, lambda signum, _frame: received.append(signum))
+    shutil.rmtree(args.workdir, ignore_errors=True)
+    api_key = os.environ.get("WANDB_API_KEY") or None
+    config = StackConfig(
+        workdir=args.workdir, hosts=67, flavour=args.flavour, grafana_url=args.grafana_url,
+        wandb_api_key=api_key, wandb_base_url=os.environ.get("WANDB_BASE_URL") if api_key else None,
+        markers=bool(api_key), jobs_online=bool(api_key))
+    if api_key and os.environ.get("WANDB_ENTITY"):
+        scenarios.ENTITY = os.environ["WANDB_ENTITY"]
+    stack = Stack(config)
+    failure: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            play(stack, args, api_key)
+        except BaseException as exc:  # reported by the main thread, which owns the exit
+            failure.append(exc)
+
+    thread = threading.Thread(target=worker, name="demo", daemon=True)
+    thread.start()
+    while not received and (thread.is_alive() or (args.keep_running and not failure)):
+        time.sleep(0.1)
+    if received:
+        name = signal.Signals(received[0]).name
+        print(f"{name}: stopping every service the demo started ...", file=sys.stderr, flush=True)
+        processes.stop_descendants()
+        print("stopped", file=sys.stderr, flush=True)
+        # leave the worker thread mid-call: no atexit or SDK teardown may hold the exit up
+        os._exit(128 + received[0])
+    stack.stop()
+    if failure:
+        traceback.print_exception(failure[0])
+        return 1
     return 0
 
 

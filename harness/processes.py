@@ -107,12 +107,19 @@ class Service:
                 self.proc.wait(timeout=10)
 
 
+# Held while a service process is being created: ``stop_descendants`` takes it for good, so a
+# thread starting services cannot add one after the sweep has looked.
+_SPAWNING = threading.Lock()
+
+
 def _spawn(cmd: list[str], workdir: Path, name: str,
            env: Mapping[str, str] | None = None) -> tuple[subprocess.Popen, Path]:
     log = workdir / f"{name}.log"
     handle = log.open("ab")
-    proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, cwd=workdir,
-                            start_new_session=True, env={**env_without_proxies(), **(env or {})})
+    with _SPAWNING:
+        proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, cwd=workdir,
+                                start_new_session=True,
+                                env={**env_without_proxies(), **(env or {})})
     handle.close()
     return proc, log
 
@@ -213,6 +220,118 @@ def prom_query(base_url: str, expr: str, at: float | None = None) -> list[dict]:
 def env_without_proxies() -> dict[str, str]:
     """The environment with proxy variables removed, so loopback calls never leave the host."""
     return {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+
+
+def descendants(root: int | None = None) -> list[int]:
+    """Pids of every living descendant of ``root`` (default: this process), children first.
+    Read from /proc, so it also finds what a library started (the wandb SDK's service)."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            # the parent pid is the 2nd field after the parenthesised command, which may hold spaces
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        parents.setdefault(ppid, []).append(int(entry.name))
+    found: list[int] = []
+    todo = [os.getpid() if root is None else root]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def marked(variable: str, value: str) -> list[int]:
+    """Pids of living processes whose environment has ``variable=value``, other than this one.
+    Children inherit the environment, so a value set before starting something finds all it
+    started, however deep, and even after its parent died and init adopted it."""
+    needle = f"{variable}={value}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if needle in environ and alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
+def listening_ports(pid: int) -> list[int]:
+    """TCP ports ``pid`` listens on (its sockets in /proc/net/tcp{,6} in state LISTEN)."""
+    try:
+        inodes = {os.readlink(fd).removeprefix("socket:[").removesuffix("]")
+                  for fd in Path(f"/proc/{pid}/fd").iterdir()
+                  if os.readlink(fd).startswith("socket:[")}
+    except OSError:
+        return []
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in inodes:  # 0A: TCP_LISTEN
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return sorted(ports)
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a living process (a zombie counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def terminate(pids: list[int], grace: float = 5.0) -> list[int]:
+    """SIGTERM every pid at once, SIGKILL whatever still lives after ``grace`` seconds; returns
+    the pids that needed SIGKILL. All at once, so stopping N services takes one grace period,
+    not N."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        _reap(pids)
+        time.sleep(0.05)
+    killed = [p for p in pids if alive(p)]
+    for pid in killed:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    _reap(killed)
+    return killed
+
+
+def stop_descendants(grace: float = 5.0, rounds: int = 5) -> None:
+    """Stop every descendant of this process, for a signal that may arrive while another thread
+    is starting services: no new service starts from here on, and the sweep repeats until it
+    finds nothing (a library may have been starting a process of its own), ``rounds`` at most."""
+    _SPAWNING.acquire()  # never released: this process is on its way out
+    quiet = 0
+    for _ in range(rounds):
+        pids = descendants()
+        if pids:
+            terminate(pids, grace)
+            quiet = 0
+            continue
+        quiet += 1
+        if quiet == 2:
+            return
+        time.sleep(0.2)
+
+
+def _reap(pids: list[int]) -> None:
+    """Collect those of ``pids`` that are this process's exited children, so they do not
+    linger as zombies (only those: a ``Popen`` elsewhere keeps its own child's status)."""
+    for pid in pids:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
 
 
 # What a stub answers a GET with: status, Content-Type, body.

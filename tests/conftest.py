@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+
+from harness import processes
 
 # A test that starts a real binary, a subprocess or the wandb SDK is marked integration (or
 # slurm / e2e) on itself, its class or its module (tests/test_layers.py checks it); every other
@@ -27,6 +33,54 @@ FIRST = ("host_alerts.test.yml", "gpu_alerts_hostname.test.yml", "real_telemetry
 for _var in [v for v in os.environ if "proxy" in v.lower()]:
     os.environ.pop(_var, None)
 os.environ["NO_PROXY"] = "127.0.0.1,localhost"
+
+# Every process the suite starts inherits this variable (xdist workers too, as they start after
+# this file is read), so the session's end finds whatever outlived its test, however it was
+# started and wherever it was reparented. A new value per run: a pytest run inside a test (which
+# drops PYTEST_XDIST_WORKER) marks only its own processes.
+SESSION_MARK = "WANDB_INFRA_TEST_SESSION"
+if "PYTEST_XDIST_WORKER" not in os.environ:
+    os.environ[SESSION_MARK] = uuid.uuid4().hex
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_sessionfinish(session: pytest.Session) -> Iterator[None]:
+    """Fail the run if a process the suite started is still alive at its end, naming each with
+    the ports it listens on, and stop them all, so a failed or timed-out test leaks nothing into
+    the next run. Checked once, in the process that started the session, after every other
+    sessionfinish (xdist's stops the workers, which carry the mark themselves)."""
+    yield
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        return
+    mark = os.environ[SESSION_MARK]
+    # a process stopped by the last teardown may still be on its way out
+    left = processes.marked(SESSION_MARK, mark)
+    with contextlib.suppress(TimeoutError):
+        processes.wait_for(lambda: not processes.marked(SESSION_MARK, mark), 2, "", 0.1)
+        left = []
+    left = [pid for pid in left if processes.alive(pid)]
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if not left:
+        if reporter is not None:
+            reporter.write_line("no process started by the suite is left running")
+        return
+    lines = [f"  pid {pid}: {_cmdline(pid)[:200]} (listening on "
+             f"{', '.join(map(str, processes.listening_ports(pid))) or 'no port'})"
+             for pid in left]
+    processes.terminate(left)
+    message = (f"{len(left)} process(es) started by the suite outlived their tests "
+               f"(now stopped):\n" + "\n".join(lines))
+    if reporter is not None:
+        reporter.write_line(message, red=True)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(
+            errors="replace").strip()
+    except OSError:
+        return "?"
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -1,57 +1,54 @@
-"""``make demo`` stopped with SIGTERM (``kill``, a CI timeout) or Ctrl-C stops every service it
-started: nothing is left running from its work directory."""
+"""``make demo`` stops on the first Ctrl-C (SIGINT) or ``kill`` (SIGTERM) within 10 s, in every
+phase (start-up, each scenario), and stops every process it started: the services, and what the
+wandb SDK started for the demo's training jobs."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
 
-from harness.processes import env_without_proxies, wait_for
+from harness import processes
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.e2e
 
-
-def _started_from(workdir: Path) -> list[int]:
-    """Pids of processes whose command line or working directory is under ``workdir``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            cwd = os.readlink(entry / "cwd")
-        except OSError:
-            continue
-        if str(workdir) in cmdline or cwd.startswith(str(workdir)):
-            found.append(int(entry.name))
-    return found
+# (phase, the demo's arguments, the line after which the signal is sent, what runs by then)
+PHASES = {
+    # mid start-up: the simulator and exporter are up, the rest are starting
+    "start-up": ([], "starting simulator", 1),
+    "scenario 1": (["--scenario", "1"], "scenario 1:", 4),
+    "scenario 2": (["--scenario", "2"], "scenario 2:", 4),
+    "scenario 5": (["--scenario", "5"], "scenario 5:", 4),
+}
+CASES = [("start-up", signal.SIGINT), ("start-up", signal.SIGTERM),
+         ("scenario 1", signal.SIGINT), ("scenario 2", signal.SIGTERM),
+         ("scenario 5", signal.SIGINT), ("scenario 5", signal.SIGTERM)]
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_signal_stops_everything_the_demo_started(tmp_path, signum):
-    workdir = tmp_path / "demo"
-    log = (tmp_path / "demo.log").open("wb")
-    demo = subprocess.Popen([sys.executable, "-m", "demo", "--workdir", str(workdir)], cwd=ROOT,
-                            stdout=log, stderr=subprocess.STDOUT, env=env_without_proxies())
+@pytest.mark.parametrize(("phase", "signum"), CASES, ids=[f"{p}-{s.name}" for p, s in CASES])
+def test_a_signal_stops_the_demo_and_everything_it_started(tmp_path, phase, signum):
+    args, line, services = PHASES[phase]
+    probe = uuid.uuid4().hex
+    log_path = tmp_path / "demo.log"
+    with log_path.open("wb") as log:
+        demo = subprocess.Popen(
+            [sys.executable, "-m", "demo", "--workdir", str(tmp_path / "demo"), *args], cwd=ROOT,
+            stdout=log, stderr=subprocess.STDOUT,
+            env={**processes.env_without_proxies(), "DEMO_SIGNAL_PROBE": probe})
     try:
-        # the demo prints the services' addresses once every one answered its readiness check
-        wait_for(lambda: "  Prometheus   http" in (tmp_path / "demo.log").read_text()
-                 or demo.poll() is not None, 120, "the demo's stack to be up")
-        assert demo.poll() is None, (tmp_path / "demo.log").read_text()
-        services = [p for p in _started_from(workdir) if p != demo.pid]
-        assert len(services) >= 4, services  # exporter, bridge, Alertmanager, Prometheus
+        processes.wait_for(lambda: line in log_path.read_text() or demo.poll() is not None, 180,
+                           f"the demo to print {line!r}")
+        processes.wait_for(lambda: len(processes.descendants(demo.pid)) >= services
+                           or demo.poll() is not None, 60, f"{services} service(s) running")
+        assert demo.poll() is None, log_path.read_text()
         demo.send_signal(signum)
-        demo.wait(timeout=60)
-        left = wait_for(lambda: not _started_from(workdir) or None, 30,
-                        "every service to stop") if _started_from(workdir) else True
-        assert left
+        returncode = demo.wait(timeout=10)
+        assert returncode == 128 + signum, log_path.read_text()
+        assert processes.marked("DEMO_SIGNAL_PROBE", probe) == [], log_path.read_text()
     finally:
-        if demo.poll() is None:
-            demo.kill()
-        log.close()
+        processes.terminate([demo.pid, *processes.marked("DEMO_SIGNAL_PROBE", probe)])

@@ -1,0 +1,77 @@
+"""The suite leaves nothing running: a test that fails still stops what it started, and a process
+that outlives its test fails the run, is named with its ports, and is stopped
+(tests/conftest.py, ``pytest_sessionfinish``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+
+import pytest
+
+from harness import processes
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.integration
+
+INNER = '''
+import socket
+import subprocess
+import sys
+
+from harness import processes
+
+LISTENER = "import socket, time; s = socket.socket(); s.bind(('127.0.0.1', {port})); s.listen(); time.sleep(600)"
+
+
+def test_a_failing_stack_test(tmp_path):
+    config = "global: {{scrape_interval: 1s}}\\n"
+    with processes.prometheus(config, tmp_path) as prometheus:
+        processes.wait_http(prometheus.url + "/-/ready")
+        raise AssertionError("deliberately failing with Prometheus running")
+
+
+def test_a_leak():
+    if {leak}:
+        subprocess.Popen([sys.executable, "-c", LISTENER], start_new_session=True)
+        processes.wait_for(lambda: socket.socket().connect_ex(("127.0.0.1", {port})) == 0, 10,
+                           "the leaked listener")
+'''
+
+
+def _inner(tmp_path: Path, leak: bool) -> tuple[subprocess.CompletedProcess[str], str]:
+    """Run the inner suite in its own pytest; returns its result and its processes' mark."""
+    port = processes.free_port()
+    (tmp_path / "test_inner.py").write_text(textwrap.dedent(INNER.format(port=port, leak=leak)))
+    probe = uuid.uuid4().hex
+    env = {k: v for k, v in processes.env_without_proxies().items()
+           if not k.startswith(("PYTEST_", "WANDB_INFRA_TEST_SESSION"))}
+    env["LEAK_PROBE"] = probe
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-p", "no:cacheprovider",
+         "--rootdir", str(tmp_path), str(tmp_path / "test_inner.py")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    return result, probe
+
+
+def test_a_failing_stack_test_leaves_nothing_and_the_suite_says_so(tmp_path):
+    result, probe = _inner(tmp_path, leak=False)
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out
+    assert "deliberately failing with Prometheus running" in out
+    assert "no process started by the suite is left running" in out, out
+    assert processes.marked("LEAK_PROBE", probe) == []
+
+
+def test_a_process_outliving_its_test_fails_the_run_and_is_stopped(tmp_path):
+    result, probe = _inner(tmp_path, leak=True)
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out
+    assert "1 process(es) started by the suite outlived their tests (now stopped)" in out, out
+    leaked = next(line for line in out.splitlines() if "LISTENER" in line or "socket" in line)
+    assert "listening on" in leaked and "no port" not in leaked, leaked
+    assert processes.marked("LEAK_PROBE", probe) == []
