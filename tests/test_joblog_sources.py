@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import requests
+
 from harness.k8s_standin import K8sStandin
 from harness.wandb_standin import WandbStandin
 from wandb_infra.bridge.joblog.reading import Budget, Verdict
@@ -115,3 +117,39 @@ def test_a_runs_sources_are_the_configured_ones_it_can_use(tmp_path):
     assert [type(s).__name__ for s in sources] == ["WandbConsole", "SlurmFiles"]
     assert reading.first_error is not None and reading.first_error.host == "gpu-node-017"
     assert for_run(settings, RunLogs("team", "proj", "r1")) == []
+
+
+PAGE = """
+query RunConsoleLogPage($entity: String!, $project: String!, $runName: String!, $first: Int,
+                        $after: String) {
+  project(name: $project, entityName: $entity) {
+    run(name: $runName) {
+      logLineCount
+      logLines(first: $first, after: $after, useImprovedPagination: true) {
+        edges { node { number timestamp level label line } }
+        pageInfo { endCursor hasNextPage }
+      }
+    }
+  }
+}"""
+
+
+def test_the_standin_pages_console_lines_as_the_sdk_reads_them():
+    """The wandb SDK's forward paging query (RunConsoleLogPage, the same file as the tail):
+    pages in ascending order until hasNextPage is false, 0-based line numbers."""
+    with WandbStandin() as wb:
+        wb.add_run("team", "proj", "r1")
+        wb.add_console("team", "proj", "r1", [f"line {i}" for i in range(5)], level="error")
+        seen, after = [], None
+        while True:
+            body = requests.post(f"{wb.url}/graphql", auth=("api", wb.api_key), timeout=10, json={
+                "query": PAGE, "variables": {"entity": "team", "project": "proj",
+                                             "runName": "r1", "first": 2, "after": after}}).json()
+            run = body["data"]["project"]["run"]
+            seen += [e["node"] for e in run["logLines"]["edges"]]
+            if not run["logLines"]["pageInfo"]["hasNextPage"]:
+                break
+            after = run["logLines"]["pageInfo"]["endCursor"]
+    assert run["logLineCount"] == 5
+    assert [(n["number"], n["line"], n["level"]) for n in seen] == \
+        [(i, f"line {i}", "error") for i in range(5)]
