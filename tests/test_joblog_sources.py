@@ -7,6 +7,7 @@ import requests
 
 from harness.k8s_standin import K8sStandin
 from harness.wandb_standin import WandbStandin
+from wandb_infra.bridge.joblog.join import join
 from wandb_infra.bridge.joblog.reading import Budget, Verdict
 from wandb_infra.bridge.joblog.sources import (
     FileSource,
@@ -114,9 +115,16 @@ def test_a_runs_sources_are_the_configured_ones_it_can_use(tmp_path):
         wb.add_console("team", "proj", "r1", ["step 1"])
         sources = for_run(settings, run, wandb_base_url=wb.url, wandb_api_key=wb.api_key)
         reading = read(sources)
-    assert [type(s).__name__ for s in sources] == ["WandbConsole", "SlurmFiles"]
+    assert [type(s).__name__ for s in sources] == ["WandbConsole", "SlurmFiles", "Unavailable"]
     assert reading.first_error is not None and reading.first_error.host == "gpu-node-017"
-    assert for_run(settings, RunLogs("team", "proj", "r1")) == []
+    assert reading.sources[-1].error == ("no console log: not configured "
+                                         "(joblog.kubernetes.enabled)")
+    unusable = read(for_run(settings, RunLogs("team", "proj", "r1")))
+    assert [s.error for s in unusable.sources] == [
+        "no console log: no W&B API key (wandb.api_key)",
+        "no console log: the run has no Slurm job id",
+        "no console log: not configured (joblog.kubernetes.enabled)"]
+    assert "no console log could be read" in join(unusable, None).statement
 
 
 PAGE = """

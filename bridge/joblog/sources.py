@@ -391,17 +391,44 @@ class RunLogs:
     pods: tuple[Pod, ...] = ()
 
 
+@dataclass(frozen=True)
+class Unavailable:
+    """A source this run cannot use, kept so the reading names it and why."""
+
+    name: str
+    reason: str
+
+    def fetch(self, budget: Budget) -> list[LogText]:
+        """Always the reason."""
+        raise SourceError(self.reason)
+
+
 def for_run(settings: Settings, run: RunLogs, *, wandb_base_url: str = "",
             wandb_api_key: str | None = None, kube: KubeApi | None = None) -> list[LogSource]:
-    """The configured sources for ``run``; a source configured but unusable for this run (no
-    Slurm job id, no pods, no W&B key) is left out, and ``read`` names the ones that fail."""
+    """The sources for ``run``: each configured one it can use, and for each other an
+    ``Unavailable`` saying why (not configured, no W&B key, no Slurm job id, no pods), so the
+    reading names every place it did not read."""
     out: list[LogSource] = []
-    if settings.wandb and wandb_api_key:
+    wandb_name = f"W&B console log of {run.entity}/{run.project}/{run.run_id}"
+    if not settings.wandb:
+        out.append(Unavailable(wandb_name, "not configured (joblog.wandb.enabled)"))
+    elif not wandb_api_key:
+        out.append(Unavailable(wandb_name, "no W&B API key (wandb.api_key)"))
+    else:
         out.append(WandbConsole(wandb_base_url, wandb_api_key, run.entity, run.project,
                                 run.run_id, last=settings.wandb_last))
-    if settings.slurm_templates and run.slurm_job_id:
+    if not settings.slurm_templates:
+        out.append(Unavailable("Slurm output files", "not configured (joblog.slurm.output)"))
+    elif not run.slurm_job_id:
+        out.append(Unavailable("Slurm output files", "the run has no Slurm job id"))
+    else:
         out.append(SlurmFiles(settings.slurm_templates, run.slurm_job_id, run.nodes,
                               settings.slurm_max_tasks))
-    if kube is not None and run.pods:
+    if settings.kubernetes is None or kube is None:
+        out.append(Unavailable("Kubernetes pod logs",
+                               "not configured (joblog.kubernetes.enabled)"))
+    elif not run.pods:
+        out.append(Unavailable("Kubernetes pod logs", "the run has no pods"))
+    else:
         out.append(KubernetesLogs(kube, run.pods, settings.container, settings.previous))
     return out
