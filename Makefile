@@ -34,7 +34,7 @@ lint: venv
 	$(BIN)/mypy $(foreach p,$(PACKAGED),-p wandb_infra.$(p)) -p demo
 
 # Every generated file, in dependency order (the Kubernetes copies read the rule manifest and the
-# dashboards; the README's restart-action tables come last); tests/test_generated.py checks in one test that all of them are current.
+# dashboards; the tables of docs/restart.md and docs/figures.md come last); tests/test_generated.py checks in one test that all of them are current.
 generate: venv
 	$(BIN)/python -m wandb_infra.alert_rules.generate
 	$(BIN)/python -m wandb_infra.dashboards.generate

@@ -2,8 +2,8 @@
 
 Usage: ``python -m bench.run [NAME_SUBSTRING ...]`` to run only matching benchmark modules;
 ``python -m bench.run --markdown [RESULTS_JSON]`` prints the last results.json (or the file
-given) as a Markdown table: the README's figures table, which ``make generate`` writes through
-``tests/readme_tables.py`` (it runs this command, so the table has one renderer).
+given) as a Markdown table: the figures table of docs/figures.md, which ``make generate``
+writes through ``tests/readme_tables.py`` (it runs this command, so the table has one renderer).
 A filtered run replaces only the rows of the benchmarks it ran. Any other argument starting with
 ``-`` is refused before anything runs, so a mistyped option never rewrites results.json.
 """
@@ -42,7 +42,7 @@ def markdown(path: Path) -> str:
 USAGE = ("usage: python -m bench.run [NAME_SUBSTRING ...] | --markdown [RESULTS_JSON]\n\n"
          "Run the benchmarks whose module name contains a NAME_SUBSTRING (all without one) and "
          "write bench/results.json;\n--markdown prints the last results.json (or RESULTS_JSON) "
-         "as the README's figures table and runs nothing.")
+         "as the figures table of docs/figures.md and runs nothing.")
 
 
 def main(argv: list[str]) -> int:

@@ -758,7 +758,7 @@ ${PIPELINE_TARGETS}{component="exporter"}
         description=f"{_WHOLE} GPUs hold memory, and no {L.NODE_INFO} series exists.",
         impact="Faults are detected but attributed to no run: W&B users see nothing.",
         remediation="Check that the exporter runs, is scraped, and that its sources find the "
-                    "jobs (the Slurm comment or Kubernetes label convention in the README).",
+                    "jobs (the Slurm comment or Kubernetes label convention, docs/deploy.md).",
         panel="pipeline_targets",
         # dcgm-exporter reports framebuffer memory in MiB.
         condition="""

@@ -20,7 +20,7 @@ cycle). Sources and exporters:
   conditions and taints);
 * dcgm-exporter: ``DCGM_FI_DEV_FABRIC_MANAGER_STATUS`` (field 170) and the NVSwitch SXid fields
   (856 ``DCGM_FI_DEV_SXID_FATAL_ERROR``, legacy ``DCGM_FI_DEV_NVSWITCH_FATAL_ERRORS``);
-* where scraped (off by default; the README's "Host hardware exporters"): smartctl_exporter
+* where scraped (off by default; "Host hardware exporters" in docs/deploy.md): smartctl_exporter
   (``smartctl_device_smart_status``, ``..._critical_warning``, ``..._media_errors``) and
   ipmi_exporter (``ipmi_*_state``: 0 nominal, 1 warning, 2 critical).
 """

@@ -12,6 +12,7 @@ the entity); without it, runs are offline and the bridge shows the issues at its
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -34,8 +35,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Options, each explained in --help."""
     parser = argparse.ArgumentParser(prog="python -m demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--workdir", type=Path, default=ROOT / ".state" / "demo",
-                        help="where configs, logs, the bridge store and W&B offline runs go "
-                             "(wiped at start; default .state/demo)")
+                        help="where configs, logs, the bridge store, W&B offline runs and "
+                             "scenario 1's run view (scenario1.view.json) go (wiped at start; "
+                             "default .state/demo)")
     parser.add_argument("--flavour", choices=("Hostname", "hostname", "4.9"), default="hostname",
                         help="dcgm-exporter flavour the simulator speaks (default hostname)")
     parser.add_argument("--keep-running", action="store_true",
@@ -66,6 +68,9 @@ def play(stack: Stack, args: argparse.Namespace, api_key: str | None) -> None:
         print("scenario 1: XID 94 on gpu-node-017 GPU 3 of a 64-host run, then the NCCL stall "
               "cascade ...", flush=True)
         run1, view1 = scenarios.xid94_cascade(stack, hosts[:64])
+        # what was printed can be rendered again (tests/data/demo/ keeps one, for the README)
+        (args.workdir / "scenario1.view.json").write_text(
+            json.dumps(view1, indent=1, sort_keys=True) + "\n")
         print(render_run(view1) + "\n", flush=True)
         rem = view1.get("remediation") or {}
         print(f"  restart without draining gpu-node-017: {rem.get('verdict')} "

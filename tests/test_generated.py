@@ -4,8 +4,8 @@ The generators run in dry mode, chained in memory the way ``make generate`` chai
 (the Kubernetes copies are rendered from the rule and dashboard generators' output, not from the
 committed files), so one failure lists every stale file: the rule file, PrometheusRule, counters
 CSV, runbook and mixin JSON (``alert_rules/generate.py``), the dashboards, the Kubernetes manifests
-(``deploy/kubernetes/render.py``), the promtool cases (``tests/rules/build.py``) and the README's
-restart-action tables (``tests/readme_tables.py``).
+(``deploy/kubernetes/render.py``), the promtool cases (``tests/rules/build.py``) and the tables of
+docs/restart.md and docs/figures.md (``tests/readme_tables.py``).
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def test_the_check_covers_every_kind_of_generated_file():
                 "alert_rules/dcgm-counters.csv", "docs/runbook.md", "mixin/rules.json",
                 "deploy/kubernetes/generated/prometheusrule.yaml",
                 "deploy/kubernetes/generated/dashboards.configmap.yaml",
-                "tests/rules/node_alerts.test.yml", "README.md"):
+                "tests/rules/node_alerts.test.yml", "docs/restart.md", "docs/figures.md"):
         assert rel in covered, rel
     assert {p.name for p in (ROOT / "dashboards").glob("*.json")} <= {Path(p).name for p in covered}
     assert {p.name for p in (ROOT / "tests" / "rules").glob("*.test.yml")} <= {
@@ -96,15 +96,15 @@ def test_each_generator_check_mode_writes_nothing_and_passes(main, capsys):
 
 
 @pytest.mark.integration
-def test_the_readme_figures_table_follows_bench_results(tmp_path):
+def test_the_figures_table_follows_bench_results(tmp_path):
     """The figures table is bench/results.json as rendered now: a changed result makes the
-    committed README stale, and the table holds every row with its value."""
+    committed docs/figures.md stale, and the table holds every row with its value."""
     rows = json.loads(readme_tables.RESULTS.read_text())
-    assert readme_tables.figures() in readme_tables.README.read_text(encoding="utf-8")
+    assert readme_tables.figures() in readme_tables.FIGURES.read_text(encoding="utf-8")
     changed = tmp_path / "results.json"
     changed.write_text(json.dumps([{**rows[0], "value": 123.5, "met": False}, *rows[1:]]))
     table = readme_tables.figures(changed)
     assert f"| {rows[0]['name']} | 123.5 | {rows[0]['unit']} |" in table
     assert table.count("\n| ") == len(rows) + 1  # the header and one line per result
-    committed = readme_tables.README.read_text(encoding="utf-8")
-    assert readme_tables.readme(committed, changed) != committed
+    committed = readme_tables.FIGURES.read_text(encoding="utf-8")
+    assert readme_tables.figures_page(committed, changed) != committed

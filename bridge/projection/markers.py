@@ -14,8 +14,9 @@ own (``wandb.step_metrics``, e.g. ``trainer/global_step``), ``RunAxis`` reads th
 at each row's time from the run's history and puts it into the row, so charts drawn against that
 metric place the marker where the run was. Start rows wait until the issue's root cause has
 settled (``MARKER_SETTLE``, ``projection.plan_markers``) because history cannot be taken back.
-This relies on the server merging shared-mode writers (see reference/wandb-api.md); it can be
-switched off in the configuration, and then the bridge writes tags, notes and summary only.
+This relies on the server merging shared-mode writers (W&B's "shared" mode, wandb >= 0.19.9,
+``wandb.Settings(mode="shared", x_primary=False)``); it can be switched off in the
+configuration, and then the bridge writes tags, notes and summary only.
 """
 
 from __future__ import annotations

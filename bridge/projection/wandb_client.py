@@ -39,7 +39,8 @@ RETRY_WORDS = re.compile(r"(?i)\b(retry|try again|temporar\w*|timed? ?out|unavai
 AUTH_HINTS = {401: "W&B rejected the API key (wrong, revoked or for another server): "
                    "check wandb.api_key and wandb.base_url",
               403: "the W&B API key may not write to this project"}
-# The SDK's offline key check (reference/wandb-api.md): a JWT, or an optional ``prefix-`` then
+# The SDK's offline key check (wandb 0.31, wandb/sdk/lib/wbauth/validation.py,
+# ``check_api_key``): a JWT, or an optional ``prefix-`` then
 # at least 40 of ``[\w-]``; W&B answers every other key with 401.
 _JWT = re.compile(r"[^.\s]+\.[^.\s]+\.[^.\s]+")
 _KEY = re.compile(r"(?:[A-Za-z0-9_]+-)?[\w-]{40,}")
