@@ -4,6 +4,7 @@ the generated files, its config applied, and its output accepted by promtool."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -13,6 +14,7 @@ import yaml
 
 from harness.processes import PROMTOOL
 from wandb_infra.alert_rules import generate
+from wandb_infra.catalog import runbook
 
 ROOT = Path(__file__).resolve().parent.parent
 JSONNET = shutil.which("jsonnet") or "/usr/bin/jsonnet"
@@ -46,6 +48,22 @@ def test_dashboards_are_the_generated_json():
     boards = render(f"{_mixin()}.grafanaDashboards")
     files = {p.name: json.loads(p.read_text()) for p in (ROOT / "dashboards").glob("*.json")}
     assert boards == files
+
+
+@pytest.mark.integration
+def test_the_readme_example_renders_runbook_links_the_bridge_serves():
+    """mixin/README.md's example, rendered as written: every alert's runbook_url is the given
+    base + the bridge's runbook path and the alert's anchor."""
+    text = (ROOT / "mixin" / "README.md").read_text()
+    example = text[text.index("```jsonnet\n") + 11:]
+    example = example[:example.index("```")]
+    local = example[:example.index("};") + 2]
+    base = re.search(r"runbookURLBase: '([^']+)'", local).group(1)
+    alerts = render(local + "\nwandbInfra.prometheusAlerts")
+    urls = {r["alert"]: r["annotations"]["runbook_url"] for g in alerts["groups"]
+            for r in g["rules"] if "alert" in r}
+    assert urls and all(u == f"{base}{runbook.PATH}#{runbook.anchor(a)}"
+                        for a, u in urls.items())
 
 
 @pytest.mark.integration
