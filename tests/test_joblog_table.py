@@ -51,8 +51,8 @@ and binary junk are handled, and a line that looks like it holds a secret (`WAND
 (GraphQL `logLines`, per shared-mode writer; W&B captures Python's stdout and stderr of the
 processes that called `wandb.init` only, so NCCL's own warnings are usually not there), Slurm's
 `--output`/`--error` files by their `%j`/`%N`/`%t` pattern, and Kubernetes pod logs (the
-previous container's too). A source that fails is named ("no console log: W&B returned 403") and
-the others stand.
+previous container's too; the service account needs `get` on `pods/log`). A source that fails
+or is not configured is named ("no console log: W&B returned 403") and the others stand.
 
 ## Real excerpts
 
