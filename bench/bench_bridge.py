@@ -138,7 +138,7 @@ def _storm_calls(tmp: Path) -> tuple[float, float, float]:
                                 markers=None, links=GrafanaLinks("http://grafana.invalid"),
                                 metrics=BridgeMetrics(),
                                 policy=DeliveryPolicy(flush_interval=1.0))
-        ctx.worker = worker
+        ctx.wake = worker.wake
         counter = _Counter()
         worker.start()
         try:

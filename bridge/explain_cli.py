@@ -13,13 +13,13 @@ from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.diagnosis.outcome import Outcome
 from wandb_infra.bridge.diagnosis.outcome import judge as judge_outcome
 from wandb_infra.bridge.diagnosis.report import render_run
-from wandb_infra.bridge.diagnosis.root_cause import DEFAULT_GAP, diagnose
 from wandb_infra.bridge.joblog.join import join as join_log
 from wandb_infra.bridge.joblog.report import as_json as log_json
 from wandb_infra.bridge.joblog.report import explain_logs
 from wandb_infra.bridge.joblog.sources import FileSource
 from wandb_infra.bridge.joblog.sources import read as read_logs
 from wandb_infra.bridge.prometheus.client import PrometheusClient, PrometheusError, quote
+from wandb_infra.bridge.prometheus.confirm import Confirmation
 from wandb_infra.bridge.prometheus.endings import EndingsPolicy, RunEndings
 from wandb_infra.bridge.prometheus.history import (
     Explanation,
@@ -29,9 +29,9 @@ from wandb_infra.bridge.prometheus.history import (
     parse_run,
     parse_when,
 )
-from wandb_infra.bridge.prometheus.impact_reader import ImpactHistory, views
-from wandb_infra.bridge.prometheus.remediation import NodeStateHistory, run_remediation
-from wandb_infra.bridge.web.pages import run_detail
+from wandb_infra.bridge.prometheus.impact_reader import ImpactHistory
+from wandb_infra.bridge.prometheus.remediation import NodeStateHistory
+from wandb_infra.bridge.runs.service import RunService
 from wandb_infra.common import labels as L
 from wandb_infra.common.configfile import ConfigError
 from wandb_infra.common.logsetup import setup_logging
@@ -99,8 +99,8 @@ def _post(found: Explanation, args: argparse.Namespace, outcome: Outcome | None)
         raise ConfigError("--post needs a W&B API key (wandb.api_key_file in --config, or "
                           "WANDB_INFRA_BRIDGE__WANDB__API_KEY)")
     setup_logging(str(cfg.raw["log_level"]), cfg.secrets.all())
-    ctx = build(cfg)
-    assert ctx.worker is not None
+    bridge = build(cfg)
+    ctx = bridge.ctx
     ctx.store.ingest(as_notification(found.alerts))
     if outcome is not None:  # the same verdict the live bridge gives an ended run
         ctx.store.add_endings([(found.run, outcome.ended_at, outcome.how)], time.time())
@@ -108,7 +108,7 @@ def _post(found: Explanation, args: argparse.Namespace, outcome: Outcome | None)
                                  deliver=True)
     deadline = time.monotonic() + args.timeout
     while True:
-        ctx.worker.run_once()
+        bridge.worker.run_once()
         row = ctx.store.outbox(found.run)
         if row is None or row.parked or row.delivered_seq >= row.dirty_seq:
             break
@@ -147,32 +147,35 @@ def run(args: argparse.Namespace) -> int:
     except PrometheusError as exc:
         print(f"wandb-infra-bridge explain: {exc}", file=sys.stderr)
         return 1
-    facts = as_facts(found.alerts)
-    diagnosis = diagnose(facts)
-    links = GrafanaLinks(args.grafana_url)
-    view = run_detail(target, diagnosis,
-                      lambda fact, s, e: links.link(fact, target, s, e), None)
-    # is it safe to restart now: the same decision the bridge writes into the run
-    view |= run_remediation(NodeStateHistory(prom), facts, DEFAULT_GAP)
-    view |= views(ImpactHistory(prom, cache_seconds=0, min_step=args.step)
-                  .for_diagnosis(target, diagnosis))
-    view["placement"] = {"hosts": sorted(found.placement.hosts),
-                         "gpus": {h: sorted(g) for h, g in sorted(found.placement.gpus.items())}}
+    # The same run service as the bridge's, on facts Prometheus' ALERTS history gave (so every
+    # one of them is an alert Prometheus raised) and with nothing stored.
+    service = RunService(None, history=NodeStateHistory(prom), wandb_enabled=False)
+    run_view = service.assemble(target, Confirmation(tuple(as_facts(found.alerts)), (), ()))
+    impacts = ImpactHistory(prom, cache_seconds=0, min_step=args.step).for_diagnosis(
+        target, run_view.diagnosis)
+    if impacts is not None:
+        run_view = service.with_impacts(run_view, impacts, now)
     outcome: Outcome | None = None
     try:  # the verdict of an ended run, from the same coverage reading as the bridge's
         running = seen_recently(prom, target, now, args.grace)
         if not running:
             coverage = RunEndings(prom,
                                   EndingsPolicy(step=args.step)).coverage(found.placement)
-            outcome = judge_outcome(diagnosis, coverage, found.placement.last_seen, "explain")
+            outcome = judge_outcome(run_view.diagnosis, coverage, found.placement.last_seen,
+                                    "explain")
     except PrometheusError as exc:
         print(f"wandb-infra-bridge explain: {exc}", file=sys.stderr)
         return 1
+    view = service.with_outcome(run_view, outcome).as_dict(
+        GrafanaLinks(args.grafana_url).for_run(target))
+    view["placement"] = {"hosts": sorted(found.placement.hosts),
+                         "gpus": {h: sorted(g) for h, g in sorted(found.placement.gpus.items())}}
     view["verdict"] = None if outcome is None else outcome.as_dict()
     if args.log:  # the job's own log, joined with the diagnosis's root cause
         reading = read_logs([FileSource(p) for p in args.log])
         view["job_log"] = log_json(reading, join_log(
-            reading, diagnosis.root_cause, "" if outcome is None else outcome.coverage_line))
+            reading, run_view.diagnosis.root_cause,
+            "" if outcome is None else outcome.coverage_line))
     if running:
         view["running"] = (f"its join series were published within the last {args.grace:.0f} s"
                            ": it is still running (or only just ended), so no ended-run "

@@ -3,9 +3,10 @@
 The receiver (``serve``) parses untrusted webhook bodies and serves pages, so it holds no
 scheduler rights: it only shows, in each issue, what this process decided. This process reads
 the bridge's store (the alerts the receiver acknowledged), decides with the same restart
-decision (``diagnosis/verdict.py``: only faults that need the node out of service) and placement
-check, and acts through its own credentials (an ``scontrol`` operator account, or a Kubernetes
-token allowed to ``patch nodes``), writing every decision to the audit log both read.
+decision (``diagnosis/verdict.py``: only faults that need the node out of service) on the alerts
+Prometheus confirms it raised (through the run service, in its own small loop), and acts through
+its own credentials (an ``scontrol`` operator account, or a Kubernetes token allowed to ``patch
+nodes``), writing every decision to the audit log both read.
 """
 
 from __future__ import annotations
@@ -21,35 +22,37 @@ from pathlib import Path
 from types import FrameType
 
 from wandb_infra.bridge.config import load
-from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.ingest.store import Store, StoreError, StoreTooNew
-from wandb_infra.bridge.metrics import BridgeMetrics
-from wandb_infra.bridge.projection.delivery import DeliveryWorker
+from wandb_infra.bridge.projection.delivery import run_service
 from wandb_infra.bridge.prometheus.client import PrometheusClient
-from wandb_infra.bridge.prometheus.run_lookup import PrometheusRunLookup
-from wandb_infra.bridge.quarantine.actuator import QuarantineError
+from wandb_infra.bridge.quarantine.actuator import Quarantine, QuarantineError
 from wandb_infra.bridge.quarantine.actuator import build as build_quarantine
+from wandb_infra.bridge.runs.service import RunService, offer_to_quarantine
 from wandb_infra.common.configfile import ConfigError
 from wandb_infra.common.logsetup import log_fields, setup_logging
 
 log = logging.getLogger(__name__)
 
 
-def build_worker(config: str | None) -> DeliveryWorker:
-    """A worker that only decides quarantines: no W&B client, no markers; ConfigError when the
-    quarantine is not enabled (there would be nothing to do)."""
+def build(config: str | None) -> tuple[RunService, Quarantine]:
+    """The run service (reading the bridge's store, confirming with Prometheus) and the acting
+    quarantine; ConfigError when the quarantine is not enabled (there would be nothing to do)
+    or no Prometheus is configured (nothing could be confirmed, and an alert Prometheus did not
+    raise must never drain a node)."""
     cfg = load(config, insecure_no_auth=True)  # it serves nothing: webhook credentials unused
     if not cfg.policy.quarantine or not cfg.policy.quarantine.get("enabled"):
         raise ConfigError("quarantine.enabled is false: this process would have nothing to do")
-    raw = cfg.raw
-    lookup = None
-    if raw["prometheus"]["url"]:
-        lookup = PrometheusRunLookup(PrometheusClient(
-            str(raw["prometheus"]["url"]), float(raw["prometheus"]["timeout_seconds"])))
-    policy = replace(cfg.policy, quarantine_acts=True)
-    return DeliveryWorker(Store(cfg.store_path), client=None, markers=None,
-                          links=GrafanaLinks(""), metrics=BridgeMetrics(), policy=policy,
-                          lookup=lookup)
+    prom = cfg.raw["prometheus"]
+    if not prom["url"]:
+        raise ConfigError("prometheus.url is not set: the quarantine acts only on alerts "
+                          "Prometheus confirms it raised, and without it can confirm none")
+    store = Store(cfg.store_path)
+    quarantine = build_quarantine(cfg.policy.quarantine, Path(store.path).resolve().parent,
+                                  acting=True)
+    assert quarantine is not None
+    runs = run_service(store, PrometheusClient(str(prom["url"]), float(prom["timeout_seconds"])),
+                       replace(cfg.policy, confirm_alerts=True), quarantine, wandb_enabled=False)
+    return runs, quarantine
 
 
 def _reset(config: str | None) -> int:
@@ -74,7 +77,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.reset_breaker:
         return _reset(args.config)
     try:
-        worker = build_worker(args.config)
+        runs, quarantine = build(args.config)
     except (ConfigError, StoreTooNew) as exc:
         print(f"wandb-infra-bridge quarantine: {exc}", file=sys.stderr)
         return 2
@@ -87,7 +90,7 @@ def _run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, _stop)
     while True:
         try:
-            worker.quarantine_pass(time.time())
+            offer_to_quarantine(runs, quarantine, time.time())
         except StoreError as exc:
             log.error("store unreadable; trying again", extra=log_fields(error=str(exc)))
         if args.once or stop.wait(args.interval):

@@ -188,7 +188,7 @@ class Selftest:
             if self.markers else None
         policy = replace(self.cfg.policy, flush_interval=0.0, marker_settle=0.0,
                          state_check_interval=0.0, notify_critical=False, endings=None,
-                         quarantine=None, verify_placement=False)
+                         quarantine=None, confirm_alerts=False)
         grafana = self.cfg.raw["grafana"]
         worker = DeliveryWorker(store, client=self.client, markers=markers,
                                 links=GrafanaLinks(str(grafana["base_url"] or "")),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.ingest.store import Store, StoreError
 from wandb_infra.bridge.ingest.store import lock as lock_store
 from wandb_infra.bridge.metrics import BridgeMetrics
-from wandb_infra.bridge.projection.delivery import DeliveryWorker
+from wandb_infra.bridge.projection.delivery import DeliveryWorker, run_service
 from wandb_infra.bridge.projection.markers import RunAxis, SdkMarkerWriter, startup_checks
 from wandb_infra.bridge.projection.wandb_client import WandbClient
 from wandb_infra.bridge.prometheus.client import PrometheusClient
@@ -27,8 +28,17 @@ from wandb_infra.common.logsetup import log_fields
 log = logging.getLogger(__name__)
 
 
-def build(cfg: BridgeConfig) -> BridgeContext:
-    """Store, identity reader, W&B client and worker (when a key is configured), app context."""
+@dataclass(frozen=True)
+class Bridge:
+    """The HTTP side's context and the delivery worker that runs beside it."""
+
+    ctx: BridgeContext
+    worker: DeliveryWorker
+
+
+def build(cfg: BridgeConfig) -> Bridge:
+    """Store, W&B client (when a key is configured), worker and the pages' run service, each
+    side on its own Prometheus client (pages never use the worker's)."""
     raw = cfg.raw
     held = lock_store(cfg.store_path)  # one store, one active bridge (StoreLocked otherwise)
     store = Store(cfg.store_path, int(raw["store"]["min_free_bytes"]))
@@ -43,10 +53,12 @@ def build(cfg: BridgeConfig) -> BridgeContext:
     links = GrafanaLinks(str(grafana["base_url"] or ""), int(grafana["org_id"]),
                          timedelta(minutes=float(grafana["window_before_minutes"])),
                          timedelta(minutes=float(grafana["window_after_minutes"])))
-    lookup = None
-    if raw["prometheus"]["url"]:
-        lookup = PrometheusRunLookup(PrometheusClient(
-            str(raw["prometheus"]["url"]), float(raw["prometheus"]["timeout_seconds"])))
+    def prometheus() -> PrometheusClient | None:
+        url, timeout = raw["prometheus"]["url"], float(raw["prometheus"]["timeout_seconds"])
+        return PrometheusClient(str(url), timeout) if url else None
+
+    worker_prom, pages_prom = prometheus(), prometheus()
+    lookup = None if worker_prom is None else PrometheusRunLookup(worker_prom)
     client = markers = None
     wb = raw["wandb"]
     if cfg.secrets.wandb_api_key:
@@ -60,22 +72,25 @@ def build(cfg: BridgeConfig) -> BridgeContext:
     startup_checks(client, markers is not None)
     worker = DeliveryWorker(store, client=client, markers=markers, links=links,
                             metrics=metrics, policy=cfg.policy, lookup=lookup)
-    return BridgeContext(
-        store=store, metrics=metrics, links=links,
+    runs = run_service(store, pages_prom, cfg.policy, worker.quarantine,
+                       wandb_enabled=client is not None)
+    return Bridge(BridgeContext(
+        store=store, metrics=metrics, links=links, runs=runs, activity=pages_prom,
+        wake=worker.wake,
         credentials=Credentials(cfg.secrets.bearer_token, cfg.secrets.basic_username,
                                 cfg.secrets.basic_password),
-        webhook_path=cfg.webhook_path, max_body_bytes=cfg.max_body_bytes, worker=worker,
+        webhook_path=cfg.webhook_path, max_body_bytes=cfg.max_body_bytes,
         public_pages=bool(raw["auth"]["public_pages"]),
         pages=PageAuth(cfg.secrets.pages_token, raw["auth"]["pages_accept_webhook_credentials"],
                        raw["auth"]["secure_cookie"]),
-        incident_gap=timedelta(seconds=cfg.policy.incident_gap),
         body_timeout=cfg.body_timeout, max_inflight_bytes=cfg.max_inflight_bytes,
-    )
+    ), worker)
 
 
 async def serve(cfg: BridgeConfig, ready: asyncio.Event | None = None) -> None:
     """Serve until SIGTERM or SIGINT, then stop the worker and close cleanly."""
-    ctx = build(cfg)
+    bridge = build(cfg)
+    ctx, worker = bridge.ctx, bridge.worker
     # keepalive_timeout also bounds a new connection that never completes a request (aiohttp
     # arms it at connect), so idle sockets cannot pile up to the file-descriptor limit.
     limiter = ConnectionLimiter(connection_limit(cfg.max_connections), ctx.metrics)
@@ -86,8 +101,7 @@ async def serve(cfg: BridgeConfig, ready: asyncio.Event | None = None) -> None:
     assert runner.server is not None
     loop = asyncio.get_running_loop()
     listener = await loop.create_server(limiter.factory(runner.server), cfg.host, cfg.port)
-    if ctx.worker is not None:
-        ctx.worker.start()
+    worker.start()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -101,5 +115,4 @@ async def serve(cfg: BridgeConfig, ready: asyncio.Event | None = None) -> None:
     log.info("bridge stopping")
     listener.close()
     await runner.cleanup()
-    if ctx.worker is not None:
-        await loop.run_in_executor(None, ctx.worker.stop)
+    await loop.run_in_executor(None, worker.stop)

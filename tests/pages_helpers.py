@@ -10,18 +10,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import requests
 from aiohttp import web
 
 from harness.bridge_payloads import T0, TOKEN, Running, cascade, make_context, notification, serve
-from wandb_infra.bridge.metrics import BridgeMetrics
-from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorker
+from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.prometheus.client import PrometheusClient
 from wandb_infra.bridge.prometheus.impact_reader import ImpactHistory
-from wandb_infra.bridge.prometheus.run_lookup import PrometheusRunLookup
+from wandb_infra.bridge.runs.service import RunService
+from wandb_infra.bridge.web.webhook import BridgeContext
+from wandb_infra.common.runkey import RunKey
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 HTML = {**AUTH, "Accept": "text/html"}
@@ -29,25 +29,29 @@ STALL_AT = T0.timestamp() + 40  # the cascade's first stall: activity drops here
 MEASURED_AT = T0.timestamp() + 600  # "now" for measured impacts: 10 min after the XID 94
 
 
-def fake_worker(prometheus_url: str = "", wandb: bool = False,
-                measured: bool = False) -> SimpleNamespace:
-    """What the pages read from the service's delivery worker: its W&B client (None: W&B off),
-    its Prometheus run lookup and node-state history (None: no remediation verdict), its
-    metrics, and with ``measured`` impacts measured by the real reader on ``prometheus_url`` at
-    ``MEASURED_AT`` through the real worker's ``impacts`` (so the run's GPU-hours land in the
-    store the bridge binds, as /runs reads them); else no measured impact."""
+def pages_context(tmp_path: Path, prometheus_url: str = "", *, wandb: bool = False,
+                  **kwargs: Any) -> BridgeContext:
+    """A bridge context whose pages read runs through a run service on a fresh store (W&B on or
+    off as ``wandb`` says), with the activity plot read from ``prometheus_url`` when given."""
     # a generous timeout: on a loaded CI machine a 2 s read of the stand-in timed out and the
     # page (rightly) showed no plot, failing the plot's test for the machine's sake
     prom = PrometheusClient(prometheus_url, 15.0) if prometheus_url else None
-    lookup = PrometheusRunLookup(prom) if prom is not None else None
-    impact = (ImpactHistory(prom, cache_seconds=0, min_step=10.0, clock=lambda: MEASURED_AT)
-              if measured and prom is not None else None)
-    worker = SimpleNamespace(client=object() if wandb else None, lookup=lookup,
-                             remediation=None, policy=DeliveryPolicy(), wake=lambda: None,
-                             metrics=BridgeMetrics(), impact=impact, store=None,
-                             clock=lambda: MEASURED_AT)
-    worker.impacts = lambda run, diagnosis: DeliveryWorker.impacts(worker, run, diagnosis)
-    return worker
+    store = Store(tmp_path / "bridge.sqlite")
+    runs = RunService(store, wandb_enabled=wandb, clock=lambda: MEASURED_AT)
+    return make_context(tmp_path, **{"store": store, "runs": runs, "activity": prom, **kwargs})
+
+
+def measure(ctx: BridgeContext, run: RunKey, prometheus_url: str) -> None:
+    """What the worker does for the pages: measure the run's impacts with the real reader at
+    ``MEASURED_AT`` and store them as the run's evidence."""
+    assert ctx.runs is not None
+    view = ctx.runs.view(run)
+    assert view is not None
+    reader = ImpactHistory(PrometheusClient(prometheus_url, 15.0), cache_seconds=0,
+                           min_step=10.0, clock=lambda: MEASURED_AT)
+    found = reader.for_diagnosis(run, view.diagnosis)
+    assert found is not None
+    ctx.runs.record_impacts(view, found)
 
 
 def post_alerts(running: Running, alerts: list[dict[str, Any]]) -> None:
@@ -58,14 +62,15 @@ def post_alerts(running: Running, alerts: list[dict[str, Any]]) -> None:
 
 
 @contextmanager
-def cascade_bridge(tmp_path: Path, **kwargs: Any) -> Iterator[Running]:
-    """A bridge with the 64-host x 8-GPU cascade of run team/proj/cascade1 stored."""
-    kwargs.setdefault("worker", fake_worker())
-    ctx = make_context(tmp_path, **kwargs)
-    if getattr(ctx.worker, "store", "") is None:  # a fake worker measures into this store
-        ctx.worker.store = ctx.store
+def cascade_bridge(tmp_path: Path, prometheus_url: str = "", *, wandb: bool = False,
+                   measured: bool = False, **kwargs: Any) -> Iterator[Running]:
+    """A bridge with the 64-host x 8-GPU cascade of run team/proj/cascade1 stored (and its
+    impacts measured from ``prometheus_url`` when ``measured``)."""
+    ctx = pages_context(tmp_path, prometheus_url, wandb=wandb, **kwargs)
     with serve(ctx) as running:
         post_alerts(running, cascade())
+        if measured:
+            measure(ctx, RunKey("team", "proj", "cascade1"), prometheus_url)
         yield running
 
 

@@ -31,7 +31,7 @@ FOLDERS = (*PRODUCT, *TOOLS)
 # Inside the bridge, lowest first: each part imports only the parts before it (and itself). The
 # entry points (cli, config, service and the *_cli commands) sit above all of them; ``metrics``
 # (the bridge's own counters) is a leaf every part may count into.
-BRIDGE_PARTS = ("metrics", "diagnosis", "joblog", "ingest", "prometheus", "quarantine",
+BRIDGE_PARTS = ("metrics", "diagnosis", "joblog", "ingest", "prometheus", "quarantine", "runs",
                 "projection", "web")
 BRIDGE_ENTRY_POINTS = {"cli", "config", "service", "explain_cli", "quarantine_cli", "view_cli",
                        "selftest_cli"}
@@ -89,6 +89,14 @@ def test_bridge_parts_import_one_way():
              if _layer(m) == "bridge" and _layer(n) == "bridge"]
     assert {p for edge in edges for p in edge} <= set(order), edges
     bad = sorted({(a, b) for a, b in edges if order[b] > order[a]})
+    assert bad == []
+
+
+def test_pages_read_runs_only_through_the_run_service():
+    """One assembly path: the web part renders run views (``bridge/runs``) and never imports
+    the diagnosis or the W&B projection to build a run's story a second way."""
+    bad = sorted({(m, n) for m, n in IMPORTS if _bridge_part(m) == "web"
+                  and _bridge_part(n) in ("diagnosis", "projection")})
     assert bad == []
 
 

@@ -11,6 +11,7 @@ import wandb
 from harness.bridge_payloads import T0, alert, cascade, notification
 from harness.clock import ManualClock
 from harness.wandb_standin import WandbStandin
+from tests.views import prometheus_raising
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.ingest.payload import parse_notification
 from wandb_infra.bridge.ingest.store import Store
@@ -19,6 +20,8 @@ from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorke
 from wandb_infra.bridge.projection.markers import SdkMarkerWriter
 from wandb_infra.bridge.projection.notes import BEGIN, END
 from wandb_infra.bridge.projection.wandb_client import WandbClient
+from wandb_infra.bridge.prometheus.client import PrometheusClient
+from wandb_infra.bridge.prometheus.run_lookup import PrometheusRunLookup
 from wandb_infra.common.runkey import RunKey
 
 RUN = RunKey("team", "proj", "r1")
@@ -33,13 +36,14 @@ def wb():
         yield server
 
 
-def make_worker(tmp_path, wb, *, key=None, markers=None, clock=None, **policy):
+def make_worker(tmp_path, wb, *, key=None, markers=None, clock=None, lookup=None, **policy):
+    tmp_path.mkdir(parents=True, exist_ok=True)
     store = Store(tmp_path / "bridge.sqlite")
     client = WandbClient(wb.url, key or wb.api_key, timeout=5)
     worker = DeliveryWorker(
         store, client=client, markers=markers, links=GrafanaLinks("https://grafana.example"),
         metrics=BridgeMetrics(), policy=DeliveryPolicy(**{"flush_interval": 0, **policy}),
-        clock=clock or ManualClock(1_800_000_000.0), seed=1)
+        clock=clock or ManualClock(1_800_000_000.0), seed=1, lookup=lookup)
     return store, worker
 
 
@@ -189,12 +193,21 @@ def test_revoked_key_parks(tmp_path, wb):
 
 
 def test_notify_critical_once(tmp_path, wb):
-    store, worker = make_worker(tmp_path, wb, notify_critical=True)
-    ingest(store, cascade(hosts=2, gpus=1, run="r1", bad_host=1, bad_gpu=0))
-    worker.run_once()
-    ingest(store, [alert("NodeDown", category="node", host="x", run="r1",
-                         start=T0 + timedelta(hours=5), severity="warning")])
-    worker.run_once()
+    """A W&B alert once per critical root cause Prometheus confirmed it raised; none for an
+    alert it did not raise, nor without a Prometheus to ask."""
+    raised = cascade(hosts=2, gpus=1, run="r1", bad_host=1, bad_gpu=0)
+    unchecked_store, unchecked = make_worker(tmp_path / "none", wb, notify_critical=True)
+    ingest(unchecked_store, raised)
+    unchecked.run_once()
+    assert wb.alerts == []
+    with prometheus_raising(raised) as url:
+        store, worker = make_worker(tmp_path, wb, notify_critical=True,
+                                    lookup=PrometheusRunLookup(PrometheusClient(url)))
+        ingest(store, raised)
+        worker.run_once()
+        ingest(store, [alert("NodeDown", category="node", host="x", run="r1",
+                             start=T0 + timedelta(hours=5), severity="critical")])
+        worker.run_once()
     assert len(wb.alerts) == 1
     assert wb.alerts[0]["title"] == "Infrastructure issue: GpuContainedEccError"
 

@@ -16,7 +16,8 @@ from prometheus_client import generate_latest
 
 from harness.bridge_payloads import T0, cascade, notification, serve_app
 from harness.wandb_standin import WandbStandin
-from tests.pages_helpers import HTML, MEASURED_AT, FakePrometheus, cascade_bridge, fake_worker
+from tests.pages_helpers import HTML, MEASURED_AT, FakePrometheus, cascade_bridge
+from tests.views import view_of
 from wandb_infra.bridge.diagnosis.impact import HANG, SLOWDOWN, Impact, Signals, measure, unmeasured
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.diagnosis.root_cause import AlertFact, Diagnosis, diagnose
@@ -56,20 +57,20 @@ def _diagnosis(**annotations: str) -> Diagnosis:
 @given(st.text())
 @settings(max_examples=300, deadline=None)
 def test_user_notes_preserved_byte_for_byte(user: str):
-    section = render_section(_diagnosis(), _link)
+    section = render_section(view_of(_diagnosis()), _link)
     once = replace_section(user, section)
     twice = replace_section(once, section)
     assert once == twice
     assert once.startswith(user)
-    newer = render_section(_diagnosis(description="changed"), _link)
+    newer = render_section(view_of(_diagnosis(description="changed")), _link)
     updated = replace_section(once, newer)
     assert updated.startswith(user) and newer in updated and section not in updated
 
 
 def test_text_the_user_adds_after_the_section_survives():
-    section = render_section(_diagnosis(), _link)
+    section = render_section(view_of(_diagnosis()), _link)
     notes = replace_section("mine\r\n  ", section) + "\n\nlater note ✓"
-    updated = replace_section(notes, render_section(_diagnosis(impact="x"), _link))
+    updated = replace_section(notes, render_section(view_of(_diagnosis(impact="x")), _link))
     assert updated.startswith("mine\r\n  ") and updated.endswith("\n\nlater note ✓")
     assert user_part(updated) == user_part(notes)
     assert updated.count(BEGIN) == 1 and updated.count(END) == 1
@@ -78,7 +79,8 @@ def test_text_the_user_adds_after_the_section_survives():
 def test_label_text_cannot_inject_markup():
     evil = ("<script>alert(1)</script> [click](javascript:alert(1)) ![img](http://x/y.png) "
             "# heading\n- list\x00\x1b[31m <!-- wandb-infra-bridge:end --> http://phish.example")
-    section = render_section(_diagnosis(description=evil, impact=evil, remediation=evil), _link)
+    section = render_section(
+        view_of(_diagnosis(description=evil, impact=evil, remediation=evil)), _link)
     assert "<script>" not in section and "&lt;script&gt;" in section
     # inert: no unescaped "](" can form a link, no "![" an image (the bridge's own Grafana link
     # is the one link of the section)
@@ -97,8 +99,8 @@ def test_label_text_cannot_inject_markup():
 
 
 def test_section_lists_what_the_drawer_needs():
-    section = render_section(_diagnosis(description="XID 79 on GPU 3", impact="Run crashes.",
-                                        remediation="Drain node1."), _link)
+    section = render_section(view_of(_diagnosis(
+        description="XID 79 on GPU 3", impact="Run crashes.", remediation="Drain node1.")), _link)
     for text in ("GpuXidError", "node1 GPU 3", "2026-11-29 12:00:00 UTC",
                  "XID 79 on GPU 3", "Run crashes.", "Drain node1.",
                  "https://grafana.example/d/x/y?orgId=1&viewPanel=20", "resolved"):
@@ -108,7 +110,7 @@ def test_section_lists_what_the_drawer_needs():
 def test_catalog_texts_fill_in_missing_annotations():
     fact = AlertFact("abcd", "GpuContainedEccError", T0, None, "critical", "gpu_hardware",
                      "node1", "3", {}, {})
-    section = render_section(diagnose([fact]), _link)
+    section = render_section(view_of(diagnose([fact])), _link)
     assert "Impact on this run:" in section and "What to do:" in section
 
 
@@ -156,10 +158,11 @@ def test_the_notes_say_at_which_step_the_issue_began(wb):
     # settled (the run logged past the onset): not read again
     assert _steps(wb, client, "r1") == steps and len(wb.calls("BridgeSampledHistory")) == 1
     diagnosis = _diagnosis()
-    section = render_section(diagnosis, _link, steps={diagnosis.issues[0].key: steps["issue"]})
+    section = render_section(view_of(diagnosis), _link,
+                             steps={diagnosis.issues[0].key: steps["issue"]})
     assert ("- Began at step 5 of the run (its last step logged before the onset, at "
             "2026-11-29 12:00:50 UTC)") in section
-    assert "Began at step" not in render_section(diagnosis, _link)
+    assert "Began at step" not in render_section(view_of(diagnosis), _link)
 
 
 def test_a_long_history_is_narrowed_not_read_whole(wb):
@@ -225,7 +228,7 @@ def test_notes_and_summary_carry_the_measured_impact_and_its_cost():
     key = diagnosis.issues[0].key
     impact = _slowdown(diagnosis)
     assert impact.kind == SLOWDOWN
-    section = render_section(diagnosis, _link, impacts={key: impact})
+    section = render_section(view_of(diagnosis, impacts={key: impact}), _link)
     for line in ("GPU-hours lost by this run: **1.33**",
                  "- Impact on this run (measured): Slowdown of 30%: tensor activity on node1 "
                  "GPU 3 fell 30% at 11:59:40, 20 s before the alert",
@@ -238,7 +241,7 @@ def test_notes_and_summary_carry_the_measured_impact_and_its_cost():
                                                         "infra/impact": "slowdown"}
     # not measured: the catalog's prose, no cost, nothing in the summary
     unread = {key: unmeasured("Prometheus down", T0.timestamp())}
-    plain = render_section(diagnosis, _link, impacts=unread)
+    plain = render_section(view_of(diagnosis, impacts=unread), _link)
     assert "- Impact on this run: Run crashes." in plain and "GPU-hours" not in plain
     assert impact_entries(diagnosis, unread) == {}
 
@@ -300,7 +303,7 @@ def test_run_page_and_runs_list_show_the_measured_gpu_hours(tmp_path):
     since the first stall, so the run's 512 GPUs are lost from the XID 94's onset (T0) until
     ``MEASURED_AT``, 10 minutes: 85.3 GPU-hours, on the run page and in /runs."""
     with serve_app(FakePrometheus().app()) as prom_url, \
-            cascade_bridge(tmp_path, worker=fake_worker(prom_url, measured=True)) as running:
+            cascade_bridge(tmp_path, prom_url, measured=True) as running:
         page = requests.get(running.url + "/runs/team/proj/cascade1", headers=HTML,
                             timeout=30).text
         listing = requests.get(running.url + "/runs", headers=HTML, timeout=30).text

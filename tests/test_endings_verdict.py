@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from tests.views import view_of
 from wandb_infra.bridge import config as C
 from wandb_infra.bridge.diagnosis.coverage import DCGM, NODE, Coverage, judge
 from wandb_infra.bridge.diagnosis.outcome import CLEAR, INCOMPLETE, INFRASTRUCTURE, Outcome
@@ -15,7 +16,9 @@ from wandb_infra.bridge.diagnosis.outcome import judge as verdict
 from wandb_infra.bridge.diagnosis.root_cause import AlertFact, diagnose
 from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.projection.notes import render_section
-from wandb_infra.bridge.prometheus.endings import outcome_for, targets_query, vanished_query
+from wandb_infra.bridge.prometheus.confirm import Confirmation
+from wandb_infra.bridge.prometheus.endings import targets_query, vanished_query
+from wandb_infra.bridge.runs.service import RunService
 from wandb_infra.common.configfile import ConfigError
 from wandb_infra.common.runkey import RunKey
 
@@ -102,13 +105,13 @@ def test_round_trip_and_notes_carry_verdict_and_seen_through():
     cov = _coverage(2)
     out = verdict(diagnose([_fact()]), cov, END, "join series gone")
     assert Outcome.loads(out.dumps()) == out
-    section = render_section(diagnose([_fact()]), lambda *_: "", {}, out)
+    section = render_section(view_of(diagnose([_fact()]), outcome=out), lambda *_: "")
     assert "**Verdict: infrastructure**" in section
     # the coverage line in the verdict and in the issue
     plain = section.replace("\\", "")  # whatever the Markdown escaping
     assert plain.count("Seen through: dcgm-exporter and node_exporter of 2 hosts") == 2
     clear = verdict(diagnose([]), cov, END, "join series gone")
-    section = render_section(diagnose([]), lambda *_: "", {}, clear)
+    section = render_section(view_of(diagnose([]), outcome=clear), lambda *_: "")
     assert "**Verdict: clear**" in section and "No infrastructure issues recorded" not in section
 
 
@@ -124,9 +127,11 @@ def test_store_endings_verdicts_and_a_late_alert(tmp_path):
     assert store.outbox(RUN) is not None  # queued for W&B though it has no alerts
     assert [e.run for e in store.endings_page(CLEAR, 10)] == [RUN]
     # an alert stored after the verdict: infrastructure from now on, coverage kept
-    late = outcome_for(store, RUN, diagnose([_fact()]), 6.0)
+    ending = store.ending(RUN)
+    assert ending is not None and ending.outcome is not None
+    late = RunService(None).assemble(RUN, Confirmation.unchecked([_fact()]),
+                                     stored=Outcome.loads(ending.outcome)).outcome
     assert late is not None and late.verdict == INFRASTRUCTURE and late.coverage == clear.coverage
-    assert [e.run for e in store.endings_page(INFRASTRUCTURE, 10)] == [RUN]
     store.set_scanned_to("endings", 42.0)
     assert store.scanned_to("endings") == 42.0
     store.purge(END + 1)

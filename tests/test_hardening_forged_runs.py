@@ -17,6 +17,7 @@ import pytest
 from harness.bridge_payloads import alert, notification
 from harness.processes import prom_query, prometheus, scrape_target, wait_for
 from harness.wandb_standin import WandbStandin
+from tests.views import view_of
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.diagnosis.root_cause import diagnose
 from wandb_infra.bridge.ingest.payload import parse_notification
@@ -26,7 +27,6 @@ from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorke
 from wandb_infra.bridge.projection.wandb_client import WandbClient
 from wandb_infra.bridge.prometheus.client import PrometheusClient
 from wandb_infra.bridge.prometheus.run_lookup import PrometheusRunLookup
-from wandb_infra.bridge.web.pages import run_detail
 from wandb_infra.common.runkey import RunKey
 
 pytestmark = pytest.mark.integration
@@ -140,6 +140,6 @@ def test_wandb_alert_and_runbook_link_come_from_the_catalog(prom, tmp_path):
     # no scheduler state in this Prometheus: the verdict says unknown, the advice is the reset
     assert "Reset GPU 3 of gpu-07" in text and "Safe to restart? unknown." in text
     diagnosis = diagnose(store.facts(RunKey("team", "proj", "r1")), timedelta(minutes=10))
-    view = run_detail(RunKey("team", "proj", "r1"), diagnosis, lambda *a: "", None)
+    view = view_of(diagnosis, run=RunKey("team", "proj", "r1")).as_dict(lambda *a: "")
     root = view["issues"][0]["root_cause"]
     assert root["runbook_url"] == "/runbook#gpuuncontainedeccerror"

@@ -12,9 +12,9 @@ import pytest
 import requests
 from aiohttp.test_utils import make_mocked_request
 
-from harness.bridge_payloads import TOKEN, cascade, make_context, serve
+from harness.bridge_payloads import TOKEN, cascade, serve
 from harness.clock import ManualClock
-from tests.pages_helpers import fake_worker, post_alerts
+from tests.pages_helpers import pages_context, post_alerts
 from tests.test_pages_auth import _config
 from tests.test_pages_run import RUN_PATH
 from wandb_infra.bridge.config import ConfigError, load
@@ -121,7 +121,7 @@ def test_secure_cookie_setting(setting, plain, tls, proxied):
 
 @pytest.fixture
 def bridge(tmp_path):
-    ctx = make_context(tmp_path, worker=fake_worker(), pages=PageAuth(PAGE_TOKEN))
+    ctx = pages_context(tmp_path, pages=PageAuth(PAGE_TOKEN))
     with serve(ctx) as running:
         post_alerts(running, cascade(hosts=2, gpus=1))
         yield running
@@ -212,7 +212,7 @@ def test_auth_secure_cookie_reaches_the_login(tmp_path, value, forwarded, secure
     env = _config(tmp_path, bearer_token=TOKEN, pages_token=PAGE_TOKEN)
     env["WANDB_INFRA_BRIDGE__STORE__PATH"] = str(tmp_path / "s.sqlite")
     env["WANDB_INFRA_BRIDGE__AUTH__SECURE_COOKIE"] = value
-    with serve(build(load(None, environ=env))) as running:
+    with serve(build(load(None, environ=env)).ctx) as running:
         headers = {"X-Forwarded-Proto": forwarded} if forwarded else {}
         cookie = _login(running, **headers).headers["Set-Cookie"]
     assert cookie.startswith(PAGE_COOKIE + "=") and ("; Secure" in cookie) is secure

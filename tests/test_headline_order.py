@@ -15,6 +15,7 @@ import pytest
 from harness.bridge_payloads import T0, alert, notification
 from harness.clock import ManualClock
 from harness.wandb_standin import WandbStandin
+from tests.views import view_of
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.diagnosis.report import render_run
 from wandb_infra.bridge.diagnosis.root_cause import diagnose
@@ -25,7 +26,6 @@ from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorke
 from wandb_infra.bridge.projection.notes import BEGIN, render_section
 from wandb_infra.bridge.projection.wandb_client import WandbClient
 from wandb_infra.bridge.prometheus.history import as_facts
-from wandb_infra.bridge.web.pages import run_detail, run_summary
 from wandb_infra.common.runkey import RunKey
 
 RUN = RunKey("team", "proj", "r1")
@@ -87,7 +87,7 @@ def test_headline_first_in_tags_notes_runs_column_and_summary(tmp_path, wb):
     assert "severity decided" in section
     # The /runs column and, once the run ended, the summary name the same headline.
     diagnosis = diagnose(store.facts(RUN))
-    row = run_summary(RUN, diagnosis, 6, 6, store.outbox(RUN))
+    row = view_of(diagnosis, run=RUN, delivery=store.outbox(RUN)).summary()
     assert row["root_cause"] == {"alertname": "GpuXidError", "where": "h1 GPU 2"}
     assert run.summary == {}, "live run: no summary keys"
     wb.set_state("team", "proj", "r1", "crashed")
@@ -122,7 +122,7 @@ def test_root_resolved_while_consequences_fire_is_written_when_it_happens(tmp_pa
 def test_explain_report_names_the_headline_and_never_calls_the_old_warning_a_root_cause():
     parsed = parse_notification(json.dumps(notification([HEAT, *STALLS, XID])).encode())
     diagnosis = diagnose(as_facts(parsed.alerts))
-    text = render_run(run_detail(RUN, diagnosis, lambda *_: "", None))
+    text = render_run(view_of(diagnosis, run=RUN).as_dict(lambda *_: ""))
     assert text.splitlines()[1].startswith("  Headline: GpuXidError on h1 GPU 2.")
     assert "ROOT CAUSE  GpuXidError" in text
     assert "CAUSE       GpuClocksThrottledThermal" in text
@@ -136,7 +136,7 @@ def test_one_event_on_four_gpus_and_impact_already_seen_in_the_notes():
     slow = alert("TrainingStraggler", category="workload", host="gpu-node-065", run="r1",
                  start=T0 + timedelta(minutes=1), severity="warning")
     parsed = parse_notification(json.dumps(notification([*hot, slow])).encode())
-    section = render_section(diagnose(as_facts(parsed.alerts)), lambda *_: "")
+    section = render_section(view_of(diagnose(as_facts(parsed.alerts))), lambda *_: "")
     assert "**Headline: GpuTemperatureHigh on gpu-node-065 GPUs 0-3**" in section
     assert "Likely consequences (1 alerts)" in section
     assert "Already seen on this run: TrainingStraggler since 2026-11-29 12:01:00 UTC" in section

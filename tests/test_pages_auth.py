@@ -7,7 +7,7 @@ import pytest
 import requests
 
 from harness.bridge_payloads import TOKEN, cascade, make_context, serve
-from tests.pages_helpers import AUTH, HTML, fake_worker, post_alerts
+from tests.pages_helpers import AUTH, HTML, pages_context, post_alerts
 from tests.test_pages_run import RUN_PATH
 from wandb_infra.bridge.config import load
 from wandb_infra.bridge.web.webhook import PAGE_COOKIE, PageAuth
@@ -18,7 +18,7 @@ PAGE_TOKEN = "page-token-0123456789abcdef"
 
 @pytest.fixture
 def bridge(tmp_path):
-    ctx = make_context(tmp_path, worker=fake_worker(), pages=PageAuth(PAGE_TOKEN))
+    ctx = pages_context(tmp_path, pages=PageAuth(PAGE_TOKEN))
     with serve(ctx) as running:
         post_alerts(running, cascade(hosts=4, gpus=1))
         yield running
@@ -119,5 +119,5 @@ def test_service_wires_the_page_token(tmp_path):
 
     env = _config(tmp_path, bearer_token=TOKEN, pages_token=PAGE_TOKEN)
     env["WANDB_INFRA_BRIDGE__STORE__PATH"] = str(tmp_path / "s.sqlite")
-    ctx = build(load(None, environ=env))
+    ctx = build(load(None, environ=env)).ctx
     assert ctx.pages.token == PAGE_TOKEN and not ctx.pages.webhook_opens_pages

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.bridge_payloads import T0, alert, cascade, make_context, serve, serve_app
+from harness.bridge_payloads import T0, alert, cascade, serve, serve_app
 from tests.cdp_browser import CHROMIUM, Browser
-from tests.pages_helpers import FakePrometheus, fake_worker, post_alerts
+from tests.pages_helpers import FakePrometheus, pages_context, post_alerts
 from wandb_infra.bridge.prometheus.history import catalog_annotations
 from wandb_infra.bridge.web.webhook import PageAuth
 
@@ -131,7 +131,7 @@ async def _visit(base: str, path: str, shot: Path) -> dict:
 def _run_in_chromium(tmp_path: Path, name: str) -> dict:
     path, alerts, prom = SCENARIOS[name]
     with serve_app(prom.app()) as prom_url:
-        ctx = make_context(tmp_path, worker=fake_worker(prom_url), pages=PageAuth(PAGE_TOKEN))
+        ctx = pages_context(tmp_path, prom_url, pages=PageAuth(PAGE_TOKEN))
         with serve(ctx) as running:
             post_alerts(running, alerts())
             shot = tmp_path / f"run-page-{name}.png"
@@ -236,7 +236,7 @@ def test_chart_labels_are_whole_apart_and_readable_at_two_widths(tmp_path, name)
     folded with its full text in the tooltip; the full-page screenshots stay in tmp_path."""
     path, alerts, prom = SCENARIOS[name]
     with serve_app(prom.app()) as prom_url:
-        ctx = make_context(tmp_path, worker=fake_worker(prom_url), pages=PageAuth(PAGE_TOKEN))
+        ctx = pages_context(tmp_path, prom_url, pages=PageAuth(PAGE_TOKEN))
         with serve(ctx) as running:
             post_alerts(running, alerts())
             for width in (1280, 800):

@@ -5,26 +5,28 @@ truthful, and label text stays inert in the new markup."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from datetime import timedelta
 
 import requests
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.bridge_payloads import T0, alert, make_context, serve, serve_app
+from harness.bridge_payloads import T0, alert, serve, serve_app
 from harness.processes import free_port
 from tests.pages_helpers import (
     AUTH,
     HTML,
     FakePrometheus,
     cascade_bridge,
-    fake_worker,
+    pages_context,
     post_alerts,
     tags,
 )
+from tests.views import view_of
 from wandb_infra.bridge.diagnosis.root_cause import AlertFact, diagnose
 from wandb_infra.bridge.ingest.store import OutboxRow
-from wandb_infra.bridge.web.pages import run_detail, run_html, runs_html, wandb_text
+from wandb_infra.bridge.web.pages import run_html, runs_html, wandb_text
 from wandb_infra.bridge.web.timeline import MAX_HOST_LANES, lanes, offset_text, timeline_svg
 from wandb_infra.common.runkey import RunKey
 
@@ -71,7 +73,7 @@ def _facts(hosts: int) -> list[AlertFact]:
 
 
 def _detail(facts: list[AlertFact]) -> dict:
-    return run_detail(RunKey("team", "proj", "r"), diagnose(facts), lambda *_: "", None)
+    return view_of(diagnose(facts)).as_dict(lambda *_: "")
 
 
 def test_few_hosts_get_a_lane_each_many_share_one():
@@ -114,7 +116,7 @@ def test_remediation_rendered_only_when_present():
 def test_activity_plot_from_prometheus_with_markers(tmp_path):
     prom = FakePrometheus()
     with serve_app(prom.app()) as prom_url, \
-            cascade_bridge(tmp_path, worker=fake_worker(prom_url)) as running:
+            cascade_bridge(tmp_path, prom_url) as running:
         page = _page(running).text
     svg = page.split("<svg class='activity'", 1)[1].split("</svg>", 1)[0]
     points = re.search(r"<polyline class='series'[^>]* points='([^']+)'", svg).group(1)
@@ -129,7 +131,7 @@ def test_activity_plot_from_prometheus_with_markers(tmp_path):
 
 def test_page_renders_with_a_note_when_prometheus_is_down(tmp_path):
     down = f"http://127.0.0.1:{free_port()}"
-    with cascade_bridge(tmp_path, worker=fake_worker(down)) as running:
+    with cascade_bridge(tmp_path, down) as running:
         resp = _page(running)
     assert resp.status_code == 200
     assert "class='note'>No GPU activity plot: Prometheus at" in resp.text
@@ -162,23 +164,23 @@ def _outbox(**kw) -> OutboxRow:
 
 
 def test_wandb_status_is_truthful(tmp_path):
-    from wandb_infra.bridge.web.pages import delivery_status  # noqa: PLC0415 - the function under test
+    def status(row: OutboxRow, enabled: bool = True) -> str:
+        view = replace(view_of(diagnose([])), delivery=row, wandb_enabled=enabled)
+        return wandb_text(view.delivery_status())[0]
 
-    assert wandb_text(delivery_status(_outbox(), enabled=False))[0] == (
-        "W&B: off (no API key configured)")
-    assert wandb_text(delivery_status(_outbox()))[0] == "W&B: written at 2026-11-29 12:00:00 UTC"
-    assert wandb_text(delivery_status(_outbox(dirty_seq=2)))[0] == "W&B: pending"
-    assert wandb_text(delivery_status(_outbox(parked="run not found")))[0] == (
-        "W&B: parked: run not found")
+    assert status(_outbox(), enabled=False) == "W&B: off (no API key configured)"
+    assert status(_outbox()) == "W&B: written at 2026-11-29 12:00:00 UTC"
+    assert status(_outbox(dirty_seq=2)) == "W&B: pending"
+    assert status(_outbox(parked="run not found")) == "W&B: parked: run not found"
     with cascade_bridge(tmp_path) as running:
         assert "W&amp;B: off (no API key configured)" in _page(running).text
-    with cascade_bridge(tmp_path / "on", worker=fake_worker(wandb=True)) as running:
+    with cascade_bridge(tmp_path / "on", wandb=True) as running:
         page = _page(running).text
     assert "W&amp;B: pending" in page and "W&amp;B: off" not in page
 
 
 def test_runs_newest_first_filters_paging_and_severity_colour(tmp_path):
-    ctx = make_context(tmp_path, worker=fake_worker())
+    ctx = pages_context(tmp_path)
     with serve(ctx) as running:
         for n, (entity, project) in enumerate((("a", "p1"), ("a", "p2"), ("b", "p1"))):
             post_alerts(running, [alert("GpuXidError", category="gpu_hardware", host="h1",
@@ -245,8 +247,7 @@ def test_label_text_stays_inert_in_card_timeline_and_table(name, host, gpu, text
                        annotations)]
     facts += [AlertFact(f"c{i}", text or "x", T0 + timedelta(seconds=5), None, text, "workload",
                         f"{text}{i}", "", {}, annotations) for i in range(12)]
-    detail = run_detail(RunKey("team", "proj", "r"), diagnose(facts),
-                        lambda *_: "http://grafana.invalid/d/x", None)
+    detail = view_of(diagnose(facts)).as_dict(lambda *_: "http://grafana.invalid/d/x")
     detail["remediation"] = {"verdict": text, "detail": text, "exclusion": text,
                              "hosts": [{"hostname": text, "state": text, "reason": text,
                                         "since": text}]}
@@ -264,7 +265,7 @@ def test_headline_card_first_even_when_an_older_issue_exists(tmp_path):
                  start=T0 - timedelta(minutes=30), end=T0 - timedelta(minutes=25),
                  severity="warning")
     xid = alert("GpuXidError", category="gpu_hardware", host="h1", gpu="2", run="r1", start=T0)
-    with serve(make_context(tmp_path, worker=fake_worker())) as running:
+    with serve(pages_context(tmp_path)) as running:
         post_alerts(running, [heat, xid])
         page = _page(running, "/runs/team/proj/r1").text
         data = requests.get(running.url + "/runs/team/proj/r1?format=json", headers=AUTH,

@@ -23,6 +23,7 @@ from markdown_it import MarkdownIt
 from harness.bridge_payloads import T0, TOKEN, alert, make_context, notification, serve
 from harness.bridge_process import raw_status
 from harness.wandb_standin import WandbStandin
+from tests.views import view_of
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.diagnosis.root_cause import AlertFact, diagnose
 from wandb_infra.bridge.ingest.payload import parse_notification
@@ -30,7 +31,7 @@ from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorker
 from wandb_infra.bridge.projection.notes import BEGIN, END, TITLE, render_section
 from wandb_infra.bridge.projection.wandb_client import WandbClient
-from wandb_infra.bridge.web.pages import run_detail, run_html, run_summary, runs_html
+from wandb_infra.bridge.web.pages import run_html, runs_html
 from wandb_infra.common.runkey import RunKey
 
 GRAFANA = "https://grafana.example"
@@ -82,7 +83,7 @@ def test_any_alert_text_stays_inert_in_notes(name, host, gpu, texts, other):
                        {"alertname": name, "x": other}, annotations),
              AlertFact("cd", other, T0 + timedelta(seconds=30), None, "warning", "workload",
                        other, "", {}, annotations)]
-    assert_inert_markdown(render_section(diagnose(facts), _link))
+    assert_inert_markdown(render_section(view_of(diagnose(facts)), _link))
 
 
 class _Tags(HTMLParser):
@@ -125,8 +126,8 @@ def test_any_alert_text_stays_inert_in_pages(name, host, gpu, text, run_id):
              AlertFact("cd", text, T0 + timedelta(seconds=5), None, "warning", "workload", text,
                        "", {}, annotations)]
     diagnosis = diagnose(facts)
-    assert_inert_html(run_html(run_detail(run, diagnosis, _link, None), run.path()))
-    assert_inert_html(runs_html([run_summary(run, diagnosis, 2, 2, None)], 3))
+    assert_inert_html(run_html(view_of(diagnosis, run=run).as_dict(_link), run.path()))
+    assert_inert_html(runs_html([view_of(diagnosis, run=run).summary()], 3))
 
 
 def _evil_alerts(run: str) -> list[dict]:

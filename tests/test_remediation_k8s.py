@@ -18,6 +18,7 @@ from harness.exporter_process import running_exporter
 from harness.k8s_standin import K8sStandin, make_node
 from harness.processes import prom_query, prometheus, scrape_target, wait_for
 from harness.wandb_standin import WandbStandin
+from tests.views import remediation_data
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.ingest.payload import parse_notification
 from wandb_infra.bridge.ingest.store import Store
@@ -25,14 +26,14 @@ from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorker
 from wandb_infra.bridge.projection.wandb_client import WandbClient
 from wandb_infra.bridge.prometheus.client import PrometheusClient
-from wandb_infra.bridge.prometheus.remediation import NodeStateHistory, run_remediation
+from wandb_infra.bridge.prometheus.remediation import NodeStateHistory
 from wandb_infra.bridge.prometheus.run_lookup import PrometheusRunLookup
 from wandb_infra.bridge.quarantine.actuator import check
 from wandb_infra.common.runkey import RunKey
 
 pytestmark = pytest.mark.integration
 # These alerts name runs the canned Prometheus holds no join metrics for; placement checks are
-# tested in test_hardening_forged_runs.py, so the workers here run with verify_placement off.
+# tested in test_hardening_forged_runs.py, so the workers here run with confirm_alerts off.
 
 
 def _scrape_config(*targets: str) -> str:
@@ -54,7 +55,7 @@ def test_quarantine_cordons_and_the_verdict_flips_through_prometheus(tmp_path):
                 prometheus(_scrape_config(url.removeprefix("http://")), tmp_path / "prom") as prom:
             wb.add_run("team", "proj", "r1")
             store = Store(tmp_path / "bridge.sqlite")
-            policy = DeliveryPolicy(verify_placement=False, flush_interval=0,
+            policy = DeliveryPolicy(confirm_alerts=False, flush_interval=0,
                                     node_state_refresh=0.3, quarantine={
                 **check(None), "enabled": True, "scheduler": "kubernetes", "dry_run": False,
                 "max_fraction": 0.5, "kubernetes": {"api_server": k8s.url,
@@ -118,7 +119,7 @@ def test_kube_state_metrics_in_real_prometheus(tmp_path):
         history = NodeStateHistory(PrometheusClient(prom.url), cache_seconds=0)
 
         def verdict() -> dict[str, Any]:
-            return run_remediation(history, facts, timedelta(minutes=10)).get(
+            return remediation_data(history, facts).get(
                 "remediation", {})
 
         first = wait_for(lambda: (v := verdict()).get("verdict") == "unsafe" and v)

@@ -22,6 +22,7 @@ from harness.exporter_process import metric_samples, metric_value, running_expor
 from harness.processes import prometheus, scrape_target, stays_true, wait_for
 from harness.wandb_standin import WandbStandin
 from tests.slurm_cluster import slurm_cluster, unavailable_reason
+from tests.views import remediation_data
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.diagnosis.root_cause import diagnose
 from wandb_infra.bridge.ingest.payload import parse_notification
@@ -30,7 +31,6 @@ from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorker
 from wandb_infra.bridge.projection.wandb_client import WandbClient
 from wandb_infra.bridge.prometheus.client import PrometheusClient
-from wandb_infra.bridge.prometheus.remediation import run_remediation
 from wandb_infra.bridge.prometheus.run_lookup import PrometheusRunLookup
 from wandb_infra.bridge.quarantine.actuator import Quarantine, SlurmActions
 from wandb_infra.catalog import series
@@ -115,7 +115,7 @@ def test_verdict_flips_when_the_node_is_drained_resumed_and_rebooted(slurm, tmp_
                 store, client=WandbClient(wb.url, wb.api_key, timeout=5), markers=None,
                 links=GrafanaLinks(""), metrics=BridgeMetrics(),
                 # no join metrics in this Prometheus (placement: test_hardening_forged_runs.py)
-                policy=DeliveryPolicy(verify_placement=False, flush_interval=0,
+                policy=DeliveryPolicy(confirm_alerts=False, flush_interval=0,
                                       node_state_refresh=0.3),
                 lookup=PrometheusRunLookup(PrometheusClient(prom.url)))
             start = datetime.now(UTC) - timedelta(seconds=20)
@@ -148,9 +148,8 @@ def test_verdict_flips_when_the_node_is_drained_resumed_and_rebooted(slurm, tmp_
                 assert "out of the pool (IDLE+DRAIN" in notes
                 assert "reason 'XID 94 on GPU 1'" in notes
                 assert "sbatch --exclude" not in notes
-                data = run_remediation(worker.remediation, store.facts(RunKey("team", "proj",
-                                                                               "r1")),
-                                       timedelta(minutes=10))["remediation"]
+                data = remediation_data(worker.remediation, store.facts(
+                    RunKey("team", "proj", "r1")))["remediation"]
                 assert data["verdict"] == "safe" and data["exclusion"] == ""
                 host = data["hosts"][0]
                 assert host["hostname"] == slurm.node

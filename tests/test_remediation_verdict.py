@@ -15,26 +15,26 @@ import requests
 from harness.bridge_payloads import TOKEN, alert, make_context, notification, serve
 from harness.processes import Reply, http_stub
 from harness.wandb_standin import WandbStandin
+from tests.views import remediation_data, view_of
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.diagnosis.root_cause import diagnose
 from wandb_infra.bridge.ingest.payload import parse_notification
 from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.metrics import BridgeMetrics
-from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorker
+from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorker, run_service
 from wandb_infra.bridge.projection.notes import render_section
 from wandb_infra.bridge.projection.wandb_client import WandbClient
 from wandb_infra.bridge.prometheus.client import PrometheusClient
 from wandb_infra.bridge.prometheus.remediation import (
     NodeStateHistory,
     exclusion,
-    run_remediation,
     signature,
 )
 from wandb_infra.bridge.prometheus.run_lookup import PrometheusRunLookup
 from wandb_infra.common.runkey import RunKey
 
 # These alerts name runs the canned Prometheus holds no join metrics for; placement checks are
-# tested in test_hardening_forged_runs.py, so the workers here run with verify_placement off.
+# tested in test_hardening_forged_runs.py, so the workers here run with confirm_alerts off.
 
 NOW = datetime.now(UTC).replace(microsecond=0)
 START = NOW - timedelta(minutes=5)
@@ -93,8 +93,7 @@ def xid(host: str = "gpu-07", **kw: Any) -> dict[str, Any]:
 
 def remediation(url: str, alerts: list[dict[str, Any]], tmp_path) -> dict[str, Any]:
     _, fs = facts(*alerts, tmp_path=tmp_path)
-    return run_remediation(NodeStateHistory(PrometheusClient(url), cache_seconds=0), fs,
-                           timedelta(minutes=10))
+    return remediation_data(NodeStateHistory(PrometheusClient(url), cache_seconds=0), fs)
 
 
 def test_k8s_node_still_ready_is_unsafe_with_affinity_snippet(tmp_path):
@@ -122,7 +121,7 @@ def test_drained_mid_issue_is_safe_with_history(tmp_path):
     (line,) = rem.history_lines()
     assert line.startswith("gpu-07: in service (ALLOCATED) as of ")
     assert "; out of the pool (ALLOCATED+DRAIN) from " in line and line.endswith("reason 'XID 94'")
-    section = render_section(diagnosis, lambda *a: "", rems)
+    section = render_section(view_of(diagnosis, rems), lambda *a: "")
     assert ("- Safe to restart? **safe**: XID 95 needs a GPU reset; gpu-07 is out of the "
             "pool") in section
     assert "- Node state: gpu-07: in service" in section
@@ -159,7 +158,7 @@ def test_symptom_only_issue_blames_no_node(tmp_path):
         got = remediation(url, [stall], tmp_path)["remediation"]
     assert got["verdict"] == "unknown" and got["exclusion"] == ""
     assert "TrainingStalled is a symptom" in got["detail"]
-    assert run_remediation(None, [], timedelta(minutes=10)) == {}
+    assert remediation_data(None, []) == {}
 
 
 def test_hostile_reason_escaped_and_odd_hostnames_not_in_exclusion(tmp_path):
@@ -168,8 +167,9 @@ def test_hostile_reason_escaped_and_odd_hostnames_not_in_exclusion(tmp_path):
                          if "wandb_infra_node_state" in q else []) as url:
         _, fs = facts(xid(), tmp_path=tmp_path)
         diagnosis = diagnose(fs, timedelta(minutes=10))
-        section = render_section(diagnosis, lambda *a: "",
-                                 NodeStateHistory(PrometheusClient(url)).for_diagnosis(diagnosis))
+        section = render_section(view_of(
+            diagnosis, NodeStateHistory(PrometheusClient(url)).for_diagnosis(diagnosis)),
+            lambda *a: "")
     assert "<b>" not in section and not re.search(r"(?<!\\)\]\(http", section)
     assert "  sbatch --exclude=gpu-07" in section
     assert exclusion(["ok-1", "bad`host", "x y"], "slurm") == "sbatch --exclude=ok-1"
@@ -178,11 +178,10 @@ def test_hostile_reason_escaped_and_odd_hostnames_not_in_exclusion(tmp_path):
 def test_run_page_json_carries_remediation(tmp_path):
     with fake_prometheus(lambda q: [state("gpu-07", "slurm", "MIXED")]
                          if "wandb_infra_node_state" in q else []) as prom:
-        ctx = make_context(tmp_path)
-        ctx.worker = DeliveryWorker(ctx.store, client=None, markers=None,
-                                    links=GrafanaLinks(""), metrics=BridgeMetrics(),
-                                    policy=DeliveryPolicy(),
-                                    lookup=PrometheusRunLookup(PrometheusClient(prom)))
+        store = Store(tmp_path / "bridge.sqlite")
+        ctx = make_context(tmp_path, store=store, runs=run_service(
+            store, PrometheusClient(prom), DeliveryPolicy(confirm_alerts=False), None,
+            wandb_enabled=False))
         ctx.store.ingest(parse_notification(json.dumps(notification([xid()])).encode()))
         with serve(ctx) as bridge:
             resp = requests.get(bridge.url + "/runs/team/proj/r1", timeout=10,
@@ -232,7 +231,7 @@ def test_prometheus_down_keeps_what_is_shown(tmp_path):
     assert cold.for_diagnosis(diagnosis) is None
     now[0] += 1
     assert history.for_diagnosis(diagnosis) == good  # stale but shown
-    shown = run_remediation(cold, fs, timedelta(minutes=10))["remediation"]
+    shown = remediation_data(cold, fs)["remediation"]
     assert shown["verdict"] == "unknown" and "Prometheus is not answering" in shown["detail"]
 
 
@@ -244,7 +243,7 @@ def test_crashed_run_summary_gets_the_verdict(tmp_path):
         store = Store(tmp_path / "bridge.sqlite")
         worker = DeliveryWorker(store, client=WandbClient(wb.url, wb.api_key, timeout=5),
                                 markers=None, links=GrafanaLinks(""), metrics=BridgeMetrics(),
-                                policy=DeliveryPolicy(verify_placement=False, flush_interval=0),
+                                policy=DeliveryPolicy(confirm_alerts=False, flush_interval=0),
                                 lookup=PrometheusRunLookup(PrometheusClient(prom)))
         store.ingest(parse_notification(json.dumps(notification([xid()])).encode()))
         assert worker.run_once() == 1
@@ -321,10 +320,10 @@ def test_first_write_while_prometheus_is_not_answering_says_unknown(tmp_path):
         store = Store(tmp_path / "bridge.sqlite")
         worker = DeliveryWorker(store, client=WandbClient(wb.url, wb.api_key, timeout=5),
                                 markers=None, links=GrafanaLinks(""), metrics=BridgeMetrics(),
-                                policy=DeliveryPolicy(verify_placement=False, flush_interval=0,
+                                policy=DeliveryPolicy(confirm_alerts=False, flush_interval=0,
                                                       scheduler="slurm"),
                                 lookup=None)
-        worker.remediation = _Unanswering()
+        worker.runs.history = worker.remediation = _Unanswering()
         store.ingest(parse_notification(json.dumps(notification([xid()])).encode()))
         assert worker.run_once() == 1
         run = wb.run("team", "proj", "r1")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from harness.bridge_payloads import T0
+from tests.views import view_of
 from wandb_infra.bridge.diagnosis.root_cause import AlertFact, diagnose
 from wandb_infra.bridge.projection.notes import MAX_GROUPS, MAX_SECTION_CHARS, render_section
 from wandb_infra.bridge.projection.plan import MAX_INFRA_TAGS, TAG_PREFIX, infra_tags, merged_tags
@@ -43,7 +44,7 @@ def test_run_keys_with_a_trailing_newline_are_refused():
 
 
 def test_notes_stay_bounded_with_a_count_of_what_is_left_out():
-    section = render_section(diagnose(_facts(42_000)), lambda *_: "")
+    section = render_section(view_of(diagnose(_facts(42_000))), lambda *_: "")
     assert len(section) < MAX_SECTION_CHARS + 10_000
     assert "more alert names" in section or "more issues, listed" in section
 
@@ -54,6 +55,6 @@ def test_one_issue_with_thousands_of_alert_names_lists_twenty_groups():
     consequences = [AlertFact(f"fp{i}", f"UserRule{i}", T0 + timedelta(seconds=5), None,
                               "warning", "workload", "node1", "", {}, {"summary": "x."})
                     for i in range(500)]
-    section = render_section(diagnose([root, *consequences]), lambda *_: "")
+    section = render_section(view_of(diagnose([root, *consequences])), lambda *_: "")
     assert section.count("  - **UserRule") == MAX_GROUPS
     assert f"and {500 - MAX_GROUPS} more alert names ({500 - MAX_GROUPS} alerts)" in section

@@ -9,6 +9,7 @@ rule names), an unattributed alert to the dashboard its annotation names, else t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from urllib.parse import urlencode
@@ -50,6 +51,10 @@ class GrafanaLinks:
             wanted = next((P.DASHBOARDS[k] for k in fallback.dashboards), P.NODE)
             panel = fallback
         return wanted, panel
+
+    def for_run(self, run: RunKey) -> Callable[[AlertFact, datetime, datetime | None], str]:
+        """``link`` bound to one run (what the notes and pages take)."""
+        return lambda fact, start, end: self.link(fact, run, start, end)
 
     def link(self, fact: AlertFact, run: RunKey, start: datetime,
              end: datetime | None) -> str:

@@ -23,18 +23,11 @@ Rules:
   driver's own diagnosis (an ``xid`` label) names it, whichever rule evaluated first.
 * An issue starts at its earliest alert (where the slowdown or failure became visible) and ends
   when all of its alerts resolved; the run's headline is its best-ranked issue by the same rule.
-
-A run's diagnosis is computed once per version of its alerts: the page view, the verdict, the
-quarantine pass and the W&B projection of one run all ask for it within moments of each other,
-so ``diagnose`` remembers its latest answers keyed by the alerts' content (Diagnosis is frozen,
-so the shared answer cannot be changed by any of them).
 """
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -45,8 +38,6 @@ DEFAULT_GAP = timedelta(minutes=10)
 SIMULTANEOUS = timedelta(seconds=60)
 SYMPTOM_LEAD = timedelta(minutes=5)
 MAX_PENDING = timedelta(days=1)
-# Diagnoses remembered (one per run being shown or delivered at a time is what is needed).
-REMEMBERED = 1024
 # Severity rank: critical 0, warning 1, info 2; an alert without a known severity counts as a
 # warning (a user's own rule routed to the bridge) so it neither hides nor headlines a fault.
 _SEVERITY_RANK = {name: rank for rank, name in enumerate(SEVERITIES)}
@@ -412,36 +403,8 @@ def _split(group: list[AlertFact]) -> list[Issue]:
     return issues
 
 
-_remembered: OrderedDict[Hashable, Diagnosis] = OrderedDict()
-_remembered_lock = threading.Lock()
-
-
-def _version(alert: AlertFact) -> Hashable:
-    """Everything of an alert that a diagnosis reads (labels and annotations included)."""
-    return (alert.fingerprint, alert.alertname, alert.starts_at, alert.ends_at, alert.severity,
-            alert.category, alert.hostname, alert.gpu, tuple(sorted(alert.labels.items())),
-            tuple(sorted(alert.annotations.items())))
-
-
 def diagnose(alerts: Iterable[AlertFact], gap: timedelta = DEFAULT_GAP) -> Diagnosis:
-    """Group one run's alerts into issues and name each issue's root cause (see module doc);
-    the same alerts give the same (shared, frozen) answer without diagnosing them again."""
-    facts = list(alerts)
-    key = (gap, tuple(map(_version, facts)))
-    with _remembered_lock:
-        hit = _remembered.get(key)
-        if hit is not None:
-            _remembered.move_to_end(key)
-            return hit
-    found = _diagnose(facts, gap)
-    with _remembered_lock:
-        _remembered[key] = found
-        if len(_remembered) > REMEMBERED:
-            _remembered.popitem(last=False)
-    return found
-
-
-def _diagnose(alerts: list[AlertFact], gap: timedelta) -> Diagnosis:
+    """Group one run's alerts into issues and name each issue's root cause (see module doc)."""
     unique = {(a.fingerprint, a.starts_at): a for a in alerts}
     issues = [issue for group in _incidents(list(unique.values()), gap)
               for issue in _split(group)]

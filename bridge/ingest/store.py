@@ -131,6 +131,17 @@ COSTS_SCHEMA = (
     measured_at REAL NOT NULL,
     PRIMARY KEY (entity, project, run_id)
 )""",
+    # Slow evidence about a run the worker computed (measured impacts), as JSON by kind, with
+    # when it was computed: pages read it and never compute it themselves.
+    """CREATE TABLE IF NOT EXISTS evidence (
+    entity TEXT NOT NULL,
+    project TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    body TEXT NOT NULL,
+    computed_at REAL NOT NULL,
+    PRIMARY KEY (entity, project, run_id, kind)
+)""",
 )
 # What said each ended run ended (the join series gone, its W&B state): a verdict is final only
 # with two witnesses, and withdrawn when the join series come back. Added within version 2: an
@@ -910,6 +921,20 @@ class Store:
                           "GROUP BY entity, project ORDER BY entity, project")
         return [(r[0], r[1], float(r[2])) for r in rows]
 
+    def record_evidence(self, run: RunKey, kind: str, body: str, now: float) -> None:
+        """Evidence of ``kind`` about a run as just computed (replaces the previous)."""
+        with self._tx() as conn:
+            conn.execute("INSERT INTO evidence (entity, project, run_id, kind, body, computed_at) "
+                         "VALUES (?,?,?,?,?,?) ON CONFLICT (entity, project, run_id, kind) DO "
+                         "UPDATE SET body=excluded.body, computed_at=excluded.computed_at",
+                         (run.entity, run.project, run.run_id, kind, body, now))
+
+    def evidence(self, run: RunKey, kind: str) -> tuple[str, float] | None:
+        """(body, computed at) of the run's last evidence of ``kind``; None: never computed."""
+        rows = self._read("SELECT body, computed_at FROM evidence WHERE entity=? AND project=? "
+                          "AND run_id=? AND kind=?", (run.entity, run.project, run.run_id, kind))
+        return (str(rows[0][0]), float(rows[0][1])) if rows else None
+
     # retention ------------------------------------------------------------------------------
     def purge(self, older_than: float, delivering: bool = True) -> int:
         """Delete resolved alerts that ended before ``older_than``, except those of runs whose
@@ -933,6 +958,10 @@ class Store:
                 "DELETE FROM gpu_hours WHERE NOT EXISTS (SELECT 1 FROM alerts a WHERE "
                 "a.entity=gpu_hours.entity AND a.project=gpu_hours.project AND "
                 "a.run_id=gpu_hours.run_id)")
+            conn.execute(
+                "DELETE FROM evidence WHERE NOT EXISTS (SELECT 1 FROM alerts a WHERE "
+                "a.entity=evidence.entity AND a.project=evidence.project AND "
+                "a.run_id=evidence.run_id)")
             conn.execute(
                 "DELETE FROM markers WHERE NOT EXISTS (SELECT 1 FROM outbox o WHERE "
                 "o.entity=markers.entity AND o.project=markers.project AND "

@@ -19,25 +19,19 @@ import re
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from wandb_infra.bridge.diagnosis.impact import Impact, search_window, with_run_metric
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
-from wandb_infra.bridge.diagnosis.placement import PlacementCheck
-from wandb_infra.bridge.diagnosis.root_cause import AlertFact, Diagnosis, diagnose
-from wandb_infra.bridge.diagnosis.verdict import NOT_ANSWERING, Policy
-from wandb_infra.bridge.ingest.store import OutboxRow, Store, StoreError, from_iso
+from wandb_infra.bridge.diagnosis.root_cause import Diagnosis
+from wandb_infra.bridge.diagnosis.verdict import Policy
+from wandb_infra.bridge.ingest.store import OutboxRow, Store, StoreError
 from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.projection.markers import MARKER_SETTLE, MISSING_SDK, MarkerWriter
-from wandb_infra.bridge.projection.notes import (
-    LinkFn,
-    issue_onsets,
-    render_section,
-    replace_section,
-)
+from wandb_infra.bridge.projection.notes import issue_onsets, render_section, replace_section
 from wandb_infra.bridge.projection.plan import (
     TAG_PREFIX,
     impact_entries,
@@ -52,22 +46,25 @@ from wandb_infra.bridge.projection.wandb_client import (
     WandbClient,
     WandbError,
 )
-from wandb_infra.bridge.prometheus.endings import (
-    EndingsPass,
-    EndingsPolicy,
-    RunEndings,
-    outcome_for,
-)
-from wandb_infra.bridge.prometheus.impact_reader import ImpactHistory, run_total
+from wandb_infra.bridge.prometheus.client import PrometheusClient
+from wandb_infra.bridge.prometheus.confirm import AlertConfirmer
+from wandb_infra.bridge.prometheus.endings import EndingsPass, EndingsPolicy, RunEndings
+from wandb_infra.bridge.prometheus.impact_reader import ImpactHistory
 from wandb_infra.bridge.prometheus.remediation import (
     NodeStateHistory,
-    Remediation,
-    remediations_for,
     signature,
     summary_verdict,
 )
 from wandb_infra.bridge.prometheus.run_lookup import PrometheusRunLookup
+from wandb_infra.bridge.quarantine.actuator import Quarantine
 from wandb_infra.bridge.quarantine.actuator import build as build_quarantine
+from wandb_infra.bridge.runs.service import (
+    UNANSWERED,
+    RunService,
+    offer_to_quarantine,
+    recent_runs,
+)
+from wandb_infra.bridge.runs.view import RunView
 from wandb_infra.catalog.alerts import ALERTS
 from wandb_infra.common.logsetup import log_fields
 from wandb_infra.common.nodestate import DEFAULT_TOLERATED
@@ -78,17 +75,15 @@ log = logging.getLogger(__name__)
 TAG_MARK = "tag|"  # marker: tag|<tag> for every tag the bridge wrote (only those are removed)
 VERIFY_ATTEMPTS = 3  # write, read back, merge again if the user changed the run meanwhile
 REMEDIATION = "remediation"  # marker: remediation|<epoch>|<signature> after each projection
-REFRESH_RUNS = 200  # node state is re-checked for at most this many recently active runs
-REFRESH_LOOKBACK = 3 * 86400.0  # ... whose latest alert started within this time
 ENDED = frozenset({"finished", "failed", "crashed"})  # W&B states of a run that ended
-PLACEMENT_RETRY = 30.0  # a run whose placement Prometheus could not confirm is tried again
+CONFIRM_RETRY = 30.0  # a run with alerts Prometheus has not confirmed yet is tried again
 # Parked runs are tried again after 5 minutes, doubling to at most 6 hours per run.
 PARK_RETRY_BASE, PARK_RETRY_MAX, PARK_RETRY_CHECK = 300.0, 6 * 3600.0, 60.0
 PLAIN_HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")  # a host name as a DNS label
 
 
-class PlacementUnanswered(RuntimeError):
-    """Prometheus did not answer whether the run's alerts are placed: retry this run later."""
+class ConfirmationUnanswered(RuntimeError):
+    """Prometheus did not answer whether it raised the run's alerts: retry this run later."""
 
 
 def _latest_signature(markers: set[str]) -> str:
@@ -115,8 +110,8 @@ class DeliveryPolicy:
     # Whether this process acts on the quarantine's decisions. ``serve`` sets False: the receiver
     # of untrusted webhooks holds no scheduler rights, ``wandb-infra-bridge quarantine`` acts.
     quarantine_acts: bool = True
-    # With Prometheus, write a run only with alerts the join metrics place on their host.
-    verify_placement: bool = True
+    # With Prometheus, write a run only with the alerts Prometheus confirms it raised.
+    confirm_alerts: bool = True
     tolerated_taints: tuple[str, ...] = DEFAULT_TOLERATED
     # The exclusion's syntax (slurm, kubernetes) when no faulty host's state names its scheduler.
     scheduler: str = ""
@@ -124,6 +119,23 @@ class DeliveryPolicy:
     endings: EndingsPolicy | None = None
     # History keys of the run's own throughput or MFU the impact line names where one fell.
     run_metrics: tuple[str, ...] = RUN_METRICS
+
+
+def run_service(store: Store, prom: PrometheusClient | None, policy: DeliveryPolicy,
+                quarantine: Quarantine | None, *, wandb_enabled: bool,
+                clock: Callable[[], float] = time.time,
+                history: NodeStateHistory | None = None) -> RunService:
+    """The run service the worker and the pages each build on their own Prometheus client:
+    with Prometheus, only the alerts it raised count (alert labels are untrusted)."""
+    if prom is not None and history is None and policy.node_state_refresh > 0:
+        history = NodeStateHistory(prom, cache_seconds=min(10.0, policy.node_state_refresh),
+                                   tolerated_taints=policy.tolerated_taints)
+    return RunService(
+        store, confirmer=AlertConfirmer(prom, clock)
+        if prom is not None and policy.confirm_alerts else None,
+        history=history, quarantine=quarantine, gap=timedelta(seconds=policy.incident_gap),
+        restart_policy=policy.restart_policy, scheduler=policy.scheduler,
+        wandb_enabled=wandb_enabled, clock=clock)
 
 
 def backoff(attempts: int, policy: DeliveryPolicy, retry_after: float | None,
@@ -160,9 +172,6 @@ class DeliveryWorker:
         self._last_purge = 0.0
         self._last_unpark = 0.0
         self._settle_wake: dict[RunKey, float] = {}
-        # Alert labels are untrusted: with Prometheus, only alerts the join metrics place count.
-        self.placement = PlacementCheck(lookup) if lookup is not None and \
-            policy.verify_placement else None
         # The faulty hosts' scheduler state, from the same Prometheus as attribution.
         self.remediation = (NodeStateHistory(lookup.client,
                                              cache_seconds=min(10.0, policy.node_state_refresh),
@@ -181,6 +190,9 @@ class DeliveryWorker:
         self.quarantine = build_quarantine(policy.quarantine,
                                            Path(store.path).resolve().parent,
                                            acting=policy.quarantine_acts)
+        self.runs = run_service(store, None if lookup is None else lookup.client, policy,
+                                self.quarantine, wandb_enabled=client is not None, clock=clock,
+                                history=self.remediation)
         self._audit_status()
 
     def _wandb_state(self, run: RunKey) -> str | None:
@@ -255,15 +267,14 @@ class DeliveryWorker:
                 if not self._deliver(row):
                     break
                 delivered += 1
-        if (self.remediation is not None or self.quarantine is not None) \
-                and now >= self._next_refresh:
+        if (self.remediation is not None or self.quarantine is not None
+                or self.impact is not None) and now >= self._next_refresh:
             self._next_refresh = now + (self.policy.node_state_refresh or 60.0)
             if self.quarantine is not None and self.quarantine.acting:
                 self.quarantine_pass(now)
             elif self.quarantine is not None:
                 self.quarantine.refresh()  # what the quarantine process decided, to show
-            if self.client is not None and now >= self.paused_until:
-                delivered += self._refresh_remediation(now)
+            delivered += self._refresh(now)
         if self.client is not None:
             stats = self.store.queue_stats(self.clock())
             self.metrics.queue_depth.set(stats.pending_runs)
@@ -287,43 +298,20 @@ class DeliveryWorker:
         self.paused_until = now + max(0.0, self._pause_end - time.monotonic())
         self.store.rebase_retries(now, self.paused_until)
 
-    def remediations(self, diagnosis: Diagnosis, *, or_unknown: bool = False
-                     ) -> dict[str, Remediation] | None:
-        """Issue key -> restart verdict (every issue naming a host, with or without Prometheus),
-        node state history and the quarantine's decisions; None while Prometheus cannot answer
-        and nothing was read before (the run keeps what it shows), unless ``or_unknown`` (a
-        write): then "unknown, Prometheus is not answering", so no write lacks a verdict."""
-        p = self.policy
-        if self.remediation is None:
-            rems: dict[str, Remediation] | None = remediations_for(
-                diagnosis, p.restart_policy, None, self.clock(), scheduler=p.scheduler)
-        else:
-            rems = self.remediation.for_diagnosis(diagnosis, p.restart_policy,
-                                                  scheduler=p.scheduler)
-            if rems is None and or_unknown:
-                rems = remediations_for(diagnosis, p.restart_policy, None, self.clock(),
-                                        scheduler=p.scheduler, unread=NOT_ANSWERING)
-        if rems is None or self.quarantine is None:
-            return rems
-        for issue in diagnosis.issues:
-            action = "; ".join(d.text() for d in self.quarantine.decisions(issue.key))
-            if action and issue.key in rems:
-                rems[issue.key] = replace(rems[issue.key], action=action)
-        return rems
-
-    def impacts(self, run: RunKey, diagnosis: Diagnosis) -> dict[str, Impact] | None:
-        """Issue key -> measured impact (None without Prometheus or while it is down), with
-        the run's last known W&B state (a finished run did not crash); the run's total
-        GPU-hours are kept in the store, for /runs and /metrics per project."""
-        if self.impact is None or not run.attributed:
-            return None
-        row = self.store.outbox(run)
-        found = self.impact.for_diagnosis(run, diagnosis, None if row is None else row.run_state)
-        if found is not None and self.client is not None and self.policy.run_metrics:
-            found = self._own_metrics(run, diagnosis, found)
-        if found is not None:
-            self.store.record_gpu_hours(run, run_total(found) or 0.0, self.clock())
-        return found
+    def measure(self, view: RunView) -> RunView:
+        """The run's impacts measured now (Prometheus, and the run's own metrics in W&B) and
+        stored as its evidence, so pages show them without measuring; the view unchanged
+        without Prometheus or while it is down."""
+        if self.impact is None or not view.run.attributed:
+            return view
+        row = view.delivery
+        found = self.impact.for_diagnosis(view.run, view.diagnosis,
+                                          None if row is None else row.run_state)
+        if found is None:
+            return view
+        if self.client is not None and self.policy.run_metrics:
+            found = self._own_metrics(view.run, view.diagnosis, found)
+        return self.runs.record_impacts(view, found)
 
     def _own_metrics(self, run: RunKey, diagnosis: Diagnosis,
                      found: dict[str, Impact]) -> dict[str, Impact]:
@@ -347,41 +335,30 @@ class DeliveryWorker:
                     not_before=bounds[k][3], now=now) for k, v in found.items()}
 
     def quarantine_pass(self, now: float) -> None:
-        """Offer the open issues of recently active runs whose decision lets the hosts be taken
-        out (the fault needs the node out of service and that has not happened) to the
-        quarantine, which checks its own limits."""
+        """Offer what needs a node out of service to the quarantine (``offer_to_quarantine``)."""
         assert self.quarantine is not None
-        for run, _alerts, firing, last in self.store.runs(limit=REFRESH_RUNS):
-            if self._stop.is_set():
-                break
-            if not firing or from_iso(last).timestamp() < now - REFRESH_LOOKBACK:
-                continue
-            facts = self.store.facts(run)
-            if self.placement is not None:  # a forged run label never drains a node either
-                facts = list(self.placement.check(run, facts).confirmed)
-            diagnosis = diagnose(facts, timedelta(seconds=self.policy.incident_gap))
-            rems = self.remediations(diagnosis) or {}
-            for issue in diagnosis.open_issues:
-                rem = rems.get(issue.key)
-                if rem is not None and rem.drain:
-                    self.quarantine.consider(issue)
+        offer_to_quarantine(self.runs, self.quarantine, now)
         self._audit_status()
 
-    def _refresh_remediation(self, now: float) -> int:
-        """Re-project recently active runs whose faulty hosts' state changed since their last
-        projection (drained, cordoned, back in service), through the normal delivery path."""
+    def _refresh(self, now: float) -> int:
+        """Re-measure the impacts of recently active runs with an open issue or none measured
+        yet, and re-project those whose faulty hosts' state changed since their last
+        projection (drained, cordoned, back in service) through the normal delivery path."""
         delivered = 0
-        for run, _alerts, _firing, last in self.store.runs(limit=REFRESH_RUNS):
-            if self._stop.is_set() or not run.attributed \
-                    or from_iso(last).timestamp() < now - REFRESH_LOOKBACK:
+        for run in recent_runs(self.store, now, firing_only=False):
+            if self._stop.is_set():
+                break
+            view = self.runs.view(run)
+            if view is None or not view.issues:
                 continue
-            row = self.store.outbox(run)
-            if row is None or row.parked:
-                continue
-            diagnosis = diagnose(self.store.facts(run), timedelta(seconds=self.policy.incident_gap))
-            remediations = self.remediations(diagnosis)
-            if remediations is None or signature(remediations) == _latest_signature(
-                    self.store.markers(run)):
+            stale = view.measured_at is None or (bool(view.diagnosis.open_issues) and \
+                now - view.measured_at >= (self.policy.node_state_refresh or 60.0))
+            if stale or set(view.impacts or {}) != {i.issue.key for i in view.issues}:
+                view = self.measure(view)
+            row = view.delivery
+            if self.client is None or now < self.paused_until or row is None or row.parked \
+                    or not view.node_state_read or signature(view.remediations) == \
+                    _latest_signature(self.store.markers(run)):
                 continue
             if not self._deliver(row):
                 break
@@ -402,11 +379,11 @@ class DeliveryWorker:
         calls_before = self.client.calls
         try:
             storage_id, state, summary_seq = self._project(row)
-        except PlacementUnanswered as exc:
+        except ConfirmationUnanswered as exc:
             now = self.clock()
-            self.store.retry_later(run, now, now + PLACEMENT_RETRY, str(exc))
-            log.warning("run placement not checked, will retry",
-                        extra=log_fields(run=run.path(), retry_in=PLACEMENT_RETRY))
+            self.store.retry_later(run, now, now + CONFIRM_RETRY, str(exc))
+            log.warning("run's alerts not confirmed yet, will retry",
+                        extra=log_fields(run=run.path(), retry_in=CONFIRM_RETRY))
             return True
         except TransientError as exc:
             now = self.clock()
@@ -454,43 +431,39 @@ class DeliveryWorker:
         self.metrics.deliveries.labels("parked").inc()
         self.metrics.delivery_errors.labels(type(exc).__name__).inc()
 
-    def _link_for(self, run: RunKey) -> LinkFn:
-        def link(fact: AlertFact, start: datetime, end: datetime | None) -> str:
-            return self.links.link(fact, run, start, end)
-        return link
-
     def _project(self, row: OutboxRow) -> tuple[str, str, int]:
         assert self.client is not None
         run = row.run
-        facts = self.store.facts(run)
-        if self.placement is not None:
-            placed = self.placement.check(run, facts)
-            if placed.unanswered:
-                raise PlacementUnanswered("placement check: Prometheus did not answer")
-            if facts and not placed.confirmed:  # a run with only a verdict has no alerts
-                raise PermanentError(placed.reason(run))
-            facts = list(placed.confirmed)
-        diagnosis: Diagnosis = diagnose(facts, timedelta(seconds=self.policy.incident_gap))
+        view = self.runs.view(run)
+        if view is None:
+            raise PermanentError("nothing stored for this run")
+        if any(u.reason == UNANSWERED for u in view.unconfirmed):
+            raise ConfirmationUnanswered("Prometheus has not confirmed the run's alerts yet")
+        if view.unconfirmed and not view.facts and view.outcome is None:
+            raise PermanentError(f"not written: {view.unconfirmed[0].reason}")
         # Everything slow (Prometheus) happens before the run is read, so the read-to-write
         # window on the user's notes and tags is one W&B round trip.
-        remediations = self.remediations(diagnosis, or_unknown=True)
-        outcome = outcome_for(self.store, run, diagnosis, self.clock())
-        impacts = self.impacts(run, diagnosis)
+        view = self.measure(view)
+        diagnosis, outcome = view.diagnosis, view.outcome
+        ending = self.store.ending(run)
+        if outcome is not None and ending is not None and outcome.verdict != ending.verdict:
+            # an alert that arrived after the run was judged changed its verdict
+            self.store.record_outcome(run, outcome.verdict, outcome.dumps(), self.clock(),
+                                      deliver=False)
         written = {m.removeprefix(TAG_MARK) for m in self.store.markers(run)
                    if m.startswith(TAG_MARK)}
         info = self.client.find_run(run.entity, run.project, run.run_id)
         # the run's step at each onset: read only for a run that logged steps, cached once the
         # run has logged past it, so the window stays one round trip after the first time
         steps = self.client.steps_at(info, run.entity, run.project, run.run_id,
-                                     issue_onsets(diagnosis, impacts))
-        section = render_section(diagnosis, self._link_for(run), remediations or {}, outcome,
-                                 impacts, steps=steps)
+                                     issue_onsets(view))
+        section = render_section(view, self.links.for_run(run), steps=steps)
         summary = None
         summary_seq = row.summary_seq
         if info.state != "running":
-            wanted = summary_entries(diagnosis) | summary_verdict(remediations or {}, diagnosis)
+            wanted = summary_entries(diagnosis) | summary_verdict(view.remediations, diagnosis)
             wanted |= outcome.summary() if outcome is not None else {}
-            wanted |= impact_entries(diagnosis, impacts)
+            wanted |= impact_entries(diagnosis, view.impacts)
             if any(info.summary.get(k) != v for k, v in wanted.items()):
                 summary = {**info.summary, **wanted}
             summary_seq = row.dirty_seq
@@ -513,9 +486,9 @@ class DeliveryWorker:
             # Verified: a user's edit that landed meanwhile is read back and merged again.
             info = self.client.find_run(run.entity, run.project, run.run_id)
         self._write_markers(run, diagnosis)
-        self._notify(run, diagnosis, remediations or {})
-        if remediations is not None:
-            sig = signature(remediations)
+        self._notify(view)
+        if view.node_state_read:
+            sig = signature(view.remediations)
             if sig != _latest_signature(self.store.markers(run)):
                 self.store.add_markers(run, [f"{REMEDIATION}|{self.clock():.3f}|{sig}"],
                                        self.clock())
@@ -543,15 +516,17 @@ class DeliveryWorker:
         self.store.add_markers(run, [mid for mid, _ in plan.rows], now)
         self.metrics.markers.inc(len(plan.rows))
 
-    def _notify(self, run: RunKey, diagnosis: Diagnosis,
-                remediations: Mapping[str, Remediation]) -> None:
-        """A W&B alert for each new critical root cause, its text from the catalog and the
-        bridge's own decision, never from alert-supplied prose or URLs (annotations can be
-        forged through Alertmanager's API and would reach the run owner's Slack or e-mail)."""
-        if not self.policy.notify_critical or self.client is None:
+    def _notify(self, view: RunView) -> None:
+        """A W&B alert for each new critical root cause Prometheus confirmed it raised (none
+        without a Prometheus to ask), its text from the catalog and the bridge's own decision,
+        never from alert-supplied prose or URLs (annotations can be forged through
+        Alertmanager's API and would reach the run owner's Slack or e-mail)."""
+        if not self.policy.notify_critical or self.client is None or \
+                self.runs.confirmer is None:
             return
+        run, remediations = view.run, view.remediations
         done = self.store.markers(run)
-        for issue in diagnosis.open_issues:
+        for issue in view.diagnosis.open_issues:
             mid = f"alert:{issue.key}"
             if issue.root.severity != "critical" or mid in done:
                 continue

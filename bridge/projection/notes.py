@@ -1,4 +1,4 @@
-"""The bridge's section of a run's notes: rendered from a diagnosis, replaced idempotently.
+"""The bridge's section of a run's notes: rendered from the run's view, replaced idempotently.
 
 The section sits between two HTML-comment delimiters. Everything outside them (the user's own
 notes) is preserved byte for byte; label and annotation text is markdown- and HTML-escaped so an
@@ -8,14 +8,14 @@ alert cannot inject links, images, headings or markup into the drawer.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from datetime import UTC, datetime
 
-from wandb_infra.bridge.diagnosis.impact import UNMEASURED, Impact, hours_text, run_gpu_hours
-from wandb_infra.bridge.diagnosis.outcome import Outcome
-from wandb_infra.bridge.diagnosis.root_cause import AlertFact, Diagnosis, Issue
+from wandb_infra.bridge.diagnosis.impact import UNMEASURED, Impact, hours_text
+from wandb_infra.bridge.diagnosis.root_cause import AlertFact, Issue
 from wandb_infra.bridge.projection.wandb_client import RunStep
 from wandb_infra.bridge.prometheus.remediation import Remediation
+from wandb_infra.bridge.runs.view import IssueView, LinkFn, RunView
 from wandb_infra.catalog.vocabulary import CauseClass
 
 BEGIN = "<!-- wandb-infra-bridge:begin -->"
@@ -38,8 +38,6 @@ MAX_PLACES = 8
 MAX_ISSUES = 20
 MAX_GROUPS = 20
 MAX_SECTION_CHARS = 60_000
-
-LinkFn = Callable[[AlertFact, datetime, datetime | None], str]
 
 
 def strip_controls(text: str) -> str:
@@ -116,10 +114,7 @@ def _remediation_lines(rem: Remediation) -> list[str]:
     lines = [f"- Safe to restart? **{rem.verdict}**: {md_escape(rem.detail, 1000)}"]
     if rem.exclusion:
         lines += ["", "  ```", *(f"  {line}" for line in rem.exclusion.splitlines()), "  ```", ""]
-    lines += [f"- Node state: {md_escape(line, 1000)}" for line in rem.history_lines()]
-    if rem.action:
-        lines.append(f"- Quarantine: {md_escape(rem.action, 1000)}")
-    return lines
+    return lines + [f"- Node state: {md_escape(line, 1000)}" for line in rem.history_lines()]
 
 
 def impact_lines(root: AlertFact, impact: Impact | None) -> list[str]:
@@ -137,12 +132,10 @@ def impact_lines(root: AlertFact, impact: Impact | None) -> list[str]:
     return lines
 
 
-def issue_onsets(diagnosis: Diagnosis, impacts: Mapping[str, Impact] | None) -> dict[str, float]:
-    """Issue key -> the onset the notes give (the measured change where the impact moved it),
-    in epoch seconds: where to look up the run's step."""
-    impacts = impacts or {}
-    return {i.key: impacts[i.key].onset if i.key in impacts else i.started_at.timestamp()
-            for i in diagnosis.issues}
+def issue_onsets(view: RunView) -> dict[str, float]:
+    """Issue key -> the issue's onset (the measured change where the impact moved it), in
+    epoch seconds: where to look up the run's step."""
+    return {i.issue.key: i.onset.timestamp() for i in view.issues}
 
 
 def step_line(step: RunStep | None) -> list[str]:
@@ -153,10 +146,9 @@ def step_line(step: RunStep | None) -> list[str]:
             f"at {_time(datetime.fromtimestamp(step.at, UTC))})"]
 
 
-def _issue_block(n: int, issue: Issue, headline: bool, link_for: LinkFn,
-                 rem: Remediation | None = None, *, seen_through: str = "",
-                 impact: Impact | None = None, step: RunStep | None = None) -> list[str]:
-    root = issue.root
+def _issue_block(n: int, view: IssueView, headline: bool, link_for: LinkFn, *,
+                 seen_through: str = "", step: RunStep | None = None) -> list[str]:
+    issue, rem, root = view.issue, view.remediation, view.issue.root
     role = "headline" if headline else "separate issue, not the headline"
     link = _url(link_for(root, issue.started_at, issue.ended_at))
     lines = [
@@ -169,14 +161,15 @@ def _issue_block(n: int, issue: Issue, headline: bool, link_for: LinkFn,
     ]
     if root.text("description"):
         lines.append(f"- What happened: {md_escape(root.text('description'))}")
-    lines += impact_lines(root, impact)
+    lines += impact_lines(root, view.impact)
     lines += step_line(step)
-    # the restart decision's advice where the issue has one, so advice and verdict agree
-    advice = rem.advice if rem is not None and rem.advice else root.text("remediation")
-    if advice:
-        lines.append(f"- What to do: {md_escape(advice)}")
+    if view.advice:  # the restart decision's, so advice and verdict agree
+        lines.append(f"- What to do: {md_escape(view.advice)}")
     if rem is not None:
         lines += _remediation_lines(rem)
+    if view.quarantine is not None:
+        lines.append(f"- Quarantine: {md_escape(view.quarantine.state)}: "
+                     f"{md_escape(view.quarantine.text, 1000)}")
     seen = _seen(issue)
     if seen:
         lines.append(f"- Already seen on this run: {md_escape(seen)}")
@@ -202,18 +195,14 @@ def _issue_block(n: int, issue: Issue, headline: bool, link_for: LinkFn,
     return lines
 
 
-def render_section(diagnosis: Diagnosis, link_for: LinkFn,
-                   remediations: Mapping[str, Remediation] | None = None,
-                   outcome: Outcome | None = None,
-                   impacts: Mapping[str, Impact] | None = None, *,
+def render_section(view: RunView, link_for: LinkFn, *,
                    steps: Mapping[str, RunStep] | None = None) -> str:
     """The delimited notes section (BEGIN..END): the ended run's verdict, the headline, then
-    the other issues, each with its restart verdict and node state where ``remediations`` (by
-    issue key) has it, its measured impact where ``impacts`` has it, the run's step at its
-    onset where ``steps`` has it, and what the rules saw of the run (``outcome``'s coverage)."""
-    remediations = remediations or {}
-    impacts = impacts or {}
+    the other issues, each with its restart verdict, node state, quarantine decision and
+    measured impact as the view has them, the run's step at its onset where ``steps`` has it,
+    and what the rules saw of the run (the verdict's coverage)."""
     steps = steps or {}
+    diagnosis, outcome = view.diagnosis, view.outcome
     lines = [BEGIN, TITLE, ""]
     head = diagnosis.root_cause
     seen_through = "" if outcome is None else outcome.coverage_line
@@ -227,16 +216,15 @@ def render_section(diagnosis: Diagnosis, link_for: LinkFn,
         lines += [f"**Headline: {md_escape(head.title)}** ({state_text(head)})", ""]
         if diagnosis.headline_reason:
             lines += [md_escape(diagnosis.headline_reason, 1000), ""]
-        if any(i.kind != UNMEASURED for i in impacts.values()):
-            lines += [f"GPU-hours lost by this run: **{hours_text(run_gpu_hours(impacts.values()))}"
-                      "**", ""]
-    ranked = diagnosis.ranked
+        measured = view.impacts or {}
+        if view.gpu_hours is not None and any(i.kind != UNMEASURED for i in measured.values()):
+            lines += [f"GPU-hours lost by this run: **{hours_text(view.gpu_hours)}**", ""]
+    ranked = view.ranked
     size = sum(map(len, lines))
     shown = 0
     for n, issue in enumerate(ranked[:MAX_ISSUES], start=1):
-        block = _issue_block(n, issue, issue is head, link_for, remediations.get(issue.key),
-                             seen_through=seen_through, impact=impacts.get(issue.key),
-                             step=steps.get(issue.key))
+        block = _issue_block(n, issue, issue.issue is head, link_for,
+                             seen_through=seen_through, step=steps.get(issue.issue.key))
         block_size = sum(map(len, block)) + len(block)
         if shown and size + block_size > MAX_SECTION_CHARS:
             break

@@ -278,15 +278,3 @@ def current(stored: Outcome, diagnosis: Diagnosis) -> Outcome:
     """A stored verdict with the run's diagnosis now (an alert that arrived after the run was
     judged makes it infrastructure; its coverage stays what was measured)."""
     return judge_outcome(diagnosis, stored.coverage, stored.ended_at, stored.how)
-
-
-def outcome_for(store: Store, run: RunKey, diagnosis: Diagnosis, now: float) -> Outcome | None:
-    """The run's verdict as of its diagnosis now (None: not ended, or not judged yet); a
-    verdict an alert changed since is stored again, so ``/runs?verdict=`` stays right."""
-    ending = store.ending(run)
-    if ending is None or ending.outcome is None:
-        return None
-    outcome = current(Outcome.loads(ending.outcome), diagnosis)
-    if outcome.verdict != ending.verdict:
-        store.record_outcome(run, outcome.verdict, outcome.dumps(), now, deliver=False)
-    return outcome

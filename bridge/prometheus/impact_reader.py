@@ -25,7 +25,6 @@ from wandb_infra.bridge.diagnosis.impact import (
     Impact,
     Signals,
     measure,
-    run_gpu_hours,
     unmeasured,
 )
 from wandb_infra.bridge.diagnosis.root_cause import Diagnosis, Issue
@@ -168,16 +167,3 @@ class ImpactHistory:
             return measure(signals, onset=onset, fired=fired, ended=ended, now=now)
         return unmeasured("dcgm-exporter has no tensor activity, utilisation or power series "
                           "for the run's GPUs", onset)
-
-
-def run_total(impacts: Mapping[str, Impact] | None) -> float | None:
-    """The run's GPU-hours lost (None when nothing was measured)."""
-    return None if impacts is None else run_gpu_hours(impacts.values())
-
-
-def views(impacts: Mapping[str, Impact] | None) -> dict[str, Any]:
-    """The run view's ``impacts`` (by issue key) and ``gpu_hours_lost``, or nothing."""
-    if impacts is None:
-        return {}
-    return {"impacts": {k: v.as_dict() for k, v in impacts.items()},
-            "gpu_hours_lost": round(run_gpu_hours(impacts.values()), 3)}

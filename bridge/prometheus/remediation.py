@@ -26,10 +26,10 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
-from wandb_infra.bridge.diagnosis.root_cause import AlertFact, Diagnosis, Issue, diagnose
+from wandb_infra.bridge.diagnosis.root_cause import Diagnosis, Issue
 from wandb_infra.bridge.diagnosis.verdict import (
     NO_PROMETHEUS,
     Change,
@@ -50,7 +50,7 @@ from wandb_infra.catalog.template import fill
 from wandb_infra.common.nodestate import DEFAULT_TOLERATED, STATE
 
 __all__ = ["Change", "NodeStateHistory", "Remediation", "Timeline", "exclusion", "faulty_hosts",
-           "remediations_for", "run_remediation", "signature", "summary_verdict"]
+           "remediations_for", "signature", "summary_verdict"]
 
 log = logging.getLogger(__name__)
 
@@ -412,26 +412,3 @@ def summary_verdict(remediations: Mapping[str, Remediation], diagnosis: Diagnosi
     """``infra/restart_verdict`` for the runs table once the run ended ({} with nothing to say)."""
     rem = headline(remediations, diagnosis)
     return {} if rem is None else {"infra/restart_verdict": rem.verdict}
-
-
-def run_remediation(history: NodeStateHistory | None, facts: Sequence[AlertFact],
-                    incident_gap: timedelta, policy: Policy | None = None, *,
-                    scheduler: str = "", now: float | None = None) -> dict[str, Any]:
-    """A run's data: ``{"remediation": <headline issue's>, "remediations": {issue key: ...}}``
-    ({} when no issue names a host). Without ``history`` (no Prometheus) the verdicts say what
-    they can without it."""
-    if not facts:
-        return {}
-    diagnosis = diagnose(list(facts), incident_gap)
-    policy = policy or Policy()
-    rems = history.for_diagnosis(diagnosis, policy, scheduler=scheduler) \
-        if history is not None else None
-    if rems is None:
-        unread = NO_PROMETHEUS if history is None else "Prometheus is not answering"
-        rems = remediations_for(diagnosis, policy, None, now if now is not None else time.time(),
-                                scheduler=scheduler, unread=unread)
-    rem = headline(rems, diagnosis)
-    if rem is None:
-        return {}
-    return {"remediation": rem.as_dict(),
-            "remediations": {key: r.as_dict() for key, r in rems.items()}}

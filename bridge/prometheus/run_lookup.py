@@ -1,7 +1,6 @@
 """Which runs the join metrics put on a host (and GPU) at a moment: attribution for alerts
-that carry no run labels, and the placement check for alerts that do (their labels are
-untrusted). Never raises: when Prometheus cannot answer, the lookup says so (``[]`` or None)
-and the caller keeps the alert's own labels or parks the run."""
+that carry no run labels (the rules attribute the others in PromQL). Never raises: when
+Prometheus cannot answer, the lookup says ``[]`` and the alert stays unattributed."""
 
 from __future__ import annotations
 
@@ -35,16 +34,6 @@ class PrometheusRunLookup:
         expr = (f"max by ({L.ENTITY},{L.PROJECT},{L.RUN_ID}) "
                 f"({L.NODE_INFO}{{{L.HOSTNAME}={quote(hostname)}}})")
         return self._query(expr, at)
-
-    def placed(self, run: RunKey, hostname: str, at: datetime) -> bool | None:
-        """Whether the join metrics put ``run`` on ``hostname`` at ``at`` (Prometheus' lookback
-        before it); None when Prometheus cannot answer. Alert labels are untrusted: a run is
-        written only where the exporter placed it."""
-        expr = (f"count({L.NODE_INFO}{{{L.ENTITY}={quote(run.entity)},"
-                f"{L.PROJECT}={quote(run.project)},{L.RUN_ID}={quote(run.run_id)},"
-                f"{L.HOSTNAME}={quote(hostname)}}})")
-        result = self._vector(expr, at, "placement check")
-        return None if result is None else bool(result)
 
     def _vector(self, expr: str, at: datetime, what: str) -> list[dict[str, Any]] | None:
         """An instant query's result at ``at``; None (logged) when Prometheus cannot answer."""

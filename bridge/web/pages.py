@@ -1,7 +1,8 @@
 """The embedded issue views (``/runs`` and ``/runs/<entity>/<project>/<run_id>``) as JSON and HTML.
 
-JSON builders turn diagnoses into plain dicts; the HTML renderers only format those dicts, and
-every value passes through ``html.escape`` so label text cannot inject markup or script. The run
+The renderers format the run view's JSON (``bridge/runs/view.py``, the same data the JSON pages
+and ``explain`` give), and every value passes through ``html.escape`` so label text cannot
+inject markup or script. The run
 page leads with a headline card (root cause, where, impact, what to do, Grafana and runbook) that
 fits the first screen, then the incident's shape in time (``bridge.timeline``), then the
 consequences grouped by alert name, because a 64-host cascade is one story, not 65 rows.
@@ -15,10 +16,6 @@ from html import escape
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from wandb_infra.bridge.diagnosis.impact import hours_text
-from wandb_infra.bridge.diagnosis.root_cause import AlertFact, Diagnosis, Issue
-from wandb_infra.bridge.ingest.store import OutboxRow
-from wandb_infra.bridge.projection.notes import LinkFn
 from wandb_infra.bridge.web.timeline import (
     CHART_WIDTHS,
     activity_svg,
@@ -30,8 +27,6 @@ from wandb_infra.bridge.web.timeline import (
     timeline_svg,
 )
 from wandb_infra.catalog import runbook
-from wandb_infra.catalog.alerts import ALERTS
-from wandb_infra.common.runkey import RunKey
 
 _STYLE = (
     "body{font-family:system-ui,sans-serif;margin:0;color:#1d2127;background:#f4f5f7}"
@@ -71,81 +66,6 @@ _STYLE = (
     "button{font-size:.95em;padding:.3em .9em}")
 
 
-def _t(value: datetime | None) -> str | None:
-    return None if value is None else value.isoformat().replace("+00:00", "Z")
-
-
-def delivery_status(row: OutboxRow | None, enabled: bool = True) -> dict[str, Any]:
-    """Where the run's W&B projection stands: facts the store holds (parked, written) whether
-    or not W&B is configured now; ``off`` instead of a pending that would never end."""
-    if row is not None and row.parked:
-        return {"state": "parked", "reason": row.parked}
-    if not enabled:
-        return {"state": "off"}
-    if row is None:
-        return {"state": "not queued"}
-    if row.dirty_seq > row.delivered_seq:
-        return {"state": "pending", "attempts": row.attempts, "last_error": row.last_error}
-    return {"state": "delivered", "at": row.delivered_at}
-
-
-def _fact(fact: AlertFact, link: str) -> dict[str, Any]:
-    return {
-        "alertname": fact.alertname, "severity": fact.severity, "category": fact.category,
-        "hostname": fact.hostname, "gpu": fact.gpu, "where": fact.where,
-        "cause_class": fact.cause.name.lower(),
-        "onset": _t(fact.onset), "starts_at": _t(fact.starts_at), "ends_at": _t(fact.ends_at),
-        "summary": fact.text("summary"), "description": fact.text("description"),
-        "impact": fact.text("impact"), "remediation": fact.text("remediation"),
-        # the bridge's own runbook, never a URL the alert carries (labels and annotations can be
-        # forged through Alertmanager's API)
-        "runbook_url": (f"{runbook.PATH}#{runbook.anchor(fact.alertname)}"
-                        if fact.alertname in ALERTS else ""), "grafana": link,
-    }
-
-
-def _issue(issue: Issue, link_for: LinkFn) -> dict[str, Any]:
-    return {
-        "key": issue.key, "title": issue.title, "where": issue.where,
-        "started_at": _t(issue.started_at), "ended_at": _t(issue.ended_at), "open": issue.open,
-        "reasoning": issue.reasoning,
-        "root_cause": _fact(issue.root, link_for(issue.root, issue.started_at, issue.ended_at)),
-        "consequences": [_fact(c, link_for(c, c.onset, c.ends_at))
-                         for c in issue.consequences],
-    }
-
-
-def run_summary(run: RunKey, diagnosis: Diagnosis, alerts: int, firing: int,
-                outbox: OutboxRow | None) -> dict[str, Any]:
-    """One row of the issues column."""
-    root = diagnosis.root_cause
-    return {
-        "entity": run.entity, "project": run.project, "run_id": run.run_id,
-        "alerts": alerts, "firing": firing, "issues": len(diagnosis.issues),
-        "open_issues": len(diagnosis.open_issues),
-        "root_cause": None if root is None else {"alertname": root.root.alertname,
-                                                 "where": root.root.where},
-        "severity": None if root is None else root.root.severity,
-        "started_at": None if root is None else _t(root.started_at),
-        "wandb": delivery_status(outbox),
-    }
-
-
-def run_detail(run: RunKey, diagnosis: Diagnosis, link_for: LinkFn,
-               outbox: OutboxRow | None, wandb_enabled: bool = True) -> dict[str, Any]:
-    """The drawer: every issue with its root cause, consequences and links, and which issue is
-    the run's headline."""
-    head = diagnosis.root_cause
-    detail: dict[str, Any] = {
-        "entity": run.entity, "project": run.project, "run_id": run.run_id,
-        "wandb": delivery_status(outbox, wandb_enabled),
-        "issues": [_issue(i, link_for) for i in diagnosis.issues]}
-    if head is not None:
-        detail["headline"] = {"issue": diagnosis.issues.index(head), "title": head.title,
-                              "reason": diagnosis.headline_reason}
-    return detail
-
-
 def _page(title: str, body: str) -> str:
     return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'>"
             "<meta name='viewport' content='width=device-width, initial-scale=1'>"
@@ -173,6 +93,11 @@ def when(value: str | None) -> str:
     return "" if parsed is None else parsed.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def when_ts(ts: float) -> str:
+    """``when``'s format from unix seconds."""
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 def wandb_text(status: dict[str, Any]) -> tuple[str, str]:
     """(text, pill class): off / pending / written at T / parked: reason."""
     state = status.get("state")
@@ -180,8 +105,7 @@ def wandb_text(status: dict[str, Any]) -> tuple[str, str]:
         return "W&B: off (no API key configured)", ""
     if state == "delivered":
         at = status.get("at")
-        stamp = "" if at is None else datetime.fromtimestamp(at, UTC).strftime(
-            " at %Y-%m-%d %H:%M:%S UTC")
+        stamp = "" if at is None else f" at {when_ts(at)}"
         return f"W&B: written{stamp}", "ok"
     if state == "parked":
         return f"W&B: parked: {status.get('reason') or 'unknown reason'}", "bad"
@@ -219,8 +143,8 @@ def runs_html(rows: list[dict[str, Any]], unattributed: int, *,
             head = "<span class='muted'>no issue</span>"
         else:
             head = f"<b>{escape(root['alertname'])}</b> on {escape(root['where'])}"
-        if r.get("gpu_hours_lost") is not None:
-            head += (f" <span class='muted small'>&middot; {hours_text(r['gpu_hours_lost'])} "
+        if r.get("gpu_hours_text"):
+            head += (f" <span class='muted small'>&middot; {escape(r['gpu_hours_text'])} "
                      "GPU-hours lost</span>")
         sev = r.get("severity") or ""
         bar = "#c9ced6" if root is None else colour(sev)
@@ -295,7 +219,14 @@ def _remediation_html(rem: dict[str, Any]) -> str:
             + (f" since {escape(when(str(h['since'])) or str(h['since']))}"
                if h.get("since") else "")
             for h in hosts))
-    return "".join(parts) + "</dd>"
+    parts.append("</dd>")
+    quarantine = rem.get("quarantine")
+    if quarantine:
+        cls = {"acted": "bad", "refused": "warn", "failed": "bad"}.get(quarantine["state"], "")
+        parts.append(f"<dt>Quarantine</dt><dd><span class='pill {cls}'>"
+                     f"{escape(str(quarantine['state']))}</span> "
+                     f"{escape(str(quarantine['text']))}</dd>")
+    return "".join(parts)
 
 
 def _consequence_summary(consequences: list[dict[str, Any]]) -> str:
@@ -330,9 +261,7 @@ def impact_rows(root: dict[str, Any], impact: dict[str, Any] | None) -> list[str
 def _card(issue: dict[str, Any], headline: bool, remediation: dict[str, Any] | None,
           impact: dict[str, Any] | None = None) -> str:
     root = issue["root_cause"]
-    # the restart decision's advice where the issue has one (advice and verdict agree), else
-    # the alert's own
-    advice = str((remediation or {}).get("advice") or root.get("remediation") or "")
+    advice = str(issue.get("advice") or "")  # the view's: the restart decision's, else the alert's
     sev = root.get("severity", "")
     state = "open" if issue["open"] else f"resolved {when(issue.get('ended_at'))}"
     badge = "ROOT CAUSE" if headline else "SEPARATE ISSUE"
@@ -345,7 +274,7 @@ def _card(issue: dict[str, Any], headline: bool, remediation: dict[str, Any] | N
         f"<dt>Where</dt><dd><b>{escape(issue.get('where') or root['where'])}</b> "
         f"<span class='muted'>{escape(sev)} &middot; {escape(root.get('category', ''))}</span>"
         "</dd>",
-        f"<dt>When</dt><dd>{escape(when(root.get('onset') or root['starts_at']))} "
+        f"<dt>When</dt><dd>{escape(when(issue.get('onset') or root['starts_at']))} "
         f"<span class='pill{' bad' if issue['open'] else ' ok'}'>{escape(state)}</span></dd>",
         f"<dt>What</dt><dd>{escape(root.get('description') or root.get('summary') or '')}</dd>",
         "".join(impact_rows(root, impact)) + f"{impact_extra}</dd>",
@@ -447,7 +376,25 @@ def run_html(detail: dict[str, Any], title: str, activity: dict[str, Any] | None
         out.append(_consequences_html(issue))
     if len(issues) > 1 and detail.get("headline", {}).get("reason"):
         out.append(f"<p class='muted small'>{escape(detail['headline']['reason'])}</p>")
+    if detail.get("impacts_measured_at"):
+        out.append(f"<p class='muted small'>Impacts last measured at "
+                   f"{escape(when_ts(float(detail['impacts_measured_at'])))}.</p>")
+    out.append(unconfirmed_html(detail.get("unconfirmed") or []))
     return _page(title, "".join(out))
+
+
+def unconfirmed_html(unconfirmed: list[dict[str, Any]]) -> str:
+    """Alerts stored for the run that Prometheus did not confirm: listed apart, with why, and
+    never part of the issues above."""
+    if not unconfirmed:
+        return ""
+    rows = "".join(f"<tr><td>{escape(u['alert']['alertname'])}</td>"
+                   f"<td>{escape(u['alert']['where'])}</td>"
+                   f"<td class='n'>{escape(when(u['alert']['starts_at']))}</td>"
+                   f"<td>{escape(u['reason'])}</td></tr>" for u in unconfirmed[:200])
+    return (f"<h2>Not confirmed by Prometheus ({len(unconfirmed)})</h2><p class='muted small'>"
+            "Not part of this run's issues, its W&amp;B notes or any quarantine.</p><table>"
+            f"<tr><th>Alert</th><th>Where</th><th>Started</th><th>Why</th></tr>{rows}</table>")
 
 
 def empty_html(title: str) -> str:
@@ -481,8 +428,8 @@ def verdict_html(verdict: dict[str, Any]) -> str:
     colour_ = _VERDICT_STYLE.get(name, ("", "#9aa0a6"))[1]
     blind = (verdict.get("coverage") or {}).get("blind") or []
     rows = "".join(f"<tr><td>{escape(str(h))}</td><td>{escape(str(w))}</td>"
-                   f"<td class='n'>{escape(when(_t(datetime.fromtimestamp(float(s), UTC))))}"
-                   f"</td><td class='n'>{escape(when(_t(datetime.fromtimestamp(float(e), UTC))))}"
+                   f"<td class='n'>{escape(when_ts(float(s)))}"
+                   f"</td><td class='n'>{escape(when_ts(float(e)))}"
                    "</td></tr>" for h, w, s, e in blind[:200])
     table = ("<table><tr><th>Host</th><th>Not seen</th><th>From</th><th>To</th></tr>"
              f"{rows}</table>") if rows else ""
@@ -490,7 +437,7 @@ def verdict_html(verdict: dict[str, Any]) -> str:
             f"{verdict_pill(verdict)}</h2><p>{escape(str(verdict.get('text', '')))}</p>"
             f"<p class='muted small'>{escape(str(verdict.get('coverage_line', '')))}; ended "
             f"({escape(str(verdict.get('how', '')))}) at "
-            f"{escape(when(_t(datetime.fromtimestamp(float(verdict.get('ended_at', 0)), UTC))))}"
+            f"{escape(when_ts(float(verdict.get('ended_at', 0))))}"
             f"</p>{table}</section>")
 
 

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from html import escape
 from typing import Any
 
-from wandb_infra.bridge.diagnosis.impact import duration
+from wandb_infra.bridge.runs.view import duration
 
 WIDTH = 1100  # the wide layout: the page's content box in a window of at least 1060 px
 NARROW_WIDTH = 720  # the narrow layout, drawn about 1:1 in an 800 px window

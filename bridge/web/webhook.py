@@ -16,44 +16,25 @@ import hmac
 import logging
 import time
 import urllib.parse
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from wandb_infra.bridge.diagnosis.impact import Impact
-from wandb_infra.bridge.diagnosis.links import GrafanaLinks
-from wandb_infra.bridge.diagnosis.outcome import VERDICTS, Outcome
-from wandb_infra.bridge.diagnosis.root_cause import DEFAULT_GAP, AlertFact, Diagnosis, diagnose
 from wandb_infra.bridge.ingest import identity
 from wandb_infra.bridge.ingest.identity import UNATTRIBUTED, Identity
 from wandb_infra.bridge.ingest.payload import Notification, PayloadError, parse_notification
-from wandb_infra.bridge.ingest.store import (
-    IngestResult,
-    OutboxRow,
-    RunIndexEntry,
-    Store,
-    StoreError,
-)
+from wandb_infra.bridge.ingest.store import IngestResult, RunIndexEntry, Store, StoreError
 from wandb_infra.bridge.metrics import BridgeMetrics
-from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorker
-from wandb_infra.bridge.prometheus.endings import current
-from wandb_infra.bridge.prometheus.impact_reader import views
-from wandb_infra.bridge.prometheus.remediation import run_remediation
+from wandb_infra.bridge.prometheus.client import PrometheusClient
+from wandb_infra.bridge.runs.service import RunService
+from wandb_infra.bridge.runs.view import VERDICTS, GrafanaLinks
 from wandb_infra.bridge.web import activity
 from wandb_infra.bridge.web import runbook as runbook_page
-from wandb_infra.bridge.web.pages import (
-    delivery_status,
-    empty_html,
-    login_html,
-    run_detail,
-    run_html,
-    run_summary,
-    runs_html,
-)
+from wandb_infra.bridge.web.pages import empty_html, login_html, run_html, runs_html
 from wandb_infra.bridge.web.sessions import (
     SESSION_SECONDS,
     LoginLimiter,
@@ -155,7 +136,9 @@ class PageAuth:
 
 @dataclass
 class BridgeContext:
-    """Everything the handlers need; built by ``bridge.service``."""
+    """Everything the handlers need; built by ``bridge.service``. Pages read runs through
+    ``runs`` (its own Prometheus client, never the delivery worker's) and draw the activity plot
+    from ``activity``; ``wake`` tells the worker new alerts arrived."""
 
     store: Store
     metrics: BridgeMetrics
@@ -163,10 +146,11 @@ class BridgeContext:
     credentials: Credentials
     webhook_path: str
     max_body_bytes: int
-    worker: DeliveryWorker | None = None
+    runs: RunService | None = None
+    activity: PrometheusClient | None = None
+    wake: Callable[[], None] | None = None
     public_pages: bool = False
     pages: PageAuth = field(default_factory=PageAuth)
-    incident_gap: timedelta = DEFAULT_GAP
     body_timeout: float = 30.0
     max_inflight_bytes: int = 32 * 1024 * 1024
     write_pool: ThreadPoolExecutor = field(
@@ -233,11 +217,10 @@ def _wants_json(request: web.Request) -> bool:
     return "application/json" in accept and "text/html" not in accept
 
 
-def _broken(run: RunKey, exc: Exception, outbox: OutboxRow | None) -> dict[str, Any]:
-    """What /runs shows for a run whose stored alerts cannot be diagnosed."""
+def _broken(run: RunKey, exc: Exception) -> dict[str, Any]:
+    """What /runs and the run page show for a run whose stored alerts cannot be diagnosed."""
     return {"entity": run.entity, "project": run.project, "run_id": run.run_id,
-            "error": f"{type(exc).__name__}: {str(exc)[:200]}",
-            "wandb": delivery_status(outbox)}
+            "error": f"{type(exc).__name__}: {str(exc)[:200]}", "wandb": {"state": "unknown"}}
 
 
 class Handlers:
@@ -245,10 +228,11 @@ class Handlers:
 
     def __init__(self, ctx: BridgeContext) -> None:
         self.ctx = ctx
+        self.service = ctx.runs if ctx.runs is not None else RunService(ctx.store)
         self.inflight_bytes = 0
-        # /runs rows by run, with the version of the alerts they were diagnosed from: a request
-        # re-diagnoses only runs that changed (touched by the read pool's one thread only).
-        self.summaries: dict[RunKey, tuple[tuple[int, int, float], dict[str, Any]]] = {}
+        # /runs rows by run, with the version of what they were built from (alerts, delivery,
+        # verdict, GPU-hours): a request rebuilds only runs that changed (read pool only).
+        self.summaries: dict[RunKey, tuple[tuple[Any, ...], dict[str, Any]]] = {}
 
     def _unauthorised(self) -> web.Response:
         return _error(401, "missing or wrong credentials",
@@ -324,8 +308,8 @@ class Handlers:
         m.alerts_resolved.inc(result.resolved)
         m.duplicates.inc(result.duplicates)
         m.ack_seconds.observe(time.perf_counter() - start)
-        if result.runs and ctx.worker is not None:
-            ctx.worker.wake()
+        if result.runs and ctx.wake is not None:
+            ctx.wake()
         log.info("notification stored", extra=log_fields(
             receiver=notification.receiver[:100], alerts=result.received, new=result.new,
             resolved=result.resolved, duplicates=result.duplicates,
@@ -398,13 +382,6 @@ class Handlers:
                             content_type="text/html",
                             headers={"WWW-Authenticate": f'{scheme} realm="wandb-infra-bridge"'})
 
-    @property
-    def _wandb_enabled(self) -> bool:
-        """False when the service runs without a W&B key (its worker has no client); a context
-        without a worker (tests, tools) shows the store's delivery state as it is."""
-        worker = self.ctx.worker
-        return worker is None or worker.client is not None
-
     def _runs_data(self, limit: int, offset: int,
                    filters: dict[str, str] | None = None) -> tuple[list[dict[str, Any]], int, bool]:
         """A page of runs, newest first, matching ``filters`` (entity, project, state), and
@@ -428,18 +405,9 @@ class Handlers:
                     continue
                 if len(rows) == limit:
                     return rows, store.unattributed_count(), True
-                ending = store.ending(entry.run)
-                rows.append({**summary, "wandb": delivery_status(store.outbox(entry.run),
-                                                                 self._wandb_enabled),
-                             "verdict": None if ending is None else ending.verdict,
-                             "gpu_hours_lost": self._gpu_hours(entry.run)})
+                rows.append(summary)
             if len(chunk) < MAX_PAGE:
                 return rows, store.unattributed_count(), False
-
-    def _gpu_hours(self, run: RunKey) -> float | None:
-        """The run's GPU-hours lost as last measured (None: not yet), from the store: the
-        figure survives a restart, as the per-project gauge does."""
-        return self.ctx.store.gpu_hours(run)
 
     def _matching(self, entry: RunIndexEntry, filters: dict[str, str]) -> dict[str, Any] | None:
         """The run's cached summary when it passes the filters, else None."""
@@ -448,36 +416,33 @@ class Handlers:
             return None
         if filters.get("project") and run.project != filters["project"]:
             return None
+        store = self.ctx.store
+        version = (entry.version, store.outbox(run), store.ending(run), store.gpu_hours(run))
         cached = self.summaries.get(run)
-        if cached is None or cached[0] != entry.version:
-            cached = (entry.version, self._summary(entry))
+        if cached is None or cached[0] != version:
+            cached = (version, self._summary(entry))
             if len(self.summaries) >= MAX_CACHED_SUMMARIES:
                 self.summaries.clear()
-            self.summaries[run] = cached
+            if not cached[1].get("unconfirmed"):  # Prometheus may still confirm those
+                self.summaries[run] = cached
         state = filters.get("state")
         if state and (state == "open") != bool(cached[1].get("open_issues")):
             return None
         return cached[1]
 
     def _summary(self, entry: RunIndexEntry) -> dict[str, Any]:
-        """A run's row without its delivery state; diagnosed only when its alerts changed."""
+        """A run's row from its view; rebuilt only when its alerts changed."""
         run = entry.run
         try:
-            diagnosis = diagnose(self.ctx.store.facts(run), self.ctx.incident_gap)
-            return run_summary(run, diagnosis, entry.alerts, entry.firing, None)
+            view = self.service.view(run, remediate=False)
+            return _broken(run, ValueError("no alerts stored")) if view is None \
+                else view.summary()
         except StoreError:
             raise
         except Exception as exc:  # one unreadable run must not hide all the others
             log.exception("cannot show run", extra=log_fields(run=run.path()))
-            return _broken(run, exc, None) | {"alerts": entry.alerts, "firing": entry.firing,
-                                              "issues": 0, "open_issues": 0, "root_cause": None}
-
-    def _verdict(self, run: RunKey, diagnosis: Diagnosis) -> dict[str, Any] | None:
-        """The ended run's verdict as of its diagnosis now (read only)."""
-        ending = self.ctx.store.ending(run) if run.attributed else None
-        if ending is None or ending.outcome is None:
-            return None
-        return current(Outcome.loads(ending.outcome), diagnosis).as_dict()
+            return _broken(run, exc) | {"alerts": entry.alerts, "firing": entry.firing,
+                                        "issues": 0, "open_issues": 0, "root_cause": None}
 
     def _verdict_rows(self, verdict: str, limit: int,
                       offset: int) -> tuple[list[dict[str, Any]], int, bool]:
@@ -487,58 +452,29 @@ class Handlers:
         endings = store.endings_page(verdict, limit + 1, offset)
         rows = []
         for ending in endings[:limit]:
-            facts = store.facts(ending.run)
-            diagnosis = diagnose(facts, self.ctx.incident_gap)
-            firing = sum(1 for f in facts if f.ends_at is None)
-            row = run_summary(ending.run, diagnosis, len(facts), firing, None)
-            row["verdict"] = self._verdict(ending.run, diagnosis)
-            row["wandb"] = delivery_status(store.outbox(ending.run), self._wandb_enabled)
-            rows.append(row)
+            view = self.service.view(ending.run, remediate=False)
+            if view is not None:
+                rows.append(view.summary() | {
+                    "verdict": None if view.outcome is None else view.outcome.as_dict()})
         return rows, store.unattributed_count(), len(endings) > limit
 
     def _run_data(self, run: RunKey) -> dict[str, Any] | None:
-        def link(fact: AlertFact, start: datetime, end: datetime | None) -> str:
-            return self.ctx.links.link(fact, run, start, end)
-        enabled = self._wandb_enabled
+        """The run view's JSON; None when nothing is stored for the run."""
         try:
-            facts = self.ctx.store.facts(run)
-            diagnosis = diagnose(facts, self.ctx.incident_gap)
-            verdict = self._verdict(run, diagnosis)
-            if not facts and verdict is None:
-                return None
-            data = run_detail(run, diagnosis, link, self.ctx.store.outbox(run), enabled)
-            if verdict is not None:
-                data["verdict"] = verdict
-            if not facts:
-                return data
-            worker = self.ctx.worker
-            history = None if worker is None or not run.attributed else worker.remediation
-            policy = worker.policy if worker is not None else DeliveryPolicy()
-            return data | run_remediation(history, facts, self.ctx.incident_gap,
-                                          policy.restart_policy, scheduler=policy.scheduler)
+            view = self.service.view(run)
+            return None if view is None else view.as_dict(self.ctx.links.for_run(run))
         except StoreError:
             raise
         except Exception as exc:  # shown as the run's error rather than a 500
             log.exception("cannot show run", extra=log_fields(run=run.path()))
-            return _broken(run, exc, self.ctx.store.outbox(run)) | {
-                "issues": [], "wandb": delivery_status(self.ctx.store.outbox(run), enabled)}
-
-    def _impacts(self, run: RunKey, facts: list[AlertFact]) -> dict[str, Impact] | None:
-        """Each issue's measured impact (diagnosis/impact.py) when the bridge knows a Prometheus,
-        on its own thread like the plot."""
-        worker = self.ctx.worker
-        if worker is None:
-            return None
-        return worker.impacts(run, diagnose(facts, self.ctx.incident_gap))
+            return _broken(run, exc) | {"issues": []}
 
     def _activity(self, run: RunKey, issues: list[dict[str, Any]]) -> dict[str, Any] | None:
-        """The GPU-activity plot's data when the bridge knows a Prometheus (through the run
-        lookup's client, so page views share its connection pool)."""
-        lookup = None if self.ctx.worker is None else self.ctx.worker.lookup
-        if lookup is None or not issues or not run.attributed:
+        """The GPU-activity plot's data when the pages know a Prometheus."""
+        if self.ctx.activity is None or not issues or not run.attributed:
             return None
         start, end = activity.window(issues)
-        return activity.fetch(lookup.client, run, start, end)
+        return activity.fetch(self.ctx.activity, run, start, end)
 
     async def runs(self, request: web.Request) -> web.Response:
         """The issues column, newest first: ``?limit=&offset=`` paging, ``?entity=&project=``
@@ -591,12 +527,6 @@ class Handlers:
             if _wants_json(request):
                 return _error(404, "no alerts and no verdict stored for this run")
             return web.Response(status=404, text=empty_html(title), content_type="text/html")
-        if run.attributed and detail.get("issues"):
-            try:
-                facts = await loop.run_in_executor(self.ctx.read_pool, self.ctx.store.facts, run)
-            except StoreError as exc:
-                return _error(503, str(exc))
-            detail |= views(await loop.run_in_executor(None, self._impacts, run, facts))
         if _wants_json(request):
             return web.json_response(detail)
         # Prometheus may be slow or down: its own thread, bounded by its timeout, never the

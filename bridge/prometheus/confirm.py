@@ -1,0 +1,141 @@
+"""Whether Prometheus itself raised an alert: alert labels are untrusted input.
+
+Alertmanager's API takes alerts from anyone who can reach it, and the bridge receives them with
+Alertmanager's valid credentials. The rules already attribute each alert to its run in PromQL
+(the run labels come from the join metrics), so which run an alert belongs to is decided once,
+there; what the bridge must check is only that the alert is one Prometheus raised. An alert is
+confirmed when ``ALERTS{alertstate="firing"}`` holds a series with its name whose every label
+the alert carries with the same value, within ``BEFORE``/``AFTER`` of its ``startsAt`` (labels
+added on the way to Alertmanager, such as external labels, are on the alert only and do not
+matter). One instant query per run and time cluster of alerts, not one per alert; answers are
+remembered per alert instance, since what Prometheus raised does not change afterwards.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from wandb_infra.bridge.diagnosis.root_cause import AlertFact
+from wandb_infra.bridge.prometheus.client import (
+    PrometheusClient,
+    PrometheusError,
+    quote,
+    regex_literal,
+)
+from wandb_infra.common import labels as L
+
+log = logging.getLogger(__name__)
+
+# ALERTS carries the firing sample from the evaluation that sent the alert (its ``startsAt``);
+# the margins cover an HA pair's two evaluations and remote-write delays (vmalert).
+BEFORE, AFTER = 300.0, 300.0
+CLUSTER = 1800.0  # alerts starting within this span share one query
+MAX_REMEMBERED = 100_000
+_IGNORED = frozenset({"__name__", "alertstate"})
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    """A run's alerts split by what Prometheus said: raised, not raised (with the reason), and
+    not answered yet (Prometheus down, or the alert's window still open without its series)."""
+
+    confirmed: tuple[AlertFact, ...]
+    refused: tuple[tuple[AlertFact, str], ...]
+    unanswered: tuple[AlertFact, ...]
+    checked: bool = True  # False: no Prometheus to ask, every alert is taken as it came
+
+    @staticmethod
+    def unchecked(facts: Sequence[AlertFact]) -> Confirmation:
+        """Without Prometheus: nothing refused, nothing confirmed by it either."""
+        return Confirmation(tuple(facts), (), (), checked=False)
+
+
+def matches(series: Mapping[str, str], fact: AlertFact) -> bool:
+    """Every label of Prometheus' series is on the alert with the same value."""
+    labels = {**fact.labels, "alertname": fact.alertname}
+    return all(labels.get(k) == v for k, v in series.items() if k not in _IGNORED)
+
+
+class AlertConfirmer:
+    """Asks Prometheus' ``ALERTS`` series whether it raised each alert."""
+
+    def __init__(self, prom: PrometheusClient, clock: Callable[[], float]) -> None:
+        self.prom = prom
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._known: dict[tuple[str, datetime], str] = {}  # "" confirmed, else the refusal
+
+    def confirm(self, facts: Sequence[AlertFact]) -> Confirmation:
+        """Split ``facts`` (one run's alerts) into confirmed, refused and unanswered."""
+        answers: dict[int, str | None] = {}
+        todo = []
+        with self._lock:
+            for fact in facts:
+                known = self._known.get((fact.fingerprint, fact.starts_at))
+                if known is None:
+                    todo.append(fact)
+                else:
+                    answers[id(fact)] = known
+        for cluster in _clusters(todo):
+            answers.update(self._ask(cluster))
+        confirmed, refused, unanswered = [], [], []
+        for fact in facts:
+            answer = answers.get(id(fact))
+            if answer is None:
+                unanswered.append(fact)
+            elif answer:
+                refused.append((fact, answer))
+            else:
+                confirmed.append(fact)
+        return Confirmation(tuple(confirmed), tuple(refused), tuple(unanswered))
+
+    def _ask(self, cluster: list[AlertFact]) -> dict[int, str | None]:
+        """One query for alerts starting close together; None for each while unanswered."""
+        now = self.clock()
+        start = min(f.starts_at.timestamp() for f in cluster) - BEFORE
+        end = max(f.starts_at.timestamp() for f in cluster) + AFTER
+        at = min(end, now)
+        names = "|".join(sorted({regex_literal(f.alertname) for f in cluster}))
+        # the run labels every alert of the cluster shares narrow the read to the run's own
+        shared = {k: v for k, v in cluster[0].labels.items() if k in L.RUN_LABELS
+                  and all(f.labels.get(k) == v for f in cluster)}
+        where = "".join(f",{k}={quote(v)}" for k, v in sorted(shared.items()))
+        expr = (f'max_over_time(ALERTS{{alertstate="firing",alertname=~"{names}"{where}}}'
+                f"[{max(1.0, at - start):.0f}s])")
+        try:
+            raised = [s.get("metric", {}) for s in self.prom.instant(expr, at)]
+        except PrometheusError as exc:
+            log.warning("alert confirmation not answered: %s", str(exc)[:200])
+            return {id(f): None for f in cluster}
+        out: dict[int, str | None] = {}
+        for fact in cluster:
+            if any(matches(series, fact) for series in raised):
+                out[id(fact)] = ""
+            elif end <= now:
+                at_text = fact.starts_at.strftime("%Y-%m-%d %H:%M:%S")
+                out[id(fact)] = (f"Prometheus raised no firing {fact.alertname} with this "
+                                 f"alert's labels around its start, {at_text} UTC (sent to "
+                                 "Alertmanager by someone else, or relabelled on the way)")
+            else:  # its series may not be written yet (remote write): asked again later
+                out[id(fact)] = None
+            if out[id(fact)] is not None:
+                with self._lock:
+                    if len(self._known) >= MAX_REMEMBERED:
+                        self._known.clear()
+                    self._known[(fact.fingerprint, fact.starts_at)] = out[id(fact)] or ""
+        return out
+
+
+def _clusters(facts: list[AlertFact]) -> list[list[AlertFact]]:
+    """Alerts grouped by start time, each group spanning at most ``CLUSTER`` seconds."""
+    out: list[list[AlertFact]] = []
+    for fact in sorted(facts, key=lambda f: f.starts_at):
+        if out and (fact.starts_at - out[-1][0].starts_at).total_seconds() <= CLUSTER:
+            out[-1].append(fact)
+        else:
+            out.append([fact])
+    return out

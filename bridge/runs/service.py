@@ -1,0 +1,175 @@
+"""Turns a run key into its ``RunView``: the one assembly path every surface uses.
+
+The run's alerts are read from the store once, confirmed by Prometheus once (an alert Prometheus
+did not raise is listed apart and never diagnosed), diagnosed once; each issue gets its restart
+decision (``prometheus/remediation.py``, Prometheus read when configured) with the quarantine's
+decision from its audit log, the impacts the worker last measured (stored evidence: a view never
+measures), and the ended run's stored verdict as of the diagnosis now. Building a view never
+writes the store and never calls W&B, so pages may build as many as they are asked for.
+
+A new kind of evidence about a run plugs in the same way as the impacts: the worker computes it
+and stores it with ``Store.record_evidence(run, kind, json, now)``; ``view`` reads it back
+(``Store.evidence``) into a field of ``RunView``, and each surface renders that field.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, replace
+from datetime import timedelta
+
+from wandb_infra.bridge.diagnosis.impact import Impact
+from wandb_infra.bridge.diagnosis.outcome import Outcome
+from wandb_infra.bridge.diagnosis.outcome import judge as judge_outcome
+from wandb_infra.bridge.diagnosis.root_cause import DEFAULT_GAP, AlertFact, Diagnosis, diagnose
+from wandb_infra.bridge.diagnosis.verdict import NO_PROMETHEUS, NOT_ANSWERING, Policy
+from wandb_infra.bridge.ingest.store import OutboxRow, Store, from_iso
+from wandb_infra.bridge.prometheus.confirm import AlertConfirmer, Confirmation
+from wandb_infra.bridge.prometheus.remediation import (
+    NodeStateHistory,
+    Remediation,
+    remediations_for,
+)
+from wandb_infra.bridge.quarantine.actuator import Quarantine
+from wandb_infra.bridge.runs.view import IssueView, QuarantineView, RunView, Unconfirmed
+from wandb_infra.common.runkey import RunKey
+
+IMPACTS = "impacts"  # evidence kind: {issue key: Impact as a dict}
+RECENT_RUNS = 200  # the periodic passes look at most at this many recently active runs
+RECENT = 3 * 86400.0  # ... whose latest alert started within this time
+UNANSWERED = "not confirmed yet: Prometheus has not answered whether it raised this alert"
+
+
+class RunService:
+    """Builds run views from the store and the readers it is given (see module docstring)."""
+
+    def __init__(self, store: Store | None, *, confirmer: AlertConfirmer | None = None,
+                 history: NodeStateHistory | None = None, quarantine: Quarantine | None = None,
+                 gap: timedelta = DEFAULT_GAP, restart_policy: Policy | None = None,
+                 scheduler: str = "", wandb_enabled: bool = True,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.confirmer = confirmer
+        self.history = history
+        self.quarantine = quarantine
+        self.gap = gap
+        self.restart_policy = restart_policy or Policy()
+        self.scheduler = scheduler
+        self.wandb_enabled = wandb_enabled
+        self.clock = clock
+
+    def view(self, run: RunKey, *, remediate: bool = True) -> RunView | None:
+        """The run's view; None when the store holds neither alerts nor a verdict for it.
+        ``remediate`` False leaves out the restart decisions (``/runs`` rows show none)."""
+        assert self.store is not None, "a service without a store only assembles"
+        facts = self.store.facts(run)
+        ending = self.store.ending(run) if run.attributed else None
+        stored = None if ending is None or ending.outcome is None else Outcome.loads(
+            ending.outcome)
+        if not facts and stored is None:
+            return None
+        measured = self.store.evidence(run, IMPACTS) if run.attributed else None
+        impacts = None if measured is None else (
+            {k: Impact(**v) for k, v in json.loads(measured[0]).items()}, measured[1])
+        return self.assemble(run, self.confirm(facts), stored=stored, impacts=impacts,
+                             delivery=self.store.outbox(run), remediate=remediate,
+                             gpu_hours=self.store.gpu_hours(run) if run.attributed else None)
+
+    def confirm(self, facts: Sequence[AlertFact]) -> Confirmation:
+        """Which alerts Prometheus raised (all, unchecked, without a Prometheus)."""
+        return Confirmation.unchecked(facts) if self.confirmer is None or not facts \
+            else self.confirmer.confirm(facts)
+
+    def assemble(self, run: RunKey, confirmation: Confirmation, *, stored: Outcome | None = None,
+                 impacts: tuple[Mapping[str, Impact], float] | None = None,
+                 delivery: OutboxRow | None = None, gpu_hours: float | None = None,
+                 remediate: bool = True) -> RunView:
+        """A view from facts already read and confirmed (``explain`` reads them from
+        Prometheus' history rather than the store)."""
+        diagnosis = diagnose(confirmation.confirmed, self.gap)
+        remediations, read = self._remediations(diagnosis) if remediate else ({}, False)
+        issues = []
+        for issue in diagnosis.issues:
+            rem = remediations.get(issue.key)
+            quarantine = None
+            if self.quarantine is not None:
+                lines = [(d.outcome, d.text()) for d in self.quarantine.decisions(issue.key)]
+                quarantine = QuarantineView.of(lines, rem)
+                if lines and rem is not None:
+                    rem = replace(rem, action=quarantine.text)
+            issues.append(IssueView(issue, rem, None if impacts is None
+                                    else impacts[0].get(issue.key), quarantine))
+        unconfirmed = (*(Unconfirmed(f, why) for f, why in confirmation.refused),
+                       *(Unconfirmed(f, UNANSWERED) for f in confirmation.unanswered))
+        return RunView(
+            run, confirmation.confirmed, diagnosis, tuple(issues),
+            outcome=None if stored is None else judge_outcome(
+                diagnosis, stored.coverage, stored.ended_at, stored.how),
+            measured_at=None if impacts is None else impacts[1], unconfirmed=unconfirmed,
+            confirmation=_confirmation_text(confirmation), delivery=delivery,
+            wandb_enabled=self.wandb_enabled, node_state_read=read, gpu_hours_stored=gpu_hours)
+
+    def _remediations(self, diagnosis: Diagnosis) -> tuple[dict[str, Remediation], bool]:
+        """Issue key -> restart decision, and whether the hosts' state was read (else each
+        verdict says what it could decide without it)."""
+        rems = None if self.history is None else self.history.for_diagnosis(
+            diagnosis, self.restart_policy, scheduler=self.scheduler)
+        if rems is not None:
+            return rems, True
+        unread = NO_PROMETHEUS if self.history is None else NOT_ANSWERING
+        return remediations_for(diagnosis, self.restart_policy, None, self.clock(),
+                                scheduler=self.scheduler, unread=unread), self.history is None
+
+    def record_impacts(self, view: RunView, impacts: Mapping[str, Impact]) -> RunView:
+        """Store impacts the worker just measured (and the run's GPU-hours, for ``/runs`` and
+        ``/metrics``); returns the view showing them."""
+        assert self.store is not None
+        now = self.clock()
+        body = json.dumps({k: asdict(v) for k, v in impacts.items()}, sort_keys=True)
+        self.store.record_evidence(view.run, IMPACTS, body, now)
+        total = sum(i.gpu_hours for i in impacts.values())
+        self.store.record_gpu_hours(view.run, total, now)
+        return self.with_impacts(view, impacts, now)
+
+    @staticmethod
+    def with_impacts(view: RunView, impacts: Mapping[str, Impact], at: float) -> RunView:
+        """The view with impacts measured at ``at``."""
+        issues = tuple(replace(i, impact=impacts.get(i.issue.key)) for i in view.issues)
+        return replace(view, issues=issues, measured_at=at)
+
+    @staticmethod
+    def with_outcome(view: RunView, outcome: Outcome | None) -> RunView:
+        """The view with an ended run's verdict just judged (``explain``)."""
+        return replace(view, outcome=outcome)
+
+
+def _confirmation_text(confirmation: Confirmation) -> str:
+    if not confirmation.checked:
+        return "alerts not checked against Prometheus (no prometheus.url configured)"
+    return "every alert shown was confirmed by Prometheus' own ALERTS series"
+
+
+def recent_runs(store: Store, now: float, *, firing_only: bool = False) -> list[RunKey]:
+    """Attributed runs whose latest alert started within ``RECENT`` (at most ``RECENT_RUNS``,
+    most recent first): the runs the worker's and the quarantine's passes look at."""
+    return [run for run, _alerts, firing, last in store.runs(limit=RECENT_RUNS)
+            if run.attributed and (firing or not firing_only)
+            and from_iso(last).timestamp() >= now - RECENT]
+
+
+def offer_to_quarantine(runs: RunService, quarantine: Quarantine, now: float) -> int:
+    """One quarantine pass: the open issues of recently active runs whose restart decision lets
+    the hosts be taken out are offered to the quarantine, which checks its own limits. Only
+    alerts Prometheus confirmed make issues, so none of this runs without a Prometheus to ask
+    (a forged alert never drains a node). Returns the decisions made."""
+    if runs.confirmer is None or runs.store is None:
+        return 0
+    made = 0
+    for run in recent_runs(runs.store, now, firing_only=True):
+        view = runs.view(run)
+        for issue in () if view is None else view.issues:
+            if issue.issue.open and issue.remediation is not None and issue.remediation.drain:
+                made += len(quarantine.consider(issue.issue))
+    return made
