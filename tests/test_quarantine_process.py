@@ -16,8 +16,10 @@ import pytest
 import yaml
 
 from harness.bridge_payloads import alert, notification
+from harness.processes import prom_query, prometheus, wait_for
 from harness.wandb_standin import WandbStandin
 from tests.slurm_cluster import slurm_cluster, unavailable_reason
+from tests.views import rules_raising
 from wandb_infra.bridge.config import DEFAULTS, build_config
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.ingest.payload import parse_notification
@@ -46,12 +48,24 @@ def _config(tmp_path: Path) -> dict:
 
 
 def test_serve_never_acts_and_the_quarantine_process_does(slurm, tmp_path):
+    """The fault is raised by a real Prometheus rule, so the quarantine process (which acts
+    only on alerts Prometheus confirms it raised) takes the node out."""
+    fault = alert("GpuUncontainedEccError", category="gpu_hardware", host=slurm.node, gpu="1",
+                  run="r1", start=datetime.now(UTC) - timedelta(seconds=30), extra={"xid": "95"})
+    (tmp_path / "prom").mkdir()
+    (tmp_path / "prom" / "rules.yml").write_text(rules_raising([fault]))
+    with prometheus(f"global:\n  evaluation_interval: 1s\nrule_files: "
+                    f"['{tmp_path / 'prom' / 'rules.yml'}']\n", tmp_path / "prom") as prom:
+        wait_for(lambda: prom_query(prom.url, 'ALERTS{alertstate="firing"}'), 60, "the rule")
+        _serve_never_acts(slurm, tmp_path, fault, prom.url)
+
+
+def _serve_never_acts(slurm, tmp_path: Path, fault: dict, prom: str) -> None:
     raw = _config(tmp_path)
+    raw["prometheus"]["url"] = prom
     (tmp_path / "bridge.yaml").write_text(yaml.safe_dump(raw))
     store = Store(raw["store"]["path"])
-    store.ingest(parse_notification(json.dumps(notification([alert(
-        "GpuUncontainedEccError", category="gpu_hardware", host=slurm.node, gpu="1", run="r1",
-        start=datetime.now(UTC) - timedelta(seconds=30), extra={"xid": "95"})])).encode()))
+    store.ingest(parse_notification(json.dumps(notification([fault])).encode()))
     policy = build_config(raw).policy
     assert policy.quarantine_acts is False
     with WandbStandin() as wb:
@@ -81,6 +95,20 @@ def test_serve_never_acts_and_the_quarantine_process_does(slurm, tmp_path):
             assert f"Quarantine: quarantined {slurm.node}" in notes
         finally:
             slurm.run("scontrol", "update", f"NodeName={slurm.node}", "State=RESUME")
+
+
+def test_the_quarantine_process_refuses_without_prometheus(tmp_path):
+    """Nothing could be confirmed, so nothing may be drained: one clear line, exit 2."""
+    raw = _config(tmp_path)
+    (tmp_path / "bridge.yaml").write_text(yaml.safe_dump(raw))
+    done = subprocess.run(
+        [sys.executable, "-m", "wandb_infra.bridge.cli", "quarantine", "--once", "--config",
+         str(tmp_path / "bridge.yaml")], capture_output=True, text=True, timeout=60,
+        check=False)
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "wandb-infra-bridge quarantine: prometheus.url is not set: the quarantine acts only on "
+        "alerts Prometheus confirms it raised, and without it can confirm none")
 
 
 def test_the_quarantine_process_refuses_when_disabled(tmp_path):

@@ -18,7 +18,7 @@ from harness.exporter_process import running_exporter
 from harness.k8s_standin import K8sStandin, make_node
 from harness.processes import prom_query, prometheus, scrape_target, wait_for
 from harness.wandb_standin import WandbStandin
-from tests.views import remediation_data
+from tests.views import remediation_data, rules_raising
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.ingest.payload import parse_notification
 from wandb_infra.bridge.ingest.store import Store
@@ -32,8 +32,8 @@ from wandb_infra.bridge.quarantine.actuator import check
 from wandb_infra.common.runkey import RunKey
 
 pytestmark = pytest.mark.integration
-# These alerts name runs the canned Prometheus holds no join metrics for; placement checks are
-# tested in test_hardening_forged_runs.py, so the workers here run with confirm_alerts off.
+# These alerts name runs the canned Prometheus holds no join metrics for; confirmation by Prometheus
+# is tested in test_hardening_forged_runs.py; the quarantine's alert is raised by a real rule.
 
 
 def _scrape_config(*targets: str) -> str:
@@ -51,11 +51,17 @@ def test_quarantine_cordons_and_the_verdict_flips_through_prometheus(tmp_path):
                   "node_state": {"kubernetes": {"enabled": True, "api_server": k8s.url,
                                                 "token_file": str(token),
                                                 "interval_seconds": 0.3}}}
-        with running_exporter(config, tmp_path / "exporter") as url, \
-                prometheus(_scrape_config(url.removeprefix("http://")), tmp_path / "prom") as prom:
+        fault = alert("GpuFallenOffBus", category="gpu_hardware", host="gpu-02", gpu="5",
+                      run="r1", start=datetime.now(UTC) - timedelta(seconds=30))
+        (tmp_path / "prom").mkdir()
+        (tmp_path / "prom" / "rules.yml").write_text(rules_raising([fault]))
+        rules = f"rule_files: ['{tmp_path / 'prom' / 'rules.yml'}']\nscrape_configs:"
+        with running_exporter(config, tmp_path / "exporter") as url, prometheus(
+                _scrape_config(url.removeprefix("http://")).replace("scrape_configs:", rules),
+                tmp_path / "prom") as prom:
             wb.add_run("team", "proj", "r1")
             store = Store(tmp_path / "bridge.sqlite")
-            policy = DeliveryPolicy(confirm_alerts=False, flush_interval=0,
+            policy = DeliveryPolicy(flush_interval=0,
                                     node_state_refresh=0.3, quarantine={
                 **check(None), "enabled": True, "scheduler": "kubernetes", "dry_run": False,
                 "max_fraction": 0.5, "kubernetes": {"api_server": k8s.url,
@@ -69,8 +75,6 @@ def test_quarantine_cordons_and_the_verdict_flips_through_prometheus(tmp_path):
             wait_for(lambda: prom_query(prom.url, "count(count_over_time("
                                                   "wandb_infra_node_state[1m]) >= 3) == 4"),
                      what="three scrapes of the four nodes' state")
-            fault = alert("GpuFallenOffBus", category="gpu_hardware", host="gpu-02", gpu="5",
-                          run="r1", start=datetime.now(UTC) - timedelta(seconds=30))
             store.ingest(parse_notification(json.dumps(notification([fault])).encode()),
                          time.time())
 

@@ -14,6 +14,7 @@ import pytest
 from harness.bridge_payloads import alert, notification
 from harness.k8s_standin import K8sStandin, make_node
 from harness.wandb_standin import WandbStandin
+from tests.views import prometheus_raising
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.diagnosis.root_cause import Issue, diagnose
 from wandb_infra.bridge.ingest.payload import parse_notification
@@ -21,6 +22,8 @@ from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorker
 from wandb_infra.bridge.projection.wandb_client import WandbClient
+from wandb_infra.bridge.prometheus.client import PrometheusClient
+from wandb_infra.bridge.prometheus.run_lookup import PrometheusRunLookup
 from wandb_infra.bridge.quarantine.actuator import KubernetesActions, Quarantine, check
 from wandb_infra.common.configfile import ConfigError
 from wandb_infra.common.runkey import RunKey
@@ -151,21 +154,25 @@ def test_decision_shown_in_the_notes(k8s, tmp_path):
         policy = DeliveryPolicy(flush_interval=0, node_state_refresh=0.01, quarantine={
             **check(None), "enabled": True, "scheduler": "kubernetes",
             "kubernetes": {"api_server": k8s.url, "token": k8s.token}})
-        worker = DeliveryWorker(store, client=WandbClient(wb.url, wb.api_key, timeout=5),
-                                markers=None, links=GrafanaLinks(""), metrics=BridgeMetrics(),
-                                policy=policy)
-        ingest(store, [xid("gpu-05")])
-        worker.run_once()
-        worker._next_refresh = 0
-        worker.run_once()
+        with prometheus_raising([xid("gpu-05")]) as prom:
+            worker = DeliveryWorker(store, client=WandbClient(wb.url, wb.api_key, timeout=5),
+                                    markers=None, links=GrafanaLinks(""),
+                                    metrics=BridgeMetrics(), policy=policy,
+                                    lookup=PrometheusRunLookup(PrometheusClient(prom)))
+            ingest(store, [xid("gpu-05")])
+            worker.run_once()
+            worker._next_refresh = 0
+            worker.run_once()
+            view = worker.runs.view(RunKey("team", "proj", "r1"))
         notes = wb.run("team", "proj", "r1").notes.replace("\\", "")
     assert "Quarantine: dry run: would have quarantined gpu-05" in notes
     assert k8s.patches == []
     audit = (tmp_path / "quarantine-audit.jsonl").read_text().splitlines()
     assert [json.loads(a)["outcome"] for a in audit] == ["dry_run"]
-    data = worker.remediations(diagnose(store.facts(RunKey("team", "proj", "r1")),
-                                        timedelta(minutes=10)))
-    assert next(iter(data.values())).as_dict()["action"].startswith("dry run")
+    # the run page shows the same decision
+    assert view is not None
+    page = view.as_dict(lambda *_: "")["remediations"]
+    assert next(iter(page.values()))["quarantine"]["state"] == "dry run"
 
 
 def test_faults_that_need_only_a_restart_are_never_offered(k8s, tmp_path):
@@ -176,15 +183,18 @@ def test_faults_that_need_only_a_restart_are_never_offered(k8s, tmp_path):
     policy = DeliveryPolicy(flush_interval=0, node_state_refresh=0.01, quarantine={
         **check(None), "enabled": True, "scheduler": "kubernetes", "max_fraction": 1.0,
         "kubernetes": {"api_server": k8s.url, "token": k8s.token}})
-    worker = DeliveryWorker(store, client=None, markers=None, links=GrafanaLinks(""),
-                            metrics=BridgeMetrics(), policy=policy)
-    ingest(store, [
+    raised = [
         alert("GpuContainedEccError", category="gpu_hardware", host="gpu-01", gpu="3",
               run="r1", start=START, extra={"xid": "94"}),
         alert("GpuXidApplicationError", category="workload", host="gpu-02", gpu="1",
               run="r2", start=START, severity="warning", extra={"xid": "13"}),
-        xid("gpu-03", run="r3")])
-    worker.run_once()
+        xid("gpu-03", run="r3")]
+    with prometheus_raising(raised) as prom:
+        worker = DeliveryWorker(store, client=None, markers=None, links=GrafanaLinks(""),
+                                metrics=BridgeMetrics(), policy=policy,
+                                lookup=PrometheusRunLookup(PrometheusClient(prom)))
+        ingest(store, raised)
+        worker.run_once()
     audit = [json.loads(a) for a in
              (tmp_path / "quarantine-audit.jsonl").read_text().splitlines()]
     assert {a["host"] for a in audit} == {"gpu-03"}

@@ -60,3 +60,13 @@ def prometheus_raising(alerts: Sequence[Mapping[str, Any]]) -> Iterator[str]:
 
     with http_stub(answer) as address:
         yield f"http://{address}"
+
+
+def rules_raising(alerts: Sequence[Mapping[str, Any]]) -> str:
+    """A Prometheus rule file (1 s evaluation) that raises each of ``alerts`` with exactly its
+    labels, so a real Prometheus confirms them and nothing else."""
+    def labels(alert: Mapping[str, Any]) -> str:
+        return json.dumps({k: v for k, v in alert["labels"].items() if k != "alertname"})
+    rules = "".join(f"      - alert: {a['labels']['alertname']}\n        expr: vector(1)\n"
+                    f"        labels: {labels(a)}\n" for a in alerts)
+    return f"groups:\n  - name: raised\n    interval: 1s\n    rules:\n{rules}"

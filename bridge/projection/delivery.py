@@ -14,6 +14,7 @@ re-checked every ``node_state_refresh`` seconds and re-projected when that chang
 from __future__ import annotations
 
 import logging
+import math
 import random
 import re
 import threading
@@ -437,10 +438,14 @@ class DeliveryWorker:
         view = self.runs.view(run)
         if view is None:
             raise PermanentError("nothing stored for this run")
-        if any(u.reason == UNANSWERED for u in view.unconfirmed):
+        waiting = [u for u in view.unconfirmed if not u.final]
+        if any(u.reason == UNANSWERED for u in waiting) or (waiting and not view.facts):
             raise ConfirmationUnanswered("Prometheus has not confirmed the run's alerts yet")
         if view.unconfirmed and not view.facts and view.outcome is None:
             raise PermanentError(f"not written: {view.unconfirmed[0].reason}")
+        if waiting:  # written with what is confirmed; looked at again for the rest
+            self._settle_wake[run] = min(self._settle_wake.get(run, math.inf),
+                                         self.clock() + CONFIRM_RETRY)
         # Everything slow (Prometheus) happens before the run is read, so the read-to-write
         # window on the user's notes and tags is one W&B round trip.
         view = self.measure(view)
@@ -504,7 +509,7 @@ class DeliveryWorker:
         if plan.seen:
             self.store.add_markers(run, plan.seen, now)
         if plan.wake_at is not None:
-            self._settle_wake[run] = plan.wake_at
+            self._settle_wake[run] = min(plan.wake_at, self._settle_wake.get(run, math.inf))
         if not plan.rows:
             return
         try:

@@ -168,8 +168,7 @@ def _issue_block(n: int, view: IssueView, headline: bool, link_for: LinkFn, *,
     if rem is not None:
         lines += _remediation_lines(rem)
     if view.quarantine is not None:
-        lines.append(f"- Quarantine: {md_escape(view.quarantine.state)}: "
-                     f"{md_escape(view.quarantine.text, 1000)}")
+        lines.append(f"- Quarantine: {md_escape(view.quarantine.text, 1000)}")
     seen = _seen(issue)
     if seen:
         lines.append(f"- Already seen on this run: {md_escape(seen)}")

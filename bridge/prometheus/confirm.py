@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 # ALERTS carries the firing sample from the evaluation that sent the alert (its ``startsAt``);
 # the margins cover an HA pair's two evaluations and remote-write delays (vmalert).
-BEFORE, AFTER = 300.0, 300.0
+BEFORE, AFTER = 300.0, 120.0
 CLUSTER = 1800.0  # alerts starting within this span share one query
 MAX_REMEMBERED = 100_000
 _IGNORED = frozenset({"__name__", "alertstate"})
@@ -40,18 +40,20 @@ _IGNORED = frozenset({"__name__", "alertstate"})
 
 @dataclass(frozen=True)
 class Confirmation:
-    """A run's alerts split by what Prometheus said: raised, not raised (with the reason), and
-    not answered yet (Prometheus down, or the alert's window still open without its series)."""
+    """A run's alerts split by what Prometheus said: raised, not raised (with the reason), not
+    seen yet while the alert's window is still open (``pending``: asked again later), and not
+    answered (Prometheus down)."""
 
     confirmed: tuple[AlertFact, ...]
-    refused: tuple[tuple[AlertFact, str], ...]
-    unanswered: tuple[AlertFact, ...]
+    refused: tuple[tuple[AlertFact, str], ...] = ()
+    pending: tuple[AlertFact, ...] = ()
+    unanswered: tuple[AlertFact, ...] = ()
     checked: bool = True  # False: no Prometheus to ask, every alert is taken as it came
 
     @staticmethod
     def unchecked(facts: Sequence[AlertFact]) -> Confirmation:
         """Without Prometheus: nothing refused, nothing confirmed by it either."""
-        return Confirmation(tuple(facts), (), (), checked=False)
+        return Confirmation(tuple(facts), checked=False)
 
 
 def matches(series: Mapping[str, str], fact: AlertFact) -> bool:
@@ -71,7 +73,7 @@ class AlertConfirmer:
 
     def confirm(self, facts: Sequence[AlertFact]) -> Confirmation:
         """Split ``facts`` (one run's alerts) into confirmed, refused and unanswered."""
-        answers: dict[int, str | None] = {}
+        answers: dict[int, str | bool | None] = {}
         todo = []
         with self._lock:
             for fact in facts:
@@ -82,19 +84,22 @@ class AlertConfirmer:
                     answers[id(fact)] = known
         for cluster in _clusters(todo):
             answers.update(self._ask(cluster))
-        confirmed, refused, unanswered = [], [], []
+        confirmed, refused, pending, unanswered = [], [], [], []
         for fact in facts:
             answer = answers.get(id(fact))
             if answer is None:
                 unanswered.append(fact)
-            elif answer:
+            elif answer is False:
+                pending.append(fact)
+            elif isinstance(answer, str) and answer:
                 refused.append((fact, answer))
             else:
                 confirmed.append(fact)
-        return Confirmation(tuple(confirmed), tuple(refused), tuple(unanswered))
+        return Confirmation(tuple(confirmed), tuple(refused), tuple(pending), tuple(unanswered))
 
-    def _ask(self, cluster: list[AlertFact]) -> dict[int, str | None]:
-        """One query for alerts starting close together; None for each while unanswered."""
+    def _ask(self, cluster: list[AlertFact]) -> dict[int, str | bool | None]:
+        """One query for alerts starting close together: "" raised, the reason it was not,
+        False not seen while its window is open, None unanswered."""
         now = self.clock()
         start = min(f.starts_at.timestamp() for f in cluster) - BEFORE
         end = max(f.starts_at.timestamp() for f in cluster) + AFTER
@@ -111,7 +116,7 @@ class AlertConfirmer:
         except PrometheusError as exc:
             log.warning("alert confirmation not answered: %s", str(exc)[:200])
             return {id(f): None for f in cluster}
-        out: dict[int, str | None] = {}
+        out: dict[int, str | bool | None] = {}
         for fact in cluster:
             if any(matches(series, fact) for series in raised):
                 out[id(fact)] = ""
@@ -121,12 +126,13 @@ class AlertConfirmer:
                                  f"alert's labels around its start, {at_text} UTC (sent to "
                                  "Alertmanager by someone else, or relabelled on the way)")
             else:  # its series may not be written yet (remote write): asked again later
-                out[id(fact)] = None
-            if out[id(fact)] is not None:
+                out[id(fact)] = False
+            answer = out[id(fact)]
+            if isinstance(answer, str):
                 with self._lock:
                     if len(self._known) >= MAX_REMEMBERED:
                         self._known.clear()
-                    self._known[(fact.fingerprint, fact.starts_at)] = out[id(fact)] or ""
+                    self._known[(fact.fingerprint, fact.starts_at)] = answer
         return out
 
 

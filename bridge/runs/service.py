@@ -40,6 +40,8 @@ IMPACTS = "impacts"  # evidence kind: {issue key: Impact as a dict}
 RECENT_RUNS = 200  # the periodic passes look at most at this many recently active runs
 RECENT = 3 * 86400.0  # ... whose latest alert started within this time
 UNANSWERED = "not confirmed yet: Prometheus has not answered whether it raised this alert"
+PENDING = ("not confirmed yet: Prometheus holds no firing series of it so far (asked again "
+           "until its window closes)")
 
 
 class RunService:
@@ -101,8 +103,9 @@ class RunService:
                     rem = replace(rem, action=quarantine.text)
             issues.append(IssueView(issue, rem, None if impacts is None
                                     else impacts[0].get(issue.key), quarantine))
-        unconfirmed = (*(Unconfirmed(f, why) for f, why in confirmation.refused),
-                       *(Unconfirmed(f, UNANSWERED) for f in confirmation.unanswered))
+        unconfirmed = (*(Unconfirmed(f, why, True) for f, why in confirmation.refused),
+                       *(Unconfirmed(f, PENDING, False) for f in confirmation.pending),
+                       *(Unconfirmed(f, UNANSWERED, False) for f in confirmation.unanswered))
         return RunView(
             run, confirmation.confirmed, diagnosis, tuple(issues),
             outcome=None if stored is None else judge_outcome(

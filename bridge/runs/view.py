@@ -97,6 +97,7 @@ class Unconfirmed:
 
     fact: AlertFact
     reason: str
+    final: bool  # Prometheus said it did not raise it (else: not yet known)
 
 
 @dataclass(frozen=True)
@@ -196,7 +197,7 @@ class RunView:
             "entity": self.run.entity, "project": self.run.project, "run_id": self.run.run_id,
             "wandb": self.delivery_status(),
             "issues": [_issue(i, link_for) for i in self.issues],
-            "unconfirmed": [{"alert": _fact(u.fact, ""), "reason": u.reason}
+            "unconfirmed": [{"alert": _fact(u.fact, ""), "reason": u.reason, "final": u.final}
                             for u in self.unconfirmed],
             "confirmation": self.confirmation,
         }
