@@ -505,6 +505,7 @@ def decide(issue: Issue, policy: Policy, *, timelines: Mapping[str, Timeline] | 
                         exclude(hosts, scheduler), tuple(hosts), spec.out_of_service is True)
     since = onset(issue)
     safe: list[str] = []
+    repaired: dict[str, str] = {}  # host -> how it was repaired (or returned by an operator)
     risky: list[tuple[str, str, str]] = []  # (in | none, host, sentence)
     missing: list[str] = []
     for host in hosts:
@@ -516,10 +517,12 @@ def decide(issue: Issue, policy: Policy, *, timelines: Mapping[str, Timeline] | 
                                   now=now, policy=policy)
         if status == DONE:
             safe.append(done_text)
+            repaired[host] = done_text
         elif state == "out":
             safe.append(pool_text)
         elif state == "returned" and status != PENDING:
             safe.append(f"{pool_text} (treated as repaired by the operator)")
+            repaired[host] = safe[-1]
         elif state == "none":
             risky.append(("none", host, f"{done_text}; no scheduler state for {host} (enable "
                                         "the exporter's node_state source, or scrape "
@@ -553,5 +556,10 @@ def decide(issue: Issue, policy: Policy, *, timelines: Mapping[str, Timeline] | 
         detail = "; ".join([head, *(t for _, _, t in risky), *safe])
         return Decision(UNKNOWN, need, _and(detail, need.policy), text,
                         exclude(names, scheduler), tuple(hosts), True)
+    if repaired:  # nothing left to reset, drain or exclude on what was repaired
+        rest = [h for h in hosts if h not in repaired]
+        text = (f"Done: {'; '.join(repaired.values())}. Restart the job from its last "
+                "checkpoint" + (f" without {', '.join(rest)} (out of the pool until repaired)."
+                                if rest else "; the repaired node can take it again."))
     return Decision(SAFE, need, _and("; ".join([head, *safe]), need.policy), text, "",
                     tuple(hosts), False)
