@@ -8,6 +8,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -80,7 +81,9 @@ def build(raw: Mapping[str, Any]) -> tuple[web.Application, list[str]]:
     grace = float(cfg["grace_seconds"])
     store = RegistrationStore(max_entries=reg_cfg["max_entries"],
                               max_series=reg_cfg["max_series"],
-                              max_series_per_owner=reg_cfg["max_series_per_token"])
+                              max_series_per_owner=reg_cfg["max_series_per_token"],
+                              state_file=Path(reg_cfg["state_file"]) if reg_cfg["enabled"]
+                              and reg_cfg["state_file"] else None)
     live = [(REGISTRATION_SOURCE, store.active)] if reg_cfg["enabled"] else []
     merger = PlacementMerger(mapper, grace_seconds=grace, live_sources=live,
                              live_version=store.version)

@@ -67,6 +67,10 @@ SCHEMA = Section({
         "max_series_per_token": Key("int", 1000, "the same bound per auth.host_tokens entry, so "
                                     "one node's token cannot fill the store for every other "
                                     "node (auth.token is bounded by max_series only)", above=0),
+        "state_file": Key("str", "/var/lib/wandb-infra-exporter/registrations.json",
+                          "where registrations are saved (at most once a second, and at "
+                          "shutdown) and restored from at start with the rest of their TTL; "
+                          "empty: memory only, a restart forgets them"),
     }, help="HTTP registrations (Slurm prolog/epilog, wandb_infra.exporter.client)"),
     "hostnames": hostnames.SCHEMA,
     "sources": Section({

@@ -10,21 +10,35 @@ Payload (JSON object)::
 A registration lives for ``ttl_seconds`` (default from config, capped); re-posting the same
 run+host is the heartbeat that extends it. Unknown fields and wrong types are rejected with the
 reason, so a typo never silently registers something else.
+
+Registrations survive a restart: the store is written to ``registrations.state_file`` (JSON
+lines, atomically, at most once a second while something changed, and at shutdown) and read
+back at start, each entry with the rest of its TTL, through the same validation and bounds as a
+POST. A kill -9 loses at most the last second's changes; a Slurm prolog's 7-day registration
+made once is not lost with the process.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import os
 import re
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from wandb_infra.common import labels
 from wandb_infra.common.labels import NAME_CHARS, RUN_ID_CHARS
+from wandb_infra.common.logsetup import log_fields
 from wandb_infra.common.runkey import RunKey
 from wandb_infra.exporter.model import Gpu, RunPlacement
+
+log = logging.getLogger(__name__)
+STATE_FORMAT = 1  # the state file's first line: {"format": 1}
 
 # Always applied with ``fullmatch``: ``$`` also matches before a trailing newline, so "run\n" would
 # pass ``match`` and be published as a label value of its own.
@@ -148,7 +162,8 @@ class RegistrationStore:
     leave every other node's prolog with 503s until its entries expire."""
 
     def __init__(self, max_entries: int = 100_000, clock: Callable[[], float] = time.time,
-                 max_series: int = 180_000, max_series_per_owner: int = 1_000) -> None:
+                 max_series: int = 180_000, max_series_per_owner: int = 1_000,
+                 state_file: Path | None = None) -> None:
         self.max_entries = max_entries
         self.max_series = max_series
         self.max_series_per_owner = max_series_per_owner
@@ -159,6 +174,11 @@ class RegistrationStore:
         self._owned: Counter[Hashable] = Counter()
         self._version = 0
         self._next_expiry = float("inf")
+        self.state_file = state_file
+        self._changes = 0  # every put and delete, heartbeats included (their expiry moved)
+        self._saved = 0
+        self._save_lock = threading.Lock()
+        self.save_failing = False
 
     def put(self, placement: RunPlacement, ttl: float, owner: Hashable | None = None) -> bool:
         """Add or refresh, charged to ``owner`` (None: no per-owner quota); returns True when
@@ -191,6 +211,7 @@ class RegistrationStore:
             self._next_expiry = min(self._next_expiry, expires)
             if old is None or old.placement != placement:
                 self._version += 1
+            self._changes += 1
             return old is None
 
     def _release(self, entry: _Entry) -> None:
@@ -208,6 +229,7 @@ class RegistrationStore:
                 self._drop(key)
             if keys:
                 self._version += 1
+                self._changes += 1
             return len(keys)
 
     def _drop(self, key: tuple[RunKey, str]) -> None:
@@ -241,3 +263,92 @@ class RegistrationStore:
     def __len__(self) -> int:
         with self._lock:
             return len(self._entries)
+
+    # persistence ---------------------------------------------------------------------------
+    def save(self) -> bool:
+        """Write the live registrations to the state file if anything changed since the last
+        write (atomically: a temporary file, fsync, rename); False when it could not be written
+        (logged; the registrations stay in memory and the next call tries again)."""
+        if self.state_file is None:
+            return True
+        with self._save_lock:
+            with self._lock:
+                self._expire()
+                changes = self._changes
+                if changes == self._saved and self.state_file.exists():
+                    return True
+                entries = list(self._entries.values())  # references: cheap under the lock
+            tmp = self.state_file.with_name(self.state_file.name + ".tmp")
+            try:
+                self.state_file.parent.mkdir(parents=True, exist_ok=True)
+                with tmp.open("w", encoding="utf-8") as handle:
+                    handle.write(json.dumps({"format": STATE_FORMAT}) + "\n")
+                    for entry in entries:
+                        handle.write(json.dumps(_state_line(entry)) + "\n")
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                os.replace(tmp, self.state_file)
+            except OSError as exc:
+                if not self.save_failing:  # once per failing streak, not once a second
+                    log.error("registrations not saved; they live in memory until the state "
+                              "file can be written", extra=log_fields(
+                                  state_file=str(self.state_file), error=str(exc)))
+                self.save_failing = True
+                return False
+            if self.save_failing:
+                log.info("registrations saved again", extra=log_fields(
+                    state_file=str(self.state_file)))
+            self._saved, self.save_failing = changes, False
+            return True
+
+    def restore(self) -> None:
+        """Read the registrations a previous process saved, each with the rest of its TTL,
+        validated as a POST is and within the store's bounds; a bad line is skipped and
+        counted, never fatal."""
+        path = self.state_file
+        if path is None:
+            return
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except FileNotFoundError:
+            return
+        except (OSError, UnicodeDecodeError) as exc:
+            log.error("registrations state file unreadable; starting without it",
+                      extra=log_fields(state_file=str(path), error=str(exc)))
+            return
+        now, loaded, bad, expired, full = self.clock(), 0, 0, 0, 0
+        for line in lines[1:]:
+            try:
+                data = json.loads(line)
+                remaining = float(data.pop("expires")) - now
+                source = str(data.pop("source"))
+                if remaining <= 0:
+                    expired += 1
+                    continue
+                placement, ttl = parse_registration({**data, "ttl_seconds": remaining}, source,
+                                                    remaining, float("inf"))
+            except (ValueError, TypeError, KeyError, AttributeError):
+                bad += 1
+                continue
+            try:
+                self.put(placement, ttl)
+                loaded += 1
+            except OverflowError:
+                full += 1
+        log.info("registrations restored", extra=log_fields(
+            state_file=str(path), restored=loaded, expired=expired, invalid=bad,
+            over_bounds=full))
+
+
+def _state_line(entry: _Entry) -> dict[str, object]:
+    """One registration as the state file holds it: the POST body's fields, its source and
+    when it expires."""
+    p = entry.placement
+    extra = dict(p.extra)
+    return {"entity": p.run.entity, "project": p.run.project, "run_id": p.run.run_id,
+            "hostname": p.host, "run_name": p.run_name,
+            "gpus": [{k: v for k, v in (("index", int(g.index) if g.index else None),
+                                        ("uuid", g.uuid)) if v not in (None, "")}
+                     for g in p.gpus],
+            **{field: extra[label] for field, label in EXTRA.items() if label in extra},
+            "source": p.source, "expires": entry.expires}

@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 MAX_BODY = 64 * 1024
 REGISTRATION_SOURCE = "registrations"
+SAVE_SECONDS = 1.0  # registrations are saved at most this often (a kill -9 loses this much)
 # Level 1: most of the size gain for a fraction of level 6's CPU on a multi-megabyte body.
 GZIP_LEVEL = 1
 LANDING_PAGE = f"""<!doctype html>
@@ -251,5 +252,25 @@ def build_app(merger: PlacementMerger, store: RegistrationStore, sources: Sequen
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
+    async def persist(_app: web.Application) -> AsyncIterator[None]:
+        """Restore the saved registrations before serving; save changes once a second (off
+        the loop), and once more at exit."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, store.restore)
+
+        async def every_second() -> None:
+            while True:
+                await asyncio.sleep(SAVE_SECONDS)
+                await loop.run_in_executor(None, store.save)
+
+        task = asyncio.create_task(every_second())
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await loop.run_in_executor(None, store.save)
+
     app.cleanup_ctx.append(pollers)
+    if registrations and store.state_file is not None:
+        app.cleanup_ctx.append(persist)
     return app

@@ -24,7 +24,10 @@ def running_exporter(config: Mapping[str, Any], workdir: Path, port: int | None 
     workdir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     path = workdir / "exporter.yaml"
-    path.write_text(yaml.safe_dump({**config, "listen": f"127.0.0.1:{port}"}))
+    registrations = {"state_file": str(workdir / "registrations.json"),
+                     **config.get("registrations", {})}  # never the shared default path
+    path.write_text(yaml.safe_dump({**config, "listen": f"127.0.0.1:{port}",
+                                    "registrations": registrations}))
     with running([EXPORTER, "--config", str(path)], workdir, "exporter", port, "/healthz",
                  env=env) as service:
         yield service.url
