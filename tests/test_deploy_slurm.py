@@ -22,6 +22,7 @@ import pytest
 import requests
 import yaml
 
+from harness import processes
 from harness.exporter_process import metric_samples, running_exporter
 from harness.processes import PROMTOOL, free_port, wait_for
 from tests.slurm_cluster import SHIPPED_HOOKS, SlurmCluster, slurm_cluster, unavailable_reason
@@ -311,3 +312,84 @@ def test_site_rules_as_the_guide_generates_them(tmp_path):
                            text=True, timeout=300, check=False)
     assert check.returncode == 0, check.stdout + check.stderr
     assert (ROOT / "alert_rules" / "wandb-infra.rules.yml").read_text() != rules.read_text()
+
+
+def _unit_command(name: str, config: Path) -> list[str]:
+    """A deploy/systemd unit's ExecStart, with this checkout's virtualenv and ``config``."""
+    unit = (ROOT / "deploy" / "systemd" / f"{name}.service").read_text()
+    command = shlex.split(re.search(r"^ExecStart=(.*)$", unit, re.M).group(1))
+    command[0] = str(Path(sys.executable).parent / Path(command[0]).name)
+    command[command.index("--config") + 1] = str(config)
+    return command
+
+
+def test_the_guides_units_give_restart_verdicts_from_the_nodes_state(site, tmp_path):
+    """The guide followed where systemd cannot run: the bridge and the quarantine started with
+    their units' commands and the example configuration as the guide edits it, a Prometheus
+    scraping the guide's exporter; a run's GPU fault gets a restart verdict that reads the
+    node's Slurm state, not "unknown"."""
+    slurm = site.slurm
+    token = tmp_path / "webhook-token"
+    token.write_text(secrets.token_hex(24))
+    port = free_port()
+    prom_config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                   "scrape_configs": [{"job_name": "wandb-infra-exporter", "static_configs": [
+                       {"targets": [site.central_url.removeprefix("http://")]}]}]}
+    with processes.prometheus(yaml.safe_dump(prom_config), tmp_path / "prometheus") as prom:
+        config = yaml.safe_load((ROOT / "deploy" / "bridge.example.yaml").read_text())
+        config["listen"]["port"] = port
+        config["auth"]["bearer_token_file"] = str(token)
+        config["store"]["path"] = str(tmp_path / "state" / "bridge.sqlite")
+        config["wandb"].pop("api_key_file")
+        # no GPU here, so no rule raises the alert: the test posts it, and the bridge is told
+        # not to look for it in Prometheus' ALERTS
+        config["prometheus"].update(url=prom.url, node_state_refresh_seconds=1,
+                                    verify_run_placement=False)
+        config["quarantine"].update(enabled=True, dry_run=True)
+        (tmp_path / "state").mkdir()
+        (tmp_path / "bridge.yaml").write_text(yaml.safe_dump(config))
+        bridge_command = _unit_command("wandb-infra-bridge", tmp_path / "bridge.yaml")
+        with processes.running(bridge_command, tmp_path / "state", "bridge", port, "/healthz"):
+            quarantine = subprocess.Popen(
+                _unit_command("wandb-infra-quarantine", tmp_path / "bridge.yaml"),
+                cwd=tmp_path / "state", stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            sub = wandb_sbatch(slurm, "--entity", "acme", "--project", "llm", "--run-id",
+                               "verdict-1", "--gres=gpu:1", "--parsable", "--chdir",
+                               str(tmp_path), "-o", "/dev/null", "--wrap", "sleep 300")
+            assert sub.returncode == 0, sub.stderr
+            job = sub.stdout.strip()
+            try:
+                wait_for(lambda: processes.prom_query(
+                    prom.url, 'wandb_run_node_info{wandb_run_id="verdict-1"}'), 30)
+                wait_for(lambda: processes.prom_query(prom.url, STATE), 30)
+                alert = {"status": "firing", "startsAt": "2026-12-03T10:00:00Z",
+                         "endsAt": "0001-01-01T00:00:00Z", "fingerprint": "0123456789abcdef",
+                         "annotations": {"summary": "x"}, "labels": {
+                             "alertname": "GpuUncontainedEccError", "severity": "critical",
+                             "category": "gpu_hardware", "hostname": slurm.node, "gpu": "0",
+                             "xid": "95", "wandb_entity": "acme", "wandb_project": "llm",
+                             "wandb_run_id": "verdict-1"}}
+                body = {"version": "4", "status": "firing", "receiver": "wandb.bridge",
+                        "groupKey": "g", "truncatedAlerts": 0, "groupLabels": {},
+                        "commonLabels": {}, "commonAnnotations": {}, "externalURL": "",
+                        "alerts": [alert]}
+                auth = {"Authorization": f"Bearer {token.read_text()}"}
+                url = f"http://127.0.0.1:{port}"
+                requests.post(url + "/alertmanager", json=body, headers=auth,
+                              timeout=10).raise_for_status()
+
+                def verdict() -> dict | None:
+                    view = requests.get(url + "/runs/acme/llm/verdict-1", timeout=10,
+                                        headers={**auth, "Accept": "application/json"}).json()
+                    rem = view.get("remediation") or {}
+                    return rem if rem.get("verdict") not in (None, "unknown") else None
+
+                rem = wait_for(verdict, 60, "a restart verdict with the node's state")
+                assert rem["verdict"] == "unsafe", rem
+                assert f"{slurm.node} is schedulable" in rem["detail"], rem
+                assert quarantine.poll() is None, quarantine.stderr.read().decode()[-2000:] \
+                    if quarantine.stderr else ""
+            finally:
+                slurm.run("scancel", job)
+                quarantine.terminate()
+                quarantine.wait(10)
