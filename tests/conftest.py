@@ -101,6 +101,6 @@ def _start_rank(item: pytest.Item) -> int:
     all of them."""
     module = getattr(getattr(item, "module", None), "__name__", "")
     for rank, name in enumerate(FIRST):
-        if name == module or (name.endswith(".yml") and f"[{name}-" in item.nodeid):
+        if name == module or (name.endswith(".yml") and f"[{name}]" in item.nodeid):
             return rank
     return len(FIRST)

@@ -81,10 +81,13 @@ def _fact(name: str, host: str, gpu: str, started: datetime, *, xid: int | None 
                      gpu=gpu, labels=labels)
 
 
-def verdict(url: str, *facts: AlertFact) -> Remediation:
+def verdict(url: str, *facts: AlertFact, at: float | None = None) -> Remediation:
+    """The restart verdict now, or as it was at ``at`` (a test reading a moment that a busy
+    machine may already have left behind, such as a link back for less than the settle time)."""
     diagnosis = diagnose(list(facts), timedelta(minutes=10))
-    rems = NodeStateHistory(PrometheusClient(url), cache_seconds=0).for_diagnosis(diagnosis, POLICY,
-                                                                scheduler="slurm")
+    history = NodeStateHistory(PrometheusClient(url), cache_seconds=0,
+                               clock=time.time if at is None else lambda: at)
+    rems = history.for_diagnosis(diagnosis, POLICY, scheduler="slurm")
     assert rems is not None
     (rem,) = rems.values()
     return rem
@@ -171,6 +174,7 @@ def test_link_back_and_stable_for_the_settle_time(world):
     assert rem.verdict == "unsafe" and "the fault on gpu-node-003 is still present" in rem.detail
     cluster.clear(host, kind="ib_down", device=device)
     back = wait_for(lambda: link_alert(False), 120, "InfinibandLinkDown resolved", 0.5)
-    early = verdict(url, back)
+    assert back.ends_at is not None
+    early = verdict(url, back, at=back.ends_at.timestamp() + SETTLE / 4)
     assert early.verdict == "unsafe" and "to see it stay clear" in early.detail
     until(url, [back], "safe", "and stayed clear")
