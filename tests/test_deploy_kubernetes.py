@@ -254,6 +254,12 @@ def test_alertmanagerconfig_sends_run_alerts_to_the_bridge_with_its_secret_token
         plain["matchers"]
     assert route["groupBy"] == plain["group_by"]
     assert route["continue"] is True
+    assert [{"source_matchers": [f'{m["name"]}{m["matchType"]}"{m["value"]}"'
+                                 for m in rule["sourceMatch"]],
+             "target_matchers": [f'{m["name"]}{m.get("matchType", "=")}"{m["value"]}"'
+                                 for m in rule["targetMatch"]],
+             "equal": rule["equal"]} for rule in amc["spec"]["inhibitRules"]] == \
+        example["inhibit_rules"]
     hook = amc["spec"]["receivers"][0]["webhookConfigs"][0]
     assert hook["sendResolved"] is True and hook["maxAlerts"] == 0
     url = urlparse(hook["url"])
