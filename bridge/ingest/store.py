@@ -180,8 +180,18 @@ def _insert(rows: int) -> str:
             "VALUES " + values)
 
 
+# Alertmanager's life cycle (its alert store merges an alert into the stored one of its
+# fingerprint when their intervals overlap, and replaces it otherwise:
+# github.com/prometheus/alertmanager, provider/mem/mem.go Put): a resolve names a fingerprint from its startsAt to its endsAt, so it closes every firing row
+# of that fingerprint starting within that span (an HA Prometheus pair's two startsAt values
+# are one alert) and none starting after it (a later firing).
 _RESOLVE = ("UPDATE alerts SET status='resolved', ends_at=?, updated_at=? WHERE entity=? AND "
-            "project=? AND run_id=? AND starts_at=? AND fingerprint=? AND status='firing'")
+            "project=? AND run_id=? AND starts_at BETWEEN ? AND ? AND fingerprint=? AND "
+            "status='firing'")
+# The same alert firing again after it was resolved (a resolve Alertmanager was sent by anyone
+# through its open API, then Prometheus' next re-send merged it back): it is open again.
+_REOPEN = ("UPDATE alerts SET status='firing', ends_at=NULL, updated_at=? WHERE entity=? AND "
+           "project=? AND run_id=? AND starts_at=? AND fingerprint=? AND status='resolved'")
 # The unattributed alerts: the empty run key, a prefix of the primary key.
 _UNATTRIBUTED = "entity='' AND project='' AND run_id=''"
 _RUN = operator.attrgetter("run")
@@ -584,19 +594,34 @@ class Store:
             for i in indices:
                 alert = alerts[i]
                 if alert.status == "resolved" and alert.ends_at is not None:
-                    yield (iso(alert.ends_at), now, *run, texts[alert.starts_at],
-                           alert.fingerprint)
+                    ends = iso(alert.ends_at)
+                    yield (ends, now, *run, texts[alert.starts_at], ends, alert.fingerprint)
+
+        # an alert both firing and resolved in one body is resolved (never reopened)
+        closing = {(a.fingerprint, a.starts_at) for a in alerts if a.status == "resolved"} \
+            if resolving else set()
+
+        def reopenings(run: RunKey, indices: Sequence[int]) -> Iterator[tuple]:
+            for i in indices:
+                alert = alerts[i]
+                if alert.status == "firing" and (alert.fingerprint, alert.starts_at) \
+                        not in closing:
+                    yield (now, *run, texts[alert.starts_at], alert.fingerprint)
 
         new = resolved = 0
         changed: list[RunKey] = []
         with self._tx() as conn:
             for run, indices in by_run.items():
                 added = inserts(conn, run, indices)
+                # only where a firing alert was already stored (a re-send): nothing to reopen
+                # in a notification whose alerts were all new
+                reopened = conn.executemany(_REOPEN, reopenings(run, indices)).rowcount \
+                    if added < len(indices) else 0
                 closed = conn.executemany(_RESOLVE, resolutions(run, indices)).rowcount \
                     if resolving else 0
                 new += added
                 resolved += max(closed, 0)
-                if added or closed > 0:
+                if added or closed > 0 or reopened > 0:
                     changed.append(run)
             for run in changed:
                 self._bump(conn, run, now)
@@ -641,7 +666,8 @@ class Store:
                          f"AND {_UNATTRIBUTED}", (fact.fingerprint, start))
 
     def propagate_resolutions(self, now: float | None = None) -> int:
-        """Close looked-up copies whose unattributed original has since resolved."""
+        """Close looked-up copies whose unattributed original has since resolved, and reopen
+        those whose original fires again."""
         now = time.time() if now is None else now
         with self._tx() as conn:
             rows = conn.execute(
@@ -657,7 +683,17 @@ class Store:
                     (r["ends_at"], now, r["fingerprint"], r["starts_at"], r["entity"],
                      r["project"], r["run_id"]))
                 self._bump(conn, RunKey(r["entity"], r["project"], r["run_id"]), now)
-        return len(rows)
+            reopened = conn.execute(
+                "SELECT c.entity, c.project, c.run_id, c.fingerprint, c.starts_at "
+                "FROM alerts o JOIN alerts c ON c.fingerprint=o.fingerprint AND "
+                "c.starts_at=o.starts_at AND c.lookup_done=1 AND c.entity!='' "
+                "WHERE o.entity='' AND o.project='' AND o.run_id='' AND o.status='firing' "
+                "AND c.status='resolved'").fetchall()
+            for r in reopened:  # the original fires again (_REOPEN): so do its copies
+                conn.execute(_REOPEN, (now, r["entity"], r["project"], r["run_id"],
+                                       r["starts_at"], r["fingerprint"]))
+                self._bump(conn, RunKey(r["entity"], r["project"], r["run_id"]), now)
+        return len(rows) + len(reopened)
 
     # reads ----------------------------------------------------------------------------------
     def facts(self, run: RunKey) -> list[AlertFact]:
