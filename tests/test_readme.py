@@ -11,6 +11,8 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from wandb_infra.bridge.diagnosis.report import render_run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,6 +63,7 @@ def test_every_relative_link_resolves_inside_the_repository():
     assert broken == []
 
 
+@pytest.mark.integration
 def test_no_development_log_wording_in_the_project():
     found = subprocess.run(["git", "grep", "-nIE", r"[Ii]ssues? #?[0-9]{2,}\b|\bround (one|two|"
                             r"three|four|five)\b", "--", ".", ":!tests/data"],
