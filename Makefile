@@ -34,13 +34,15 @@ lint: venv
 	$(BIN)/mypy $(foreach p,$(PACKAGED),-p wandb_infra.$(p)) -p demo
 
 # Every generated file, in dependency order (the Kubernetes copies read the rule manifest and the
-# dashboards; the tables of docs/restart.md and docs/figures.md come last); tests/test_generated.py checks in one test that all of them are current.
+# dashboards; the tables of docs/restart.md and docs/figures.md, then the README's demo sample (the
+# saved view rendered by the current code), come last); tests/test_generated.py checks in one test that all of them are current.
 generate: venv
 	$(BIN)/python -m wandb_infra.alert_rules.generate
 	$(BIN)/python -m wandb_infra.dashboards.generate
 	$(BIN)/python deploy/kubernetes/render.py
 	$(BIN)/python -m tests.rules.build
 	$(BIN)/python -m tests.readme_tables
+	$(BIN)/python -m tests.test_readme
 
 # Both cores: two workers, each test file on one worker (a file's module fixtures, e.g. a running
 # stack, stay shared by its tests) except the files tests/conftest.py spreads test by test (the
