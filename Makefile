@@ -34,8 +34,9 @@ lint: venv
 	$(BIN)/mypy $(foreach p,$(PACKAGED),-p wandb_infra.$(p)) -p demo
 
 # Every generated file, in dependency order (the Kubernetes copies read the rule manifest and the
-# dashboards; the tables of docs/restart.md and docs/figures.md, then the README's demo sample (the
-# saved view rendered by the current code), come last); tests/test_generated.py checks in one test that all of them are current.
+# dashboards; the tables of docs/restart.md and docs/figures.md, then the README's demo sample, the
+# saved view rendered by the current code, come last). tests/test_generated.py checks in one test
+# that all but the sample are current; tests/test_readme.py checks the sample.
 generate: venv
 	$(BIN)/python -m wandb_infra.alert_rules.generate
 	$(BIN)/python -m wandb_infra.dashboards.generate
