@@ -525,7 +525,8 @@ class DeliveryWorker:
         """A W&B alert for each new critical root cause Prometheus confirmed it raised (none
         without a Prometheus to ask), its text from the catalog and the bridge's own decision,
         never from alert-supplied prose or URLs (annotations can be forged through
-        Alertmanager's API and would reach the run owner's Slack or e-mail)."""
+        Alertmanager's API and would reach the run owner's Slack or e-mail). Sent at most
+        once; a failure never fails the projection."""
         if not self.policy.notify_critical or self.client is None or \
                 self.runs.confirmer is None:
             return
@@ -546,6 +547,15 @@ class DeliveryWorker:
                 rem.advice if rem is not None else "",
                 f"Safe to restart? {rem.verdict}." if rem is not None else "",
                 "Details in the run's notes.") if t)
-            self.client.notify(run.entity, run.project, run.run_id,
-                               title=f"Infrastructure issue: {name}", text=text)
+            # At most once, across a kill -9 too: recorded before it is sent. It is optional
+            # (the notes, already written, carry the issue), so a failure is logged and never
+            # parks the run or holds back its other writes; it is not sent again.
             self.store.add_markers(run, [mid], self.clock())
+            try:
+                self.client.notify(run.entity, run.project, run.run_id,
+                                   title=f"Infrastructure issue: {name}", text=text)
+            except WandbError as exc:
+                self.metrics.delivery_errors.labels("wandb_alert").inc()
+                log.warning("W&B alert not sent (not retried: at most once); the run's notes "
+                            "carry the issue", extra=log_fields(run=run.path(), issue=issue.key,
+                                                                error=str(exc)[:300]))

@@ -140,21 +140,27 @@ class RunStep:
     settled: bool  # the run logged a later step too, so no earlier row can still arrive
 
 
+MAX_RETRY_AFTER = 300.0  # the longest Retry-After honoured (the default backoff maximum)
+
+
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
-    """Seconds to wait from a ``Retry-After`` header (delta-seconds or HTTP-date)."""
+    """Seconds to wait from a ``Retry-After`` header (delta-seconds or HTTP-date), at most
+    ``MAX_RETRY_AFTER``: ``1e400`` parses to infinity, which stopped every write to the run for
+    good; NaN, negative infinity and garbage are ignored (the bridge's own backoff applies)."""
     if not value:
         return None
     value = value.strip()
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
-        pass
-    try:
-        when = parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
+        try:
+            when = parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return None
+        seconds = when.timestamp() - (time.time() if now is None else now)
+    if math.isnan(seconds):
         return None
-    now = time.time() if now is None else now
-    return max(0.0, when.timestamp() - now)
+    return min(MAX_RETRY_AFTER, max(0.0, seconds))
 
 
 class WandbClient:
