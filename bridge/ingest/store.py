@@ -182,9 +182,10 @@ def _insert(rows: int) -> str:
 
 # Alertmanager's life cycle (its alert store merges an alert into the stored one of its
 # fingerprint when their intervals overlap, and replaces it otherwise:
-# github.com/prometheus/alertmanager, provider/mem/mem.go Put): a resolve names a fingerprint from its startsAt to its endsAt, so it closes every firing row
-# of that fingerprint starting within that span (an HA Prometheus pair's two startsAt values
-# are one alert) and none starting after it (a later firing).
+# github.com/prometheus/alertmanager, provider/mem/mem.go Put): a resolve names a fingerprint
+# from its startsAt to its endsAt, so it closes every firing row of that fingerprint starting
+# within that span (an HA Prometheus pair's two startsAt values are one alert) and none
+# starting after it (a later firing).
 _RESOLVE = ("UPDATE alerts SET status='resolved', ends_at=?, updated_at=? WHERE entity=? AND "
             "project=? AND run_id=? AND starts_at BETWEEN ? AND ? AND fingerprint=? AND "
             "status='firing'")
