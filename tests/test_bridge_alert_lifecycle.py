@@ -4,13 +4,13 @@ Alertmanager, and Alertmanager notifies the bridge.
 
 Alertmanager's alert store merges an alert into the stored one of its fingerprint when their
 intervals overlap and otherwise replaces it (github.com/prometheus/alertmanager,
-provider/mem/mem.go ``Put``, types/types.go ``Alert.Merge``). So (1) after a resolve anyone
-can send through Alertmanager's open API, Prometheus' next re-send makes the alert firing
-again with the same ``startsAt``: before, the bridge kept it resolved for good; (2) an HA
-pair of Prometheus replicas gives one alert two ``startsAt`` values when a pair of Alertmanagers each first hears a different
-replica, and the resolve names the earliest: before, the bridge never closed the later one (a
-store test: Alertmanager 0.25 keeps the first startsAt it was sent, so one Alertmanager never
-notifies both)."""
+provider/mem/mem.go ``Put``, types/types.go ``Alert.Merge``). So (1) after a resolve anyone can
+send through Alertmanager's open API, Prometheus' next re-send makes the alert firing again with
+the same ``startsAt``: before, the bridge kept it resolved for good; (2) an HA pair of
+Prometheus replicas gives one alert two ``startsAt`` values when a pair of Alertmanagers each
+first hears a different replica, and the resolve names the earliest: before, the bridge never
+closed the later one (a store test: Alertmanager 0.25 keeps the first startsAt it was sent, so
+one Alertmanager never notifies both)."""
 
 from __future__ import annotations
 
