@@ -407,3 +407,32 @@ def test_the_site_overlay_scrapes_the_gpu_operators_dcgm_exporter():
     assert endpoint["port"] in GPU_OPERATOR_SERVICE["ports"]
     assert endpoint["honorLabels"] is True
     assert endpoint["interval"] == "30s"
+
+
+def test_job_logs_component_gives_the_bridge_container_only_pod_log_reads(tmp_path):
+    """Opted in from an overlay: every object passes its schema; the bridge container alone
+    mounts the token of an account that may only `get pods/log`, and its configuration (from
+    the component's environment) enables the Kubernetes log source with that token."""
+    overlay = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+               "resources": [os.path.relpath(K8S, tmp_path)],
+               "components": [os.path.relpath(K8S / "components" / "job-logs", tmp_path)]}
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
+    objects = kustomize(tmp_path)
+    for obj in objects:
+        assert schema_errors(obj) == [], (obj["kind"], obj["metadata"]["name"])
+    by = {(o["kind"], o["metadata"]["name"]): o for o in objects}
+    pod = by[("Deployment", "wandb-infra-bridge")]["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    (bridge,) = pod["containers"]
+    assert {"name": "job-logs-token", "mountPath": "/var/run/secrets/job-logs",
+            "readOnly": True} in bridge["volumeMounts"]
+    assert by[("ClusterRole", "wandb-infra-job-logs")]["rules"] == [
+        {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]}]
+    env = {e["name"]: e["value"] for e in bridge["env"] if "value" in e}
+    token = tmp_path / "token"
+    token.write_text("t" * 40)
+    env = {k: str(token) if k.endswith(("TOKEN_FILE", "CA_FILE")) else v
+           for k, v in env.items()}
+    joblog = load_bridge_config(None, environ=env, insecure_no_auth=True).raw["joblog"]
+    assert joblog["kubernetes"]["enabled"] is True
+    assert joblog["kubernetes"]["api_server"] == "https://kubernetes.default.svc"
