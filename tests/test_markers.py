@@ -6,6 +6,8 @@ history key it writes is a summary key the bridge writes."""
 
 from __future__ import annotations
 
+import base64
+import gzip
 import json
 
 import pytest
@@ -20,7 +22,12 @@ from wandb_infra.bridge.ingest.payload import parse_notification
 from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorker
-from wandb_infra.bridge.projection.markers import RunAxis, SdkMarkerWriter, without_config
+from wandb_infra.bridge.projection.markers import (
+    HistoryOnlyProxy,
+    RunAxis,
+    SdkMarkerWriter,
+    without_config,
+)
 from wandb_infra.bridge.projection.wandb_client import STEP_METRICS, WandbClient
 from wandb_infra.catalog.vocabulary import MARKER_ALERT, MARKER_ISSUE, MARKER_KEYS
 from wandb_infra.common.runkey import RunKey
@@ -118,3 +125,26 @@ def test_no_history_key_is_a_summary_key_the_bridge_writes(wb, tmp_path):
     assert MARKER_ISSUE in history and "infra/root_cause" in summary, (history, summary)
     assert history <= set(MARKER_KEYS)
     assert not history & summary
+
+
+@pytest.mark.integration
+def test_a_gzipped_upsert_loses_its_config_too(wb):
+    """The proxy reads a gzipped body too (and forwards it plain, without the header)."""
+    upsert = {"query": "mutation UpsertBucket($name: String, $project: String, $entity: String,"
+                       " $config: JSONString) { upsertBucket(input: {name: $name, modelName: "
+                       "$project, entityName: $entity, config: $config}) { bucket { id } } }",
+              "operationName": "UpsertBucket",
+              "variables": {"name": "r1", "project": "proj", "entity": "team",
+                            "config": json.dumps({"_wandb": {"value": {"m": []}}})}}
+    key = base64.b64encode(f"api:{wb.api_key}".encode()).decode()
+    proxy = HistoryOnlyProxy(wb.url).start()
+    try:
+        status, _, content = proxy.forward(
+            "POST", "/graphql", {"Content-Encoding": "gzip", "Authorization": f"Basic {key}",
+                                 "Content-Type": "application/json"},
+            gzip.compress(json.dumps(upsert).encode()))
+    finally:
+        proxy.stop()
+    assert status == 200, content
+    assert proxy.stripped == 1
+    assert wb.run(*RUN).config == TRAINER_CONFIG

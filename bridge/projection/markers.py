@@ -21,6 +21,7 @@ configuration, and then the bridge writes tags, notes and summary only.
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import json
 import logging
@@ -153,11 +154,17 @@ class HistoryOnlyProxy:
 
     def forward(self, method: str, path: str, headers: dict[str, str], body: bytes
                 ) -> tuple[int, list[tuple[str, str]], bytes]:
-        """Send one request upstream (``config`` removed from ``upsertBucket``); its answer."""
+        """Send one request upstream (``config`` removed from ``upsertBucket``); its answer. A
+        gzipped request body is read, and forwarded as plain JSON."""
+        encoding = next((v for k, v in headers.items() if k.lower() == "content-encoding"), "")
+        if encoding.lower() == "gzip":
+            body, encoding = gzip.decompress(body), ""
         if method == "POST" and path.split("?", maxsplit=1)[0].endswith("/graphql"):
             body, stripped = without_config(body)
             self.stripped += stripped
         sent = {k: v for k, v in headers.items() if k.lower() not in _NOT_FORWARDED}
+        if encoding:  # an encoding this proxy does not read goes on as it came
+            sent["Content-Encoding"] = encoding
         try:
             resp = self._session.request(method, self.upstream + path, headers=sent,
                                          data=body or None, timeout=self.timeout,
