@@ -235,7 +235,6 @@ class BridgeConfig:
     max_inflight_bytes: int
     policy: DeliveryPolicy
     insecure_no_auth: bool = False
-    joblog: joblog.Settings = field(default_factory=joblog.Settings)
 
     @property
     def auth_enabled(self) -> bool:
@@ -316,6 +315,7 @@ def build_config(raw: dict[str, Any], environ: Mapping[str, str] | None = None,
         scheduler=_scheduler(raw),
         endings=_endings(raw["endings"]),
         run_metrics=tuple(dict.fromkeys(wb["run_metrics"])),
+        joblog=joblog.Settings.from_config(raw["joblog"]),
     )
     listen, webhook = raw["listen"], raw["webhook"]
     cfg = BridgeConfig(
@@ -327,7 +327,6 @@ def build_config(raw: dict[str, Any], environ: Mapping[str, str] | None = None,
         body_timeout=float(webhook["body_timeout_seconds"]),
         max_inflight_bytes=webhook["max_inflight_bytes"],
         insecure_no_auth=insecure_no_auth,
-        joblog=joblog.Settings.from_config(raw["joblog"]),
     )
     if not cfg.auth_enabled and not insecure_no_auth:
         raise ConfigError("no webhook credentials configured (auth.bearer_token[_file] or "

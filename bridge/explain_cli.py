@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from datetime import timedelta
 
 from wandb_infra.bridge.config import load
@@ -13,8 +14,6 @@ from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.diagnosis.outcome import Outcome
 from wandb_infra.bridge.diagnosis.outcome import judge as judge_outcome
 from wandb_infra.bridge.diagnosis.report import render_run
-from wandb_infra.bridge.joblog.join import join as join_log
-from wandb_infra.bridge.joblog.report import as_json as log_json
 from wandb_infra.bridge.joblog.report import explain_logs
 from wandb_infra.bridge.joblog.sources import FileSource
 from wandb_infra.bridge.joblog.sources import read as read_logs
@@ -166,16 +165,13 @@ def run(args: argparse.Namespace) -> int:
     except PrometheusError as exc:
         print(f"wandb-infra-bridge explain: {exc}", file=sys.stderr)
         return 1
-    view = service.with_outcome(run_view, outcome).as_dict(
-        GrafanaLinks(args.grafana_url).for_run(target))
+    run_view = service.with_outcome(run_view, outcome)
+    if args.log:  # the job's own log, rendered by the view like the bridge's stored reading
+        run_view = replace(run_view, job_log=read_logs([FileSource(p) for p in args.log]))
+    view = run_view.as_dict(GrafanaLinks(args.grafana_url).for_run(target))
     view["placement"] = {"hosts": sorted(found.placement.hosts),
                          "gpus": {h: sorted(g) for h, g in sorted(found.placement.gpus.items())}}
     view["verdict"] = None if outcome is None else outcome.as_dict()
-    if args.log:  # the job's own log, joined with the diagnosis's root cause
-        reading = read_logs([FileSource(p) for p in args.log])
-        view["job_log"] = log_json(reading, join_log(
-            reading, run_view.diagnosis.root_cause,
-            "" if outcome is None else outcome.coverage_line))
     if running:
         view["running"] = (f"its join series were published within the last {args.grace:.0f} s"
                            ": it is still running (or only just ended), so no ended-run "

@@ -13,7 +13,7 @@ import contextlib
 import json
 import secrets
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +92,7 @@ class StackConfig:
     log_level: str = "info"
     jobs_online: bool = False
     engine: str = "prometheus"
+    bridge_sections: dict[str, Any] = field(default_factory=dict)  # more bridge config sections
 
 
 class Stack:
@@ -202,6 +203,7 @@ class Stack:
             "grafana": {"base_url": self.config.grafana_url},
             "prometheus": {"url": f"http://127.0.0.1:{self.query_port}",
                            "node_state_refresh_seconds": 2.0},
+            **self.config.bridge_sections,
         }
         path = self.workdir / "bridge.yaml"
         path.write_text(yaml.safe_dump(config))

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wandb_infra.bridge.diagnosis.root_cause import AlertFact, Issue
+from wandb_infra.bridge.diagnosis.root_cause import AlertFact, Diagnosis, Issue
 from wandb_infra.bridge.joblog import text as T
 from wandb_infra.bridge.joblog.join import join
 from wandb_infra.bridge.joblog.reading import (
@@ -28,8 +28,12 @@ from wandb_infra.bridge.joblog.reading import (
     tail,
 )
 from wandb_infra.bridge.joblog.sources import FileSource, SlurmFiles, expand, read
+from wandb_infra.bridge.projection.notes import render_section
+from wandb_infra.bridge.runs.view import RunView
+from wandb_infra.bridge.web.pages import job_log_html
 from wandb_infra.catalog.alerts import ALERTS
 from wandb_infra.catalog.logsignatures import BY_ID, SIGNATURES, LogClass
+from wandb_infra.common.runkey import RunKey
 
 DATA = Path(__file__).resolve().parent / "data" / "joblog"
 EXAMPLES = json.loads((DATA / "signatures.json").read_text())
@@ -348,3 +352,16 @@ def test_a_huge_line_is_read_up_to_its_first_64_kib():
     first = reading_of(ECC + b" " + b"\x00junk" * 2_000_000 + b"\n").first_error
     assert first is not None and len(first.text) <= T.QUOTE_CHARS
     assert reading_of(b"x" * (T.LINE_BYTES + 10) + ECC + b"\n").first_error is None
+
+
+def test_the_notes_and_page_quote_the_log_escaped_and_the_summary_keys_follow():
+    log = (b"[rank3]: RuntimeError: CUDA error: uncorrectable ECC error encountered "
+           b"[see](https://evil.example) <script>x</script>\n")
+    view = RunView(RunKey("e", "p", "r"), (), Diagnosis(()), (), job_log=reading_of(log))
+    notes = render_section(view, lambda *_: "")
+    assert "**Job log: infrastructure**" in notes and "rank 3" in notes
+    assert "\\[see\\]" in notes and "<script>" not in notes and "https://" not in notes
+    page = job_log_html(view.as_dict(lambda *_: "")["job_log"])
+    assert "&lt;script&gt;" in page and "<script>" not in page
+    assert view.job_log_joined is not None
+    assert view.job_log_joined.summary() == {"infra/verdict": "infrastructure"}

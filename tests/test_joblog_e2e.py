@@ -1,6 +1,8 @@
-"""End to end: the job's own log joined with what real Prometheus and Alertmanager saw, through
-``explain ENTITY/PROJECT/RUN_ID --prometheus URL --log FILE --json`` (the demo's stack: exporter,
-rules, Alertmanager, bridge, W&B stand-in).
+"""End to end: the job's own log joined with what real Prometheus and Alertmanager saw (the
+demo's stack: exporter, rules, Alertmanager, bridge, W&B stand-in serving ``logLines``): in the
+live bridge, which reads an ended run's W&B console log and writes the joined statement into the
+run's notes and summary, and through ``explain ENTITY/PROJECT/RUN_ID --prometheus URL --log FILE
+--json``.
 
 Three runs: the XID 94 cascade (the log names the failing rank on the alert's GPU, the others'
 timeouts are consequences), a run with no alert whose log shows a CUDA out-of-memory error
@@ -21,6 +23,7 @@ import pytest
 
 from demo import scenarios
 from demo.stack import Stack, StackConfig
+from harness.processes import wait_for
 from harness.wandb_standin import WandbStandin
 
 pytestmark = pytest.mark.e2e
@@ -32,20 +35,30 @@ ECC = "CUDA error: uncorrectable ECC error encountered"
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    with WandbStandin() as standin:
+def standin():
+    with WandbStandin() as server:
         for run in (CASCADE, OOM, SILENT):
-            standin.add_run(run.entity, run.project, run.run_id)
-        config = StackConfig(workdir=tmp_path_factory.mktemp("joblog-e2e"), hosts=12,
-                             wandb_base_url=standin.url, wandb_api_key=standin.api_key,
-                             markers=False)
-        with Stack(config) as running:
-            yield running
+            server.add_run(run.entity, run.project, run.run_id)
+        yield server
+
+
+@pytest.fixture(scope="module")
+def stack(standin, tmp_path_factory):
+    config = StackConfig(workdir=tmp_path_factory.mktemp("joblog-e2e"), hosts=12,
+                         wandb_base_url=standin.url, wandb_api_key=standin.api_key,
+                         markers=False, bridge_sections={"joblog": {"wandb": {"enabled": True}}})
+    with Stack(config) as running:
+        yield running
 
 
 def _init(rank: int, host: str, gpu: int) -> str:
     return (f"{host}:{4000 + rank}:{4000 + rank} [{gpu}] NCCL INFO comm 0x{rank:08x} rank {rank} "
             f"nranks 64 cudaDev {gpu} nvmlDev {gpu} busId {0x18000 + gpu:x} - Init COMPLETE")
+
+
+def _notes_with(standin: WandbStandin, run: scenarios.RunRef, text: str) -> str | None:
+    notes = standin.run(run.entity, run.project, run.run_id).notes
+    return notes if text in notes else None
 
 
 def _explain(stack: Stack, run: scenarios.RunRef, log: Path) -> dict:
@@ -58,7 +71,7 @@ def _explain(stack: Stack, run: scenarios.RunRef, log: Path) -> dict:
     return json.loads(out.stdout)["job_log"]
 
 
-def test_the_cascades_log_names_the_failing_rank_on_the_alerts_gpu(stack, tmp_path):
+def test_the_cascades_log_names_the_failing_rank_on_the_alerts_gpu(stack, standin, tmp_path):
     hosts = list(stack.cluster.hosts)[:8]
     scenarios.xid94_cascade(stack, hosts, faulty=1)
     faulty = hosts[1]
@@ -72,6 +85,19 @@ def test_the_cascades_log_names_the_failing_rank_on_the_alerts_gpu(stack, tmp_pa
               "caught collective operation timeout: WorkNCCL(SeqNum=88123, OpType=ALLREDUCE, "
               "NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600073 milliseconds before "
               "timing out." for r in ranks.values() if r != failing]
+    # the live bridge: the run crashes, its console log is read from W&B once, and the notes
+    # and summary carry the joined statement
+    standin.add_console(CASCADE.entity, CASCADE.project, CASCADE.run_id, lines, level="error")
+    standin.set_state(CASCADE.entity, CASCADE.project, CASCADE.run_id, "crashed")
+    notes = wait_for(lambda: _notes_with(standin, CASCADE, "Job log: infrastructure"), 120,
+                     "the job log in the run's notes")
+    assert f"rank {failing} ({faulty} GPU 3) on that GPU failed first" in notes
+    summary = wait_for(lambda: standin.run(CASCADE.entity, CASCADE.project,
+                                           CASCADE.run_id).summary.get("infra/verdict"), 60,
+                       "infra/verdict in the summary")
+    assert summary == "infrastructure"
+    page = scenarios.run_view(stack, CASCADE)["job_log"]
+    assert page["first_error"]["rank"] == failing
     log = tmp_path / "cascade64.out"
     log.write_text("\n".join(lines) + "\n")
     job_log = _explain(stack, CASCADE, log)

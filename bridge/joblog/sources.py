@@ -34,6 +34,7 @@ from wandb_infra.common.kubeapi import CONNECTION_SECTION, KubeApi
 from wandb_infra.common.schema import Key, Section
 
 MAX_FILES = 1024  # files one Slurm template may expand to
+NOT_CONFIGURED = "not configured"
 WANDB_LINES_MAX = 100_000
 
 CONSOLE_QUERY = """
@@ -362,6 +363,11 @@ class Settings:
     container: str = ""
     previous: bool = True
 
+    @property
+    def configured(self) -> bool:
+        """Whether any source is configured (else the bridge reads no job log)."""
+        return self.wandb or bool(self.slurm_templates) or self.kubernetes is not None
+
     @classmethod
     def from_config(cls, raw: Mapping[str, Any] | None) -> Settings:
         """The section over its defaults (``ConfigError`` names a bad key)."""
@@ -411,14 +417,14 @@ def for_run(settings: Settings, run: RunLogs, *, wandb_base_url: str = "",
     out: list[LogSource] = []
     wandb_name = f"W&B console log of {run.entity}/{run.project}/{run.run_id}"
     if not settings.wandb:
-        out.append(Unavailable(wandb_name, "not configured (joblog.wandb.enabled)"))
+        out.append(Unavailable(wandb_name, f"{NOT_CONFIGURED} (joblog.wandb.enabled)"))
     elif not wandb_api_key:
         out.append(Unavailable(wandb_name, "no W&B API key (wandb.api_key)"))
     else:
         out.append(WandbConsole(wandb_base_url, wandb_api_key, run.entity, run.project,
                                 run.run_id, last=settings.wandb_last))
     if not settings.slurm_templates:
-        out.append(Unavailable("Slurm output files", "not configured (joblog.slurm.output)"))
+        out.append(Unavailable("Slurm output files", f"{NOT_CONFIGURED} (joblog.slurm.output)"))
     elif not run.slurm_job_id:
         out.append(Unavailable("Slurm output files", "the run has no Slurm job id"))
     else:
@@ -426,7 +432,7 @@ def for_run(settings: Settings, run: RunLogs, *, wandb_base_url: str = "",
                               settings.slurm_max_tasks))
     if settings.kubernetes is None or kube is None:
         out.append(Unavailable("Kubernetes pod logs",
-                               "not configured (joblog.kubernetes.enabled)"))
+                               f"{NOT_CONFIGURED} (joblog.kubernetes.enabled)"))
     elif not run.pods:
         out.append(Unavailable("Kubernetes pod logs", "the run has no pods"))
     else:

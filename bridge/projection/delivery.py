@@ -30,6 +30,8 @@ from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.diagnosis.root_cause import Diagnosis
 from wandb_infra.bridge.diagnosis.verdict import Policy
 from wandb_infra.bridge.ingest.store import OutboxRow, Store, StoreError
+from wandb_infra.bridge.joblog.sources import Pod, RunLogs, Settings, for_run
+from wandb_infra.bridge.joblog.sources import read as read_job_log
 from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.projection.markers import MARKER_SETTLE, MISSING_SDK, MarkerWriter
 from wandb_infra.bridge.projection.notes import issue_onsets, render_section, replace_section
@@ -67,6 +69,7 @@ from wandb_infra.bridge.runs.service import (
 )
 from wandb_infra.bridge.runs.view import RunView
 from wandb_infra.catalog.alerts import ALERTS
+from wandb_infra.common.kubeapi import KubeApi
 from wandb_infra.common.logsetup import log_fields
 from wandb_infra.common.nodestate import DEFAULT_TOLERATED
 from wandb_infra.common.runkey import RunKey
@@ -120,6 +123,8 @@ class DeliveryPolicy:
     endings: EndingsPolicy | None = None
     # History keys of the run's own throughput or MFU the impact line names where one fell.
     run_metrics: tuple[str, ...] = RUN_METRICS
+    # Where an ended run's console log is read (the bridge config's ``joblog`` section).
+    joblog: Settings = field(default_factory=Settings)
 
 
 def run_service(store: Store, prom: PrometheusClient | None, policy: DeliveryPolicy,
@@ -194,6 +199,8 @@ class DeliveryWorker:
         self.runs = run_service(store, None if lookup is None else lookup.client, policy,
                                 self.quarantine, wandb_enabled=client is not None, clock=clock,
                                 history=self.remediation)
+        self.kube = None if policy.joblog.kubernetes is None else KubeApi(
+            policy.joblog.kubernetes, "joblog.kubernetes")
         self._audit_status()
 
     def _wandb_state(self, run: RunKey) -> str | None:
@@ -313,6 +320,27 @@ class DeliveryWorker:
         if self.client is not None and self.policy.run_metrics:
             found = self._own_metrics(view.run, view.diagnosis, found)
         return self.runs.record_impacts(view, found)
+
+    def read_job_log(self, view: RunView, state: str | None) -> RunView:
+        """An ended run's console log read once from the configured sources and stored as its
+        evidence (its rank, host and GPU places come from its alerts' labels); the view
+        unchanged while the run is running or once read."""
+        if not self.policy.joblog.configured or view.job_log is not None or \
+                not view.run.attributed or (view.outcome is None and state not in ENDED):
+            return view
+        labels = [f.labels for f in view.facts]
+        run = RunLogs(view.run.entity, view.run.project, view.run.run_id,
+                      slurm_job_id=next((x["slurm_job_id"] for x in labels
+                                         if x.get("slurm_job_id")), ""),
+                      nodes=tuple(sorted({f.hostname for f in view.facts if f.hostname})),
+                      pods=tuple(sorted({Pod(x["namespace"], x["pod"], x.get("hostname"))
+                                         for x in labels if x.get("pod") and x.get("namespace")},
+                                        key=lambda p: (p.namespace, p.name))))
+        client = self.client
+        sources = for_run(self.policy.joblog, run, kube=self.kube,
+                          wandb_base_url="" if client is None else client.base_url,
+                          wandb_api_key=None if client is None else client.api_key)
+        return self.runs.record_job_log(view, read_job_log(sources, self.policy.joblog.budget))
 
     def _own_metrics(self, run: RunKey, diagnosis: Diagnosis,
                      found: dict[str, Impact]) -> dict[str, Impact]:
@@ -448,7 +476,7 @@ class DeliveryWorker:
                                          self.clock() + CONFIRM_RETRY)
         # Everything slow (Prometheus) happens before the run is read, so the read-to-write
         # window on the user's notes and tags is one W&B round trip.
-        view = self.measure(view)
+        view = self.read_job_log(self.measure(view), row.run_state)
         diagnosis, outcome = view.diagnosis, view.outcome
         ending = self.store.ending(run)
         if outcome is not None and ending is not None and outcome.verdict != ending.verdict:
@@ -458,6 +486,8 @@ class DeliveryWorker:
         written = {m.removeprefix(TAG_MARK) for m in self.store.markers(run)
                    if m.startswith(TAG_MARK)}
         info = self.client.find_run(run.entity, run.project, run.run_id)
+        if view.job_log is None and info.state in ENDED:  # read once, as the run just ended
+            view = self.read_job_log(view, info.state)
         # the run's step at each onset: read only for a run that logged steps, cached once the
         # run has logged past it, so the window stays one round trip after the first time
         steps = self.client.steps_at(info, run.entity, run.project, run.run_id,
@@ -469,6 +499,8 @@ class DeliveryWorker:
             wanted = summary_entries(diagnosis) | summary_verdict(view.remediations, diagnosis)
             wanted |= outcome.summary() if outcome is not None else {}
             wanted |= impact_entries(diagnosis, view.impacts)
+            joined = view.job_log_joined
+            wanted |= {} if joined is None else joined.summary()
             if any(info.summary.get(k) != v for k, v in wanted.items()):
                 summary = {**info.summary, **wanted}
             summary_seq = row.dirty_seq

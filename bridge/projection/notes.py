@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 
 from wandb_infra.bridge.diagnosis.impact import UNMEASURED, Impact, hours_text
 from wandb_infra.bridge.diagnosis.root_cause import AlertFact, Issue
+from wandb_infra.bridge.joblog.sources import NOT_CONFIGURED
 from wandb_infra.bridge.projection.wandb_client import RunStep
 from wandb_infra.bridge.prometheus.remediation import Remediation
 from wandb_infra.bridge.runs.view import IssueView, LinkFn, RunView
@@ -208,6 +209,7 @@ def render_section(view: RunView, link_for: LinkFn, *,
     if outcome is not None:
         lines += [f"**Verdict: {outcome.verdict}**: {md_escape(outcome.text, 1500)}", "",
                   f"- {md_escape(_upper_first(seen_through), 1500)}", ""]
+    lines += job_log_lines(view)
     if head is None:
         if outcome is None:
             lines += ["No infrastructure issues recorded.", ""]
@@ -235,6 +237,19 @@ def render_section(view: RunView, link_for: LinkFn, *,
                   ""]
     lines += ["_Written by wandb-infra-bridge; edit outside this section only._", END]
     return "\n".join(lines)
+
+
+def job_log_lines(view: RunView) -> list[str]:
+    """The job's own log joined with the diagnosis, and the lines it quotes (at most five,
+    each escaped; never the whole log)."""
+    joined = view.job_log_joined
+    if view.job_log is None or joined is None:
+        return []
+    lines = [f"**Job log: {joined.verdict}**: {md_escape(joined.statement, 1500)}"]
+    lines += [f"- Log line: {md_escape(q, 400)}" for q in view.job_log.quotes[1:]]
+    lines += [f"- Log not read: {md_escape(s.name)}: {md_escape(s.error)}"
+              for s in view.job_log.sources if s.error and NOT_CONFIGURED not in s.error]
+    return [*lines, ""]
 
 
 def replace_section(notes: str | None, section: str) -> str:

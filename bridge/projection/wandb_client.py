@@ -184,6 +184,11 @@ class WandbClient:
         self._metrics: dict[tuple[str, str, str, tuple[str, ...], float, float],
                             tuple[RunMetric | None, float]] = {}
 
+    @property
+    def api_key(self) -> str:
+        """The key, for the one other reader of this W&B (the job log's console source)."""
+        return self._key
+
     def _post(self, query: str, variables: dict[str, Any], operation: str) -> dict[str, Any]:
         self.calls += 1
         body = {"query": query, "variables": variables, "operationName": operation}

@@ -26,6 +26,7 @@ from wandb_infra.bridge.diagnosis.outcome import judge as judge_outcome
 from wandb_infra.bridge.diagnosis.root_cause import DEFAULT_GAP, AlertFact, Diagnosis, diagnose
 from wandb_infra.bridge.diagnosis.verdict import NO_PROMETHEUS, NOT_ANSWERING, Policy
 from wandb_infra.bridge.ingest.store import OutboxRow, Store, from_iso
+from wandb_infra.bridge.joblog.reading import Reading
 from wandb_infra.bridge.prometheus.confirm import AlertConfirmer, Confirmation
 from wandb_infra.bridge.prometheus.remediation import (
     NodeStateHistory,
@@ -37,6 +38,7 @@ from wandb_infra.bridge.runs.view import IssueView, QuarantineView, RunView, Unc
 from wandb_infra.common.runkey import RunKey
 
 IMPACTS = "impacts"  # evidence kind: {issue key: Impact as a dict}
+JOB_LOG = "job_log"  # evidence kind: the job's console log read (joblog.reading.Reading)
 RECENT_RUNS = 200  # the periodic passes look at most at this many recently active runs
 RECENT = 3 * 86400.0  # ... whose latest alert started within this time
 UNANSWERED = "not confirmed yet: Prometheus has not answered whether it raised this alert"
@@ -75,9 +77,12 @@ class RunService:
         measured = self.store.evidence(run, IMPACTS) if run.attributed else None
         impacts = None if measured is None else (
             {k: Impact(**v) for k, v in json.loads(measured[0]).items()}, measured[1])
-        return self.assemble(run, self.confirm(facts), stored=stored, impacts=impacts,
+        read = self.store.evidence(run, JOB_LOG) if run.attributed else None
+        view = self.assemble(run, self.confirm(facts), stored=stored, impacts=impacts,
                              delivery=self.store.outbox(run), remediate=remediate,
                              gpu_hours=self.store.gpu_hours(run) if run.attributed else None)
+        return view if read is None else replace(view,
+                                                 job_log=Reading.from_dict(json.loads(read[0])))
 
     def confirm(self, facts: Sequence[AlertFact]) -> Confirmation:
         """Which alerts Prometheus raised (all, unchecked, without a Prometheus)."""
@@ -135,6 +140,13 @@ class RunService:
         total = sum(i.gpu_hours for i in impacts.values())
         self.store.record_gpu_hours(view.run, total, now)
         return self.with_impacts(view, impacts, now)
+
+    def record_job_log(self, view: RunView, reading: Reading) -> RunView:
+        """Store the job log's reading the worker just made; returns the view showing it."""
+        assert self.store is not None
+        self.store.record_evidence(view.run, JOB_LOG, json.dumps(reading.as_dict()),
+                                   self.clock())
+        return replace(view, job_log=reading)
 
     @staticmethod
     def with_impacts(view: RunView, impacts: Mapping[str, Impact], at: float) -> RunView:

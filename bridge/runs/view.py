@@ -25,6 +25,8 @@ from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.diagnosis.outcome import VERDICTS, Outcome
 from wandb_infra.bridge.diagnosis.root_cause import AlertFact, Diagnosis, Issue
 from wandb_infra.bridge.ingest.store import OutboxRow
+from wandb_infra.bridge.joblog.join import Joined, join
+from wandb_infra.bridge.joblog.reading import Reading
 from wandb_infra.bridge.prometheus.remediation import Remediation, headline
 from wandb_infra.catalog import runbook
 from wandb_infra.catalog.alerts import ALERTS
@@ -116,6 +118,7 @@ class RunView:
     wandb_enabled: bool = True
     node_state_read: bool = True  # False: the verdicts say what they can without Prometheus
     gpu_hours_stored: float | None = field(default=None)
+    job_log: Reading | None = None  # the job's own console log, as the worker last read it
 
     @property
     def head(self) -> IssueView | None:
@@ -154,6 +157,14 @@ class RunView:
         """Confirmed alerts still firing."""
         return sum(1 for f in self.facts if f.ends_at is None)
 
+    @property
+    def job_log_joined(self) -> Joined | None:
+        """The job log's reading joined with the diagnosis' root cause (None: not read)."""
+        if self.job_log is None:
+            return None
+        return join(self.job_log, self.diagnosis.root_cause,
+                    "" if self.outcome is None else self.outcome.coverage_line)
+
     def headline_remediation(self) -> Remediation | None:
         """The run-level restart verdict (the headline's, else the first issue's)."""
         return headline(self.remediations, self.diagnosis)
@@ -189,6 +200,7 @@ class RunView:
             "gpu_hours_lost": self.gpu_hours,
             "gpu_hours_text": None if self.gpu_hours is None else hours_text(self.gpu_hours),
             "unconfirmed": len(self.unconfirmed),
+            "job_log": None if self.job_log_joined is None else str(self.job_log_joined.verdict),
         }
 
     def as_dict(self, link_for: LinkFn) -> dict[str, Any]:
@@ -213,6 +225,9 @@ class RunView:
             out["remediation"] = rem.as_dict()
             out["remediations"] = {i.issue.key: _remediation(i) for i in self.issues
                                    if i.remediation is not None}
+        joined = self.job_log_joined
+        if self.job_log is not None and joined is not None:
+            out["job_log"] = {**self.job_log.as_dict(), **joined.as_dict()}
         impacts = self.impacts
         if impacts is not None:
             out["impacts"] = {k: v.as_dict() for k, v in impacts.items()}

@@ -356,8 +356,10 @@ def run_html(detail: dict[str, Any], title: str, activity: dict[str, Any] | None
     issues = detail["issues"]
     if detail.get("verdict"):
         out.append(verdict_html(detail["verdict"]))
-    elif not issues:
+    elif not issues and not detail.get("job_log"):
         out.append("<p>No issues.</p>")
+    if detail.get("job_log"):
+        out.append(job_log_html(detail["job_log"]))
     head = (detail.get("headline") or {}).get("issue", 0)
     order = ([head] if issues else []) + [i for i in range(len(issues)) if i != head]
     for rank, index in enumerate(order):
@@ -439,6 +441,19 @@ def verdict_html(verdict: dict[str, Any]) -> str:
             f"({escape(str(verdict.get('how', '')))}) at "
             f"{escape(when_ts(float(verdict.get('ended_at', 0))))}"
             f"</p>{table}</section>")
+
+
+def job_log_html(job_log: dict[str, Any]) -> str:
+    """The job's own log: the joined statement and the lines it quotes (each escaped)."""
+    quotes = "".join(f"<li><code>{escape(str(q))}</code></li>"
+                     for q in (job_log.get("quotes") or [])[:5])
+    missed = "".join(f"<li>{escape(str(s.get('name', '')))}: {escape(str(s['error']))}</li>"
+                     for s in job_log.get("sources") or [] if s.get("error"))
+    return (f"<section class='card'><h2>Job log: {escape(str(job_log.get('verdict', '')))}</h2>"
+            f"<p>{escape(str(job_log.get('statement', '')))}</p>"
+            + (f"<ul class='small'>{quotes}</ul>" if quotes else "")
+            + (f"<p class='muted small'>Not read:</p><ul class='small muted'>{missed}</ul>"
+               if missed else "") + "</section>")
 
 
 def login_html(next_path: str, failed: bool, configured: bool) -> str:
