@@ -29,21 +29,22 @@ from wandb_infra.common.runkey import RunKey
 pytestmark = pytest.mark.integration
 
 LIVE, ENDS = RunKey("team", "proj", "live"), RunKey("team", "proj", "ends")
+EMOJI = RunKey("team\U0001f600", "proj\U0001f680", "emoji")  # outside the BMP: accepted names
 GRACE = 4.0
-published = {LIVE: True, ENDS: True}
+published = {LIVE: True, ENDS: True, EMOJI: True}
 
 
 def _text() -> str:
     lines = ["# TYPE wandb_run_node_info gauge"]
-    lines += [f'wandb_run_node_info{{wandb_entity="team",wandb_project="proj",'
-              f'wandb_run_id="{run.run_id}",hostname="gpu-{run.run_id}"}} 1'
-              for run, shown in published.items() if shown]
+    lines += [f'wandb_run_node_info{{wandb_entity="{run.entity}",'
+              f'wandb_project="{run.project}",wandb_run_id="{run.run_id}",'
+              f'hostname="gpu-{run.run_id}"}} 1' for run, shown in published.items() if shown]
     return "\n".join(lines) + "\n"
 
 
 @pytest.fixture
 def prom(tmp_path) -> Iterator[str]:
-    published.update({LIVE: True, ENDS: True})
+    published.update({LIVE: True, ENDS: True, EMOJI: True})
     with scrape_target(_text) as target:
         config = ("global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: exporter\n"
                   "    honor_labels: true\n    static_configs:\n"
@@ -106,8 +107,11 @@ def test_without_wandb_a_one_witness_verdict_is_withdrawn_when_the_run_reappears
         prom, tmp_path):
     store = Store(tmp_path / "bridge.sqlite")
     endings = _endings(store, prom, None)
-    published[LIVE] = False
+    published.update({LIVE: False, EMOJI: False})
     wait_for(lambda: _passes(endings, 1) or _verdict(store, LIVE), 30, "a provisional verdict")
+    # a name outside the Basic Multilingual Plane gets its verdict too (before: PromQL refused
+    # the JSON surrogate escapes of its placement query, and it never got one)
+    wait_for(lambda: _passes(endings, 1) or _verdict(store, EMOJI), 30, "the emoji run's verdict")
     published[LIVE] = True
     wait_for(lambda: _passes(endings, 1) or store.ending(LIVE) is None, 20, "withdrawn")
 

@@ -21,7 +21,12 @@ from typing import Any
 
 from wandb_infra.bridge.diagnosis.root_cause import AlertFact
 from wandb_infra.bridge.ingest.payload import Alert, Notification
-from wandb_infra.bridge.prometheus.client import PrometheusClient, PrometheusError, regex_literal
+from wandb_infra.bridge.prometheus.client import (
+    PrometheusClient,
+    PrometheusError,
+    quote,
+    regex_literal,
+)
 from wandb_infra.catalog import panels as P
 from wandb_infra.catalog.alerts import ALERTS
 from wandb_infra.common import labels as L
@@ -41,10 +46,11 @@ def parse_run(text: str) -> RunKey:
 
 
 def _selector(run: RunKey) -> str:
-    def q(value: str) -> str:
-        return json.dumps(value)
-    return (f"{L.ENTITY}={q(run.entity)},{L.PROJECT}={q(run.project)},"
-            f"{L.RUN_ID}={q(run.run_id)}")
+    """The run's join-series matchers. ``quote``, not ``json.dumps``: JSON escapes a character
+    outside the Basic Multilingual Plane as a surrogate pair, which PromQL refuses, so a run
+    whose entity or project held an emoji never got a placement or a verdict."""
+    return (f"{L.ENTITY}={quote(run.entity)},{L.PROJECT}={quote(run.project)},"
+            f"{L.RUN_ID}={quote(run.run_id)}")
 
 
 def pick_step(start: float, end: float, minimum: float) -> float:
