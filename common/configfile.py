@@ -2,8 +2,10 @@
 the rule generator.
 
 Environment overrides use the prefix and double underscores for nesting, e.g.
-``WANDB_INFRA_BRIDGE__WANDB__BASE_URL`` sets ``wandb.base_url``. Values are parsed as YAML
-scalars so ``true``/``30``/``1.5`` keep their types.
+``WANDB_INFRA_BRIDGE__WANDB__BASE_URL`` sets ``wandb.base_url``. A value is the variable's
+text, literally (``EnvText``): the schema reads it as YAML only for a key that is not a string
+(``true``, ``30``, ``1.5``, ``[a, b]``), so a token such as ``s3cret #rest`` or ``'x'`` is taken
+whole, never cut at a YAML comment or unquoted.
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ import yaml
 
 class ConfigError(ValueError):
     """A configuration problem the user must fix; the message says which key and why."""
+
+
+class EnvText(str):
+    """A value from an environment override: literal text, typed only by its key's schema."""
 
 
 def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
@@ -42,10 +48,7 @@ def env_overrides(prefix: str, environ: Mapping[str, str]) -> dict[str, Any]:
         path = [part.lower() for part in name[len(marker):].split("__") if part]
         if not path:
             continue
-        try:
-            value = yaml.safe_load(raw) if raw != "" else ""
-        except yaml.YAMLError:
-            value = raw
+        value = EnvText(raw)
         node = result
         for part in path[:-1]:
             node = node.setdefault(part, {})
@@ -69,8 +72,11 @@ def read_config(path: str | os.PathLike[str] | None, env_prefix: str,
             raise ConfigError(f"cannot read config file {file}: {exc.strerror}") from exc
         try:
             data = yaml.safe_load(text) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {file} is not valid YAML: {exc}") from exc
+        except yaml.YAMLError as exc:  # where, never the text: that line may hold a secret
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            problem = getattr(exc, "problem", None) or type(exc).__name__
+            raise ConfigError(f"config file {file} is not valid YAML{where}: {problem}") from exc
         if not isinstance(data, Mapping):
             raise ConfigError(f"config file {file} must be a mapping at the top level")
     return deep_merge(data, env_overrides(env_prefix, environ))

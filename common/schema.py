@@ -16,7 +16,9 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from wandb_infra.common.configfile import ConfigError
+import yaml
+
+from wandb_infra.common.configfile import ConfigError, EnvText
 
 Kind = Literal["int", "number", "bool", "str", "list[str]", "list", "mapping"]
 
@@ -67,6 +69,14 @@ class Key:
     check: Callable[[Any], bool] | None = None
     expect: str = ""
 
+    def _from_env(self, text: EnvText) -> Any:
+        if self.kind == "str":
+            return str(text)
+        try:
+            return yaml.safe_load(text) if text != "" else ""
+        except yaml.YAMLError:
+            return str(text)
+
     def describe(self) -> str:
         """What a valid value is, as the end of 'must be ...'."""
         if self.expect:
@@ -86,7 +96,10 @@ class Key:
         return text
 
     def validate(self, value: Any, path: str) -> Any:
-        """``value`` unchanged when valid, else ConfigError naming ``path``."""
+        """``value`` unchanged when valid, else ConfigError naming ``path``. Text from the
+        environment is the value itself for a string key, and YAML for any other."""
+        if isinstance(value, EnvText):
+            value = self._from_env(value)
         if value is None and self.optional:
             return None
         ok = _is_kind(self.kind, value)
@@ -120,7 +133,8 @@ class Section:
         if raw is None:
             raw = {}
         if not isinstance(raw, Mapping):
-            raise ConfigError(f"{path}: must be a mapping, not {raw!r}")
+            kind = "string" if isinstance(raw, str) else type(raw).__name__
+            raise ConfigError(f"{path}: must be a mapping, not a {kind}")
         unknown = sorted(str(k) for k in raw if k not in self.keys)
         if unknown:
             raise ConfigError(f"{_join(path, unknown[0])}: unknown key "

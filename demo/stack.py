@@ -172,6 +172,7 @@ class Stack:
             "listen": f"127.0.0.1:{port}",
             "log_level": self.config.log_level,
             "auth": {"token_file": str(self.token_file)},
+            "registrations": {"state_file": str(self.workdir / "registrations.json")},
             "node_state": {"slurm": {
                 "enabled": True, "interval_seconds": 1,
                 "command": [sys.executable, "-c", fetch, self.simulator.url + "/slurm/nodes"]}},

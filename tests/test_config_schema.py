@@ -56,7 +56,7 @@ def test_defaults_are_fresh_copies_and_resolve_fills_them():
     ({"secret": 12345}, "secret: must be a string or unset, not <secret>"),
     ({"mode": "c"}, "mode: must be 'a' or 'b', not 'c'"),
     ({"inner": {"names": ["a", 1]}}, "inner.names: must be a list of strings, not ['a', 1]"),
-    ({"inner": []}, "inner: must be a mapping, not []"),
+    ({"inner": []}, "inner: must be a mapping, not a list"),
 ])
 def test_errors_name_the_dotted_path_in_one_line(raw, message):
     with pytest.raises(ConfigError) as err:

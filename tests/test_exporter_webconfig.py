@@ -38,7 +38,8 @@ def _start(tmp_path: Path, web: dict) -> tuple[subprocess.Popen, str]:
         [EXPORTER, f"--web.listen-address=127.0.0.1:{port}",
          f"--web.config.file={tmp_path / 'web.yml'}"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        env={**os.environ, "WANDB_INFRA_EXPORTER__AUTH__TOKEN": TOKEN})
+        env={**os.environ, "WANDB_INFRA_EXPORTER__AUTH__TOKEN": TOKEN,
+             "WANDB_INFRA_EXPORTER__REGISTRATIONS__STATE_FILE": str(tmp_path / "reg.json")})
     return proc, f"https://127.0.0.1:{port}"
 
 
