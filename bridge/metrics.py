@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
@@ -14,6 +14,7 @@ log = logging.getLogger(__name__)
 PREFIX = "wandb_infra_bridge_"
 MAX_PROJECTS = 200  # label sets on /metrics; later projects are summed as _other/_other
 OTHER = "_other"
+ALL = "_all"  # the only label value an unauthenticated scrape sees (PublicView)
 GPU_HOURS_HELP = ("GPU-hours lost to infrastructure issues, summed over the project's runs in "
                   "the bridge's store (bridge/diagnosis/impact.py; a run leaves with its last "
                   "alert).")
@@ -61,6 +62,26 @@ class GpuHoursLost(Collector):
         for (entity, project), hours in self._last.items():
             family.add_metric([entity, project], round(hours, 3))
         yield family
+
+
+class PublicView(CollectorRegistry):
+    """The registry as an unauthenticated scrape sees it: entity and project names are the
+    users' (what a W&B team works on), so ``gpu_hours_lost`` is one sum labelled ``_all``
+    there; a scrape with the webhook's or the pages' credentials gets it per project."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        super().__init__(auto_describe=False)
+        self.full = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.full.collect():
+            if family.name != PREFIX + "gpu_hours_lost":
+                yield family
+                continue
+            total = GaugeMetricFamily(family.name, family.documentation,
+                                      labels=["entity", "project"])
+            total.add_metric([ALL, ALL], round(sum(s.value for s in family.samples), 3))
+            yield total
 
 
 class BridgeMetrics:
@@ -129,6 +150,7 @@ class BridgeMetrics:
         self.audit_writable.set(1)
         self.gpu_hours = GpuHoursLost()
         r.register(self.gpu_hours)
+        self.public = PublicView(r)
 
     def read_gpu_hours_from(self, source: Callable[[], ProjectHours]) -> None:
         """Where the per-project GPU-hours lost are read at each scrape (the store's

@@ -344,9 +344,16 @@ class Handlers:
         self.ctx.metrics.store_ok.set(1)
         return web.json_response({"status": "ready"})
 
-    async def metrics(self, _request: web.Request) -> web.Response:
-        """Prometheus exposition of the bridge's own metrics."""
-        data = generate_latest(self.ctx.metrics.registry)
+    async def metrics(self, request: web.Request) -> web.Response:
+        """Prometheus exposition of the bridge's own metrics; entity and project names only
+        for a scrape with the webhook's or the pages' credentials (``PublicView``)."""
+        ctx, header = self.ctx, request.headers.get("Authorization")
+        named = ctx.public_pages or not ctx.credentials.enabled or (
+            header is not None and ctx.pages.limiter.retry_after(client_key(request.remote)) <= 0
+            and (ctx.pages.check_header(header) | ctx.credentials.check(header)))
+        if header is not None and not named:
+            ctx.pages.limiter.failed(client_key(request.remote))
+        data = generate_latest(ctx.metrics.registry if named else ctx.metrics.public)
         return web.Response(body=data, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     def _pages_gate(self, request: web.Request) -> web.Response | None:
