@@ -30,7 +30,6 @@ from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorker
 from wandb_infra.bridge.prometheus.client import PrometheusClient
 from wandb_infra.bridge.prometheus.endings import EndingsPolicy
-from wandb_infra.bridge.prometheus.run_lookup import PrometheusRunLookup
 
 HOSTS = 2000
 RUNS_PER_HOUR = 1000
@@ -122,7 +121,7 @@ def _worker(tmp: Path, name: str, url: str, endings: EndingsPolicy | None,
             clock: list[float]) -> DeliveryWorker:
     return DeliveryWorker(Store(tmp / f"{name}.sqlite"), client=None, markers=None,
                           links=GrafanaLinks(""), metrics=BridgeMetrics(),
-                          lookup=PrometheusRunLookup(PrometheusClient(url)), clock=lambda: clock[0],
+                          prometheus=PrometheusClient(url), clock=lambda: clock[0],
                           policy=DeliveryPolicy(node_state_refresh=0, endings=endings))
 
 

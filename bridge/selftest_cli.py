@@ -192,7 +192,7 @@ class Selftest:
         grafana = self.cfg.raw["grafana"]
         worker = DeliveryWorker(store, client=self.client, markers=markers,
                                 links=GrafanaLinks(str(grafana["base_url"] or "")),
-                                metrics=BridgeMetrics(), policy=policy, lookup=None)
+                                metrics=BridgeMetrics(), policy=policy)
         return store, worker
 
     def notify(self, store: Store, scratch: Scratch, resolved: bool) -> None:

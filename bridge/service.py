@@ -20,7 +20,6 @@ from wandb_infra.bridge.projection.delivery import DeliveryWorker, run_service
 from wandb_infra.bridge.projection.markers import RunAxis, SdkMarkerWriter, startup_checks
 from wandb_infra.bridge.projection.wandb_client import WandbClient
 from wandb_infra.bridge.prometheus.client import PrometheusClient
-from wandb_infra.bridge.prometheus.run_lookup import PrometheusRunLookup
 from wandb_infra.bridge.web.connections import ConnectionLimiter, connection_limit
 from wandb_infra.bridge.web.webhook import BridgeContext, Credentials, PageAuth, create_app
 from wandb_infra.common.logsetup import log_fields
@@ -58,7 +57,6 @@ def build(cfg: BridgeConfig) -> Bridge:
         return PrometheusClient(str(url), timeout) if url else None
 
     worker_prom, pages_prom = prometheus(), prometheus()
-    lookup = None if worker_prom is None else PrometheusRunLookup(worker_prom)
     client = markers = None
     wb = raw["wandb"]
     if cfg.secrets.wandb_api_key:
@@ -71,7 +69,7 @@ def build(cfg: BridgeConfig) -> Bridge:
                                       axis=RunAxis(client, steps) if steps else None)
     startup_checks(client, markers is not None)
     worker = DeliveryWorker(store, client=client, markers=markers, links=links,
-                            metrics=metrics, policy=cfg.policy, lookup=lookup)
+                            metrics=metrics, policy=cfg.policy, prometheus=worker_prom)
     runs = run_service(store, pages_prom, cfg.policy, worker.quarantine,
                        wandb_enabled=client is not None)
     return Bridge(BridgeContext(

@@ -21,7 +21,6 @@ from wandb_infra.bridge.projection.markers import SdkMarkerWriter
 from wandb_infra.bridge.projection.notes import BEGIN, END
 from wandb_infra.bridge.projection.wandb_client import WandbClient
 from wandb_infra.bridge.prometheus.client import PrometheusClient
-from wandb_infra.bridge.prometheus.run_lookup import PrometheusRunLookup
 from wandb_infra.common.runkey import RunKey
 
 RUN = RunKey("team", "proj", "r1")
@@ -36,14 +35,15 @@ def wb():
         yield server
 
 
-def make_worker(tmp_path, wb, *, key=None, markers=None, clock=None, lookup=None, **policy):
+def make_worker(tmp_path, wb, *, key=None, markers=None, clock=None, prometheus=None,
+                **policy):
     tmp_path.mkdir(parents=True, exist_ok=True)
     store = Store(tmp_path / "bridge.sqlite")
     client = WandbClient(wb.url, key or wb.api_key, timeout=5)
     worker = DeliveryWorker(
         store, client=client, markers=markers, links=GrafanaLinks("https://grafana.example"),
         metrics=BridgeMetrics(), policy=DeliveryPolicy(**{"flush_interval": 0, **policy}),
-        clock=clock or ManualClock(1_800_000_000.0), seed=1, lookup=lookup)
+        clock=clock or ManualClock(1_800_000_000.0), seed=1, prometheus=prometheus)
     return store, worker
 
 
@@ -202,7 +202,7 @@ def test_notify_critical_once(tmp_path, wb):
     assert wb.alerts == []
     with prometheus_raising(raised) as url:
         store, worker = make_worker(tmp_path, wb, notify_critical=True,
-                                    lookup=PrometheusRunLookup(PrometheusClient(url)))
+                                    prometheus=PrometheusClient(url))
         ingest(store, raised)
         worker.run_once()
         ingest(store, [alert("NodeDown", category="node", host="x", run="r1",

@@ -273,7 +273,7 @@ def test_delivery_writes_measured_impacts_and_the_gpu_hours_survive_a_restart(tm
                             markers=None, links=GrafanaLinks("https://grafana.example"),
                             metrics=metrics, policy=DeliveryPolicy(flush_interval=0),
                             clock=lambda: T0.timestamp() + 400, seed=1)
-    reader = worker.impact = _Measured()
+    reader = worker.projector.impact = _Measured()
     body = json.dumps(notification(cascade(hosts=2, gpus=1, run="r1"))).encode()
     store.ingest(parse_notification(body), T0.timestamp() + 60)
     assert worker.run_once() == 1

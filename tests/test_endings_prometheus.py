@@ -30,7 +30,6 @@ from wandb_infra.bridge.projection.wandb_client import WandbClient
 from wandb_infra.bridge.prometheus.client import PrometheusClient
 from wandb_infra.bridge.prometheus.endings import EndingsPolicy
 from wandb_infra.bridge.prometheus.history import as_notification, explain
-from wandb_infra.bridge.prometheus.run_lookup import PrometheusRunLookup
 from wandb_infra.catalog import series
 from wandb_infra.common.runkey import RunKey
 
@@ -107,7 +106,7 @@ def test_clean_faulty_and_blind_runs_get_their_verdicts_in_wandb(world, tmp_path
         worker = DeliveryWorker(
             store, client=WandbClient(wb.url, wb.api_key, timeout=10), markers=None,
             links=GrafanaLinks(""), metrics=BridgeMetrics(),
-            lookup=PrometheusRunLookup(PrometheusClient(url)),
+            prometheus=PrometheusClient(url),
             policy=DeliveryPolicy(flush_interval=0.0, node_state_refresh=0,
                                   endings=EndingsPolicy(grace=6, interval=1, lookback=600,
                                                         max_run=900, step=2)))
@@ -162,7 +161,7 @@ def _explain(run: RunKey, url: str, capsys) -> dict:
     capsys.readouterr()
     args = argparse.Namespace(run=run.path(), prometheus=url, start=None, end=None,
                               lookback="1h", step=2.0, grafana_url="", json=True, post=False,
-                              config=None, timeout=10.0, grace=6.0)
+                              config=None, timeout=10.0, grace=6.0, log=None)
     assert explain_cli.run(args) == 0
     return json.loads(capsys.readouterr().out)
 

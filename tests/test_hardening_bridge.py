@@ -21,7 +21,7 @@ from harness.processes import wait_for
 from harness.wandb_standin import WandbStandin
 from tests.test_bridge_delivery import ingest, make_worker
 from wandb_infra.bridge.ingest.payload import Alert, Notification
-from wandb_infra.bridge.web import webhook
+from wandb_infra.bridge.runs import service
 from wandb_infra.common.runkey import RunKey
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -211,12 +211,12 @@ def test_door_accepts_real_alertmanager_end_times(door, ends_at):
 
 def test_runs_are_paginated_and_diagnosed_only_when_they_changed(tmp_path, monkeypatch):
     calls: list[int] = []
-    real = webhook.diagnose
+    real = service.diagnose
 
     def counted(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
-    monkeypatch.setattr(webhook, "diagnose", counted)
+    monkeypatch.setattr(service, "diagnose", counted)
     ctx = make_context(tmp_path)
     with serve(ctx) as running:
         def post(alerts: list[dict]) -> None:

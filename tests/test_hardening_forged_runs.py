@@ -28,7 +28,6 @@ from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorker
 from wandb_infra.bridge.projection.wandb_client import WandbClient
 from wandb_infra.bridge.prometheus.client import PrometheusClient
-from wandb_infra.bridge.prometheus.run_lookup import PrometheusRunLookup
 from wandb_infra.common.runkey import RunKey
 
 pytestmark = pytest.mark.integration
@@ -87,7 +86,7 @@ def _worker(store: Store, wb: WandbStandin, prom: str, **policy: Any) -> Deliver
     return DeliveryWorker(store, client=WandbClient(wb.url, wb.api_key, timeout=5),
                           markers=None, links=GrafanaLinks(""), metrics=BridgeMetrics(),
                           policy=DeliveryPolicy(flush_interval=0, **policy),
-                          lookup=PrometheusRunLookup(PrometheusClient(prom)))
+                          prometheus=PrometheusClient(prom))
 
 
 def _ingest(store: Store, alerts: list[dict[str, Any]]) -> None:

@@ -62,7 +62,7 @@ def _deliver(tmp_path, wb: WandbStandin, run: str,
                             metrics=BridgeMetrics(),
                             policy=policy or DeliveryPolicy(flush_interval=0),
                             clock=lambda: NOW, seed=1)
-    worker.impact = _Flat()  # type: ignore[assignment]
+    worker.projector.impact = _Flat()  # type: ignore[assignment]
     body = json.dumps(notification(cascade(hosts=2, gpus=1, run=run))).encode()
     store.ingest(parse_notification(body), T0.timestamp() + 60)
     assert worker.run_once() == 1

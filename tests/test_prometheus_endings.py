@@ -23,7 +23,6 @@ from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorke
 from wandb_infra.bridge.projection.wandb_client import WandbClient
 from wandb_infra.bridge.prometheus.client import PrometheusClient
 from wandb_infra.bridge.prometheus.endings import EndingsPass, EndingsPolicy
-from wandb_infra.bridge.prometheus.run_lookup import PrometheusRunLookup
 from wandb_infra.common.runkey import RunKey
 
 pytestmark = pytest.mark.integration
@@ -60,7 +59,7 @@ def _endings(store: Store, prom: str, wb: WandbStandin | None) -> EndingsPass:
     worker = DeliveryWorker(
         store, client=None if wb is None else WandbClient(wb.url, wb.api_key, timeout=5),
         markers=None, links=GrafanaLinks(""), metrics=BridgeMetrics(),
-        lookup=PrometheusRunLookup(PrometheusClient(prom)),
+        prometheus=PrometheusClient(prom),
         policy=DeliveryPolicy(flush_interval=0, node_state_refresh=0,
                               endings=EndingsPolicy(grace=GRACE, interval=0.5, lookback=7200,
                                                     max_run=600, step=1)))

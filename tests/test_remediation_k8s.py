@@ -27,7 +27,6 @@ from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorke
 from wandb_infra.bridge.projection.wandb_client import WandbClient
 from wandb_infra.bridge.prometheus.client import PrometheusClient
 from wandb_infra.bridge.prometheus.remediation import NodeStateHistory
-from wandb_infra.bridge.prometheus.run_lookup import PrometheusRunLookup
 from wandb_infra.bridge.quarantine.actuator import check
 from wandb_infra.common.runkey import RunKey
 
@@ -69,7 +68,7 @@ def test_quarantine_cordons_and_the_verdict_flips_through_prometheus(tmp_path):
             worker = DeliveryWorker(
                 store, client=WandbClient(wb.url, wb.api_key, timeout=5), markers=None,
                 links=GrafanaLinks(""), metrics=BridgeMetrics(), policy=policy,
-                lookup=PrometheusRunLookup(PrometheusClient(prom.url)))
+                prometheus=PrometheusClient(prom.url))
             worker._next_refresh = float("inf")  # first: the verdict before any action
             # a history to read, not only the first scrape: three samples of every node
             wait_for(lambda: prom_query(prom.url, "count(count_over_time("

@@ -23,7 +23,6 @@ from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorker
 from wandb_infra.bridge.projection.wandb_client import WandbClient
 from wandb_infra.bridge.prometheus.client import PrometheusClient
-from wandb_infra.bridge.prometheus.run_lookup import PrometheusRunLookup
 from wandb_infra.bridge.quarantine.actuator import KubernetesActions, Quarantine, check
 from wandb_infra.common.configfile import ConfigError
 from wandb_infra.common.runkey import RunKey
@@ -158,7 +157,7 @@ def test_decision_shown_in_the_notes(k8s, tmp_path):
             worker = DeliveryWorker(store, client=WandbClient(wb.url, wb.api_key, timeout=5),
                                     markers=None, links=GrafanaLinks(""),
                                     metrics=BridgeMetrics(), policy=policy,
-                                    lookup=PrometheusRunLookup(PrometheusClient(prom)))
+                                    prometheus=PrometheusClient(prom))
             ingest(store, [xid("gpu-05")])
             worker.run_once()
             worker._next_refresh = 0
@@ -192,7 +191,7 @@ def test_faults_that_need_only_a_restart_are_never_offered(k8s, tmp_path):
     with prometheus_raising(raised) as prom:
         worker = DeliveryWorker(store, client=None, markers=None, links=GrafanaLinks(""),
                                 metrics=BridgeMetrics(), policy=policy,
-                                lookup=PrometheusRunLookup(PrometheusClient(prom)))
+                                prometheus=PrometheusClient(prom))
         ingest(store, raised)
         worker.run_once()
     audit = [json.loads(a) for a in

@@ -31,7 +31,6 @@ from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorker
 from wandb_infra.bridge.projection.wandb_client import WandbClient
 from wandb_infra.bridge.prometheus.client import PrometheusClient
-from wandb_infra.bridge.prometheus.run_lookup import PrometheusRunLookup
 from wandb_infra.bridge.quarantine.actuator import Quarantine, SlurmActions
 from wandb_infra.catalog import series
 from wandb_infra.common.runkey import RunKey
@@ -117,7 +116,7 @@ def test_verdict_flips_when_the_node_is_drained_resumed_and_rebooted(slurm, tmp_
                 # no join metrics in this Prometheus (placement: test_hardening_forged_runs.py)
                 policy=DeliveryPolicy(confirm_alerts=False, flush_interval=0,
                                       node_state_refresh=0.3),
-                lookup=PrometheusRunLookup(PrometheusClient(prom.url)))
+                prometheus=PrometheusClient(prom.url))
             start = datetime.now(UTC) - timedelta(seconds=20)
             fault = alert("GpuFallenOffBus", category="gpu_hardware", host=slurm.node,
                           gpu="1", run="r1", start=start)

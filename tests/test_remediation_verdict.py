@@ -30,7 +30,6 @@ from wandb_infra.bridge.prometheus.remediation import (
     exclusion,
     signature,
 )
-from wandb_infra.bridge.prometheus.run_lookup import PrometheusRunLookup
 from wandb_infra.common.runkey import RunKey
 
 # These alerts name runs the canned Prometheus holds no join metrics for; confirmation by Prometheus
@@ -244,7 +243,7 @@ def test_crashed_run_summary_gets_the_verdict(tmp_path):
         worker = DeliveryWorker(store, client=WandbClient(wb.url, wb.api_key, timeout=5),
                                 markers=None, links=GrafanaLinks(""), metrics=BridgeMetrics(),
                                 policy=DeliveryPolicy(confirm_alerts=False, flush_interval=0),
-                                lookup=PrometheusRunLookup(PrometheusClient(prom)))
+                                prometheus=PrometheusClient(prom))
         store.ingest(parse_notification(json.dumps(notification([xid()])).encode()))
         assert worker.run_once() == 1
         summary = wb.run("team", "proj", "r1").summary
@@ -322,7 +321,7 @@ def test_first_write_while_prometheus_is_not_answering_says_unknown(tmp_path):
                                 markers=None, links=GrafanaLinks(""), metrics=BridgeMetrics(),
                                 policy=DeliveryPolicy(confirm_alerts=False, flush_interval=0,
                                                       scheduler="slurm"),
-                                lookup=None)
+                                prometheus=None)
         worker.runs.history = worker.remediation = _Unanswering()
         store.ingest(parse_notification(json.dumps(notification([xid()])).encode()))
         assert worker.run_once() == 1

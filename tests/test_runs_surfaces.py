@@ -32,7 +32,6 @@ from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorke
 from wandb_infra.bridge.projection.notes import md_escape
 from wandb_infra.bridge.projection.wandb_client import WandbClient
 from wandb_infra.bridge.prometheus.client import PrometheusClient
-from wandb_infra.bridge.prometheus.run_lookup import PrometheusRunLookup
 from wandb_infra.bridge.quarantine.actuator import check
 from wandb_infra.common.runkey import RunKey
 
@@ -100,9 +99,9 @@ def _delivered(tmp_path: Path, raised: list[dict[str, Any]], forged: list[dict[s
         worker = DeliveryWorker(store, client=WandbClient(wb.url, wb.api_key, timeout=5),
                                 markers=None, links=GrafanaLinks("https://grafana.example"),
                                 metrics=BridgeMetrics(), policy=DeliveryPolicy(flush_interval=0),
-                                lookup=PrometheusRunLookup(PrometheusClient(prom)),
+                                prometheus=PrometheusClient(prom),
                                 clock=lambda: NOW)
-        worker.impact = _Measured()  # type: ignore[assignment]
+        worker.projector.impact = _Measured()  # type: ignore[assignment]
         if raised or forged:
             store.ingest(parse_notification(json.dumps(notification(raised + forged)).encode()),
                          NOW)

@@ -3,9 +3,8 @@
 Identity is read from each alert's own labels, never from ``commonLabels``, which Alertmanager
 computes over the alerts it kept after ``max_alerts`` truncation. Rules that name the run, host
 or GPU differently map their labels onto the contract's with Prometheus'
-``alert_relabel_configs`` before the alerts leave Prometheus. Alerts without run labels can be
-attributed by asking Prometheus which runs were on that host/GPU at ``startsAt`` (the
-exporter's join metrics, ``bridge.prometheus.run_lookup``).
+``alert_relabel_configs`` before the alerts leave Prometheus. The rules attribute alerts to runs
+(the exporter's join metrics, in PromQL); an alert without run labels stays unattributed.
 """
 
 from __future__ import annotations

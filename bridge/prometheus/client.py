@@ -1,6 +1,6 @@
 """The bridge's one Prometheus client: one HTTP session, one timeout, one error type.
 
-Every Prometheus read in the bridge (run lookup and placement checks, alert history for
+Every Prometheus read in the bridge (confirming alerts, alert history for
 ``explain``, scheduler state and recovery evidence, ended runs and their coverage, measured
 impact, the run page's activity plot) goes through ``PrometheusClient``, so they share one
 connection pool and fail the same way: ``PrometheusError`` with a message that names
