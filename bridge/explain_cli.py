@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     # one of them is an alert Prometheus raised) and with nothing stored.
     service = RunService(None, history=NodeStateHistory(prom), wandb_enabled=False)
     run_view = service.assemble(target, Confirmation(tuple(as_facts(found.alerts)), (), ()))
-    impacts = ImpactHistory(prom, cache_seconds=0, min_step=args.step).for_diagnosis(
+    impacts = ImpactHistory(prom, min_step=args.step).for_diagnosis(
         target, run_view.diagnosis)
     if impacts is not None:
         run_view = service.with_impacts(run_view, impacts, now)

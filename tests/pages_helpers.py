@@ -47,8 +47,8 @@ def measure(ctx: BridgeContext, run: RunKey, prometheus_url: str) -> None:
     assert ctx.runs is not None
     view = ctx.runs.view(run)
     assert view is not None
-    reader = ImpactHistory(PrometheusClient(prometheus_url, 15.0), cache_seconds=0,
-                           min_step=10.0, clock=lambda: MEASURED_AT)
+    reader = ImpactHistory(PrometheusClient(prometheus_url, 15.0), min_step=10.0,
+                           clock=lambda: MEASURED_AT)
     found = reader.for_diagnosis(run, view.diagnosis)
     assert found is not None
     ctx.runs.record_impacts(view, found)

@@ -74,7 +74,7 @@ def _diagnosis(url: str, run: RunKey, since: float, alertname: str) -> Diagnosis
 
 
 def _head(url: str, run: RunKey, diagnosis: Diagnosis, state: str | None = None) -> Impact:
-    impacts = ImpactHistory(PrometheusClient(url), cache_seconds=0).for_diagnosis(
+    impacts = ImpactHistory(PrometheusClient(url)).for_diagnosis(
         run, diagnosis, state)
     assert impacts is not None and diagnosis.root_cause is not None
     return impacts[diagnosis.root_cause.key]

@@ -256,3 +256,34 @@ def test_chart_labels_are_whole_apart_and_readable_at_two_widths(tmp_path, name)
                     # the root host's name does not fit its column: cut, whole in the tooltip
                     assert f"{EDGE_ROOT} GPU 3 (root cause)" in found["tips"].values(), (
                         width, found["tips"])
+
+
+async def _runs_at(base: str, width: int, shot: Path) -> dict:
+    async with Browser() as browser:
+        await browser.send("Emulation.setDeviceMetricsOverride", width=width, height=900,
+                           deviceScaleFactor=1, mobile=False)
+        await browser.goto(base + "/runs")
+        await browser.eval(f"document.querySelector('input[name=token]').value = "
+                           f"'{PAGE_TOKEN}'")
+        await browser.submit("form[action='/login']")
+        await browser.screenshot(shot, full_page=True)
+        return await browser.eval("""(() => ({
+            scroll: document.documentElement.scrollWidth,
+            headline: [...document.querySelectorAll('table tr td:nth-child(3)')]
+                        .map(td => td.getBoundingClientRect().width),
+        }))()""")
+
+
+def test_runs_list_fits_800_px(tmp_path):
+    """/runs at 800 px wide: nothing scrolls sideways, and the headline column keeps room to
+    be read (a long run id wraps instead of pushing the table past the window)."""
+    _path, alerts, prom = SCENARIOS["cascade"]
+    with serve_app(prom.app()) as prom_url:
+        ctx = pages_context(tmp_path, prom_url, pages=PageAuth(PAGE_TOKEN))
+        with serve(ctx) as running:
+            post_alerts(running, alerts())
+            post_alerts(running, [alert("NodeDown", category="node", host="gpu-node-001",
+                                        run="a-very-long-run-id-" + "x" * 60, start=T0)])
+            found = asyncio.run(_runs_at(running.url, 800, tmp_path / "runs-800.png"))
+    assert found["scroll"] <= 800, found
+    assert min(found["headline"]) >= 160, found  # some 20 characters a line

@@ -14,7 +14,6 @@ or power only when dcgm-exporter has no tensor activity. Answers are cached for 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -73,17 +72,14 @@ def affected_gpus(issue: Issue, placement: Placement) -> tuple[str, frozenset[st
 
 
 class ImpactHistory:
-    """Reads and measures; every failure becomes an ``unmeasured`` impact, never an error."""
+    """Reads and measures; every failure becomes an ``unmeasured`` impact, never an error. Only
+    the worker measures (on its schedule; pages read what it stored), so nothing is cached."""
 
-    def __init__(self, prom: PrometheusClient, *, cache_seconds: float = 10.0,
-                 min_step: float = 1.0, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, prom: PrometheusClient, *, min_step: float = 1.0,
+                 clock: Callable[[], float] = time.time) -> None:
         self.prom = prom
-        self.cache_seconds = cache_seconds
         self.min_step = min_step
         self.clock = clock
-        self._lock = threading.Lock()
-        self._cache: dict[tuple[RunKey, str | None, tuple[tuple[str, bool], ...]],
-                          tuple[float, dict[str, Impact]]] = {}
         self._down_until = 0.0
 
     def for_diagnosis(self, run: RunKey, diagnosis: Diagnosis,
@@ -94,25 +90,14 @@ class ImpactHistory:
         if not diagnosis.issues:
             return {}
         now = self.clock()
-        key = (run, state, tuple((i.key, i.open) for i in diagnosis.issues))
-        with self._lock:
-            hit = self._cache.get(key)
-            if hit is not None and now - hit[0] < self.cache_seconds:
-                return hit[1]
-            if now < self._down_until:
-                return None
+        if now < self._down_until:
+            return None
         try:
-            found = self.measure(run, diagnosis, now, state)
+            return self.measure(run, diagnosis, now, state)
         except PrometheusError as exc:
             log.warning("impact not measured", extra={"error": str(exc)})
-            with self._lock:
-                self._down_until = now + DOWN_BACKOFF
+            self._down_until = now + DOWN_BACKOFF
             return None
-        with self._lock:
-            if len(self._cache) > 1000:
-                self._cache.clear()
-            self._cache[key] = (now, found)
-        return found
 
     def measure(self, run: RunKey, diagnosis: Diagnosis, now: float,
                 state: str | None = None) -> dict[str, Impact]:

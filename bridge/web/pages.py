@@ -62,6 +62,9 @@ _STYLE = (
     "label{font-size:.85em;color:#5f6368;display:flex;flex-direction:column}"
     ".note{background:#fff8e1;padding:.4em .8em;border-radius:4px}"
     "td.n{white-space:nowrap}.login{max-width:26em;border-left-color:#0b57d0}"
+    # /runs at 800 px: long run ids wrap, the counts give way to the headline
+    "table.runs td.run{overflow-wrap:anywhere;min-width:8em}"
+    "@media (max-width:959px){table.runs .wide{display:none}table.runs td.n{white-space:normal}}"
     ".login input{font-size:1em;padding:.3em}"
     "button{font-size:.95em;padding:.3em .9em}")
 
@@ -131,9 +134,9 @@ def runs_html(rows: list[dict[str, Any]], unattributed: int, *,
             if unattributed else "")
     out = [f"<header><h1>Runs with infrastructure issues</h1>{link}</header>",
            _filter_form(filters, limit)]
-    out.append("<table><tr><th class='sev'></th><th>Run</th><th>Headline (root cause)</th>"
-               "<th>Started</th><th>Issues</th><th>Alerts (firing)</th><th>Verdict</th>"
-               "<th>W&amp;B</th></tr>")
+    out.append("<table class='runs'><tr><th class='sev'></th><th>Run</th>"
+               "<th>Headline (root cause)</th><th>Started</th><th class='wide'>Issues</th>"
+               "<th class='wide'>Alerts (firing)</th><th>Verdict</th><th>W&amp;B</th></tr>")
     for r in rows:
         root = r.get("root_cause")
         name = f"{r['entity']}/{r['project']}/{r['run_id']}"
@@ -152,11 +155,12 @@ def runs_html(rows: list[dict[str, Any]], unattributed: int, *,
         text, cls = wandb_text(r["wandb"])
         out.append(
             f"<tr><td class='sev' style='background:{bar}' title='{escape(sev, quote=True)}'>"
-            f"</td><td><a href='{escape(_run_href(r), quote=True)}'>{escape(name)}</a></td>"
+            f"</td><td class='run'><a href='{escape(_run_href(r), quote=True)}'>{escape(name)}</a>"
+            "</td>"
             f"<td>{head} <span class='pill{' bad' if state == 'open' else ''}'>{state}</span>"
             f"</td><td class='n'>{escape(when(r.get('started_at')))}</td>"
-            f"<td class='n'>{r.get('issues', 0)} ({r.get('open_issues', 0)} open)</td>"
-            f"<td class='n'>{r.get('alerts', 0)} ({r.get('firing', 0)})</td>"
+            f"<td class='n wide'>{r.get('issues', 0)} ({r.get('open_issues', 0)} open)</td>"
+            f"<td class='n wide'>{r.get('alerts', 0)} ({r.get('firing', 0)})</td>"
             f"<td>{verdict_pill(r.get('verdict'))}</td>"
             f"<td><span class='pill {cls}'>{escape(text.removeprefix('W&B: '))}</span></td>"
             "</tr>")
