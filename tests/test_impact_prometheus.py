@@ -92,7 +92,7 @@ def _explained(run: RunKey, url: str, capsys, diagnosis: Diagnosis) -> tuple[dic
     capsys.readouterr()
     args = argparse.Namespace(run=run.path(), prometheus=url, start=None, end=None,
                               lookback="1h", step=1.0, grafana_url="", json=True, post=False,
-                              config=None, timeout=10.0, grace=30.0)
+                              config=None, timeout=10.0, grace=30.0, log=None)
     assert explain_cli.run(args) == 0
     view = json.loads(capsys.readouterr().out)
     head = diagnosis.root_cause
