@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import replace
 from datetime import timedelta
 
 from harness.bridge_payloads import T0, alert, cascade, notification
@@ -257,20 +256,3 @@ def test_root_resolved_while_consequences_fire():
     issue, = diagnose(facts([xid, stall])).issues
     assert issue.open and issue.root_ended_at == T0 + timedelta(minutes=2)
     assert issue.consequences_firing == 1
-
-
-def test_a_run_is_diagnosed_once_per_version_of_its_alerts():
-    """Page view, verdict, quarantine pass and delivery ask within moments of each other: the
-    same alerts give the very same answer; an alert that resolves or changes gives a new one."""
-    alerts = facts(cascade(hosts=4, gpus=8))
-    first = diagnose(alerts)
-    assert diagnose(list(alerts)) is first
-    assert diagnose(alerts, timedelta(minutes=1)) is not first
-    root = first.issues[0].root
-    resolved = [replace(a, ends_at=a.starts_at + timedelta(minutes=5))
-                if a.fingerprint == root.fingerprint else a for a in alerts]
-    again = diagnose(resolved)
-    assert again is not first and again.issues[0].root.ends_at is not None
-    relabelled = [replace(a, annotations={**a.annotations, "description": "changed"})
-                  if a.fingerprint == root.fingerprint else a for a in alerts]
-    assert diagnose(relabelled) is not first

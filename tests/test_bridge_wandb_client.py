@@ -29,7 +29,6 @@ from wandb_infra.bridge.projection.wandb_client import (
     parse_retry_after,
 )
 from wandb_infra.bridge.prometheus.client import PrometheusClient
-from wandb_infra.bridge.prometheus.run_lookup import PrometheusRunLookup
 
 pytestmark = pytest.mark.integration
 
@@ -60,7 +59,7 @@ def test_a_failing_wandb_alert_parks_nothing_and_is_not_sent_twice(tmp_path):
             store, client=WandbClient(wb.url, wb.api_key, timeout=5), markers=None,
             links=GrafanaLinks(""), metrics=BridgeMetrics(), clock=ManualClock(1.8e9),
             policy=DeliveryPolicy(flush_interval=0, notify_critical=True),
-            lookup=PrometheusRunLookup(PrometheusClient(prom)))
+            prometheus=PrometheusClient(prom))
         store.ingest(parse_notification(json.dumps(notification(CRITICAL)).encode()))
         worker.run_once()
         worker.run_once()

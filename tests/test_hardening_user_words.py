@@ -48,16 +48,16 @@ def ingest(store: Store, *names: str) -> None:
 
 
 def test_an_edit_while_the_bridge_waits_on_prometheus_survives(wb, tmp_path):
-    """The user edits while the bridge computes the remediation (a Prometheus lookup)."""
+    """The user edits while the bridge measures the run (Prometheus, the run's history)."""
     w, store = worker(wb, tmp_path)
-    slow = w.remediations
+    slow = w.projector.measure
 
-    def remediations_meanwhile(diagnosis: Any, **options: Any) -> Any:
+    def measured_meanwhile(view: Any) -> Any:
         wb.user_edit("team", "proj", "r1", notes=lambda n: n + "edited during the lookup\n",
                      tags=lambda t: [*t, "late-tag"])
-        return slow(diagnosis, **options)
+        return slow(view)
 
-    w.remediations = remediations_meanwhile  # type: ignore[method-assign]
+    w.projector.measure = measured_meanwhile  # type: ignore[method-assign]
     ingest(store, "GpuXidError")
     assert w.run_once() == 1
     run = wb.run("team", "proj", "r1")
