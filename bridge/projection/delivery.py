@@ -286,7 +286,7 @@ class DeliveryWorker:
             if view is None or not view.issues:
                 continue
             if self.client is None:  # no W&B projection: the pages still get the job log
-                view = self.read_job_log(view, None)
+                view = self.projector.read_job_log(view, None)
             stale = view.measured_at is None or (bool(view.diagnosis.open_issues) and \
                 now - view.measured_at >= (self.policy.node_state_refresh or 60.0))
             if stale or set(view.impacts or {}) != {i.issue.key for i in view.issues}:
