@@ -17,7 +17,7 @@ from wandb_infra.common.configfile import ConfigError, read_secret
 from wandb_infra.common.logsetup import log_fields, setup_logging
 from wandb_infra.exporter import config, webconfig
 from wandb_infra.exporter.hostnames import HostnameMapper
-from wandb_infra.exporter.placements import PlacementMerger
+from wandb_infra.exporter.placements import Limits, PlacementMerger
 from wandb_infra.exporter.pushed import RegistrationStore
 from wandb_infra.exporter.server import REGISTRATION_SOURCE, build_app
 from wandb_infra.exporter.sources import Source
@@ -86,7 +86,8 @@ def build(raw: Mapping[str, Any]) -> tuple[web.Application, list[str]]:
                               and reg_cfg["state_file"] else None)
     live = [(REGISTRATION_SOURCE, store.active)] if reg_cfg["enabled"] else []
     merger = PlacementMerger(mapper, grace_seconds=grace, live_sources=live,
-                             live_version=store.version)
+                             live_version=store.version,
+                             limits=Limits(**{k: int(v) for k, v in cfg["metadata"].items()}))
     sources = build_sources(cfg, secrets) + node_state_sources(cfg, merger, grace, secrets)
     if len({s.name for s in sources}) != len(sources):
         raise ConfigError("node_state source names must differ from the run sources' names")

@@ -163,7 +163,13 @@ class SelfMetrics(Collector):
             n_runs, n_hosts = snap.runs_by_source.get(status.name, (0, 0))
             runs.add_metric(name, n_runs)
             hosts.add_metric(name, n_hosts)
-        yield from (up, last, duration, errors, runs, hosts)
+        cut = CounterMetricFamily(P + "source_cut", "Reported metadata cut to the exporter's "
+                                  "bounds (metadata.*): host, label, hosts_per_run, "
+                                  "runs_per_source.", labels=["source", "what"])
+        for status in snap.sources:
+            for what, count in sorted(status.cut_total.items()):
+                cut.add_metric([status.name, what], count)
+        yield from (up, last, duration, errors, runs, hosts, cut)
         build = GaugeMetricFamily(P + "build_info", "Version of the running exporter (value 1).",
                                   labels=["version", "pythonversion"])
         build.add_metric([__version__, platform.python_version()], 1.0)

@@ -72,6 +72,16 @@ SCHEMA = Section({
                           "shutdown) and restored from at start with the rest of their TTL; "
                           "empty: memory only, a restart forgets them"),
     }, help="HTTP registrations (Slurm prolog/epilog, wandb_infra.exporter.client)"),
+    "metadata": Section({
+        "max_hosts_per_run": Key("int", 4096, "hosts one run may be placed on per source poll "
+                                 "(more are cut, logged and counted in source_cut_total)",
+                                 above=0),
+        "max_runs_per_source": Key("int", 50_000, "runs one source poll may report", above=0),
+        "max_label_bytes": Key("int", 256, "UTF-8 bytes of a run name or label value from a "
+                               "source (longer ones are cut; a longer host name is dropped)",
+                               above=0),
+    }, help="bounds on what the polled sources report (W&B run configs, pod labels are "
+            "untrusted)"),
     "hostnames": hostnames.SCHEMA,
     "sources": Section({
         "slurm": slurm.SCHEMA, "wandb": wandb_runs.SCHEMA, "kubernetes": kubernetes.SCHEMA,

@@ -5,6 +5,12 @@
   reports itself down; problems inside a good poll only count as errors.
 * Several sources may report the same run on the same host: one node series per (run, host), GPUs
   merged (a GPU known by index and UUID replaces the same GPU known by only one of them).
+* What a polled source reports is untrusted metadata (a W&B run's config, a Kubernetes pod's
+  labels): each poll is bounded in hosts per run, runs per source and bytes per label value
+  (``Limits``), and what is cut is logged once per poll and counted in
+  ``wandb_infra_exporter_source_cut_total{source,what}``. One W&B run's 60-byte config naming
+  four 100,000-host lists made the exporter publish 400,000 hosts and grow past its memory
+  limit.
 * A run's labels stay constant while it lives: the first labels seen for (run, host) win until that
   pair disappears from every source; likewise a GPU first published by index keeps that label set
   when another source later adds its UUID (and vice versa).
@@ -15,6 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +47,60 @@ class SourceStatus:
     last_duration: float = 0.0
     errors_total: int = 0
     placements: list[RunPlacement] = field(default_factory=list)
+    cut_total: Counter[str] = field(default_factory=Counter)  # what Limits cut, by kind
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on one poll of a source (see ``bound``)."""
+
+    max_hosts_per_run: int = 4096
+    max_runs_per_source: int = 50_000
+    max_label_bytes: int = 256
+
+
+def _clip(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` UTF-8 bytes, never inside a character."""
+    raw = text.encode("utf-8", "surrogatepass")
+    if len(raw) <= limit:
+        return text
+    return raw[:limit].decode("utf-8", "ignore")
+
+
+def bound(placements: Sequence[RunPlacement], limits: Limits
+          ) -> tuple[list[RunPlacement], Counter[str]]:
+    """The placements within ``limits`` (the first hosts of a run and the first runs, in the
+    source's order) and how many of each kind were cut: ``host`` (a host name over the label
+    bound: dropped, a cut name would be another host), ``label`` (a run name or extra label
+    value cut to the bound), ``hosts_per_run``, ``runs_per_source``."""
+    cut: Counter[str] = Counter()
+    hosts: Counter[RunKey] = Counter()
+    runs: set[RunKey] = set()
+    dropped: set[RunKey] = set()
+    out = []
+    for p in placements:
+        if len(p.host.encode("utf-8", "surrogatepass")) > limits.max_label_bytes:
+            cut["host"] += 1
+            continue
+        if p.run not in runs:
+            if len(runs) >= limits.max_runs_per_source:
+                dropped.add(p.run)
+                continue
+            runs.add(p.run)
+        if hosts[p.run] >= limits.max_hosts_per_run:
+            cut["hosts_per_run"] += 1
+            continue
+        hosts[p.run] += 1
+        name = _clip(p.run_name, limits.max_label_bytes)
+        extra = tuple((k, _clip(v, limits.max_label_bytes)) for k, v in p.extra)
+        if name != p.run_name or extra != p.extra:
+            cut["label"] += 1
+            out.append(RunPlacement(p.run, p.host, p.source, p.gpus, name, extra))
+        else:
+            out.append(p)
+    if dropped:
+        cut["runs_per_source"] = len(dropped)
+    return out, cut
 
 
 @dataclass(frozen=True)
@@ -85,8 +146,10 @@ class PlacementMerger:
     def __init__(self, mapper: HostnameMapper | None = None, grace_seconds: float = 300.0,
                  clock: Callable[[], float] = time.time,
                  live_sources: Sequence[tuple[str, Callable[[], list[RunPlacement]]]] = (),
-                 live_version: Callable[[], int] = lambda: 0) -> None:
+                 live_version: Callable[[], int] = lambda: 0, *,
+                 limits: Limits | None = None) -> None:
         self.mapper = mapper or HostnameMapper()
+        self.limits = limits or Limits()
         self.grace = grace_seconds
         self.clock = clock
         self._lock = threading.Lock()
@@ -117,9 +180,16 @@ class PlacementMerger:
 
     def record_success(self, name: str, result: SourceResult, duration: float) -> None:
         """A good poll: replace the source's mapping (host names mapped), count its problems."""
-        placements = [self.canonical(p) for p in result.placements]
+        placements, cut = bound([self.canonical(p) for p in result.placements], self.limits)
+        if cut:
+            log.warning("source metadata cut to the exporter's bounds", extra=log_fields(
+                source=name, **{f"cut_{k}": v for k, v in sorted(cut.items())},
+                max_hosts_per_run=self.limits.max_hosts_per_run,
+                max_runs_per_source=self.limits.max_runs_per_source,
+                max_label_bytes=self.limits.max_label_bytes))
         with self._lock:
             status = self._sources.setdefault(name, SourceStatus(name))
+            status.cut_total.update(cut)
             status.up = True
             status.last_success = self.clock()
             status.last_duration = duration
@@ -178,7 +248,8 @@ class PlacementMerger:
                         self._status_copy(), snap.runs_by_source, snap.pods)
 
     def _status_copy(self) -> tuple[SourceStatus, ...]:
-        return tuple(SourceStatus(s.name, s.up, s.last_success, s.last_duration, s.errors_total)
+        return tuple(SourceStatus(s.name, s.up, s.last_success, s.last_duration, s.errors_total,
+                                  cut_total=Counter(s.cut_total))
                      for s in self._sources.values())
 
     def _merge(self, live: list[tuple[str, list[RunPlacement]]]) -> Snapshot:

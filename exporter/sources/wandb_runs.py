@@ -25,7 +25,12 @@ from wandb_infra.common.labels import NAME_CHARS
 from wandb_infra.common.runkey import RunKey
 from wandb_infra.common.schema import Key, Section
 from wandb_infra.exporter.model import Gpu, RunPlacement, SourceResult
-from wandb_infra.exporter.nodelist import NodeListError, expand_hostlist, gres_gpu_indices
+from wandb_infra.exporter.nodelist import (
+    MAX_HOSTS,
+    NodeListError,
+    expand_hostlist,
+    gres_gpu_indices,
+)
 from wandb_infra.exporter.sources import source_keys, valid_run_key
 
 RUNS_QUERY = """
@@ -127,6 +132,8 @@ def run_placements(run: RunKey, node: Mapping[str, Any], source: str) -> list[Ru
             continue
         extra = tuple(e for e in ((labels.RUN_GROUP, group), (labels.SLURM_JOB_ID, job_id)) if e[1])
         for host in hosts:
+            if len(out) >= MAX_HOSTS:  # one run's nodelists; the merger's bound cuts further
+                break
             if host.split(".")[0].lower() not in seen:
                 seen.add(host.split(".")[0].lower())
                 out[host] = RunPlacement(run, host, source, (), name, extra)
