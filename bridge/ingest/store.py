@@ -93,10 +93,6 @@ OTHER_SCHEMA = (
     PRIMARY KEY (entity, project, run_id, marker)
 )""",
     "CREATE TABLE IF NOT EXISTS probe (id INTEGER PRIMARY KEY, at REAL NOT NULL, pad BLOB)",
-    # Copies attributed by a Prometheus lookup, found from their unattributed original; the
-    # webhook's rows (lookup_done 0) are not in it, so ingest writes no second b-tree.
-    "CREATE INDEX IF NOT EXISTS alerts_looked_up ON alerts (fingerprint, starts_at) "
-    "WHERE lookup_done=1 AND entity!=''",
 )
 # Schema version 2: ended runs and their verdicts (prometheus/endings.py, diagnosis/outcome.py),
 # with or without alerts; and the time up to which Prometheus was searched for ended runs.
@@ -640,61 +636,6 @@ class Store:
             "dirty_seq = dirty_seq + 1, parked = NULL, attempts = 0, "
             "pending_since = COALESCE(pending_since, excluded.pending_since)",
             (run.entity, run.project, run.run_id, now))
-
-    # attribution by Prometheus lookup ------------------------------------------------------
-    def unattributed_for_lookup(self, limit: int = 200) -> list[AlertFact]:
-        """Unattributed alerts not yet looked up in Prometheus."""
-        rows = self._read(
-            f"SELECT {_ALERT_COLUMNS} FROM alerts WHERE {_UNATTRIBUTED} AND lookup_done=0 "  # noqa: S608 - constant column list
-            "ORDER BY starts_at LIMIT ?", (limit,))
-        return [_fact(r) for r in rows]
-
-    def attach_runs(self, fact: AlertFact, runs: list[RunKey], now: float | None = None) -> None:
-        """Record that ``fact`` (unattributed) hit ``runs``; marks the lookup as done."""
-        now = time.time() if now is None else now
-        start = iso(fact.starts_at)
-        with self._tx() as conn:
-            for run in runs:
-                cur = conn.execute(
-                    f"INSERT OR IGNORE INTO alerts ({_ALERT_COLUMNS}, received_at, updated_at, "  # noqa: S608 - constant column list
-                    "lookup_done) SELECT fingerprint, starts_at, ?, ?, ?, status, ends_at, "
-                    "hostname, gpu, labels, annotations, ?, ?, 1 "
-                    f"FROM alerts WHERE fingerprint=? AND starts_at=? AND {_UNATTRIBUTED}",
-                    (run.entity, run.project, run.run_id, now, now, fact.fingerprint, start))
-                if cur.rowcount:
-                    self._bump(conn, run, now)
-            conn.execute("UPDATE alerts SET lookup_done=1 WHERE fingerprint=? AND starts_at=? "  # noqa: S608 - constant condition
-                         f"AND {_UNATTRIBUTED}", (fact.fingerprint, start))
-
-    def propagate_resolutions(self, now: float | None = None) -> int:
-        """Close looked-up copies whose unattributed original has since resolved, and reopen
-        those whose original fires again."""
-        now = time.time() if now is None else now
-        with self._tx() as conn:
-            rows = conn.execute(
-                "SELECT c.entity, c.project, c.run_id, c.fingerprint, c.starts_at, o.ends_at "
-                "FROM alerts o JOIN alerts c ON c.fingerprint=o.fingerprint AND "
-                "c.starts_at=o.starts_at AND c.lookup_done=1 AND c.entity!='' "
-                "WHERE o.entity='' AND o.project='' AND o.run_id='' AND o.status='resolved' "
-                "AND c.status='firing'").fetchall()
-            for r in rows:
-                conn.execute(
-                    "UPDATE alerts SET status='resolved', ends_at=?, updated_at=? WHERE "
-                    "fingerprint=? AND starts_at=? AND entity=? AND project=? AND run_id=?",
-                    (r["ends_at"], now, r["fingerprint"], r["starts_at"], r["entity"],
-                     r["project"], r["run_id"]))
-                self._bump(conn, RunKey(r["entity"], r["project"], r["run_id"]), now)
-            reopened = conn.execute(
-                "SELECT c.entity, c.project, c.run_id, c.fingerprint, c.starts_at "
-                "FROM alerts o JOIN alerts c ON c.fingerprint=o.fingerprint AND "
-                "c.starts_at=o.starts_at AND c.lookup_done=1 AND c.entity!='' "
-                "WHERE o.entity='' AND o.project='' AND o.run_id='' AND o.status='firing' "
-                "AND c.status='resolved'").fetchall()
-            for r in reopened:  # the original fires again (_REOPEN): so do its copies
-                conn.execute(_REOPEN, (now, r["entity"], r["project"], r["run_id"],
-                                       r["starts_at"], r["fingerprint"]))
-                self._bump(conn, RunKey(r["entity"], r["project"], r["run_id"]), now)
-        return len(rows) + len(reopened)
 
     # reads ----------------------------------------------------------------------------------
     def facts(self, run: RunKey) -> list[AlertFact]:

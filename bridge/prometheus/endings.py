@@ -27,7 +27,7 @@ from datetime import timedelta
 from wandb_infra.bridge.diagnosis.coverage import Coverage, judge
 from wandb_infra.bridge.diagnosis.outcome import Outcome
 from wandb_infra.bridge.diagnosis.outcome import judge as judge_outcome
-from wandb_infra.bridge.diagnosis.root_cause import AlertFact, Diagnosis, diagnose
+from wandb_infra.bridge.diagnosis.root_cause import AlertFact, diagnose
 from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.prometheus.client import PrometheusClient, PrometheusError, regex_literal
 from wandb_infra.bridge.prometheus.history import Placement, find_placement
@@ -272,9 +272,3 @@ class EndingsPass:
         coverage = None if placement is None else self.endings.coverage(placement)
         end = coverage.end if coverage is not None else ended_at
         return judge_outcome(diagnose(self.facts(run), self.incident_gap), coverage, end, how)
-
-
-def current(stored: Outcome, diagnosis: Diagnosis) -> Outcome:
-    """A stored verdict with the run's diagnosis now (an alert that arrived after the run was
-    judged makes it infrastructure; its coverage stays what was measured)."""
-    return judge_outcome(diagnosis, stored.coverage, stored.ended_at, stored.how)

@@ -10,16 +10,12 @@ too, so only one at a time is held decoded (the others wait as bytes).
 from __future__ import annotations
 
 import asyncio
-import base64
-import hashlib
-import hmac
 import logging
 import time
 import urllib.parse
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -27,18 +23,17 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from wandb_infra.bridge.ingest import identity
 from wandb_infra.bridge.ingest.identity import UNATTRIBUTED, Identity
 from wandb_infra.bridge.ingest.payload import Notification, PayloadError, parse_notification
-from wandb_infra.bridge.ingest.store import IngestResult, RunIndexEntry, Store, StoreError
+from wandb_infra.bridge.ingest.store import IngestResult, Store, StoreError
 from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.prometheus.client import PrometheusClient
 from wandb_infra.bridge.runs.service import RunService
 from wandb_infra.bridge.runs.view import VERDICTS, GrafanaLinks
-from wandb_infra.bridge.web import activity
 from wandb_infra.bridge.web import runbook as runbook_page
+from wandb_infra.bridge.web.auth import Credentials, PageAuth
 from wandb_infra.bridge.web.pages import empty_html, login_html, run_html, runs_html
+from wandb_infra.bridge.web.runpages import MAX_PAGE, RunPages
 from wandb_infra.bridge.web.sessions import (
     SESSION_SECONDS,
-    LoginLimiter,
-    Sessions,
     client_key,
 )
 from wandb_infra.catalog import runbook
@@ -48,90 +43,10 @@ from wandb_infra.common.runkey import RunKey
 
 log = logging.getLogger(__name__)
 
-MAX_PAGE = 500
-MAX_CACHED_SUMMARIES = 20_000
 PAGE_COOKIE = "wandb_infra_pages"
 MAX_LOGIN_BYTES = 4096
 RUN_STATES = ("", "open", "resolved")
 RUN_VERDICTS = ("", *VERDICTS)
-
-
-def _digest(value: str) -> bytes:
-    return hashlib.sha256(value.encode("utf-8", "surrogateescape")).digest()
-
-
-@dataclass
-class Credentials:
-    """Accepted ``Authorization`` header values, compared as digests in constant time."""
-
-    bearer_token: str | None = field(default=None, repr=False)
-    basic_username: str | None = None
-    basic_password: str | None = field(default=None, repr=False)
-
-    def __post_init__(self) -> None:
-        self._accepted: list[bytes] = []
-        if self.bearer_token:
-            self._accepted.append(_digest(f"Bearer {self.bearer_token}"))
-        if self.basic_username and self.basic_password:
-            pair = f"{self.basic_username}:{self.basic_password}".encode()
-            self._accepted.append(_digest("Basic " + base64.b64encode(pair).decode()))
-
-    @property
-    def enabled(self) -> bool:
-        """False only in the explicit insecure local-demo mode."""
-        return bool(self._accepted)
-
-    def check(self, header: str | None) -> bool:
-        """True when ``header`` matches a configured credential (all compared, no early out)."""
-        if not self._accepted:
-            return True
-        got = _digest(header or "")
-        ok = False
-        for accepted in self._accepted:
-            ok |= hmac.compare_digest(got, accepted)
-        return ok
-
-
-@dataclass
-class PageAuth:
-    """Read access to the pages, separate from the webhook's credentials.
-
-    ``token`` opens them as ``Authorization: Bearer <token>``, or typed into the login form,
-    which starts a session: a random cookie per login that expires after ``SESSION_SECONDS`` and
-    ends at sign-out (``bridge/web/sessions.py``). Failed guesses either way are counted by one
-    ``limiter``. The webhook's credentials open them only when
-    ``accept_webhook`` says so; ``None`` means "only while no page token is configured" (API
-    clients of older configs). ``secure_cookie``: None sets ``Secure`` when the request came over
-    TLS or through a proxy that says so (``X-Forwarded-Proto: https``).
-    """
-
-    token: str | None = field(default=None, repr=False)
-    accept_webhook: bool | None = None
-    secure_cookie: bool | None = None
-    sessions: Sessions = field(default_factory=Sessions)
-    limiter: LoginLimiter = field(default_factory=LoginLimiter)
-
-    def __post_init__(self) -> None:
-        self._bearer = _digest(f"Bearer {self.token}") if self.token else b""
-
-    @property
-    def webhook_opens_pages(self) -> bool:
-        """Whether the webhook's credentials are also page credentials."""
-        return not self.token if self.accept_webhook is None else self.accept_webhook
-
-    def check_token(self, token: str) -> bool:
-        """Constant-time comparison of a typed token."""
-        return bool(self.token) and hmac.compare_digest(_digest(token), _digest(self.token or ""))
-
-    def check_header(self, header: str) -> bool:
-        """True for the page token as a bearer ``Authorization`` header (constant time)."""
-        return bool(self.token) and hmac.compare_digest(_digest(header), self._bearer)
-
-    def secure(self, request: web.Request) -> bool:
-        """Whether the session cookie gets ``Secure``."""
-        if self.secure_cookie is not None:
-            return self.secure_cookie
-        return request.secure or request.headers.get("X-Forwarded-Proto", "").lower() == "https"
 
 
 @dataclass
@@ -217,22 +132,14 @@ def _wants_json(request: web.Request) -> bool:
     return "application/json" in accept and "text/html" not in accept
 
 
-def _broken(run: RunKey, exc: Exception) -> dict[str, Any]:
-    """What /runs and the run page show for a run whose stored alerts cannot be diagnosed."""
-    return {"entity": run.entity, "project": run.project, "run_id": run.run_id,
-            "error": f"{type(exc).__name__}: {str(exc)[:200]}", "wandb": {"state": "unknown"}}
-
-
 class Handlers:
     """Route handlers bound to one context."""
 
     def __init__(self, ctx: BridgeContext) -> None:
         self.ctx = ctx
-        self.service = ctx.runs if ctx.runs is not None else RunService(ctx.store)
+        self.pages = RunPages(ctx.store, ctx.runs if ctx.runs is not None
+                              else RunService(ctx.store), ctx.links, ctx.activity)
         self.inflight_bytes = 0
-        # /runs rows by run, with the version of what they were built from (alerts, delivery,
-        # verdict, GPU-hours): a request rebuilds only runs that changed (read pool only).
-        self.summaries: dict[RunKey, tuple[tuple[Any, ...], dict[str, Any]]] = {}
 
     def _unauthorised(self) -> web.Response:
         return _error(401, "missing or wrong credentials",
@@ -389,100 +296,6 @@ class Handlers:
                             content_type="text/html",
                             headers={"WWW-Authenticate": f'{scheme} realm="wandb-infra-bridge"'})
 
-    def _runs_data(self, limit: int, offset: int,
-                   filters: dict[str, str] | None = None) -> tuple[list[dict[str, Any]], int, bool]:
-        """A page of runs, newest first, matching ``filters`` (entity, project, state), and
-        whether more follow. The store pages by start time; filtering happens here, reading
-        the index in ``MAX_PAGE`` chunks until the page is full (without filters the store
-        skips ``offset`` runs itself, undiagnosed)."""
-        store, filters = self.ctx.store, filters or {}
-        if filters.get("verdict"):
-            return self._verdict_rows(filters["verdict"], limit, offset)
-        rows: list[dict[str, Any]] = []
-        skipped = scanned = 0 if any(filters.values()) else offset
-        while True:
-            chunk = store.run_index(MAX_PAGE, scanned)
-            scanned += len(chunk)
-            for entry in chunk:
-                summary = self._matching(entry, filters)
-                if summary is None:
-                    continue
-                if skipped < offset:
-                    skipped += 1
-                    continue
-                if len(rows) == limit:
-                    return rows, store.unattributed_count(), True
-                rows.append(summary)
-            if len(chunk) < MAX_PAGE:
-                return rows, store.unattributed_count(), False
-
-    def _matching(self, entry: RunIndexEntry, filters: dict[str, str]) -> dict[str, Any] | None:
-        """The run's cached summary when it passes the filters, else None."""
-        run = entry.run
-        if filters.get("entity") and run.entity != filters["entity"]:
-            return None
-        if filters.get("project") and run.project != filters["project"]:
-            return None
-        store = self.ctx.store
-        version = (entry.version, store.outbox(run), store.ending(run), store.gpu_hours(run))
-        cached = self.summaries.get(run)
-        if cached is None or cached[0] != version:
-            cached = (version, self._summary(entry))
-            if len(self.summaries) >= MAX_CACHED_SUMMARIES:
-                self.summaries.clear()
-            if not cached[1].get("unconfirmed"):  # Prometheus may still confirm those
-                self.summaries[run] = cached
-        state = filters.get("state")
-        if state and (state == "open") != bool(cached[1].get("open_issues")):
-            return None
-        return cached[1]
-
-    def _summary(self, entry: RunIndexEntry) -> dict[str, Any]:
-        """A run's row from its view; rebuilt only when its alerts changed."""
-        run = entry.run
-        try:
-            view = self.service.view(run, remediate=False)
-            return _broken(run, ValueError("no alerts stored")) if view is None \
-                else view.summary()
-        except StoreError:
-            raise
-        except Exception as exc:  # one unreadable run must not hide all the others
-            log.exception("cannot show run", extra=log_fields(run=run.path()))
-            return _broken(run, exc) | {"alerts": entry.alerts, "firing": entry.firing,
-                                        "issues": 0, "open_issues": 0, "root_cause": None}
-
-    def _verdict_rows(self, verdict: str, limit: int,
-                      offset: int) -> tuple[list[dict[str, Any]], int, bool]:
-        """``/runs?verdict=``: judged runs, most recently ended first, with or without alerts
-        (their stored verdict, kept current by the delivery worker)."""
-        store = self.ctx.store
-        endings = store.endings_page(verdict, limit + 1, offset)
-        rows = []
-        for ending in endings[:limit]:
-            view = self.service.view(ending.run, remediate=False)
-            if view is not None:
-                rows.append(view.summary() | {
-                    "verdict": None if view.outcome is None else view.outcome.as_dict()})
-        return rows, store.unattributed_count(), len(endings) > limit
-
-    def _run_data(self, run: RunKey) -> dict[str, Any] | None:
-        """The run view's JSON; None when nothing is stored for the run."""
-        try:
-            view = self.service.view(run)
-            return None if view is None else view.as_dict(self.ctx.links.for_run(run))
-        except StoreError:
-            raise
-        except Exception as exc:  # shown as the run's error rather than a 500
-            log.exception("cannot show run", extra=log_fields(run=run.path()))
-            return _broken(run, exc) | {"issues": []}
-
-    def _activity(self, run: RunKey, issues: list[dict[str, Any]]) -> dict[str, Any] | None:
-        """The GPU-activity plot's data when the pages know a Prometheus."""
-        if self.ctx.activity is None or not issues or not run.attributed:
-            return None
-        start, end = activity.window(issues)
-        return activity.fetch(self.ctx.activity, run, start, end)
-
     async def runs(self, request: web.Request) -> web.Response:
         """The issues column, newest first: ``?limit=&offset=`` paging, ``?entity=&project=``
         and ``?state=open|resolved`` filters."""
@@ -504,7 +317,7 @@ class Handlers:
         loop = asyncio.get_running_loop()
         try:
             rows, unattributed, more = await loop.run_in_executor(
-                self.ctx.read_pool, self._runs_data, limit, offset, filters)
+                self.ctx.read_pool, self.pages.runs, limit, offset, filters)
         except StoreError as exc:
             return _error(503, str(exc))
         if _wants_json(request):
@@ -527,7 +340,7 @@ class Handlers:
         title = run.path() if run.attributed else "Unattributed alerts"
         loop = asyncio.get_running_loop()
         try:
-            detail = await loop.run_in_executor(self.ctx.read_pool, self._run_data, run)
+            detail = await loop.run_in_executor(self.ctx.read_pool, self.pages.run, run)
         except StoreError as exc:
             return _error(503, str(exc))
         if detail is None:
@@ -538,7 +351,7 @@ class Handlers:
             return web.json_response(detail)
         # Prometheus may be slow or down: its own thread, bounded by its timeout, never the
         # store's read thread; a failure is a note on the page.
-        plot = await loop.run_in_executor(None, self._activity, run, detail["issues"])
+        plot = await loop.run_in_executor(None, self.pages.activity, run, detail["issues"])
         return web.Response(text=run_html(detail, title, plot), content_type="text/html")
 
     async def favicon(self, _request: web.Request) -> web.Response:

@@ -1,0 +1,91 @@
+"""Who may post to the webhook and who may read the pages: credentials compared as digests in
+constant time, the page token and its sessions."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from wandb_infra.bridge.web.sessions import LoginLimiter, Sessions
+
+
+def _digest(value: str) -> bytes:
+    return hashlib.sha256(value.encode("utf-8", "surrogateescape")).digest()
+
+
+@dataclass
+class Credentials:
+    """Accepted ``Authorization`` header values, compared as digests in constant time."""
+
+    bearer_token: str | None = field(default=None, repr=False)
+    basic_username: str | None = None
+    basic_password: str | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self._accepted: list[bytes] = []
+        if self.bearer_token:
+            self._accepted.append(_digest(f"Bearer {self.bearer_token}"))
+        if self.basic_username and self.basic_password:
+            pair = f"{self.basic_username}:{self.basic_password}".encode()
+            self._accepted.append(_digest("Basic " + base64.b64encode(pair).decode()))
+
+    @property
+    def enabled(self) -> bool:
+        """False only in the explicit insecure local-demo mode."""
+        return bool(self._accepted)
+
+    def check(self, header: str | None) -> bool:
+        """True when ``header`` matches a configured credential (all compared, no early out)."""
+        if not self._accepted:
+            return True
+        got = _digest(header or "")
+        ok = False
+        for accepted in self._accepted:
+            ok |= hmac.compare_digest(got, accepted)
+        return ok
+
+
+@dataclass
+class PageAuth:
+    """Read access to the pages, separate from the webhook's credentials.
+
+    ``token`` opens them as ``Authorization: Bearer <token>``, or typed into the login form,
+    which starts a session: a random cookie per login that expires after ``SESSION_SECONDS`` and
+    ends at sign-out (``bridge/web/sessions.py``). Failed guesses either way are counted by one
+    ``limiter``. The webhook's credentials open them only when
+    ``accept_webhook`` says so; ``None`` means "only while no page token is configured" (API
+    clients of older configs). ``secure_cookie``: None sets ``Secure`` when the request came over
+    TLS or through a proxy that says so (``X-Forwarded-Proto: https``).
+    """
+
+    token: str | None = field(default=None, repr=False)
+    accept_webhook: bool | None = None
+    secure_cookie: bool | None = None
+    sessions: Sessions = field(default_factory=Sessions)
+    limiter: LoginLimiter = field(default_factory=LoginLimiter)
+
+    def __post_init__(self) -> None:
+        self._bearer = _digest(f"Bearer {self.token}") if self.token else b""
+
+    @property
+    def webhook_opens_pages(self) -> bool:
+        """Whether the webhook's credentials are also page credentials."""
+        return not self.token if self.accept_webhook is None else self.accept_webhook
+
+    def check_token(self, token: str) -> bool:
+        """Constant-time comparison of a typed token."""
+        return bool(self.token) and hmac.compare_digest(_digest(token), _digest(self.token or ""))
+
+    def check_header(self, header: str) -> bool:
+        """True for the page token as a bearer ``Authorization`` header (constant time)."""
+        return bool(self.token) and hmac.compare_digest(_digest(header), self._bearer)
+
+    def secure(self, request: web.Request) -> bool:
+        """Whether the session cookie gets ``Secure``."""
+        if self.secure_cookie is not None:
+            return self.secure_cookie
+        return request.secure or request.headers.get("X-Forwarded-Proto", "").lower() == "https"

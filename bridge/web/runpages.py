@@ -1,0 +1,133 @@
+"""What the run pages show, read from the run service: a page of ``/runs`` rows (filtered,
+cached per run until anything it was built from changes), one run's view as JSON, the GPU
+activity plot's data. Runs on the read pool's one thread; never writes the store, never calls
+W&B."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from wandb_infra.bridge.ingest.store import RunIndexEntry, Store, StoreError
+from wandb_infra.bridge.prometheus.client import PrometheusClient
+from wandb_infra.bridge.runs.service import RunService
+from wandb_infra.bridge.runs.view import GrafanaLinks
+from wandb_infra.bridge.web import activity
+from wandb_infra.common.logsetup import log_fields
+from wandb_infra.common.runkey import RunKey
+
+log = logging.getLogger(__name__)
+
+MAX_PAGE = 500
+MAX_CACHED_SUMMARIES = 20_000
+
+
+def _broken(run: RunKey, exc: Exception) -> dict[str, Any]:
+    """What /runs and the run page show for a run whose stored alerts cannot be diagnosed."""
+    return {"entity": run.entity, "project": run.project, "run_id": run.run_id,
+            "error": f"{type(exc).__name__}: {str(exc)[:200]}", "wandb": {"state": "unknown"}}
+
+
+class RunPages:
+    """The pages' reads (see module docstring)."""
+
+    def __init__(self, store: Store, service: RunService, links: GrafanaLinks,
+                 prometheus: PrometheusClient | None) -> None:
+        self.store, self.service, self.links, self.prometheus = store, service, links, prometheus
+        # /runs rows by run, with the version of what they were built from (alerts, delivery,
+        # verdict, GPU-hours): a request rebuilds only runs that changed.
+        self.summaries: dict[RunKey, tuple[tuple[Any, ...], dict[str, Any]]] = {}
+
+    def runs(self, limit: int, offset: int,
+                   filters: dict[str, str] | None = None) -> tuple[list[dict[str, Any]], int, bool]:
+        """A page of runs, newest first, matching ``filters`` (entity, project, state), and
+        whether more follow. The store pages by start time; filtering happens here, reading
+        the index in ``MAX_PAGE`` chunks until the page is full (without filters the store
+        skips ``offset`` runs itself, undiagnosed)."""
+        store, filters = self.store, filters or {}
+        if filters.get("verdict"):
+            return self._verdict_rows(filters["verdict"], limit, offset)
+        rows: list[dict[str, Any]] = []
+        skipped = scanned = 0 if any(filters.values()) else offset
+        while True:
+            chunk = store.run_index(MAX_PAGE, scanned)
+            scanned += len(chunk)
+            for entry in chunk:
+                summary = self._matching(entry, filters)
+                if summary is None:
+                    continue
+                if skipped < offset:
+                    skipped += 1
+                    continue
+                if len(rows) == limit:
+                    return rows, store.unattributed_count(), True
+                rows.append(summary)
+            if len(chunk) < MAX_PAGE:
+                return rows, store.unattributed_count(), False
+
+    def _matching(self, entry: RunIndexEntry, filters: dict[str, str]) -> dict[str, Any] | None:
+        """The run's cached summary when it passes the filters, else None."""
+        run = entry.run
+        if filters.get("entity") and run.entity != filters["entity"]:
+            return None
+        if filters.get("project") and run.project != filters["project"]:
+            return None
+        store = self.store
+        version = (entry.version, store.outbox(run), store.ending(run), store.gpu_hours(run))
+        cached = self.summaries.get(run)
+        if cached is None or cached[0] != version:
+            cached = (version, self._summary(entry))
+            if len(self.summaries) >= MAX_CACHED_SUMMARIES:
+                self.summaries.clear()
+            if not cached[1].get("unconfirmed"):  # Prometheus may still confirm those
+                self.summaries[run] = cached
+        state = filters.get("state")
+        if state and (state == "open") != bool(cached[1].get("open_issues")):
+            return None
+        return cached[1]
+
+    def _summary(self, entry: RunIndexEntry) -> dict[str, Any]:
+        """A run's row from its view; rebuilt only when its alerts changed."""
+        run = entry.run
+        try:
+            view = self.service.view(run, remediate=False)
+            return _broken(run, ValueError("no alerts stored")) if view is None \
+                else view.summary()
+        except StoreError:
+            raise
+        except Exception as exc:  # one unreadable run must not hide all the others
+            log.exception("cannot show run", extra=log_fields(run=run.path()))
+            return _broken(run, exc) | {"alerts": entry.alerts, "firing": entry.firing,
+                                        "issues": 0, "open_issues": 0, "root_cause": None}
+
+    def _verdict_rows(self, verdict: str, limit: int,
+                      offset: int) -> tuple[list[dict[str, Any]], int, bool]:
+        """``/runs?verdict=``: judged runs, most recently ended first, with or without alerts
+        (their stored verdict, kept current by the delivery worker)."""
+        store = self.store
+        endings = store.endings_page(verdict, limit + 1, offset)
+        rows = []
+        for ending in endings[:limit]:
+            view = self.service.view(ending.run, remediate=False)
+            if view is not None:
+                rows.append(view.summary() | {
+                    "verdict": None if view.outcome is None else view.outcome.as_dict()})
+        return rows, store.unattributed_count(), len(endings) > limit
+
+    def run(self, run: RunKey) -> dict[str, Any] | None:
+        """The run view's JSON; None when nothing is stored for the run."""
+        try:
+            view = self.service.view(run)
+            return None if view is None else view.as_dict(self.links.for_run(run))
+        except StoreError:
+            raise
+        except Exception as exc:  # shown as the run's error rather than a 500
+            log.exception("cannot show run", extra=log_fields(run=run.path()))
+            return _broken(run, exc) | {"issues": []}
+
+    def activity(self, run: RunKey, issues: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """The GPU-activity plot's data when the pages know a Prometheus."""
+        if self.prometheus is None or not issues or not run.attributed:
+            return None
+        start, end = activity.window(issues)
+        return activity.fetch(self.prometheus, run, start, end)
