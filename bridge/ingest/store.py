@@ -654,13 +654,22 @@ class Store:
         return [(RunKey(r["entity"], r["project"], r["run_id"]), r["n"], r["firing"] or 0,
                  r["last"]) for r in rows]
 
-    def run_index(self, limit: int, offset: int = 0) -> list[RunIndexEntry]:
-        """A page of attributed runs, most recently started first (ties in key order)."""
-        rows = self._read(
-            "SELECT entity, project, run_id, COUNT(*) AS n, SUM(status='firing') AS firing, "
-            "MAX(starts_at) AS last, MAX(updated_at) AS changed FROM alerts WHERE entity != '' "
-            "GROUP BY entity, project, run_id ORDER BY last DESC, entity, project, run_id "
-            "LIMIT ? OFFSET ?", (limit, offset))
+    def run_index(self, limit: int, offset: int = 0, *, entity: str = "",
+                  project: str = "") -> list[RunIndexEntry]:
+        """A page of attributed runs, most recently started first (ties in key order), of one
+        entity and/or project when given: read through the alerts' clustered key (entity,
+        project, run_id, ...), so a filtered page costs the matching runs' rows, not a pass over
+        every run (a filtered /runs took 63 s at 100,000 runs when the pages filtered)."""
+        where, args = "entity != ''", []
+        if entity:
+            where, args = where + " AND entity = ?", [entity]
+        if project:
+            where, args = where + " AND project = ?", [*args, project]
+        sql = ("SELECT entity, project, run_id, COUNT(*) AS n, SUM(status='firing') AS firing, "  # noqa: S608 - constant conditions
+               "MAX(starts_at) AS last, MAX(updated_at) AS changed FROM alerts WHERE " + where
+               + " GROUP BY entity, project, run_id ORDER BY last DESC, entity, project, run_id "
+               "LIMIT ? OFFSET ?")  # the values are bound
+        rows = self._read(sql, (*args, limit, offset))
         return [RunIndexEntry(RunKey(r["entity"], r["project"], r["run_id"]), r["n"],
                               r["firing"] or 0, (r["n"], r["firing"] or 0, r["changed"]))
                 for r in rows]

@@ -41,16 +41,18 @@ class RunPages:
     def runs(self, limit: int, offset: int,
                    filters: dict[str, str] | None = None) -> tuple[list[dict[str, Any]], int, bool]:
         """A page of runs, newest first, matching ``filters`` (entity, project, state), and
-        whether more follow. The store pages by start time; filtering happens here, reading
-        the index in ``MAX_PAGE`` chunks until the page is full (without filters the store
-        skips ``offset`` runs itself, undiagnosed)."""
+        whether more follow. The store pages by start time and filters by entity and project
+        (through its key); the state filter happens here, reading the index in ``MAX_PAGE``
+        chunks until the page is full (without it the store skips ``offset`` runs itself,
+        undiagnosed)."""
         store, filters = self.store, filters or {}
         if filters.get("verdict"):
             return self._verdict_rows(filters["verdict"], limit, offset)
         rows: list[dict[str, Any]] = []
-        skipped = scanned = 0 if any(filters.values()) else offset
+        skipped = scanned = 0 if filters.get("state") else offset
         while True:
-            chunk = store.run_index(MAX_PAGE, scanned)
+            chunk = store.run_index(MAX_PAGE, scanned, entity=filters.get("entity", ""),
+                                    project=filters.get("project", ""))
             scanned += len(chunk)
             for entry in chunk:
                 summary = self._matching(entry, filters)
