@@ -14,6 +14,7 @@ from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.diagnosis.outcome import Outcome
 from wandb_infra.bridge.diagnosis.outcome import judge as judge_outcome
 from wandb_infra.bridge.diagnosis.report import render_run
+from wandb_infra.bridge.ingest.store import StoreError, StoreLocked
 from wandb_infra.bridge.joblog.report import explain_logs
 from wandb_infra.bridge.joblog.sources import FileSource
 from wandb_infra.bridge.joblog.sources import read as read_logs
@@ -182,6 +183,10 @@ def run(args: argparse.Namespace) -> int:
         except ConfigError as exc:
             print(f"wandb-infra-bridge explain: {exc}", file=sys.stderr)
             return 2
+        except (StoreLocked, StoreError, OSError) as exc:  # e.g. a running bridge holds it
+            print(f"wandb-infra-bridge explain: cannot post through the bridge's store: {exc}",
+                  file=sys.stderr)
+            return 1
     if args.json:
         print(json.dumps(view, indent=2))
     else:

@@ -110,7 +110,12 @@ def _run(args: argparse.Namespace) -> int:
     # wandb-workspaces talks through wandb.Api(), which reads these
     os.environ["WANDB_API_KEY"] = key
     os.environ["WANDB_BASE_URL"] = base_url
-    saved = workspace.save()
+    try:
+        saved = workspace.save()
+    except Exception as exc:  # wandb-workspaces raises its own errors and requests'
+        why = f"{type(exc).__name__}: {exc}".replace(key, "<W&B key>").splitlines()[0][:300]
+        print(f"wandb-infra-bridge view: cannot save the view: {why}", file=sys.stderr)
+        return 1
     print(f"{'updated' if existing else 'saved'} view {args.name!r}: {saved.url}")
     return 0
 

@@ -7,12 +7,14 @@ bridge clock running ahead of Prometheus by more than the grace ended every live
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from harness.bridge_process import BRIDGE_CLI, ROOT, bridge_env, start_bridge
 from harness.processes import prom_query, prometheus, scrape_target, wait_for
 from harness.wandb_standin import WandbStandin
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
@@ -120,3 +122,24 @@ def test_a_bridge_clock_ahead_of_prometheus_ends_no_live_run(prom, tmp_path):
     endings = _endings(store, prom, None)
     _passes(endings, 3, clock=600.0)  # the bridge's clock 10 minutes ahead
     assert store.ending(LIVE) is None and store.ending(ENDS) is None
+
+
+def test_explain_post_ends_in_one_clear_line_when_the_store_is_held(prom, tmp_path):
+    """``explain --post`` on a store a running bridge holds (the documented one-bridge-per-store
+    lock): before, a traceback; now one line and exit 1, nothing written."""
+    with WandbStandin() as wb:
+        wb.add_run(*LIVE)
+        env = bridge_env(tmp_path, wandb_url=wb.url, wandb_key=wb.api_key)
+        bridge = start_bridge(tmp_path, env)
+        try:
+            done = subprocess.run(
+                [*BRIDGE_CLI, "explain", LIVE.path(), "--prometheus", prom, "--post",
+                 "--lookback", "10m", "--step", "1", "--timeout", "5"], cwd=ROOT, env=env,
+                capture_output=True, text=True, timeout=120, check=False)
+        finally:
+            bridge.stop()
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    (line,) = [x for x in done.stderr.splitlines() if x.startswith("wandb-infra-bridge explain")]
+    assert "cannot post" in line and "store" in line
+    assert wb.calls("BridgeUpsertBucket") == []

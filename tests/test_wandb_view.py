@@ -83,3 +83,16 @@ def test_view_run_again_updates_its_view_and_can_use_the_runs_step_metric(tmp_pa
         ("loss", "infra/issue"): "trainer/global_step",
         ("mfu", "infra/issue"): "trainer/global_step",
         ("infra/issue",): "trainer/global_step"}
+
+
+def test_view_ends_in_one_clear_line_when_w_and_b_refuses_the_save(tmp_path):
+    """Before: wandb-workspaces' error on saving ended the command in a traceback."""
+    with WandbStandin() as wb:
+        wb.add_run("team", "llm", "r1")
+        wb.fail(500, times=None, operation="")  # the save (upsertView, no operation name)
+        done = _view(tmp_path, wb, "team/llm", "--metrics", "loss")
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    (line,) = [x for x in done.stderr.splitlines() if x.startswith("wandb-infra-bridge view:")]
+    assert line.startswith("wandb-infra-bridge view: cannot save the view: ")
+    assert wb.api_key not in done.stderr + done.stdout
