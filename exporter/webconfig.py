@@ -15,10 +15,14 @@ registration API keeps its bearer tokens. Unknown keys are refused, as the toolk
 
 bcrypt is slow by design, so checks run on one thread of their own, never on the event loop or
 the pool that renders /metrics: unauthenticated clients queue behind each other while a
-scraper whose header was verified once is answered at once. At most ``MAX_PENDING`` checks wait
-(beyond that 503 with ``Retry-After``), hashes above cost ``MAX_COST`` are refused at start, and
-unknown users are checked against a dummy hash of the highest configured cost, so the time
-taken does not tell which user names exist.
+scraper whose header was verified once is answered at once. Each client (its IPv4 address or
+IPv6 /64) has at most one check waiting, and at most ``MAX_PENDING`` wait in all (beyond that
+503 with ``Retry-After``): password guessers cannot fill the queue and keep a restarted
+exporter's scraper (whose header is not verified yet) out, as 16 of them did with one shared
+bound of 8 (503 on 20 of 20 scrapes). A header that failed is remembered (``MAX_REFUSED``) and
+refused without bcrypt. Hashes above cost ``MAX_COST`` are refused at start, and unknown users
+are checked against a dummy hash of the highest configured cost, so the time taken does not
+tell which user names exist.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import re
 import ssl
 import threading
 from collections.abc import Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +45,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from wandb_infra.common.configfile import ConfigError
+from wandb_infra.common.netaddr import client_key
 
 _TLS_KEYS = frozenset({"cert_file", "key_file", "client_ca_file", "client_auth_type",
                        "min_version", "max_version"})
@@ -52,8 +57,9 @@ _VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1,
 GUARDED = ("/", "/metrics", "/healthz")
 # 2^12 rounds take about 0.4 s per check here; more would time out a first scrape.
 MAX_COST = 12
-MAX_PENDING = 8
+MAX_PENDING = 64
 MAX_VERIFIED = 256
+MAX_REFUSED = 4096
 _BCRYPT = re.compile(r"\$2[abxy]?\$(\d\d)\$[./A-Za-z0-9]{53}")
 
 
@@ -63,13 +69,16 @@ class _Checks:
     def __init__(self) -> None:
         self.pool: ThreadPoolExecutor | None = None
         self.lock = threading.Lock()
-        self.pending = 0  # checks queued or running on the thread, whoever still waits
+        self.pending: dict[str, int] = {}  # client -> checks queued or running for it
         self.verified: set[bytes] = set()
+        self.refused: set[bytes] = set()
 
-    def done(self, _future: Future[bool]) -> None:
-        """A check ended (on the check thread), so another may queue."""
+    def done(self, client: str) -> None:
+        """A check of ``client``'s ended (on the check thread), so another may queue."""
         with self.lock:
-            self.pending -= 1
+            self.pending[client] -= 1
+            if not self.pending[client]:
+                del self.pending[client]
 
 
 @dataclass(frozen=True)
@@ -89,34 +98,38 @@ class WebConfig:
             object.__setattr__(self, "_dummy", bcrypt.hashpw(b"not a password",
                                                              bcrypt.gensalt(rounds=cost)))
 
-    async def allows(self, header: str | None) -> bool | None:
+    async def allows(self, header: str | None, client: str = "") -> bool | None:
         """Whether ``Authorization: Basic ...`` names a user with the right password (bcrypt
-        on the check thread); None when too many checks already wait."""
+        on the check thread); None when ``client`` already has a check waiting or too many
+        wait in all."""
         if not header or not header.startswith("Basic "):
             return False
         checks = self._checks
         digest = hashlib.sha256(header.encode("utf-8", "surrogateescape")).digest()
         if digest in checks.verified:
             return True
+        if digest in checks.refused:
+            return False
         with checks.lock:
-            if checks.pending >= MAX_PENDING:
+            if client in checks.pending or sum(checks.pending.values()) >= MAX_PENDING:
                 return None
-            checks.pending += 1
+            checks.pending[client] = 1
         if checks.pool is None:
             checks.pool = ThreadPoolExecutor(1, thread_name_prefix="basic-auth")
         # counted down when the work ends, not when the waiter stops waiting: a client that
         # hangs up cannot leave more checks queued than the bound
         future = checks.pool.submit(self._check, header)
-        future.add_done_callback(checks.done)
+        future.add_done_callback(lambda _f: checks.done(client))
         ok = await asyncio.wrap_future(future)
-        if ok:
-            self._remember(digest)
+        self._remember(digest, ok)
         return ok
 
-    def _remember(self, digest: bytes) -> None:
-        if len(self._checks.verified) >= MAX_VERIFIED:  # only right passwords get here
-            self._checks.verified.clear()
-        self._checks.verified.add(digest)
+    def _remember(self, digest: bytes, ok: bool) -> None:
+        known, bound = ((self._checks.verified, MAX_VERIFIED) if ok
+                        else (self._checks.refused, MAX_REFUSED))
+        if len(known) >= bound:
+            known.clear()
+        known.add(digest)
 
     def _check(self, header: str) -> bool:
         try:
@@ -133,7 +146,8 @@ class WebConfig:
         @web.middleware
         async def basic_auth(request: web.Request, handler: Handler) -> web.StreamResponse:
             if self.users and request.path in GUARDED:
-                ok = await self.allows(request.headers.get("Authorization"))
+                ok = await self.allows(request.headers.get("Authorization"),
+                                       client_key(request.remote))
                 if ok is None:
                     return web.Response(status=503, text="503 too many password checks at "
                                         "once\n", headers={"Retry-After": "1"})

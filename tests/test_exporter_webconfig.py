@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import http.client
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import bcrypt
@@ -117,4 +120,48 @@ def test_a_verified_password_is_not_hashed_again(monkeypatch):
     allows = lambda header: asyncio.run(config.allows(header))  # noqa: E731
     assert allows(good) and allows(good)
     assert not allows(bad) and not allows(bad)
-    assert len(calls) == 3  # once for the good header, every time for the bad one
+    assert len(calls) == 2  # once each: a refused header is remembered too
+
+
+@pytest.mark.integration
+def test_password_guessers_do_not_keep_a_restarted_exporter_s_scraper_out(tmp_path):
+    """16 clients guessing passwords (each from its own address, each a new password every
+    time) against a freshly started exporter, whose scraper's header is not verified yet.
+    Before: they filled the one shared queue of 8 checks and the scraper got 503 on 20 of 20
+    scrapes. Now each client has one check waiting at most."""
+    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=10)).decode()
+    proc, url = _start(tmp_path, {"basic_auth_users": {"prometheus": hashed}})
+    url = url.replace("https://", "http://")
+    port = int(url.rsplit(":", 1)[1])
+    stop = threading.Event()
+
+    def get(source: str, password: str) -> int:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10,
+                                          source_address=(source, 0))
+        token = base64.b64encode(f"prometheus:{password}".encode()).decode()
+        try:
+            conn.request("GET", "/metrics", headers={"Authorization": f"Basic {token}"})
+            return conn.getresponse().status
+        except OSError:
+            return 0
+        finally:
+            conn.close()
+
+    def guess(n: int) -> None:
+        tries = 0
+        while not stop.is_set():
+            tries += 1
+            get(f"127.0.0.{n + 2}", f"guess-{n}-{tries}")
+
+    try:  # a fresh process, as after a restart: nothing verified yet
+        wait_for(lambda: get("127.0.0.200", "wrong") == 401 or None, 30, "the exporter")
+        guessers = [threading.Thread(target=guess, args=(n,), daemon=True) for n in range(16)]
+        for thread in guessers:
+            thread.start()
+        time.sleep(2)  # the guessers' checks are queued
+        scrapes = [get("127.0.0.100", "s3cret") for _ in range(20)]
+    finally:
+        stop.set()
+        proc.terminate()
+        proc.wait(timeout=10)
+    assert scrapes.count(200) == 20, scrapes

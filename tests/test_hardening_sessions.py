@@ -24,9 +24,9 @@ from wandb_infra.bridge.web.sessions import (
     WINDOW,
     LoginLimiter,
     Sessions,
-    client_key,
 )
 from wandb_infra.bridge.web.webhook import PAGE_COOKIE, PageAuth
+from wandb_infra.common.netaddr import client_key
 
 PAGE_TOKEN = "page-token-0123456789abcdef"
 

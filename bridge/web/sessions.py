@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import ipaddress
 import logging
 import secrets
 import threading
@@ -36,7 +35,6 @@ MAX_SESSIONS = 10_000
 FAILURES_PER_CLIENT = 10  # per WINDOW from one client
 FAILURES_TOTAL = 100  # per WINDOW from everyone: a backstop, ten clients at their limit
 WINDOW = 60.0
-IPV6_CLIENT_PREFIX = 64
 
 
 def _digest(value: str) -> bytes:
@@ -80,20 +78,6 @@ class Sessions:
         if value:
             with self._lock:
                 self._live.pop(_digest(value), None)
-
-
-def client_key(remote: str | None) -> str:
-    """Who a failed guess is counted against: the IPv4 address, or the IPv6 /64 (an IPv4-mapped
-    IPv6 address counts as its IPv4 address); anything else (a Unix socket) as given."""
-    try:
-        address = ipaddress.ip_address((remote or "").split("%")[0])
-    except ValueError:
-        return remote or ""
-    if isinstance(address, ipaddress.IPv6Address):
-        if address.ipv4_mapped is not None:
-            return str(address.ipv4_mapped)
-        return str(ipaddress.IPv6Network((address, IPV6_CLIENT_PREFIX), strict=False))
-    return str(address)
 
 
 class LoginLimiter:

@@ -32,13 +32,11 @@ from wandb_infra.bridge.web import runbook as runbook_page
 from wandb_infra.bridge.web.auth import Credentials, PageAuth
 from wandb_infra.bridge.web.pages import empty_html, login_html, run_html, runs_html
 from wandb_infra.bridge.web.runpages import MAX_PAGE, RunPages
-from wandb_infra.bridge.web.sessions import (
-    SESSION_SECONDS,
-    client_key,
-)
+from wandb_infra.bridge.web.sessions import SESSION_SECONDS
 from wandb_infra.catalog import runbook
 from wandb_infra.common.labels import NAME_CHARS, RUN_ID_CHARS
 from wandb_infra.common.logsetup import log_fields
+from wandb_infra.common.netaddr import client_key
 from wandb_infra.common.runkey import RunKey
 
 log = logging.getLogger(__name__)
