@@ -210,6 +210,8 @@ def test_explain_after_the_fact_reaches_the_same_root_cause(cascade, stack):
              for i in view["issues"]]
     live_root = live["issues"][0]["root_cause"]
     assert roots[0] == (live_root["alertname"], live_root["hostname"], live_root["gpu"])
+    # one story: explain renders the same run view as the page, so the headline is the page's
+    assert view["headline"]["title"] == live["headline"]["title"]
     stalled = {c["hostname"] for c in view["issues"][0]["consequences"]
                if c["alertname"] == "TrainingStalled"}
     assert len(stalled) == 64

@@ -50,3 +50,17 @@ def test_a_run_with_ever_new_issues_still_gets_markers():
     first_at = written[0][0]
     assert first_at <= 2 * SETTLE
     assert all(at >= 0 + SETTLE for at, _, _ in written)
+
+
+def test_a_start_row_sits_at_the_onset_every_surface_shows():
+    """Where the measured change moved the issue's onset, the marker is there too (not where
+    the alert began), as in the notes and on the run page."""
+    diagnosis = diagnose([_fact("GpuThermalViolation", 0, "h1", "warning", "gpu_degradation")])
+    (issue,) = diagnosis.issues
+    moved = issue.started_at.timestamp() - 27
+    settled = issue.started_at.timestamp() + 2 * SETTLE
+    first = plan_markers(diagnosis, set(), settled, SETTLE, {issue.key: moved})
+    later = plan_markers(diagnosis, set(first.seen), settled + 2 * SETTLE, SETTLE,
+                         {issue.key: moved})
+    ((_mid, row),) = later.rows
+    assert row["_timestamp"] == moved

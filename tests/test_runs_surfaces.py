@@ -10,7 +10,7 @@ import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +43,14 @@ AUTH = {"Authorization": f"Bearer {TOKEN}", "Accept": "application/json"}
 
 
 class _Measured:
-    """The impact reader as the worker uses it: a hang from the root cause's onset."""
+    """The impact reader as the worker uses it: a hang that began 20 s before the alert's own
+    onset (the measured change moves the issue's onset)."""
 
     def for_diagnosis(self, _run: RunKey, diagnosis: Diagnosis,
                       _state: str | None = None) -> dict[str, Impact]:
-        return {i.key: Impact(HANG, "no GPU of the run computed", i.root.onset.timestamp(), "",
-                              i.root.onset.timestamp() + 300, "recovery", 16, 16 * 300 / 3600)
+        return {i.key: Impact(HANG, "no GPU of the run computed", i.root.onset.timestamp() - 20,
+                              "the run's GPUs went idle 20 s before the alert",
+                              i.root.onset.timestamp() + 300, "recovery", 16, 16 * 320 / 3600)
                 for i in diagnosis.issues}
 
 
@@ -140,6 +142,9 @@ def test_notes_summary_and_page_tell_one_story(tmp_path, name):
         assert headline["advice"] and f"- What to do: {headline['advice']}" in notes
     for issue in page["issues"]:
         assert f"- What to do: {md_escape(issue['advice']).replace(chr(92), '')}" in notes
+        onset = datetime.fromisoformat(issue["onset"].replace("Z", "+00:00"))
+        assert f"{onset:%Y-%m-%d %H:%M:%S} UTC to " in notes  # the measured onset, both places
+        assert onset.timestamp() == page["impacts"][issue["key"]]["onset"]
         impact = page["impacts"][issue["key"]]
         assert f"- Impact on this run (measured): {impact['headline']}" in notes
     if page["issues"]:

@@ -154,7 +154,7 @@ def _issue_block(n: int, view: IssueView, headline: bool, link_for: LinkFn, *,
     link = _url(link_for(root, issue.started_at, issue.ended_at))
     lines = [
         f"**{n}. {md_escape(issue.title)}** ({state_text(issue)}, "
-        f"{_time(issue.started_at)} to {_time(issue.ended_at)}; {role})",
+        f"{_time(view.onset)} to {_time(issue.ended_at)}; {role})",
         "",
         f"- {'Root cause' if headline else 'Cause'}: "
         f"{md_escape(root.text('summary') or root.alertname)} "

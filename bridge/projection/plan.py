@@ -113,14 +113,16 @@ def _row(name: str, cause: str, value: int, at: float) -> dict[str, Any]:
     return {MARKER_ALERT: name, MARKER_CAUSE: cause, MARKER_ISSUE: value, "_timestamp": at}
 
 
-def plan_markers(diagnosis: Diagnosis, done: set[str], now: float,
-                 settle: float) -> MarkerPlan:
+def plan_markers(diagnosis: Diagnosis, done: set[str], now: float, settle: float,
+                 onsets: Mapping[str, float] | None = None) -> MarkerPlan:
     """History rows are append-only, so an issue's rows wait until its root cause has been the
     same for ``settle`` seconds (a later notification may still bring the real cause), and are
     batched: written once the run's issues have all settled, or, so a run with ever-new issues
     still gets markers, once one has waited ``2 * settle``. The batch holds start rows, end rows
     of issues that ended, and an end row at ``now`` for an issue whose start row was written but
-    which no longer exists (superseded by a better root cause)."""
+    which no longer exists (superseded by a better root cause). A start row sits at the
+    issue's onset as every surface shows it (``onsets``: the measured change where the impact
+    moved it), else where the issue started."""
     first_seen: dict[str, tuple[float, str]] = {}
     for marker in done:
         if marker.startswith(SEEN + "|"):
@@ -143,7 +145,7 @@ def plan_markers(diagnosis: Diagnosis, done: set[str], now: float,
             continue
         name, cause = issue.root.alertname, issue.root.cause.name.lower()
         if f"start:{issue.key}" not in done:
-            start = issue.started_at.timestamp()
+            start = (onsets or {}).get(issue.key, issue.started_at.timestamp())
             rows.append((f"start:{issue.key}", _row(name, cause, 1, start)))
         if issue.ended_at is not None and f"end:{issue.key}" not in done:
             rows.append((f"end:{issue.key}", _row(name, cause, 0, issue.ended_at.timestamp())))

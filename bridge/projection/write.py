@@ -205,7 +205,7 @@ class Projector:
             summary = None
             # Verified: a user's edit that landed meanwhile is read back and merged again.
             info = self.client.find_run(run.entity, run.project, run.run_id)
-        self._write_markers(run, diagnosis)
+        self._write_markers(view)
         self._notify(view)
         if view.node_state_read:
             sig = signature(view.remediations)
@@ -214,13 +214,15 @@ class Projector:
                                        self.clock())
         return info.storage_id, info.state, summary_seq
 
-    def _write_markers(self, run: RunKey, diagnosis: Diagnosis) -> None:
+    def _write_markers(self, view: RunView) -> None:
         """Append settled marker rows (see ``plan_markers``); remember when an unsettled issue
         will be ready so the run is looked at again then."""
         if self.markers is None:
             return
         now = self.clock()
-        plan = plan_markers(diagnosis, self.store.markers(run), now, self.policy.marker_settle)
+        run = view.run
+        plan = plan_markers(view.diagnosis, self.store.markers(run), now,
+                            self.policy.marker_settle, issue_onsets(view))
         if plan.seen:
             self.store.add_markers(run, plan.seen, now)
         if plan.wake_at is not None:
