@@ -33,6 +33,7 @@ from wandb_infra.bridge.projection.notes import md_escape
 from wandb_infra.bridge.projection.wandb_client import WandbClient
 from wandb_infra.bridge.prometheus.client import PrometheusClient
 from wandb_infra.bridge.quarantine.actuator import check
+from wandb_infra.bridge.web.pages import run_html
 from wandb_infra.common.runkey import RunKey
 
 pytestmark = pytest.mark.integration  # a served bridge, the W&B stand-in, a Prometheus stub
@@ -207,7 +208,10 @@ def test_the_page_shows_each_quarantine_decision(tmp_path):
         worker.quarantine.refresh()
         view = worker.runs.view(RUN)
         assert view is not None
-        page = view.as_dict(lambda *_: "")["remediations"]
+        detail = view.as_dict(lambda *_: "")
+        page = detail["remediations"]
         assert page[key]["quarantine"]["state"] == state, outcome
+        assert "<dt>Quarantine</dt><dd><span class='pill" in run_html(detail, "r1")
+        assert f">{state}</span>" in run_html(detail, "r1")
         other = next(k for k in page if k != key)
         assert page[other]["quarantine"]["state"] == "not needed"
