@@ -254,6 +254,8 @@ def fault_record(alert: AlertDef) -> str | None:
 SHARED_GROUPS: dict[str, str] = {
     "node-lifecycle": "node", "network": "node",
     "host-memory": "host", "fabric": "host", "host-power": "host",
+    # the telemetry gaps share the storage group's join rows (the node group is full)
+    "telemetry": "storage",
 }
 
 

@@ -574,15 +574,42 @@ min by (hostname, ${TARGET_LABEL}) (
   * on (instance, job) group_left (hostname, ${TARGET_LABEL})
   ${TARGET_HOSTS}
 )
+or
+(${TARGET_VANISHED} * 0)
+"""
+# node_exporter down or gone, and a second witness: the host's other exporters down or gone too,
+# the scheduler calling the node down, or no other exporter on the host to ask.
+NODE_LOST = """
+${TARGET_DOWN}{${TARGET_LABEL}="node_exporter"}
+and on (hostname)
+(
+  ${TARGET_DOWN}{${TARGET_LABEL}!="node_exporter"}
+  or
+  ${STATE}{state=~"${DOWN_STATES}"}
+  or
+  (${TARGET_DOWN} unless on (hostname) ${TARGET_HOSTS}{${TARGET_LABEL}!="node_exporter"})
+)
 """
 
 
 def target_rules() -> list[Recording]:
-    """The hosts with a telemetry target down now (fast tier, sparse)."""
-    return [Recording(
-        s.TARGET_DOWN, promql(TARGET_DOWN),
-        f"Hosts with a telemetry target down now, by {s.TARGET_LABEL}, valued 0 (its up). up is "
-        "read once for both exporters (their target maps never share an instance and job).")]
+    """The hosts with a telemetry target down now, and those lost as nodes (fast tier, sparse)."""
+    return [
+        Recording(
+            s.TARGET_DOWN, promql(TARGET_DOWN),
+            f"Hosts with a telemetry target down now or, with a run on the host, gone from "
+            f"discovery, by {s.TARGET_LABEL}, valued 0 (its up). up is read once for both "
+            "exporters (their target maps never share an instance and job). One exporter down "
+            "is a telemetry gap; the node is lost only as the record below says."),
+        Recording(
+            s.NODE_LOST, promql(NODE_LOST, STATE=nodestate.STATE,
+                                DOWN_STATES=h.SCHEDULER_DOWN_STATES),
+            "Hosts lost as nodes (NodeDown): node_exporter down or gone together with "
+            "dcgm-exporter, or with the scheduler's state saying the node is down (Slurm DOWN "
+            "or not responding, Kubernetes NotReady or Unknown), or on a host with no other "
+            "exporter. A dcgm-exporter outage alone, or node_exporter's on a host whose "
+            "dcgm-exporter answers, is a telemetry gap (HostTelemetryGap), never a node loss."),
+    ]
 
 
 # --- links (medium, slow and wear tiers) -------------------------------------------------------
@@ -927,6 +954,12 @@ def workload_history_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
 # series are named by host through the target map; smartctl_exporter and ipmi_exporter series by
 # the host part of their ``instance`` (``exporter_host``). Read by catalog/host_alerts.py.
 
+MEMORY_AVAILABLE = """
+max_over_time(node_memory_MemAvailable_bytes[${VIOLATION_WINDOW}])
+/ on (instance, job)
+node_memory_MemTotal_bytes
+< ${MIN}
+"""
 HOST_LEVEL = """
 max by (hostname) (
   max by (instance, job) (
@@ -1099,6 +1132,12 @@ def host_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
             MIN=h.MEMORY_PRESSURE_RATIO / 2)),
                   "Share of time every task of the host waited for memory (PSI memory full, "
                   f"over {s.VIOLATION_WINDOW}), hosts above half the alert's threshold only."),
+        Recording(s.HOST_MEMORY_AVAILABLE_LOW, _host(_h(
+            MEMORY_AVAILABLE, MIN=h.MEMORY_AVAILABLE_MIN_RATIO)),
+                  "Hosts whose available memory stayed below "
+                  f"{h.MEMORY_AVAILABLE_MIN_RATIO:.0%} of their total for the last "
+                  f"{s.VIOLATION_WINDOW} (its highest MemAvailable over MemTotal): memory "
+                  "exhaustion where PSI is not published."),
         Recording(s.FS_READONLY, s.node_with_host(
             f"node_filesystem_readonly{{{fs}}} == 1", "mountpoint, fstype"),
                   "Run filesystems (data, checkpoint, scratch types; no pseudo, overlay or boot "

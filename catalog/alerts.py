@@ -29,6 +29,7 @@ from wandb_infra.catalog.vocabulary import CATEGORY_DEFAULT_CAUSE, CauseClass
 from wandb_infra.catalog.xid import XidClass, known_regex
 from wandb_infra.catalog.xid import regex as xid_regex
 from wandb_infra.common import labels as L
+from wandb_infra.common import nodestate
 
 SCOPES: tuple[str, ...] = ("gpu", "host", "link", "run", "pipeline")
 
@@ -81,6 +82,7 @@ TEMPLATE_VALUES: dict[str, str | int | float] = {
     "XID_DECODE": xid_regex(XidClass.DECODE),
     "XID_KNOWN": known_regex(),
     "NODE_INFO": L.NODE_INFO,
+    "NODE_STATE": nodestate.STATE,
     "EXPORTER_SOURCE_UP": m.EXPORTER_SOURCE_UP,
     "EXPORTER_SOURCE_LAST_SUCCESS": m.EXPORTER_SOURCE_LAST_SUCCESS,
     "EXPORTER_HOSTS": m.EXPORTER_HOSTS,
@@ -179,23 +181,6 @@ _XID_DESC = (f"XID {{{{ $labels.xid }}}} on {_WHERE_GPU} "
 # The host's telemetry down now or gone within the hour (value 0, as ``up``), node_exporter's
 # first: one series per host, node_exporter's when both are down (the host itself), so the alert's
 # labels do not depend on which of two equal values topk keeps.
-_NODE_DOWN = """
-(
-  ${TARGET_DOWN}{${TARGET_LABEL}="node_exporter"}
-  or
-  (${TARGET_VANISHED}{${TARGET_LABEL}="node_exporter"} * 0)
-)
-or
-(
-  (${TARGET_DOWN} or (${TARGET_VANISHED} * 0))
-  unless on (hostname)
-  (
-    ${TARGET_DOWN}{${TARGET_LABEL}="node_exporter"}
-    or
-    (${TARGET_VANISHED}{${TARGET_LABEL}="node_exporter"} * 0)
-  )
-)
-"""
 _CHECKPOINT = ("Restart the job from its last checkpoint on healthy nodes; exclude this node "
                "(Slurm --exclude, Kubernetes cordon) until the GPU is reset or replaced.")
 # A lost link, not a GPU: the node comes back once the link is repaired and stays up.
@@ -633,18 +618,36 @@ ${NVLINK_CRC_RATE} >= ${NVLINK_CRC_FAIL_PER_SECOND}
     AlertDef(
         name="NodeDown", severity="critical", category="node",
         cause=CauseClass.NODE_LOSS, scope="host",
-        summary="A node's telemetry target is down.",
-        description="The {{ $labels.exporter }} target of {{ $labels.hostname }} is down or gone "
-                    f"(up = {_WHOLE}).",
-        impact="The node is unreachable or its telemetry died: if the node is down, the job's "
-               "ranks on it are gone and the job crashes or hangs; silence here is not health.",
-        remediation="Check whether the node is alive (ping, BMC). If it is down, restart the job "
-                    "from its last checkpoint without it; if only the exporter died, restart the "
-                    "exporter.",
+        summary="A node is down: its node_exporter and a second witness say so.",
+        description="{{ $labels.hostname }} is down: its node_exporter target is down or gone "
+                    "together with its dcgm-exporter, or while the scheduler calls the node "
+                    f"down (up = {_WHOLE}).",
+        impact="The node is unreachable: the job's ranks on it are gone and the job crashes or "
+               "hangs.",
+        remediation="Check the node (ping, BMC console, the scheduler's reason). Restart the job "
+                    "from its last checkpoint without it; return the node once it is back and "
+                    "healthy.",
         panel="targets_up",
-        condition=_NODE_DOWN,
+        condition="${NODE_LOST}",
         for_="2m", copy_labels=(s.TARGET_LABEL,), group="node",
         needs=Action.SERVICE, clears_when_fixed=True),
+    AlertDef(
+        name="HostTelemetryGap", severity="warning", category="node",
+        cause=CauseClass.SYMPTOM, scope="host",
+        summary="An exporter of a node is down while the node itself answers: a telemetry gap.",
+        description="The {{ $labels.exporter }} target of {{ $labels.hostname }} is down or gone "
+                    f"(up = {_WHOLE}) while the node answers: faults it would report on this "
+                    "host are not seen.",
+        impact="Nothing for the job by itself (the node is up); faults of this host that only "
+               "this exporter reports (GPU faults for dcgm-exporter, host and link faults for "
+               "node_exporter) would go unseen until it is back.",
+        remediation="Restart the exporter (dcgm-exporter pod or service, node_exporter) and "
+                    "check why it stopped (OOM kill, upgrade, port, TLS); the node stays in "
+                    "service.",
+        panel="targets_up",
+        condition="${TARGET_DOWN} unless on (hostname) ${NODE_LOST}",
+        for_="2m", copy_labels=(s.TARGET_LABEL,), group="telemetry",
+        needs=Action.NONE, clears_when_fixed=True),
     AlertDef(
         name="NodeGpuCountDropped", severity="critical", category="gpu_hardware",
         cause=CauseClass.HARDWARE, scope="host",
@@ -765,6 +768,48 @@ ${PIPELINE_TARGETS}{component="exporter"}
 count(DCGM_FI_DEV_FB_USED > ${STALL_FB_MIN_MIB}) > 0
 and on ()
 absent(${NODE_INFO})
+""",
+        for_="15m", group="pipeline-coverage",
+        needs=Action.NONE, clears_when_fixed=True),
+    AlertDef(
+        name="WandbInfraRunHostWithoutGpuTelemetry", severity="warning", category="pipeline",
+        cause=CauseClass.SYMPTOM, scope="pipeline",
+        summary="A host of a published run has no GPU telemetry at all.",
+        description=f"{{{{ $labels.hostname }}}} runs {_WHOLE} W&B run(s) but no dcgm-exporter "
+                    f"target reported that host name in the last {span(s.HISTORY_WINDOW)}.",
+        impact="GPU faults on this host (XIDs, ECC, temperatures, a GPU off the bus) are never "
+               "seen, so its runs' verdicts cannot name them.",
+        remediation="Deploy dcgm-exporter on the host (the GPU Operator's DaemonSet or the "
+                    "systemd unit) and scrape it; if it is scraped, make its host label match the "
+                    "exporter's host name (strip_domain, host_key_regex, or relabel Hostname).",
+        panel="pipeline_targets",
+        condition="""
+count by (hostname) (max by (hostname, wandb_run_id) (${NODE_INFO}))
+unless on (hostname)
+${TARGET_HOSTS}{${TARGET_LABEL}="dcgm_exporter"}
+""",
+        for_="15m", group="pipeline-coverage",
+        needs=Action.NONE, clears_when_fixed=True),
+    AlertDef(
+        name="WandbInfraRunHostWithoutNodeState", severity="warning", category="pipeline",
+        cause=CauseClass.SYMPTOM, scope="pipeline",
+        summary="A host of a published run has no scheduler node state.",
+        description=f"{{{{ $labels.hostname }}}} runs {_WHOLE} W&B run(s) but has no "
+                    f"{nodestate.STATE} series (nor kube-state-metrics' node series).",
+        impact="The bridge cannot say whether restarting a run would land on this host again: "
+               "its restart advice for the run stays incomplete.",
+        remediation="Enable the exporter's node_state source (node_state.slurm or "
+                    "node_state.kubernetes in its config), or scrape kube-state-metrics; the "
+                    "node names must match the run's host names.",
+        panel="pipeline_targets",
+        condition="""
+count by (hostname) (max by (hostname, wandb_run_id) (${NODE_INFO}))
+unless on (hostname)
+(
+  ${NODE_STATE}
+  or
+  label_replace(kube_node_spec_unschedulable, "hostname", "$1", "node", "(.+)")
+)
 """,
         for_="15m", group="pipeline-coverage",
         needs=Action.NONE, clears_when_fixed=True),

@@ -39,6 +39,9 @@ T = TypeVar("T")
 
 # Thresholds (site policy; changed here once).
 MEMORY_PRESSURE_RATIO = 0.10  # share of time every task waited for memory ("full" PSI)
+# MemAvailable's share of MemTotal at its highest over VIOLATION_WINDOW: below this the kernel is
+# about to OOM-kill (the check where PSI is off: old kernels, node_exporter without pressure).
+MEMORY_AVAILABLE_MIN_RATIO = 0.01
 EDAC_CORRECTABLE_PER_WINDOW = 10  # corrected DIMM errors per WEAR_WINDOW
 FS_FREE_MIN_RATIO = 0.03  # a run filesystem with less free space is full
 REBOOT_MIN_SECONDS = 60  # boot time moving later by more is a reboot (btime jitters)
@@ -57,6 +60,10 @@ MAINTENANCE_REASONS = (
 # src/slurmctld/node_mgr.c; https://slurm.schedmd.com/faq.html#reboot). Such a node is a
 # NodeRebooted, never maintenance (which would also silence NodeRebooted).
 UNPLANNED_REASONS = "(?i).*(unexpected|unplanned).*"
+# Scheduler states of a node that is gone (the second witness NodeDown needs beside node_exporter):
+# Slurm DOWN or NOT_RESPONDING (scontrol marks the latter with a trailing ``*``), Kubernetes
+# NotReady or Unknown (the kubelet stopped posting status).
+SCHEDULER_DOWN_STATES = "(?i)(.*[+,])?(down|not_responding|notready|unknown)([*+,].*)?|.*[*].*"
 # Fabric Manager states that fail DCGM's health check (dcgmFabricManagerStatus_t: 1 not
 # started, 4 failure, 5 unrecognized, 6 NVML too old; 0 is a GPU without NVSwitch, 2 in
 # progress, 3 success).
@@ -67,6 +74,7 @@ POWER_SENSOR_TYPES = "Power Supply|Power Unit"
 
 TEMPLATE_VALUES: dict[str, str | int | float] = {
     "MEMORY_PRESSURE_RATIO": MEMORY_PRESSURE_RATIO,
+    "MEMORY_AVAILABLE_MIN_RATIO": MEMORY_AVAILABLE_MIN_RATIO,
     "EDAC_CORRECTABLE_PER_WINDOW": EDAC_CORRECTABLE_PER_WINDOW,
     "FS_FREE_MIN_RATIO": FS_FREE_MIN_RATIO,
     "REPEAT_FAULTS_MIN": REPEAT_FAULTS_MIN,
@@ -121,6 +129,22 @@ def definitions(make: Callable[..., T]) -> list[T]:
             panel="host_memory",
             condition="${HOST_MEMORY_PRESSURE} > ${MEMORY_PRESSURE_RATIO}",
             for_="5m", group="host-memory",
+            needs=Action.NONE, clears_when_fixed=True),
+        dict(
+            name="HostMemoryExhausted", severity="warning", category="host",
+            cause=CauseClass.HOST_RESOURCE, scope="host",
+            summary="A node has almost no memory available.",
+            description=f"At most {{{{ $value | humanizePercentage }}}} of {_HOST}'s memory was "
+                        f"available over the last {span(s.VIOLATION_WINDOW)} "
+                        "(node_memory_MemAvailable_bytes / node_memory_MemTotal_bytes).",
+            impact="The kernel is about to OOM-kill a process (a rank or its data loader): the "
+                   "job fails and its other ranks report NCCL errors or hang.",
+            remediation="Reduce the job's host memory (data-loader workers, pinned memory, "
+                        "caches) or move it to a node with more memory; if no job explains the "
+                        "usage, look for a leaking daemon on the node.",
+            panel="host_memory",
+            condition="${HOST_MEMORY_AVAILABLE_LOW}",
+            for_="2m", group="host-memory",
             needs=Action.NONE, clears_when_fixed=True),
         dict(
             name="HostMemoryUncorrectableErrors", severity="critical", category="host",

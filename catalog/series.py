@@ -101,6 +101,9 @@ NODE_EXPORTER_TARGET = "instance:node_exporter_hostname:info"
 DCGM_EXPORTER_TARGET = "instance:dcgm_exporter_hostname:info"
 TARGET_HOSTS = f"instance:telemetry_target_hostname:info_{HISTORY_WINDOW}"
 TARGET_DOWN = "hostname:telemetry_target:down"
+# Hosts gone as nodes, not only as telemetry: node_exporter down together with dcgm-exporter, or
+# with the scheduler saying the node is down, or on a host with no other exporter.
+NODE_LOST = "hostname:telemetry_target:node_lost"
 TARGET_VANISHED = f"hostname:telemetry_target:vanished_{HISTORY_WINDOW}"
 HOST_GPU_COUNT_DROP = f"hostname:dcgm_gpus:dropped_{HISTORY_WINDOW}"
 TARGET_LABEL = "exporter"
@@ -139,6 +142,7 @@ RUN_GPU_STRAGGLING = f"wandb_run_gpu:dcgm_gpu_util:straggling_avg{UTIL_WINDOW}"
 # else from the host part of ``instance`` (alert_rules/normalise.py, ``exporter_host``).
 HOST_OOM_KILLS = f"hostname:node_vmstat_oom_kill:increase{WEAR_WINDOW}"
 HOST_MEMORY_PRESSURE = f"hostname:node_pressure_memory_stalled:ratio_rate{VIOLATION_WINDOW}"
+HOST_MEMORY_AVAILABLE_LOW = f"hostname:node_memory_available:max_ratio{VIOLATION_WINDOW}_low"
 HOST_EDAC_UNCORRECTABLE = "hostname:node_edac_uncorrectable_errors:max"
 HOST_EDAC_CORRECTABLE = f"hostname:node_edac_correctable_errors:increase{WEAR_WINDOW}"
 FS_READONLY = "filesystem:node_filesystem_readonly:now"

@@ -210,6 +210,7 @@ R, L = CauseClass.HOST_RESOURCE, CauseClass.NODE_LOSS
 EXPECTED: dict[str, tuple[CauseClass, Action, bool]] = {
     "HostOomKill": (R, Action.RESTART_APP, False),
     "HostMemoryPressure": (R, Action.NONE, False),
+    "HostMemoryExhausted": (R, Action.NONE, False),
     "HostMemoryUncorrectableErrors": (H, Action.SERVICE, True),
     "HostMemoryCorrectableErrors": (D, Action.NONE, False),
     "FilesystemReadOnly": (R, Action.SERVICE, True),

@@ -10,8 +10,9 @@ Faults (``Cluster.inject`` or ``POST /control/fault``): xid, thermal, stall, ib_
 host_lost, nvlink, pcie, ecc_dbe, row_remap_pending, power_brake, eth_flap, eth_down, straggler
 (a GPU that keeps up less: lower utilisation and activity), row_remap_failure, sbe_storm
 (single-bit errors at a high rate, pages retired past DCGM's limit); on the host, oom_kill (one
-more OOM kill), memory_pressure (tasks stalled on memory 30% of the time), edac_uncorrectable (one
-more uncorrectable DIMM error), edac_correctable (a storm of corrected ones), fs_readonly, fs_full,
+more OOM kill), memory_pressure (tasks stalled on memory 30% of the time, MemAvailable at 0.2%
+of MemTotal), edac_uncorrectable (one more uncorrectable DIMM error), edac_correctable (a storm of
+corrected ones), fs_readonly, fs_full,
 fs_not_answering (on the mount point ``device``, /scratch by default) and reboot (unplanned: the
 boot time moves to now and the host's faults end); ``clear`` removes them.
 """

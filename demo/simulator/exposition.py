@@ -235,14 +235,21 @@ def _pod_labels(pods: PodOf, host: str, index: int) -> str:
 # Filesystem sizes: a full one has 0.5% free, well below the rules' threshold
 # (catalog/host_alerts.py FS_FREE_MIN_RATIO).
 FS_SIZE_BYTES = 1e12
+# /proc/meminfo's total, and what is available on a healthy host and on one whose tasks stall on
+# memory (memory_pressure: the kernel is about to OOM-kill).
+MEM_TOTAL_BYTES = 2e12
+MEM_AVAILABLE_RATIO = 0.4
+MEM_EXHAUSTED_RATIO = 0.002
 FS_AVAIL_BYTES = 4e11
 FS_FULL_AVAIL_BYTES = 5e9
 
 
 def host_text(host: Host, now: float) -> str:
-    """The host series the issue-28 rules read: vmstat's OOM kills, PSI memory, EDAC per memory
-    controller (faults on the first), and the filesystem collector per mount; a mount that does
-    not answer statfs has only device_error and readonly, as the collector publishes it."""
+    """The host series the host rules read: vmstat's OOM kills, PSI memory, meminfo's total and
+    available memory, EDAC per memory controller (faults on the first), and the filesystem
+    collector per mount; a mount that does not answer statfs has only device_error and readonly,
+    as the collector publishes it."""
+    available = MEM_EXHAUSTED_RATIO if host.memory_stalled.rate else MEM_AVAILABLE_RATIO
     edac = {"correctable": math.floor(host.edac_correctable.value(now)),
             "uncorrectable": host.edac_uncorrectable}
     out = [
@@ -251,6 +258,11 @@ def host_text(host: Host, now: float) -> str:
         "# TYPE node_pressure_memory_stalled_seconds_total counter\n"
         "node_pressure_memory_stalled_seconds_total "
         f"{_fmt(round(host.memory_stalled.value(now), 3))}\n",
+        "# TYPE node_memory_MemTotal_bytes gauge\n"
+        f"node_memory_MemTotal_bytes {_fmt(MEM_TOTAL_BYTES)}\n",
+        "# TYPE node_memory_MemAvailable_bytes gauge\n"
+        "node_memory_MemAvailable_bytes "
+        f"{_fmt(MEM_TOTAL_BYTES * available)}\n",
     ]
     for kind, count in edac.items():
         out.append(f"# TYPE node_edac_{kind}_errors_total counter\n")

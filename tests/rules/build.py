@@ -349,32 +349,81 @@ def node_cases() -> list[Case]:
                    [uname(), node("node_network_carrier_changes_total", "2x80", device="eth0")],
                    "20m", [Expect({"hostname": "n1", "device": "eth0"},
                                   "Interface eth0 on n1 changed carrier 30 times in 15 minutes.")])
-    cases += _pair("node_exporter target down", "NodeDown",
+    cases += _pair("node_exporter target down, no other exporter on the host", "NodeDown",
                    [uname("n1").__class__("node_uname_info", uname().labels, "1x10"),
                     node("up", "1x10 0x70")],
                    [uname(), node("up", "1x80")], "10m",
-                   [Expect({"hostname": "n1", "exporter": "node_exporter"},
-                           "The node_exporter target of n1 is down or gone (up = 0).")])
+                   [Expect({"hostname": "n1", "exporter": "node_exporter"}, NODE_LOST)])
     return cases
+
+
+NODE_LOST = ("n1 is down: its node_exporter target is down or gone together with its "
+             "dcgm-exporter, or while the scheduler calls the node down (up = 0).")
+
+
+def _gap(exporter: str) -> str:
+    return (f"The {exporter} target of n1 is down or gone (up = 0) while the node answers: "
+            "faults it would report on this host are not seen.")
+
+
+def exporter_gap_cases(sp: str) -> list[Case]:
+    """Down means down: node_exporter down while dcgm-exporter answers is a node loss only when
+    the scheduler says the node is down; either exporter down alone is a telemetry gap."""
+    temp = dcgm(sp, "DCGM_FI_DEV_GPU_TEMP", "40x80")
+    dcgm_up = Series("up", {"instance": "n1:9400", "job": "dcgm"}, "1x80")
+    node_down = [Series("node_uname_info", uname().labels, "1x10"), node("up", "1x10 0x70")]
+    run = {**RUN_A, "hostname": "n1", "exporter": "node_exporter"}
+
+    def slurm(state: str) -> Series:
+        return Series("wandb_infra_node_state", {"instance": "exp:9500", "job": "exporter",
+                                                 "hostname": "n1", "scheduler": "slurm",
+                                                 "state": state, "reason": ""}, "1x80")
+
+    dcgm_down = [dcgm(sp, "DCGM_FI_DEV_GPU_TEMP", "40x10"),
+                 Series("up", {"instance": "n1:9400", "job": "dcgm"}, "1x10 0x70"),
+                 uname(), node("up", "1x80"), node_info(RUN_A)]
+    gap_dcgm = Expect({**RUN_A, "hostname": "n1", "exporter": "dcgm_exporter"},
+                      _gap("dcgm_exporter"))
+    return [
+        Case(f"NodeDown: silent when only dcgm-exporter is down on a live node ({sp})",
+             "NodeDown", dcgm_down, "10m"),
+        Case(f"HostTelemetryGap: only dcgm-exporter down on a live node ({sp})",
+             "HostTelemetryGap", dcgm_down, "10m", [gap_dcgm]),
+        Case(f"NodeDown: node_exporter down, dcgm-exporter up, Slurm says DOWN ({sp})",
+             "NodeDown", [temp, dcgm_up, *node_down, node_info(RUN_A), slurm("DOWN+DRAIN")],
+             "10m", [Expect(run, NODE_LOST)]),
+        Case(f"HostTelemetryGap: silent when the node is lost ({sp})", "HostTelemetryGap",
+             [temp, dcgm_up, *node_down, node_info(RUN_A), slurm("IDLE*")], "10m"),
+        Case(f"NodeDown: silent when node_exporter is down and the node is in use ({sp})",
+             "NodeDown", [temp, dcgm_up, *node_down, node_info(RUN_A), slurm("ALLOCATED")],
+             "10m"),
+        Case(f"HostTelemetryGap: node_exporter down while dcgm-exporter answers ({sp})",
+             "HostTelemetryGap", [temp, dcgm_up, *node_down, node_info(RUN_A),
+                                  slurm("ALLOCATED")], "10m",
+             [Expect(run, _gap("node_exporter"))]),
+    ]
 
 
 def dcgm_node_cases(sp: str) -> list[Case]:
     """NodeDown from the dcgm-exporter side, and telemetry that is simply not deployed."""
     temp = dcgm(sp, "DCGM_FI_DEV_GPU_TEMP", "40x10")
     up_down = Series("up", {"instance": "n1:9400", "job": "dcgm"}, "1x10 0x70")
-    cases = [Case(f"NodeDown: dcgm-exporter target down ({sp})", "NodeDown", [temp, up_down],
-                  "10m", [Expect({"hostname": "n1", "exporter": "dcgm_exporter"},
-                                 "The dcgm_exporter target of n1 is down or gone (up = 0).")])]
+    cases = [Case(f"HostTelemetryGap: dcgm-exporter target down ({sp})", "HostTelemetryGap",
+                  [temp, up_down], "10m",
+                  [Expect({"hostname": "n1", "exporter": "dcgm_exporter"},
+                          _gap("dcgm_exporter"))]),
+             Case(f"NodeDown: silent when only the dcgm-exporter target is down ({sp})",
+                  "NodeDown", [temp, up_down], "10m")]
     only_dcgm = [dcgm(sp, "DCGM_FI_DEV_GPU_TEMP", "40x80"),
                  Series("up", {"instance": "n1:9400", "job": "dcgm"}, "1x80"), node_info(RUN_A)]
     cases.append(Case(f"NodeDown: silent when node_exporter is not deployed ({sp})", "NodeDown",
                       only_dcgm, "20m"))
     gone = [dcgm(sp, "DCGM_FI_DEV_GPU_TEMP", "40x10"),
             Series("up", {"instance": "n1:9400", "job": "dcgm"}, "1x10"), node_info(RUN_A)]
-    cases.append(Case(f"NodeDown: target of a run's host vanished from discovery ({sp})",
-                      "NodeDown", gone, "15m",
+    cases.append(Case(f"HostTelemetryGap: target of a run's host vanished from discovery ({sp})",
+                      "HostTelemetryGap", gone, "15m",
                       [Expect({**RUN_A, "hostname": "n1", "exporter": "dcgm_exporter"},
-                              "The dcgm_exporter target of n1 is down or gone (up = 0).")]))
+                              _gap("dcgm_exporter"))]))
     moved = [dcgm(sp, "DCGM_FI_DEV_GPU_TEMP", "40x10"),
              Series("up", {"instance": "n1:9400", "job": "dcgm"}, "1x10"),
              dcgm(sp, "DCGM_FI_DEV_GPU_TEMP", "_x5 40x75", instance="10.0.0.1:9400"),
@@ -465,8 +514,7 @@ def link_attribution_cases() -> list[Case]:
              [uname(), *runs, *ports], "9m", got),
         Case("attribution: node down under two runs, both exporters down", "NodeDown",
              [*runs, *down], "10m",
-             [Expect({**run, "hostname": "n1", "exporter": "node_exporter"},
-                     "The node_exporter target of n1 is down or gone (up = 0).")
+             [Expect({**run, "hostname": "n1", "exporter": "node_exporter"}, NODE_LOST)
               for run in (RUN_A, RUN_B)]),
     ]
 
@@ -820,6 +868,22 @@ def pipeline_cases() -> list[Case]:
         Case("WandbInfraJoinMetricsMissing: silent on an idle cluster without runs",
              "WandbInfraJoinMetricsMissing",
              [dcgm("hostname", "DCGM_FI_DEV_FB_USED", "0x80", gpu="0")], "30m"),
+        *_pair("run host without dcgm-exporter", "WandbInfraRunHostWithoutGpuTelemetry",
+               [uname(), node("up", "1x80"), node_info(RUN_A)],
+               [uname(), node("up", "1x80"), node_info(RUN_A),
+                dcgm("hostname", "DCGM_FI_DEV_GPU_TEMP", "40x80"),
+                Series("up", {"instance": "n1:9400", "job": "dcgm"}, "1x80")], "30m",
+               [Expect({"hostname": "n1"}, "n1 runs 1 W&B run(s) but no dcgm-exporter target "
+                                           "reported that host name in the last hour.")]),
+        *_pair("run host without node state", "WandbInfraRunHostWithoutNodeState",
+               [node_info(RUN_A)],
+               [node_info(RUN_A),
+                Series("wandb_infra_node_state", {"instance": "exp:9500", "job": "exporter",
+                                                  "hostname": "n1", "scheduler": "slurm",
+                                                  "state": "ALLOCATED", "reason": ""}, "1x80")],
+               "30m",
+               [Expect({"hostname": "n1"}, "n1 runs 1 W&B run(s) but has no wandb_infra_node_state "
+                                           "series (nor kube-state-metrics' node series).")]),
         *_pair("bridge target down", "WandbInfraBridgeDown",
                [b("wandb_infra_bridge_queue_runs", "0x10"), Series("up", brg, "1x10 0x70")],
                bridge_up, "20m",
@@ -907,18 +971,23 @@ def down_cases() -> list[Timeline]:
         labels = {"hostname": name, "exporter": exporter}
         if run:
             labels = {**RUN_A, "wandb_run_id": f"run-{name}", **labels}
-        return Expect(labels, f"The {exporter} target of {name} is down or gone (up = 0).")
+        return Expect(labels, NODE_LOST.replace("n1", name))
 
-    always = [node_down("down-run", True), node_down("down-idle"), node_down("gone-run", True),
-              node_down("gpu-down", exporter="dcgm_exporter")]
+    always = [node_down("down-run", True), node_down("down-idle"), node_down("gone-run", True)]
+    # dcgm-exporter down for a day on a host whose node_exporter is not deployed: a gap
+    gap = [Expect({"hostname": "gpu-down", "exporter": "dcgm_exporter"},
+                  _gap("dcgm_exporter").replace("n1", "gpu-down"))]
     # After 2 h, every few hours and just before the day ends, so a gap that fires again by
     # 24 h fails; the sample count below catches a gap between two of these checks too.
     later = ("2h10m", "6h", "12h", "23h59m", "24h")
     checks = [("NodeDown", ("1h55m", "2h"),
                [*always, node_down("back", True), node_down("decom")]),
-              ("NodeDown", later, always)]
-    firing = [{"alertname": "NodeDown", "hostname": e.labels["hostname"],
-               "exporter": e.labels["exporter"]} for e in always]
+              ("NodeDown", later, always),
+              ("HostTelemetryGap", ("2h", *later), gap)]
+    firing = [{"alertname": alert, "hostname": e.labels["hostname"],
+               "exporter": e.labels["exporter"]}
+              for alert, expected in (("NodeDown", always), ("HostTelemetryGap", gap))
+              for e in expected]
     for alert, metric, what, port in (("WandbInfraExporterDown", "wandb_infra_exporter_hosts",
                                        "exporter", "9842"),
                                       ("WandbInfraBridgeDown", "wandb_infra_bridge_queue_runs",
@@ -963,7 +1032,8 @@ EVALUATION_INTERVAL = {"down_long.test.yml": "1m"}
 def files(cfg: dict[str, Any]) -> dict[str, str]:
     """Test file name -> YAML text."""
     rules = f"../../alert_rules/{generate.RULES_FILE}"
-    groups: dict[str, Sequence[Case | Timeline]] = {"node_alerts.test.yml": node_cases(),
+    groups: dict[str, Sequence[Case | Timeline]] = {"node_alerts.test.yml": [
+                                         *node_cases(), *exporter_gap_cases("Hostname")],
                                      "link_attribution.test.yml": link_attribution_cases(),
                                      "dcgm_4_9.test.yml": dcgm49_cases(),
                                      "real_telemetry.test.yml": real_telemetry_cases(),

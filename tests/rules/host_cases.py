@@ -67,6 +67,13 @@ def memory_cases() -> list[b.Case]:
                [b.node("node_pressure_memory_stalled_seconds_total", "0+9x80")],
                [b.node("node_pressure_memory_stalled_seconds_total", "0+0.3x80")], "15m", {},
                "Every task on n1 waited for memory 30% of the last 5 minutes (PSI memory full)."),
+        *_case("MemAvailable below 1% of MemTotal, no PSI", "HostMemoryExhausted",
+               [b.node("node_memory_MemTotal_bytes", "1e12x80"),
+                b.node("node_memory_MemAvailable_bytes", "3e11x10 2e9x70")],
+               [b.node("node_memory_MemTotal_bytes", "1e12x80"),
+                b.node("node_memory_MemAvailable_bytes", "3e11x10 2e10x70")], "20m", {},
+               "At most 0.2% of n1's memory was available over the last 5 minutes "
+               "(node_memory_MemAvailable_bytes / node_memory_MemTotal_bytes)."),
         *_case("EDAC uncorrectable errors since boot", "HostMemoryUncorrectableErrors",
                [b.node("node_edac_uncorrectable_errors_total", "5x80", controller="0")],
                [b.node("node_edac_uncorrectable_errors_total", "0x80", controller="0")], "6m",
