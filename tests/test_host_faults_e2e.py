@@ -56,7 +56,7 @@ ENTITY, PROJECT = "acme", "llm"
 DOMAIN = "cluster.example.com"
 # node_exporter's families the host rules read, kept whole (HELP and TYPE lines too)
 FAMILIES = ("node_vmstat_", "node_pressure_memory_", "node_edac_", "node_mountstats_nfs_",
-            "node_boot_time_seconds")
+            "node_boot_time_seconds", "node_memory_MemTotal_bytes")
 # the fixture's samples as Prometheus stores them: name{labels} and value
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*(?:\{.*\})?) (\S+)$")
 # the NFS mount of the fixture whose udp WRITE timeouts the NFS fault raises
@@ -98,6 +98,9 @@ class Node:
     # the PSI memory "full" counter grows at this many seconds per second from ``since``
     stalled_rate: float = 0.0
     stalled_since: float = 0.0
+    # node_memory_MemAvailable_bytes as a share of the fixture's MemTotal (the fixture's kernel
+    # predates MemAvailable, so the test publishes it)
+    available_ratio: float = 0.4
 
     def __post_init__(self) -> None:
         self.values = {k: (0.0 if k in UNCORRECTABLE else v) for k, v in CAPTURED.items()}
@@ -116,7 +119,9 @@ class Node:
                  f"node_filesystem_device_error{{{CHECKPOINTS}}} {self.device_error}\n"
                  f"node_filesystem_size_bytes{{{CHECKPOINTS}}} {SIZE:g}\n"
                  f"node_filesystem_avail_bytes{{{CHECKPOINTS}}} {SIZE * self.avail_ratio:g}\n")
-        return body + "\n" + uname + mount
+        total = CAPTURED["node_memory_MemTotal_bytes"]
+        available = f"node_memory_MemAvailable_bytes {total * self.available_ratio:g}\n"
+        return body + "\n" + uname + mount + available
 
 
 @dataclass
@@ -268,6 +273,9 @@ FAULTS: tuple[Fault, ...] = (
           lambda w: _set(w, _host(2), read_only=1)),
     Fault("HostMemoryPressure", "psirun", _host(3),
           f"Every task on {_host(3)} waited for memory ", _pressure, early=True),
+    Fault("HostMemoryExhausted", "memrun", _host(18),
+          f"At most 0.2% of {_host(18)}'s memory was available over the last 5 minutes",
+          lambda w: _set(w, _host(18), available_ratio=0.002), early=True),
     Fault("HostMemoryUncorrectableErrors", "edacrun", _host(4),
           f"5 uncorrectable memory error(s) on {_host(4)} since boot (EDAC memory controller 0).",
           _edac_uncorrectable),
