@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,6 +42,16 @@ os.environ["NO_PROXY"] = "127.0.0.1,localhost"
 SESSION_MARK = "WANDB_INFRA_TEST_SESSION"
 if "PYTEST_XDIST_WORKER" not in os.environ:
     os.environ[SESSION_MARK] = uuid.uuid4().hex
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _wandb_service_stops() -> Iterator[None]:
+    """The wandb SDK keeps one service process (wandb-core) per process that called
+    ``wandb.init``, stopped only at that process's exit; an xdist worker does not run exit
+    handlers, so the service would outlive the suite. Stop it with the session."""
+    yield
+    if "wandb" in sys.modules:
+        sys.modules["wandb"].teardown()
 
 
 @pytest.hookimpl(hookwrapper=True)
