@@ -4,7 +4,6 @@ that outlives its test fails the run, is named with its ports, and is stopped
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -25,7 +24,8 @@ import sys
 
 from harness import processes
 
-LISTENER = "import socket, time; s = socket.socket(); s.bind(('127.0.0.1', {port})); s.listen(); time.sleep(600)"
+LISTENER = ("import socket, time; s = socket.socket(); s.bind(('127.0.0.1', {port})); "
+            "s.listen(); time.sleep(600)")
 
 
 def test_a_failing_stack_test(tmp_path):
@@ -54,7 +54,7 @@ def _inner(tmp_path: Path, leak: bool) -> tuple[subprocess.CompletedProcess[str]
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-p", "no:cacheprovider",
          "--rootdir", str(tmp_path), str(tmp_path / "test_inner.py")],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False)
     return result, probe
 
 
