@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.test_hardening_quarantine import FakeSlurm, issue_on
+from tests.test_quarantine_untrusted_hosts import FakeSlurm, issue_on
 from wandb_infra.bridge.config import DEFAULTS
 from wandb_infra.bridge.quarantine.actuator import Quarantine, SlurmActions
 

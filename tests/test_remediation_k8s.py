@@ -32,7 +32,7 @@ from wandb_infra.common.runkey import RunKey
 
 pytestmark = pytest.mark.integration
 # These alerts name runs the canned Prometheus holds no join metrics for; confirmation by Prometheus
-# is tested in test_hardening_forged_runs.py; the quarantine's alert is raised by a real rule.
+# is tested in test_bridge_confirm.py; the quarantine's alert is raised by a real rule.
 
 
 def _scrape_config(*targets: str) -> str:

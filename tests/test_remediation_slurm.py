@@ -113,7 +113,7 @@ def test_verdict_flips_when_the_node_is_drained_resumed_and_rebooted(slurm, tmp_
             worker = DeliveryWorker(
                 store, client=WandbClient(wb.url, wb.api_key, timeout=5), markers=None,
                 links=GrafanaLinks(""), metrics=BridgeMetrics(),
-                # no join metrics in this Prometheus (placement: test_hardening_forged_runs.py)
+                # no join metrics in this Prometheus (placement: test_bridge_confirm.py)
                 policy=DeliveryPolicy(confirm_alerts=False, flush_interval=0,
                                       node_state_refresh=0.3),
                 prometheus=PrometheusClient(prom.url))

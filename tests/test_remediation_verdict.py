@@ -33,7 +33,7 @@ from wandb_infra.bridge.prometheus.remediation import (
 from wandb_infra.common.runkey import RunKey
 
 # These alerts name runs the canned Prometheus holds no join metrics for; confirmation by Prometheus
-# is tested in test_hardening_forged_runs.py, so the workers here run with confirm_alerts off.
+# is tested in test_bridge_confirm.py, so the workers here run with confirm_alerts off.
 
 NOW = datetime.now(UTC).replace(microsecond=0)
 START = NOW - timedelta(minutes=5)

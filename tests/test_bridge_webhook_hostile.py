@@ -2,8 +2,8 @@
 typed, wrongly encoded, numeric edge cases) never get a 5xx and never store a row; slow clients
 and many concurrent connections do not stall a healthy request.
 
-tests/test_hardening_fuzz.py already mutates fields of real Alertmanager bodies and sends random
-bytes; these strategies go after the decoder and the HTTP layer instead.
+tests/test_bridge_webhook_fuzz.py already mutates fields of real Alertmanager bodies and sends
+random bytes; these strategies go after the decoder and the HTTP layer instead.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ random bytes, unpaired surrogates and extreme times are sent as they are. Proper
 answers only 200 or 400; a 400 stores nothing; and whatever it accepted can be shown by /runs
 and projected by the delivery worker without an internal error.
 
-tests/test_reliability_hostile.py goes after the decoder and the HTTP layer instead (nesting,
+tests/test_bridge_webhook_hostile.py goes after the decoder and the HTTP layer instead (nesting,
 encodings, sizes, content types, slow clients).
 """
 

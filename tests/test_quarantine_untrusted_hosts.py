@@ -3,7 +3,7 @@
 A host label must be exactly one node before any scheduler action; the circuit breaker is shared
 by every process that appends to the audit log, and one store has one active bridge (a second one
 refuses to start in one line); no record, no action; a damaged audit log is reported and skipped,
-never fatal. (Real Slurm: tests/test_hardening_quarantine_slurm.py.)
+never fatal. (Real Slurm: tests/test_quarantine_slurm.py.)
 """
 
 from __future__ import annotations
