@@ -21,7 +21,13 @@ from wandb_infra.bridge.projection.markers import RunAxis, SdkMarkerWriter, star
 from wandb_infra.bridge.projection.wandb_client import WandbClient
 from wandb_infra.bridge.prometheus.client import PrometheusClient
 from wandb_infra.bridge.web.connections import ConnectionLimiter, connection_limit
-from wandb_infra.bridge.web.webhook import BridgeContext, Credentials, PageAuth, create_app
+from wandb_infra.bridge.web.webhook import (
+    BridgeContext,
+    Credentials,
+    PageAuth,
+    create_app,
+    unauthenticated_body,
+)
 from wandb_infra.common.logsetup import log_fields
 
 log = logging.getLogger(__name__)
@@ -82,6 +88,7 @@ def build(cfg: BridgeConfig) -> Bridge:
         pages=PageAuth(cfg.secrets.pages_token, raw["auth"]["pages_accept_webhook_credentials"],
                        raw["auth"]["secure_cookie"]),
         body_timeout=cfg.body_timeout, max_inflight_bytes=cfg.max_inflight_bytes,
+        max_login_reads=max(1, connection_limit(cfg.max_connections) // 8),
     ), worker)
 
 
@@ -91,7 +98,8 @@ async def serve(cfg: BridgeConfig, ready: asyncio.Event | None = None) -> None:
     ctx, worker = bridge.ctx, bridge.worker
     # keepalive_timeout also bounds a new connection that never completes a request (aiohttp
     # arms it at connect), so idle sockets cannot pile up to the file-descriptor limit.
-    limiter = ConnectionLimiter(connection_limit(cfg.max_connections), ctx.metrics)
+    limiter = ConnectionLimiter(connection_limit(cfg.max_connections), ctx.metrics,
+                                evictable=unauthenticated_body)
     app = create_app(ctx)
     app.middlewares.append(limiter.middleware)
     runner = web.AppRunner(app, access_log=None, keepalive_timeout=cfg.idle_timeout)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -187,3 +188,80 @@ def test_limit_settings_are_validated(tmp_path: Path, key: str, value: str):
         load(None, environ=env)
     assert load(None, environ={"WANDB_INFRA_BRIDGE__AUTH__BEARER_TOKEN": TOKEN}).max_connections \
         == 512
+
+
+
+def _slow_login(port: int) -> socket.socket:
+    """A connection that starts a ``POST /login`` body and never finishes it."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(b"POST /login HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                 b"application/x-www-form-urlencoded\r\nContent-Length: 4000\r\n\r\ntoken=")
+    sock.setblocking(False)
+    return sock
+
+
+def _answer(sock: socket.socket) -> bytes | None:
+    """The status line the server sent on non-blocking ``sock``, b"closed" when it closed
+    without one, None while it says nothing."""
+    try:
+        data = sock.recv(100)
+    except BlockingIOError:
+        return None
+    except ConnectionResetError:
+        return b"closed"
+    return data.split(b"\r\n", 1)[0] if data else b"closed"
+
+
+@pytest.mark.integration
+def test_slow_login_bodies_do_not_lock_alertmanager_out(tmp_path: Path):
+    """A stranger keeps as many never-finished ``POST /login`` bodies open as the connection
+    limit (64 here, 512 by default), opening a new one whenever one is closed. Before, they
+    held every connection for the 30 s body timeout and Alertmanager's connections were
+    refused. Now a login body read never holds a connection against a new one (the stranger's
+    own new connections close the oldest readers), at most one connection in eight reads a
+    login body (the rest get 503 at once): the webhook is answered throughout. A lone reader is
+    cut off with 408 at the login deadline (the body timeout, at most 5 s)."""
+    (tmp_path / "pages").write_text("p" * 32 + "\n")
+    env = bridge_env(tmp_path, listen__max_connections="64", webhook__body_timeout_seconds="2",
+                     auth__pages_token_file=str(tmp_path / "pages"))
+    bridge = start_bridge(tmp_path, env)
+    stop = threading.Event()
+    answers: list[bytes] = []
+
+    def attack() -> None:
+        held = [_slow_login(bridge.port) for _ in range(64)]
+        while not stop.is_set():
+            for i, sock in enumerate(held):
+                if (answer := _answer(sock)) is not None:
+                    answers.append(answer)
+                    sock.close()
+                    held[i] = _slow_login(bridge.port)
+            time.sleep(0.05)
+        for sock in held:
+            sock.close()
+
+    attacker = threading.Thread(target=attack)
+    try:
+        attacker.start()
+        wait_for(lambda: _busy_slots(bridge) >= 64, 5, what="64 slow logins connected")
+        took = []
+        for n in range(6):
+            started = time.monotonic()
+            body = notification([alert("NodeDown", category="node", host="h1", run=f"r{n}")])
+            assert bridge.post(body, timeout=5).json()["new"] == 1
+            took.append(time.monotonic() - started)
+            time.sleep(0.5)
+        stop.set()
+        attacker.join(10)
+        with _slow_login(bridge.port) as lone:
+            lone.setblocking(True)
+            lone.settimeout(10)
+            assert lone.recv(100).startswith(b"HTTP/1.1 408 "), "cut off at the deadline"
+    finally:
+        stop.set()
+        attacker.join(10)
+        bridge.stop()
+    print("webhook answered in", [round(t, 3) for t in took])
+    assert max(took) < 5, took
+    assert answers.count(b"HTTP/1.1 503 Service Unavailable") >= 56, answers[:10]
+    assert b"closed" in answers, "the stranger's new connections close its oldest readers"

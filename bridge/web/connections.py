@@ -2,9 +2,12 @@
 the store and W&B delivery need, nor starve Alertmanager.
 
 At the limit a new connection evicts the one idle longest (no request in progress); only when
-every connection is serving a request is the new one closed at once. Built on public interfaces
-only: asyncio's protocol API around the ``web.Server`` a runner exposes, and an aiohttp
-middleware that marks a connection busy while a handler runs.
+every connection is serving a request is the new one closed at once. A request the ``evictable``
+rule names (an unauthenticated body being read: ``POST /login``) does not make its connection
+busy, so slow bodies from strangers can never hold every connection against Alertmanager: 64
+never-finished login bodies at a limit of 64 kept the webhook out for the 30 s body timeout. Built
+on public interfaces only: asyncio's protocol API around the ``web.Server`` a runner exposes, and
+an aiohttp middleware that marks a connection busy while a handler runs.
 """
 
 from __future__ import annotations
@@ -87,9 +90,11 @@ class ConnectionLimiter:
     """Counts connections from the moment their protocol is created (asyncio accepts a burst
     before any ``connection_made`` runs), oldest-idle first."""
 
-    def __init__(self, limit: int, metrics: BridgeMetrics) -> None:
+    def __init__(self, limit: int, metrics: BridgeMetrics,
+                 evictable: Callable[[web.Request], bool] = lambda _request: False) -> None:
         self.limit = limit
         self.metrics = metrics
+        self.evictable = evictable
         self._open: dict[_Counted, None] = {}  # least recently used first
         self._by_transport: dict[asyncio.BaseTransport, _Counted] = {}  # handed to aiohttp
         self._last_warning = 0.0
@@ -133,9 +138,10 @@ class ConnectionLimiter:
 
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """Busy while the handler runs (reading the body included); used most recently after."""
+        """Busy while the handler runs (reading the body included), unless the request is
+        ``evictable``; used most recently after."""
         conn = self._by_transport.get(request.transport) if request.transport else None
-        if conn is None:
+        if conn is None or self.evictable(request):
             return await handler(request)
         conn.busy += 1
         try:

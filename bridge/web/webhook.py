@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 
 PAGE_COOKIE = "wandb_infra_pages"
 MAX_LOGIN_BYTES = 4096
+# A login form is a few hundred bytes: a client that has not sent it in 5 s is not typing it.
+LOGIN_BODY_SECONDS = 5.0
 RUN_STATES = ("", "open", "resolved")
 RUN_VERDICTS = ("", *VERDICTS)
 
@@ -65,6 +67,7 @@ class BridgeContext:
     public_pages: bool = False
     pages: PageAuth = field(default_factory=PageAuth)
     body_timeout: float = 30.0
+    max_login_reads: int = 16
     max_inflight_bytes: int = 32 * 1024 * 1024
     write_pool: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="bridge-store-write"))
@@ -84,7 +87,15 @@ class _TooLarge(Exception):
 async def _read_body(request: web.Request, limit: int) -> bytearray:
     """The request body in one buffer, allocated once when ``Content-Length`` is known. Unlike
     ``request.read()`` it keeps no copy on the request and makes none while growing, so the
-    body is freed as soon as it is parsed."""
+    body is freed as soon as it is parsed. A connection closed meanwhile (by the peer, or by the
+    connection limiter for a new one) is an ``OSError``, as aiohttp's ``RuntimeError`` is not."""
+    try:
+        return await _fill(request, limit)
+    except RuntimeError as exc:  # aiohttp's "Connection closed."
+        raise ConnectionResetError(str(exc)) from exc
+
+
+async def _fill(request: web.Request, limit: int) -> bytearray:
     expected = request.content_length
     if not expected:  # chunked: grown as it arrives, up to the limit
         body = bytearray()
@@ -138,6 +149,7 @@ class Handlers:
         self.pages = RunPages(ctx.store, ctx.runs if ctx.runs is not None
                               else RunService(ctx.store), ctx.links, ctx.activity)
         self.inflight_bytes = 0
+        self.login_reads = 0
 
     def _unauthorised(self) -> web.Response:
         return _error(401, "missing or wrong credentials",
@@ -369,23 +381,34 @@ class Handlers:
             return _error(401, "no page token configured (auth.pages_token_file)")
         if (request.content_length or 0) > MAX_LOGIN_BYTES:
             return _error(413, f"login form larger than {MAX_LOGIN_BYTES} bytes")
-        # Counted against the same in-flight bound as notifications, chunked or not, and read
-        # by the same bounded reader (aiohttp's post() buffered a chunked body of any size).
-        if self.inflight_bytes and \
-                self.inflight_bytes + MAX_LOGIN_BYTES > self.ctx.max_inflight_bytes:
-            return _error(503, "busy; retry", {"Retry-After": "5"})
+        # A stranger's body: at most ``max_login_reads`` read at once (one connection in eight),
+        # each within LOGIN_BODY_SECONDS, and counted against the same in-flight bound as
+        # notifications, chunked or not, by the same bounded reader (aiohttp's post() buffered
+        # a chunked body of any size). The connection limiter never counts it as busy.
+        if self.login_reads >= self.ctx.max_login_reads or (
+                self.inflight_bytes
+                and self.inflight_bytes + MAX_LOGIN_BYTES > self.ctx.max_inflight_bytes):
+            resp = _error(503, "busy; retry", {"Retry-After": "5"})
+            resp.force_close()
+            return resp
         gauge = self.ctx.metrics.inflight_bytes
         self.inflight_bytes += MAX_LOGIN_BYTES
+        self.login_reads += 1
         gauge.set(self.inflight_bytes)
         try:
-            async with asyncio.timeout(self.ctx.body_timeout):
+            async with asyncio.timeout(min(self.ctx.body_timeout, LOGIN_BODY_SECONDS)):
                 body = await _read_body(request, MAX_LOGIN_BYTES)
         except _TooLarge:
             return _error(413, f"login form larger than {MAX_LOGIN_BYTES} bytes")
-        except (TimeoutError, ValueError, OSError):
+        except TimeoutError:
+            resp = _error(408, "login form not received in time")
+            resp.force_close()
+            return resp
+        except (ValueError, OSError):
             return _error(400, "could not read the login form")
         finally:
             self.inflight_bytes -= MAX_LOGIN_BYTES
+            self.login_reads -= 1
             gauge.set(self.inflight_bytes)
         try:
             fields = urllib.parse.parse_qs(bytes(body).decode("utf-8"), max_num_fields=10)
@@ -418,6 +441,12 @@ class Handlers:
         resp = web.Response(status=303, headers={"Location": "/login"})
         resp.del_cookie(PAGE_COOKIE, path="/")
         return resp
+
+
+def unauthenticated_body(request: web.Request) -> bool:
+    """Whether ``request`` makes the bridge read a body from a stranger (the login form): the
+    connection limiter may close it for a new connection, so the webhook is served first."""
+    return request.method == "POST" and request.path == "/login"
 
 
 def _throttled(wait: float) -> web.Response:
