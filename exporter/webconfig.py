@@ -14,15 +14,17 @@ Basic auth guards what Prometheus and people read (``/``, ``/metrics``, ``/healt
 registration API keeps its bearer tokens. Unknown keys are refused, as the toolkit does.
 
 bcrypt is slow by design, so checks run on one thread of their own, never on the event loop or
-the pool that renders /metrics: unauthenticated clients queue behind each other while a
-scraper whose header was verified once is answered at once. Each client (its IPv4 address or
-IPv6 /64) has at most one check waiting, and at most ``MAX_PENDING`` wait in all (beyond that
-503 with ``Retry-After``): password guessers cannot fill the queue and keep a restarted
-exporter's scraper (whose header is not verified yet) out, as 16 of them did with one shared
-bound of 8 (503 on 20 of 20 scrapes). A header that failed is remembered (``MAX_REFUSED``) and
-refused without bcrypt. Hashes above cost ``MAX_COST`` are refused at start, and unknown users
-are checked against a dummy hash of the highest configured cost, so the time taken does not
-tell which user names exist.
+the pool that renders /metrics, and a scraper whose header was verified once is answered at once.
+The checks waiting are served fewest failures first: a client (its IPv4 address or IPv6 /64)
+whose checks never failed, such as the scraper of a restarted exporter whose header is not
+verified yet, waits for at most the one check running, however many password guessers queue
+behind it (before, in arrival order, it waited for one check per guessing client: with 16
+guessers at cost 10 that was seconds, and with 64 at cost 12 longer than a scrape timeout).
+Each client has at most one check waiting, and at most ``MAX_PENDING`` wait in all (beyond that
+503 with ``Retry-After``). A header that failed is remembered (``MAX_REFUSED``) and refused
+without bcrypt. Hashes above cost ``MAX_COST`` are refused at start, and unknown users are
+checked against a dummy hash of the highest configured cost, so the time taken does not tell
+which user names exist.
 """
 
 from __future__ import annotations
@@ -30,11 +32,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import heapq
+import itertools
 import re
 import ssl
 import threading
-from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,21 +68,58 @@ _BCRYPT = re.compile(r"\$2[abxy]?\$(\d\d)\$[./A-Za-z0-9]{53}")
 
 
 class _Checks:
-    """The password-check thread and its bookkeeping (mutable state of a frozen config)."""
+    """The password-check thread, its queue (fewest failures of the client first, then
+    arrival) and its bookkeeping (mutable state of a frozen config)."""
 
     def __init__(self) -> None:
-        self.pool: ThreadPoolExecutor | None = None
         self.lock = threading.Lock()
-        self.pending: dict[str, int] = {}  # client -> checks queued or running for it
+        self.queued = threading.Condition(self.lock)
+        self.queue: list[tuple[int, int, str, Callable[[], bool], Future[bool]]] = []
+        self.arrivals = itertools.count()
+        self.thread: threading.Thread | None = None
+        self.pending: set[str] = set()  # clients with a check queued or running
+        self.failures: dict[str, int] = {}  # client -> checks of it that failed
         self.verified: set[bytes] = set()
         self.refused: set[bytes] = set()
 
-    def done(self, client: str) -> None:
-        """A check of ``client``'s ended (on the check thread), so another may queue."""
+    def submit(self, client: str, check: Callable[[], bool]) -> Future[bool] | None:
+        """Queue ``check`` for ``client``; None when it has one waiting or too many wait."""
+        future: Future[bool] = Future()
         with self.lock:
-            self.pending[client] -= 1
-            if not self.pending[client]:
-                del self.pending[client]
+            if client in self.pending or len(self.pending) >= MAX_PENDING:
+                return None
+            self.pending.add(client)
+            heapq.heappush(self.queue, (self.failures.get(client, 0), next(self.arrivals),
+                                        client, check, future))
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._serve, name="basic-auth",
+                                               daemon=True)
+                self.thread.start()
+            self.queued.notify()
+        return future
+
+    def _serve(self) -> None:
+        while True:
+            with self.lock:
+                while not self.queue:
+                    self.queued.wait()
+                _failures, _arrival, client, check, future = heapq.heappop(self.queue)
+            try:
+                ok = check()
+            except Exception as exc:  # handed to the waiter, never lost here
+                with self.lock:
+                    self.pending.discard(client)
+                future.set_exception(exc)
+                continue
+            with self.lock:
+                # counted down when the work ends, not when the waiter stops waiting: a client
+                # that hangs up cannot leave more checks queued than the bound
+                self.pending.discard(client)
+                if not ok:
+                    if len(self.failures) >= MAX_REFUSED:
+                        self.failures.clear()
+                    self.failures[client] = self.failures.get(client, 0) + 1
+            future.set_result(ok)
 
 
 @dataclass(frozen=True)
@@ -110,16 +151,9 @@ class WebConfig:
             return True
         if digest in checks.refused:
             return False
-        with checks.lock:
-            if client in checks.pending or sum(checks.pending.values()) >= MAX_PENDING:
-                return None
-            checks.pending[client] = 1
-        if checks.pool is None:
-            checks.pool = ThreadPoolExecutor(1, thread_name_prefix="basic-auth")
-        # counted down when the work ends, not when the waiter stops waiting: a client that
-        # hangs up cannot leave more checks queued than the bound
-        future = checks.pool.submit(self._check, header)
-        future.add_done_callback(lambda _f: checks.done(client))
+        future = checks.submit(client, lambda: self._check(header))
+        if future is None:
+            return None
         ok = await asyncio.wrap_future(future)
         self._remember(digest, ok)
         return ok

@@ -123,6 +123,32 @@ def test_a_verified_password_is_not_hashed_again(monkeypatch):
     assert len(calls) == 2  # once each: a refused header is remembered too
 
 
+def test_a_client_that_never_failed_is_checked_before_guessers():
+    """16 guessing clients, each with a failed check behind it, queue a check each while one
+    runs; then a scraper whose header is not verified yet (a restarted exporter) asks. It is
+    checked next, not after the 16 (arrival order, before: 17th of 17)."""
+    from wandb_infra.exporter.webconfig import WebConfig  # noqa: PLC0415 - the unit under test
+
+    config = WebConfig(users={"prometheus": bcrypt.hashpw(b"s3cret",
+                                                          bcrypt.gensalt(rounds=8))})
+    basic = lambda password: "Basic " + base64.b64encode(  # noqa: E731
+        f"prometheus:{password}".encode()).decode()
+    guessers = [f"10.0.0.{n}" for n in range(16)]
+    order: list[str] = []
+
+    async def ask(client: str, password: str) -> None:
+        assert await config.allows(basic(password), client) is (password == "s3cret")
+        order.append(client)
+
+    async def scenario() -> None:
+        await asyncio.gather(*(ask(client, "first-guess-" + client) for client in guessers))
+        await asyncio.gather(*(ask(client, "guess-" + client) for client in guessers),
+                             ask("10.0.9.9", "s3cret"))
+
+    asyncio.run(scenario())
+    assert order[16:].index("10.0.9.9") <= 1, order[16:]
+
+
 @pytest.mark.integration
 def test_password_guessers_do_not_keep_a_restarted_exporter_s_scraper_out(tmp_path):
     """16 clients guessing passwords (each from its own address, each a new password every

@@ -6,13 +6,16 @@ restart signs everyone out, which is the safe direction). The cookie is not the 
 never share a cookie, and signing out ends that session at once.
 
 Failed guesses of the page token (the login form, or a wrong ``Authorization`` header on a page)
-are counted per client in a sliding window, so a guessing loop gets 429 long before it could
-matter (the token is at least 16 characters). A client is its IPv4 address or its IPv6 /64 (one
-host is commonly given a whole /64, so rotating addresses inside it is still one client). The
-count across all clients is only a backstop against guessing from many addresses: one client
-stops at its own limit, a tenth of the total, so it alone can never trip the total; when many
-do, new logins are refused for everyone for the rest of the window (live sessions keep working),
-and that is logged once as a warning naming how many clients took part.
+are counted per client in a sliding window; beyond the limit a wrong guess gets 429. A right token
+is accepted from any client, throttled or not: one client address may be a proxy many people
+share, and their failures must not lock out whoever holds the token. So the throttle bounds what
+failed guesses cost (work, log lines, a 401 page each) rather than hiding whether a guess was
+right; the token's length (at least 16 characters) is what makes guessing hopeless. A client is
+its IPv4 address or its IPv6 /64 (one host is commonly given a whole /64, so rotating addresses
+inside it is still one client). The count across all clients is only a backstop against guessing
+from many addresses: one client stops at its own limit, a tenth of the total, so it alone can
+never trip the total; when many do, every wrong guess gets 429 for the rest of the window, and
+that is logged once as a warning naming how many clients took part.
 """
 
 from __future__ import annotations
@@ -110,8 +113,8 @@ class LoginLimiter:
             self._by_client.setdefault(client, deque()).append(now)
             self._total.append(now)
             if len(self._total) == FAILURES_TOTAL:
-                log.warning("page token guessed from many clients: new logins refused for "
-                            "everyone for up to the window (live sessions keep working)",
+                log.warning("page token guessed from many clients: every wrong guess gets 429 "
+                            "for up to the window (a right token is still accepted)",
                             extra=log_fields(clients=len(self._by_client),
                                              failures=FAILURES_TOTAL, window_seconds=WINDOW))
 

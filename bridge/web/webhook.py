@@ -266,31 +266,34 @@ class Handlers:
         for a scrape with the webhook's or the pages' credentials (``PublicView``)."""
         ctx, header = self.ctx, request.headers.get("Authorization")
         named = ctx.public_pages or not ctx.credentials.enabled or (
-            header is not None and ctx.pages.limiter.retry_after(client_key(request.remote)) <= 0
-            and (ctx.pages.check_header(header) | ctx.credentials.check(header)))
+            header is not None
+            and bool(ctx.pages.check_header(header) | ctx.credentials.check(header)))
         if header is not None and not named:
-            ctx.pages.limiter.failed(client_key(request.remote))
+            client = client_key(request.remote)
+            if ctx.pages.limiter.retry_after(client) <= 0:
+                ctx.pages.limiter.failed(client)
         data = generate_latest(ctx.metrics.registry if named else ctx.metrics.public)
         return web.Response(body=data, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     def _pages_gate(self, request: web.Request) -> web.Response | None:
         """None when the request may read the pages, else its refusal. A live session cookie
-        opens them whatever the limiter says (it cannot be guessed); an ``Authorization`` header
-        that opens nothing is a failed guess, counted with the login form's, and a locked client
-        gets 429 before its header is checked, so a guess learns nothing."""
+        or a right ``Authorization`` header opens them whatever the limiter says: one client
+        address may be a proxy shared with others, whose failures must not lock a right
+        credential out. A header that opens nothing is a failed guess, counted with the login
+        form's; a locked client gets 429 for it."""
         ctx = self.ctx
         if ctx.public_pages or ctx.pages.sessions.valid(request.cookies.get(PAGE_COOKIE)):
             return None
         header = request.headers.get("Authorization")
         if header is None:
             return self._pages_refused(request)
+        if ctx.pages.check_header(header) | (ctx.pages.webhook_opens_pages
+                                             and ctx.credentials.check(header)):
+            return None
         client = client_key(request.remote)
         wait = ctx.pages.limiter.retry_after(client)
         if wait > 0:
             return _throttled(wait)
-        if ctx.pages.check_header(header) | (ctx.pages.webhook_opens_pages
-                                             and ctx.credentials.check(header)):
-            return None
         ctx.pages.limiter.failed(client)
         log.warning("page credentials refused", extra=log_fields(remote=client))
         return self._pages_refused(request)
@@ -416,11 +419,11 @@ class Handlers:
             return _error(400, "could not read the login form")
         form = {k: v[0] for k, v in fields.items()}
         target = _next_path(str(form.get("next", "")))
-        client = client_key(request.remote)
-        wait = pages.limiter.retry_after(client)
-        if wait > 0:  # checked before the token, so guessing gets no answer at all
-            return _throttled(wait)
-        if not pages.check_token(str(form.get("token", ""))):
+        if not pages.check_token(str(form.get("token", ""))):  # right: never throttled
+            client = client_key(request.remote)
+            wait = pages.limiter.retry_after(client)
+            if wait > 0:
+                return _throttled(wait)
             pages.limiter.failed(client)
             log.warning("page login refused", extra=log_fields(remote=client))
             return web.Response(status=401, text=login_html(target, True, True),
