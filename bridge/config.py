@@ -307,7 +307,6 @@ def build_config(raw: dict[str, Any], environ: Mapping[str, str] | None = None,
         marker_settle=float(wb["marker_settle_seconds"]),
         node_state_refresh=float(raw["prometheus"]["node_state_refresh_seconds"]),
         quarantine=quarantine.check(raw["quarantine"]),
-        quarantine_acts=False,  # the serve process never acts: wandb-infra-bridge quarantine
         restart_policy=Policy.from_config({k: v for k, v in raw["restart_policy"].items()
                                            if k != "scheduler"}),
         tolerated_taints=tuple(raw["prometheus"]["tolerated_taints"]),

@@ -79,7 +79,7 @@ def build(cfg: BridgeConfig) -> Bridge:
     runs = run_service(store, pages_prom, cfg.policy, worker.quarantine,
                        wandb_enabled=client is not None)
     return Bridge(BridgeContext(
-        store=store, metrics=metrics, links=links, runs=runs, activity=pages_prom,
+        store=store, metrics=metrics, links=links, runs=runs,
         wake=worker.wake,
         credentials=Credentials(cfg.secrets.bearer_token, cfg.secrets.basic_username,
                                 cfg.secrets.basic_password),

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from harness.bridge_payloads import T0, TOKEN, Running, cascade, make_context, notification, serve
 from wandb_infra.bridge.ingest.store import Store
+from wandb_infra.bridge.prometheus import activity
 from wandb_infra.bridge.prometheus.client import PrometheusClient
 from wandb_infra.bridge.prometheus.impact_reader import ImpactHistory
 from wandb_infra.bridge.runs.service import RunService
@@ -29,29 +30,33 @@ STALL_AT = T0.timestamp() + 40  # the cascade's first stall: activity drops here
 MEASURED_AT = T0.timestamp() + 600  # "now" for measured impacts: 10 min after the XID 94
 
 
-def pages_context(tmp_path: Path, prometheus_url: str = "", *, wandb: bool = False,
+def pages_context(tmp_path: Path, *, wandb: bool = False,
                   **kwargs: Any) -> BridgeContext:
     """A bridge context whose pages read runs through a run service on a fresh store (W&B on or
-    off as ``wandb`` says), with the activity plot read from ``prometheus_url`` when given."""
-    # a generous timeout: on a loaded CI machine a 2 s read of the stand-in timed out and the
-    # page (rightly) showed no plot, failing the plot's test for the machine's sake
-    prom = PrometheusClient(prometheus_url, 15.0) if prometheus_url else None
+    off as ``wandb`` says)."""
     store = Store(tmp_path / "bridge.sqlite")
     runs = RunService(store, wandb_enabled=wandb, clock=lambda: MEASURED_AT)
-    return make_context(tmp_path, **{"store": store, "runs": runs, "activity": prom, **kwargs})
+    return make_context(tmp_path, **{"store": store, "runs": runs, **kwargs})
 
 
-def measure(ctx: BridgeContext, run: RunKey, prometheus_url: str) -> None:
-    """What the worker does for the pages: measure the run's impacts with the real reader at
-    ``MEASURED_AT`` and store them as the run's evidence."""
+def measure(ctx: BridgeContext, run: RunKey, prometheus_url: str, *,
+            impacts: bool = True) -> None:
+    """What the worker does for the pages: read the run's GPU activity and measure its impacts
+    (unless not ``impacts``) with the real readers at ``MEASURED_AT``, stored as the run's
+    evidence."""
     assert ctx.runs is not None
     view = ctx.runs.view(run)
     assert view is not None
-    reader = ImpactHistory(PrometheusClient(prometheus_url, 15.0), min_step=10.0,
-                           clock=lambda: MEASURED_AT)
-    found = reader.for_diagnosis(run, view.diagnosis)
-    assert found is not None
-    ctx.runs.record_impacts(view, found)
+    # a generous timeout: on a loaded CI machine a 2 s read of the stand-in timed out and the
+    # (rightly) stored no plot, failing the plot's test for the machine's sake
+    prom = PrometheusClient(prometheus_url, 15.0)
+    view = ctx.runs.record_activity(view, activity.read(
+        prom, run, [i.issue for i in view.issues], MEASURED_AT))
+    if impacts:
+        found = ImpactHistory(prom, min_step=10.0, clock=lambda: MEASURED_AT).for_diagnosis(
+            run, view.diagnosis)
+        assert found is not None
+        ctx.runs.record_impacts(view, found)
 
 
 def post_alerts(running: Running, alerts: list[dict[str, Any]]) -> None:
@@ -64,13 +69,14 @@ def post_alerts(running: Running, alerts: list[dict[str, Any]]) -> None:
 @contextmanager
 def cascade_bridge(tmp_path: Path, prometheus_url: str = "", *, wandb: bool = False,
                    measured: bool = False, **kwargs: Any) -> Iterator[Running]:
-    """A bridge with the 64-host x 8-GPU cascade of run team/proj/cascade1 stored (and its
-    impacts measured from ``prometheus_url`` when ``measured``)."""
-    ctx = pages_context(tmp_path, prometheus_url, wandb=wandb, **kwargs)
+    """A bridge with the 64-host x 8-GPU cascade of run team/proj/cascade1 stored (and, as the
+    worker would, its activity read from ``prometheus_url`` when given, its impacts measured
+    when ``measured``)."""
+    ctx = pages_context(tmp_path, wandb=wandb, **kwargs)
     with serve(ctx) as running:
         post_alerts(running, cascade())
-        if measured:
-            measure(ctx, RunKey("team", "proj", "cascade1"), prometheus_url)
+        if prometheus_url:
+            measure(ctx, RunKey("team", "proj", "cascade1"), prometheus_url, impacts=measured)
         yield running
 
 

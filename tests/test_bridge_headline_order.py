@@ -87,7 +87,7 @@ def test_headline_first_in_tags_notes_runs_column_and_summary(tmp_path, wb):
     assert "severity decided" in section
     # The /runs column and, once the run ended, the summary name the same headline.
     diagnosis = diagnose(store.facts(RUN))
-    row = view_of(diagnosis, run=RUN, delivery=store.outbox(RUN)).summary()
+    row = view_of(diagnosis, run=RUN, delivery=store.outbox(RUN)).row().as_dict()
     assert row["root_cause"] == {"alertname": "GpuXidError", "where": "h1 GPU 2"}
     assert run.summary == {}, "live run: no summary keys"
     wb.set_state("team", "proj", "r1", "crashed")

@@ -126,8 +126,8 @@ def test_any_alert_text_stays_inert_in_pages(name, host, gpu, text, run_id):
              AlertFact("cd", text, T0 + timedelta(seconds=5), None, "warning", "workload", text,
                        "", {}, annotations)]
     diagnosis = diagnose(facts)
-    assert_inert_html(run_html(view_of(diagnosis, run=run).as_dict(_link), run.path()))
-    assert_inert_html(runs_html([view_of(diagnosis, run=run).summary()], 3))
+    assert_inert_html(run_html(view_of(diagnosis, run=run), run.path(), _link))
+    assert_inert_html(runs_html([view_of(diagnosis, run=run).row()], 3))
 
 
 def _evil_alerts(run: str) -> list[dict]:

@@ -361,7 +361,7 @@ def test_the_notes_and_page_quote_the_log_escaped_and_the_summary_keys_follow():
     notes = render_section(view, lambda *_: "")
     assert "**Job log: infrastructure**" in notes and "rank 3" in notes
     assert "\\[see\\]" in notes and "<script>" not in notes and "https://" not in notes
-    page = job_log_html(view.as_dict(lambda *_: "")["job_log"])
+    assert view.job_log is not None and view.job_log_joined is not None
+    page = job_log_html(view.job_log, view.job_log_joined)
     assert "&lt;script&gt;" in page and "<script>" not in page
-    assert view.job_log_joined is not None
     assert view.job_log_joined.summary() == {"infra/verdict": "infrastructure"}

@@ -5,6 +5,7 @@ scaled from percent; and the incident window."""
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -12,9 +13,9 @@ from aiohttp import web
 
 from harness.bridge_payloads import serve_app
 from harness.processes import PROMETHEUS, prom_query, prometheus, wait_for
+from wandb_infra.bridge.diagnosis.root_cause import AlertFact, Issue, diagnose
+from wandb_infra.bridge.prometheus import activity
 from wandb_infra.bridge.prometheus.client import PrometheusClient
-from wandb_infra.bridge.web import activity
-from wandb_infra.bridge.web.timeline import seconds
 from wandb_infra.common.runkey import RunKey
 
 RUN = RunKey("team", "proj", "act1")
@@ -49,33 +50,34 @@ def test_activity_averages_the_runs_gpus_in_real_prometheus(tmp_path):
             wait_for(lambda: prom_query(prom.url, "count_over_time(wandb_run_gpu_info[1m]) >= 4"),
                      60, "four scrapes of the join metrics", 0.5)
             now = time.time()
-            found = activity.fetch(PrometheusClient(prom.url, 5.0), RUN, now - 20, now)
-            missing = activity.fetch(PrometheusClient(prom.url, 5.0),
-                                     RunKey("team", "proj", "nope"), now - 20, now)
-    assert "note" not in found, found
-    series = {s["name"]: [v for _, v in s["points"]] for s in found["series"]}
+            issues = [_issue(datetime.fromtimestamp(now - 140, UTC), None, [0])]
+            found = activity.read(PrometheusClient(prom.url, 5.0), RUN, issues, now)
+            missing = activity.read(PrometheusClient(prom.url, 5.0),
+                                    RunKey("team", "proj", "nope"), issues, now)
+    assert found.note == "" and found.read_at == now
+    series = {name: [v for _, v in points] for name, points in found.series}
     assert series["tensor activity"] and all(abs(v - 0.4) < 1e-9
                                              for v in series["tensor activity"])
     assert all(abs(v - 0.7) < 1e-9 for v in series["GPU utilisation"])
-    assert found["gpus"] == 3
-    assert missing["note"].startswith("No GPU activity plot: no wandb_run_node_info series")
+    assert found.gpus == 3
+    assert missing.note.startswith("No GPU activity plot: no wandb_run_node_info series")
+    assert activity.Activity.from_dict(found.as_dict()) == found  # as stored
 
 
-def _issue(start: str, end: str | None, onsets: list[str]) -> dict:
-    def fact(at: str) -> dict:
-        return {"onset": at, "starts_at": at, "ends_at": end}
-    return {"started_at": start, "ended_at": end, "root_cause": fact(onsets[0]),
-            "consequences": [fact(o) for o in onsets[1:]]}
+def _issue(start: datetime, end: datetime | None, onsets: list[int]) -> Issue:
+    facts = [AlertFact(f"f{n}", "GpuXidError" if n == 0 else "TrainingStalled",
+                       start + timedelta(seconds=at), end, "critical", "gpu_hardware", f"h{n}")
+             for n, at in enumerate(onsets)]
+    return diagnose(facts).issues[0]
 
 
 def test_window_pads_a_resolved_issue_and_caps_an_old_open_one():
-    t0 = 1_800_000_000.0
-    resolved = _issue("2027-01-15T08:00:00Z", "2027-01-15T08:20:00Z", ["2027-01-15T08:00:00Z"])
-    start, end = activity.window([resolved], now=t0 + 86400)
-    issue_start = seconds("2027-01-15T08:00:00Z")
+    start_at = datetime(2027, 1, 15, 8, tzinfo=UTC)
+    issue_start = start_at.timestamp()
+    resolved = _issue(start_at, start_at + timedelta(minutes=20), [0])
+    start, end = activity.window([resolved], now=issue_start + 2 * 86400)
     assert (start, end) == (issue_start - 300, issue_start + 1200 + 300)
-    still = _issue("2027-01-15T08:00:00Z", None, ["2027-01-15T08:00:00Z",
-                                                  "2027-01-15T08:01:00Z"])
+    still = _issue(start_at, None, [0, 60])
     start, end = activity.window([still], now=issue_start + 7 * 86400)
     assert end == issue_start + 60 + activity.OPEN_TAIL + (60 + activity.OPEN_TAIL) * 0.25
     start, end = activity.window([still], now=issue_start + 90)

@@ -22,9 +22,10 @@ import pytest
 
 from harness.bridge_payloads import T0, alert, cascade, serve, serve_app
 from tests.cdp_browser import CHROMIUM, Browser
-from tests.pages_helpers import FakePrometheus, pages_context, post_alerts
+from tests.pages_helpers import FakePrometheus, measure, pages_context, post_alerts
 from wandb_infra.bridge.prometheus.history import catalog_annotations
 from wandb_infra.bridge.web.webhook import PageAuth
+from wandb_infra.common.runkey import RunKey
 
 PAGE_TOKEN = "browser-page-token-0123456789"
 CASCADE = "/runs/team/proj/cascade1"
@@ -131,9 +132,10 @@ async def _visit(base: str, path: str, shot: Path) -> dict:
 def _run_in_chromium(tmp_path: Path, name: str) -> dict:
     path, alerts, prom = SCENARIOS[name]
     with serve_app(prom.app()) as prom_url:
-        ctx = pages_context(tmp_path, prom_url, pages=PageAuth(PAGE_TOKEN))
+        ctx = pages_context(tmp_path, pages=PageAuth(PAGE_TOKEN))
         with serve(ctx) as running:
             post_alerts(running, alerts())
+            measure(ctx, RunKey(*path.split("/")[2:]), prom_url, impacts=False)
             shot = tmp_path / f"run-page-{name}.png"
             found = asyncio.run(_visit(running.url, path, shot))
     assert found["login_title"] == "Sign in"
@@ -236,9 +238,10 @@ def test_chart_labels_are_whole_apart_and_readable_at_two_widths(tmp_path, name)
     folded with its full text in the tooltip; the full-page screenshots stay in tmp_path."""
     path, alerts, prom = SCENARIOS[name]
     with serve_app(prom.app()) as prom_url:
-        ctx = pages_context(tmp_path, prom_url, pages=PageAuth(PAGE_TOKEN))
+        ctx = pages_context(tmp_path, pages=PageAuth(PAGE_TOKEN))
         with serve(ctx) as running:
             post_alerts(running, alerts())
+            measure(ctx, RunKey(*path.split("/")[2:]), prom_url, impacts=False)
             for width in (1280, 800):
                 shot = tmp_path / f"labels-{name}-{width}.png"
                 found = asyncio.run(_labels_at(running.url, path, width, shot))
@@ -277,13 +280,12 @@ async def _runs_at(base: str, width: int, shot: Path) -> dict:
 def test_runs_list_fits_800_px(tmp_path):
     """/runs at 800 px wide: nothing scrolls sideways, and the headline column keeps room to
     be read (a long run id wraps instead of pushing the table past the window)."""
-    _path, alerts, prom = SCENARIOS["cascade"]
-    with serve_app(prom.app()) as prom_url:
-        ctx = pages_context(tmp_path, prom_url, pages=PageAuth(PAGE_TOKEN))
-        with serve(ctx) as running:
-            post_alerts(running, alerts())
-            post_alerts(running, [alert("NodeDown", category="node", host="gpu-node-001",
-                                        run="a-very-long-run-id-" + "x" * 60, start=T0)])
-            found = asyncio.run(_runs_at(running.url, 800, tmp_path / "runs-800.png"))
+    _path, alerts, _prom = SCENARIOS["cascade"]
+    ctx = pages_context(tmp_path, pages=PageAuth(PAGE_TOKEN))
+    with serve(ctx) as running:
+        post_alerts(running, alerts())
+        post_alerts(running, [alert("NodeDown", category="node", host="gpu-node-001",
+                                    run="a-very-long-run-id-" + "x" * 60, start=T0)])
+        found = asyncio.run(_runs_at(running.url, 800, tmp_path / "runs-800.png"))
     assert found["scroll"] <= 800, found
     assert min(found["headline"]) >= 160, found  # some 20 characters a line

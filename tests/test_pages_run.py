@@ -24,13 +24,16 @@ from tests.pages_helpers import (
     tags,
 )
 from tests.views import view_of
-from wandb_infra.bridge.diagnosis.root_cause import AlertFact, diagnose
+from wandb_infra.bridge.diagnosis.root_cause import AlertFact, Issue, diagnose
+from wandb_infra.bridge.diagnosis.verdict import Change, Timeline
 from wandb_infra.bridge.ingest.store import OutboxRow
+from wandb_infra.bridge.prometheus.remediation import Remediation
 from wandb_infra.bridge.web.pages import run_html, runs_html, wandb_text
 from wandb_infra.bridge.web.timeline import MAX_HOST_LANES, lanes, offset_text, timeline_svg
 from wandb_infra.common.runkey import RunKey
 
 RUN_PATH = "/runs/team/proj/cascade1"
+NO_LINK = lambda *_: ""  # noqa: E731 - a link function that links nothing
 
 
 def _page(running, path: str = RUN_PATH) -> requests.Response:
@@ -72,14 +75,18 @@ def _facts(hosts: int) -> list[AlertFact]:
                      for i in range(1, hosts + 1)]
 
 
-def _detail(facts: list[AlertFact]) -> dict:
-    return view_of(diagnose(facts)).as_dict(lambda *_: "")
+def _issue(facts: list[AlertFact]) -> Issue:
+    return diagnose(facts).issues[0]
+
+
+def _remediation(text: str, since: float = T0.timestamp() + 60) -> Remediation:
+    return Remediation(text, text, text, (Timeline(text, (), Change(since, "slurm", text, text)),))
 
 
 def test_few_hosts_get_a_lane_each_many_share_one():
-    few = _detail(_facts(MAX_HOST_LANES))["issues"][0]
+    few = _issue(_facts(MAX_HOST_LANES))
     assert [lane.label for lane in lanes(few)][1:] == [f"h{i}" for i in range(1, 9)]
-    many = _detail(_facts(MAX_HOST_LANES + 1))["issues"][0]
+    many = _issue(_facts(MAX_HOST_LANES + 1))
     grouped = lanes(many)
     assert len(grouped) == 2 and len(grouped[1].hosts) == MAX_HOST_LANES + 1
     svg = timeline_svg(many)
@@ -91,21 +98,18 @@ def test_resolved_issue_marks_start_end_and_offsets():
                        T0 + timedelta(minutes=3), "warning", "workload", "h2"),
              AlertFact("r", "GpuXidError", T0, T0 + timedelta(minutes=2), "critical",
                        "gpu_hardware", "h1", "0")]
-    issue = _detail(facts)["issues"][0]
-    svg = timeline_svg(issue)
+    svg = timeline_svg(_issue(facts))
     assert "issue start 11:59:40" in svg and "resolved 12:03:00" in svg
     assert [offset_text(s) for s in (13, 60, 249, 3720, -5)] == [
         "+13 s", "+1 min", "+4 min 9 s", "+1 h 2 min", "-5 s"]
 
 
 def test_remediation_rendered_only_when_present():
-    detail = _detail(_facts(2))
-    assert "<dt>Restart</dt>" not in run_html(detail, "t")
-    detail["remediation"] = {"verdict": "safe", "detail": "drain <now>",
-                             "exclusion": "sbatch --exclude=gpu-node-017",
-                             "hosts": [{"hostname": "gpu-node-017", "state": "drained",
-                                        "reason": "xid<94>", "since": "2026-11-29T12:01:00Z"}]}
-    page = run_html(detail, "t")
+    diagnosis = diagnose(_facts(2))
+    assert "<dt>Restart</dt>" not in run_html(view_of(diagnosis), "t", NO_LINK)
+    rem = Remediation("safe", "drain <now>", "sbatch --exclude=gpu-node-017", (Timeline(
+        "gpu-node-017", (), Change(T0.timestamp() + 60, "slurm", "drained", "xid<94>")),))
+    page = run_html(view_of(diagnosis, {diagnosis.issues[0].key: rem}), "t", NO_LINK)
     card = page.split("<section", 2)[1]
     assert "<dt>Restart</dt>" in card
     assert "<code class='excl'>sbatch --exclude=gpu-node-017</code>" in card
@@ -219,12 +223,9 @@ def test_runs_newest_first_filters_paging_and_severity_colour(tmp_path):
 
 
 def test_runs_page_shows_resolved_warning_colour(tmp_path):
-    rows = [{"entity": "e", "project": "p", "run_id": "r", "alerts": 1, "firing": 0,
-             "issues": 1, "open_issues": 0, "severity": "warning",
-             "started_at": "2026-11-29T12:00:00.5Z",
-             "root_cause": {"alertname": "TrainingStalled", "where": "h<1>"},
-             "wandb": {"state": "off"}}]
-    page = runs_html(rows, 0)
+    stalled = AlertFact("s", "TrainingStalled", T0 + timedelta(seconds=0.5),
+                        T0 + timedelta(minutes=5), "warning", "workload", "h<1>")
+    page = runs_html([view_of(diagnose([stalled]), run=RunKey("e", "p", "r")).row()], 0)
     assert "background:#c77700" in page and "resolved" in page and "h&lt;1&gt;" in page
     assert "2026-11-29 12:00:00 UTC" in page
 
@@ -247,11 +248,9 @@ def test_label_text_stays_inert_in_card_timeline_and_table(name, host, gpu, text
                        annotations)]
     facts += [AlertFact(f"c{i}", text or "x", T0 + timedelta(seconds=5), None, text, "workload",
                         f"{text}{i}", "", {}, annotations) for i in range(12)]
-    detail = view_of(diagnose(facts)).as_dict(lambda *_: "http://grafana.invalid/d/x")
-    detail["remediation"] = {"verdict": text, "detail": text, "exclusion": text,
-                             "hosts": [{"hostname": text, "state": text, "reason": text,
-                                        "since": text}]}
-    page = run_html(detail, text)
+    diagnosis = diagnose(facts)
+    view = view_of(diagnosis, {i.key: _remediation(text) for i in diagnosis.issues})
+    page = run_html(view, text, lambda *_: "http://grafana.invalid/d/x")
     for tag, attrs in tags(page):
         assert tag in ALLOWED, (tag, attrs)
         assert not any(a.startswith("on") for a in attrs), attrs

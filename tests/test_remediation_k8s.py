@@ -18,7 +18,7 @@ from harness.exporter_process import running_exporter
 from harness.k8s_standin import K8sStandin, make_node
 from harness.processes import prom_query, prometheus, scrape_target, wait_for
 from harness.wandb_standin import WandbStandin
-from tests.views import remediation_data, rules_raising
+from tests.views import quarantine_pass, remediation_data, rules_raising
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.ingest.payload import parse_notification
 from wandb_infra.bridge.ingest.store import Store
@@ -84,7 +84,8 @@ def test_quarantine_cordons_and_the_verdict_flips_through_prometheus(tmp_path):
                      what="unsafe before quarantine")
             assert 'values: ["gpu-02"]' in notes()
             worker._next_refresh = 0.0
-            wait_for(lambda: worker.run_once() >= 0 and "**safe**" in notes()
+            wait_for(lambda: quarantine_pass(worker) >= 0 and worker.run_once() >= 0
+                     and "**safe**" in notes()
                      and "Quarantine: quarantined gpu-02" in notes(),
                      what="safe after the bridge cordoned the node", timeout=40)
             assert "out of the pool (Ready,SchedulingDisabled,Tainted) from" in notes()

@@ -14,7 +14,7 @@ import pytest
 from harness.bridge_payloads import alert, notification
 from harness.k8s_standin import K8sStandin, make_node
 from harness.wandb_standin import WandbStandin
-from tests.views import prometheus_raising
+from tests.views import prometheus_raising, quarantine_pass
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.diagnosis.root_cause import Issue, diagnose
 from wandb_infra.bridge.ingest.payload import parse_notification
@@ -160,6 +160,7 @@ def test_decision_shown_in_the_notes(k8s, tmp_path):
                                     prometheus=PrometheusClient(prom))
             ingest(store, [xid("gpu-05")])
             worker.run_once()
+            quarantine_pass(worker)
             worker._next_refresh = 0
             worker.run_once()
             view = worker.runs.view(RunKey("team", "proj", "r1"))
@@ -194,6 +195,7 @@ def test_faults_that_need_only_a_restart_are_never_offered(k8s, tmp_path):
                                 prometheus=PrometheusClient(prom))
         ingest(store, raised)
         worker.run_once()
+        quarantine_pass(worker)
     audit = [json.loads(a) for a in
              (tmp_path / "quarantine-audit.jsonl").read_text().splitlines()]
     assert {a["host"] for a in audit} == {"gpu-03"}

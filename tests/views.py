@@ -6,6 +6,7 @@ import json
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
@@ -14,9 +15,11 @@ from wandb_infra.bridge.diagnosis.impact import Impact
 from wandb_infra.bridge.diagnosis.outcome import Outcome
 from wandb_infra.bridge.diagnosis.root_cause import AlertFact, Diagnosis
 from wandb_infra.bridge.ingest.store import OutboxRow
+from wandb_infra.bridge.projection.delivery import DeliveryWorker
 from wandb_infra.bridge.prometheus.confirm import Confirmation
 from wandb_infra.bridge.prometheus.remediation import NodeStateHistory, Remediation
-from wandb_infra.bridge.runs.service import RunService
+from wandb_infra.bridge.quarantine.actuator import build as build_quarantine
+from wandb_infra.bridge.runs.service import RunService, offer_to_quarantine
 from wandb_infra.bridge.runs.view import IssueView, RunView
 from wandb_infra.common.runkey import RunKey
 
@@ -70,3 +73,13 @@ def rules_raising(alerts: Sequence[Mapping[str, Any]]) -> str:
     rules = "".join(f"      - alert: {a['labels']['alertname']}\n        expr: vector(1)\n"
                     f"        labels: {labels(a)}\n" for a in alerts)
     return f"groups:\n  - name: raised\n    interval: 1s\n    rules:\n{rules}"
+
+
+def quarantine_pass(worker: DeliveryWorker) -> int:
+    """One pass of the quarantine process (``wandb-infra-bridge quarantine``: its own acting
+    quarantine on the worker's store and configuration); the worker's next refresh shows its
+    decisions. Returns the decisions made."""
+    acting = build_quarantine(worker.policy.quarantine, Path(worker.store.path).resolve().parent,
+                              acting=True)
+    assert acting is not None
+    return offer_to_quarantine(worker.runs, acting, worker.clock())

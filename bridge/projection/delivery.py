@@ -47,11 +47,10 @@ from wandb_infra.bridge.projection.write import (
 from wandb_infra.bridge.prometheus.client import PrometheusClient
 from wandb_infra.bridge.prometheus.confirm import AlertConfirmer
 from wandb_infra.bridge.prometheus.endings import EndingsPass, EndingsPolicy, RunEndings
-from wandb_infra.bridge.prometheus.impact_reader import ImpactHistory
 from wandb_infra.bridge.prometheus.remediation import NodeStateHistory, signature
 from wandb_infra.bridge.quarantine.actuator import Quarantine
 from wandb_infra.bridge.quarantine.actuator import build as build_quarantine
-from wandb_infra.bridge.runs.service import RunService, offer_to_quarantine, recent_runs
+from wandb_infra.bridge.runs.service import RunService, recent_runs
 from wandb_infra.common.logsetup import log_fields
 from wandb_infra.common.nodestate import DEFAULT_TOLERATED
 from wandb_infra.common.runkey import RunKey
@@ -77,9 +76,6 @@ class DeliveryPolicy:
     node_state_refresh: float = 60.0
     quarantine: Mapping[str, Any] | None = None
     restart_policy: Policy = field(default_factory=Policy)
-    # Whether this process acts on the quarantine's decisions. ``serve`` sets False: the receiver
-    # of untrusted webhooks holds no scheduler rights, ``wandb-infra-bridge quarantine`` acts.
-    quarantine_acts: bool = True
     # With Prometheus, write a run only with the alerts Prometheus confirms it raised.
     confirm_alerts: bool = True
     tolerated_taints: tuple[str, ...] = DEFAULT_TOLERATED
@@ -149,18 +145,16 @@ class DeliveryWorker:
                             if prometheus is not None and policy.node_state_refresh > 0 else None)
         metrics.read_gpu_hours_from(store.gpu_hours_by_project)  # kept across restarts
         self._next_refresh = 0.0
+        # The quarantine's decisions, to show: the worker never acts (the receiver of untrusted
+        # webhooks holds no scheduler rights; ``wandb-infra-bridge quarantine`` acts).
         self.quarantine = build_quarantine(policy.quarantine,
-                                           Path(store.path).resolve().parent,
-                                           acting=policy.quarantine_acts)
+                                           Path(store.path).resolve().parent, acting=False)
         self.runs = run_service(store, prometheus, policy, self.quarantine,
                                 wandb_enabled=client is not None, clock=clock,
                                 history=self.remediation)
-        # What each issue cost the run, measured on its GPUs (bridge/diagnosis/impact.py), and
-        # the W&B writes.
         self.projector = Projector(
             store, self.runs, client=client, markers=markers, links=links, metrics=metrics,
-            policy=policy, clock=clock,
-            impact=None if prometheus is None else ImpactHistory(prometheus))
+            policy=policy, clock=clock, prometheus=prometheus)
         # Ended runs are judged on the alerts Prometheus confirmed, as every surface shows them.
         self.endings = (EndingsPass(store, RunEndings(prometheus, policy.endings),
                                     lambda run: list(self.runs.confirm(store.facts(run))
@@ -240,9 +234,7 @@ class DeliveryWorker:
         if (self.remediation is not None or self.quarantine is not None
                 or self.projector.impact is not None) and now >= self._next_refresh:
             self._next_refresh = now + (self.policy.node_state_refresh or 60.0)
-            if self.quarantine is not None and self.quarantine.acting:
-                self.quarantine_pass(now)
-            elif self.quarantine is not None:
+            if self.quarantine is not None:
                 self.quarantine.refresh()  # what the quarantine process decided, to show
             delivered += self._refresh(now)
         if self.client is not None:
@@ -267,12 +259,6 @@ class DeliveryWorker:
                     extra=log_fields(step_seconds=round(self._last_now - now, 1)))
         self.paused_until = now + max(0.0, self._pause_end - time.monotonic())
         self.store.rebase_retries(now, self.paused_until)
-
-    def quarantine_pass(self, now: float) -> None:
-        """Offer what needs a node out of service to the quarantine (``offer_to_quarantine``)."""
-        assert self.quarantine is not None
-        offer_to_quarantine(self.runs, self.quarantine, now)
-        self._audit_status()
 
     def _refresh(self, now: float) -> int:
         """Re-measure the impacts of recently active runs with an open issue or none measured

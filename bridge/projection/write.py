@@ -38,6 +38,8 @@ from wandb_infra.bridge.projection.wandb_client import (
     WandbClient,
     WandbError,
 )
+from wandb_infra.bridge.prometheus import activity
+from wandb_infra.bridge.prometheus.client import PrometheusClient
 from wandb_infra.bridge.prometheus.impact_reader import ImpactHistory
 from wandb_infra.bridge.prometheus.remediation import signature, summary_verdict
 from wandb_infra.bridge.runs.service import UNANSWERED, RunService
@@ -75,11 +77,13 @@ class Projector:
 
     def __init__(self, store: Store, runs: RunService, *, client: WandbClient | None,
                  markers: MarkerWriter | None, links: GrafanaLinks, metrics: BridgeMetrics,
-                 policy: DeliveryPolicy, impact: ImpactHistory | None,
+                 policy: DeliveryPolicy, prometheus: PrometheusClient | None,
                  clock: Callable[[], float]) -> None:
         self.store, self.runs, self.client, self.markers = store, runs, client, markers
-        self.links, self.metrics, self.policy, self.impact = links, metrics, policy, impact
-        self.clock = clock
+        self.links, self.metrics, self.policy, self.clock = links, metrics, policy, clock
+        self.prometheus = prometheus
+        # what each issue cost the run, measured on its GPUs (bridge/diagnosis/impact.py)
+        self.impact = None if prometheus is None else ImpactHistory(prometheus)
         self.kube = None if policy.joblog.kubernetes is None else KubeApi(
             policy.joblog.kubernetes, "joblog.kubernetes")
         # when a run must be looked at again (a marker settling, an alert not yet confirmed)
@@ -87,10 +91,13 @@ class Projector:
 
     def measure(self, view: RunView) -> RunView:
         """The run's impacts measured now (Prometheus, and the run's own metrics in W&B) and
-        stored as its evidence, so pages show them without measuring; the view unchanged
-        without Prometheus or while it is down."""
+        its GPU activity plot, stored as its evidence, so pages show them without asking
+        Prometheus; the view unchanged without Prometheus (impacts: or while it is down)."""
         if self.impact is None or not view.run.attributed:
             return view
+        if view.issues and self.prometheus is not None:
+            view = self.runs.record_activity(view, activity.read(
+                self.prometheus, view.run, [i.issue for i in view.issues], self.clock()))
         row = view.delivery
         found = self.impact.for_diagnosis(view.run, view.diagnosis,
                                           None if row is None else row.run_state)

@@ -27,6 +27,7 @@ from wandb_infra.bridge.diagnosis.root_cause import DEFAULT_GAP, AlertFact, Diag
 from wandb_infra.bridge.diagnosis.verdict import NO_PROMETHEUS, NOT_ANSWERING, Policy
 from wandb_infra.bridge.ingest.store import OutboxRow, Store, from_iso
 from wandb_infra.bridge.joblog.reading import Reading
+from wandb_infra.bridge.prometheus.activity import Activity
 from wandb_infra.bridge.prometheus.confirm import AlertConfirmer, Confirmation
 from wandb_infra.bridge.prometheus.remediation import (
     NodeStateHistory,
@@ -39,6 +40,7 @@ from wandb_infra.common.runkey import RunKey
 
 IMPACTS = "impacts"  # evidence kind: {issue key: Impact as a dict}
 JOB_LOG = "job_log"  # evidence kind: the job's console log read (joblog.reading.Reading)
+ACTIVITY = "activity"  # evidence kind: the run's GPU activity plot (prometheus.activity)
 RECENT_RUNS = 200  # the periodic passes look at most at this many recently active runs
 RECENT = 3 * 86400.0  # ... whose latest alert started within this time
 UNANSWERED = "not confirmed yet: Prometheus has not answered whether it raised this alert"
@@ -77,12 +79,16 @@ class RunService:
         measured = self.store.evidence(run, IMPACTS) if run.attributed else None
         impacts = None if measured is None else (
             {k: Impact(**v) for k, v in json.loads(measured[0]).items()}, measured[1])
-        read = self.store.evidence(run, JOB_LOG) if run.attributed else None
         view = self.assemble(run, self.confirm(facts), stored=stored, impacts=impacts,
                              delivery=self.store.outbox(run), remediate=remediate,
                              gpu_hours=self.store.gpu_hours(run) if run.attributed else None)
-        return view if read is None else replace(view,
-                                                 job_log=Reading.from_dict(json.loads(read[0])))
+        if not run.attributed:
+            return view
+        read, plot = self.store.evidence(run, JOB_LOG), self.store.evidence(run, ACTIVITY)
+        return replace(view, job_log=None if read is None else Reading.from_dict(
+                           json.loads(read[0])),
+                       activity=None if plot is None else Activity.from_dict(
+                           json.loads(plot[0])))
 
     def confirm(self, facts: Sequence[AlertFact]) -> Confirmation:
         """Which alerts Prometheus raised (all, unchecked, without a Prometheus)."""
@@ -147,6 +153,13 @@ class RunService:
         self.store.record_evidence(view.run, JOB_LOG, json.dumps(reading.as_dict()),
                                    self.clock())
         return replace(view, job_log=reading)
+
+    def record_activity(self, view: RunView, activity: Activity) -> RunView:
+        """Store the GPU activity the worker just read; returns the view showing it."""
+        assert self.store is not None
+        self.store.record_evidence(view.run, ACTIVITY, json.dumps(activity.as_dict()),
+                                   activity.read_at)
+        return replace(view, activity=activity)
 
     @staticmethod
     def with_impacts(view: RunView, impacts: Mapping[str, Impact], at: float) -> RunView:

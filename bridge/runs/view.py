@@ -27,13 +27,17 @@ from wandb_infra.bridge.diagnosis.root_cause import AlertFact, Diagnosis, Issue
 from wandb_infra.bridge.ingest.store import OutboxRow
 from wandb_infra.bridge.joblog.join import Joined, join
 from wandb_infra.bridge.joblog.reading import Reading
+from wandb_infra.bridge.prometheus.activity import Activity
 from wandb_infra.bridge.prometheus.remediation import Remediation, headline
 from wandb_infra.catalog import runbook
 from wandb_infra.catalog.alerts import ALERTS
 from wandb_infra.common.runkey import RunKey
 
 # What the pages need besides views (they import nothing from diagnosis or projection).
-__all__ = ["VERDICTS", "GrafanaLinks", "IssueView", "LinkFn", "RunView", "duration", "stamp"]
+__all__ = ["UNMEASURED", "VERDICTS", "Activity", "AlertFact", "GrafanaLinks", "Impact", "Issue",
+           "IssueView", "Joined", "LinkFn", "Outcome", "QuarantineView", "Reading", "Remediation",
+           "RunRow", "RunView", "Unconfirmed", "duration", "hours_text", "runbook_url", "stamp",
+           "when"]
 
 LinkFn = Callable[[AlertFact, datetime, datetime | None], str]
 
@@ -47,6 +51,18 @@ _OUTCOMES = {"done": ACTED, "already_out": ACTED, "acting": ACTED, "dry_run": DR
 def stamp(value: datetime | None) -> str | None:
     """The one JSON time format: RFC 3339 UTC with ``Z``."""
     return None if value is None else value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def when(value: datetime | float) -> str:
+    """``2026-11-29 12:00:40 UTC`` (to the second): how the pages show a time."""
+    at = value if isinstance(value, datetime) else datetime.fromtimestamp(value, UTC)
+    return at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def runbook_url(fact: AlertFact) -> str:
+    """The bridge's own runbook entry for the alert, never a URL the alert carries (labels and
+    annotations can be forged through Alertmanager's API); "" outside the catalog."""
+    return f"{runbook.PATH}#{runbook.anchor(fact.alertname)}" if fact.alertname in ALERTS else ""
 
 
 @dataclass(frozen=True)
@@ -119,6 +135,7 @@ class RunView:
     node_state_read: bool = True  # False: the verdicts say what they can without Prometheus
     gpu_hours_stored: float | None = field(default=None)
     job_log: Reading | None = None  # the job's own console log, as the worker last read it
+    activity: Activity | None = None  # the GPU activity plot's data, as the worker last read it
 
     @property
     def head(self) -> IssueView | None:
@@ -183,25 +200,14 @@ class RunView:
             return {"state": "pending", "attempts": row.attempts, "last_error": row.last_error}
         return {"state": "delivered", "at": row.delivered_at}
 
-    def summary(self) -> dict[str, Any]:
-        """One row of ``/runs``."""
+    def row(self) -> RunRow:
+        """The run's row of ``/runs``."""
         head = self.head
-        root = None if head is None else head.issue.root
-        return {
-            "entity": self.run.entity, "project": self.run.project, "run_id": self.run.run_id,
-            "alerts": len(self.facts), "firing": self.firing,
-            "issues": len(self.issues), "open_issues": len(self.diagnosis.open_issues),
-            "root_cause": None if root is None else {"alertname": root.alertname,
-                                                     "where": head.issue.where if head else ""},
-            "severity": None if root is None else root.severity,
-            "started_at": None if head is None else stamp(head.onset),
-            "wandb": self.delivery_status(),
-            "verdict": None if self.outcome is None else self.outcome.verdict,
-            "gpu_hours_lost": self.gpu_hours,
-            "gpu_hours_text": None if self.gpu_hours is None else hours_text(self.gpu_hours),
-            "unconfirmed": len(self.unconfirmed),
-            "job_log": None if self.job_log_joined is None else str(self.job_log_joined.verdict),
-        }
+        return RunRow(self.run, len(self.facts), self.firing, len(self.issues),
+                      len(self.diagnosis.open_issues), None if head is None else head.issue,
+                      None if head is None else head.onset, self.delivery_status(),
+                      self.outcome, self.gpu_hours, len(self.unconfirmed),
+                      None if self.job_log_joined is None else str(self.job_log_joined.verdict))
 
     def as_dict(self, link_for: LinkFn) -> dict[str, Any]:
         """The run page's JSON (and ``explain --json``)."""
@@ -233,7 +239,48 @@ class RunView:
             out["impacts"] = {k: v.as_dict() for k, v in impacts.items()}
             out["gpu_hours_lost"] = self.gpu_hours
             out["impacts_measured_at"] = self.measured_at
+        if self.activity is not None:
+            out["activity"] = self.activity.as_dict()
         return out
+
+
+@dataclass(frozen=True)
+class RunRow:
+    """One row of ``/runs``: what the list shows of a view (kept for many runs, so it holds
+    the headline issue, not every alert), or why the run cannot be shown."""
+
+    run: RunKey
+    alerts: int
+    firing: int
+    issues: int
+    open_issues: int
+    head: Issue | None
+    started_at: datetime | None
+    wandb: dict[str, Any]
+    outcome: Outcome | None = None
+    gpu_hours: float | None = None
+    unconfirmed: int = 0
+    job_log: str | None = None
+    error: str = ""
+
+    def as_dict(self, *, full_verdict: bool = False) -> dict[str, Any]:
+        """The row's JSON (``full_verdict``: the verdict with its reason and coverage)."""
+        root = None if self.head is None else self.head.root
+        out: dict[str, Any] = {
+            "entity": self.run.entity, "project": self.run.project, "run_id": self.run.run_id,
+            "alerts": self.alerts, "firing": self.firing,
+            "issues": self.issues, "open_issues": self.open_issues,
+            "root_cause": None if self.head is None or root is None else {
+                "alertname": root.alertname, "where": self.head.where},
+            "severity": None if root is None else root.severity,
+            "started_at": stamp(self.started_at), "wandb": self.wandb,
+            "verdict": None if self.outcome is None else (
+                self.outcome.as_dict() if full_verdict else self.outcome.verdict),
+            "gpu_hours_lost": self.gpu_hours,
+            "gpu_hours_text": None if self.gpu_hours is None else hours_text(self.gpu_hours),
+            "unconfirmed": self.unconfirmed, "job_log": self.job_log,
+        }
+        return out | ({"error": self.error} if self.error else {})
 
 
 def _remediation(issue: IssueView) -> dict[str, Any]:
@@ -253,10 +300,7 @@ def _fact(fact: AlertFact, link: str) -> dict[str, Any]:
         "ends_at": stamp(fact.ends_at),
         "summary": fact.text("summary"), "description": fact.text("description"),
         "impact": fact.text("impact"), "remediation": fact.text("remediation"),
-        # the bridge's own runbook, never a URL the alert carries (labels and annotations can be
-        # forged through Alertmanager's API)
-        "runbook_url": (f"{runbook.PATH}#{runbook.anchor(fact.alertname)}"
-                        if fact.alertname in ALERTS else ""), "grafana": link,
+        "runbook_url": runbook_url(fact), "grafana": link,
     }
 
 

@@ -1,8 +1,8 @@
-"""The embedded issue views (``/runs`` and ``/runs/<entity>/<project>/<run_id>``) as JSON and HTML.
+"""The issue pages (``/runs`` and ``/runs/<entity>/<project>/<run_id>``) as HTML.
 
-The renderers format the run view's JSON (``bridge/runs/view.py``, the same data the JSON pages
-and ``explain`` give), and every value passes through ``html.escape`` so label text cannot
-inject markup or script. The run
+The renderers format the typed run view (``bridge/runs/view.py``, the same view the JSON pages,
+the W&B notes and ``explain`` render), and every value passes through ``html.escape`` so label
+text cannot inject markup or script. The run
 page leads with a headline card (root cause, where, impact, what to do, Grafana and runbook) that
 fits the first screen, then the incident's shape in time (``bridge.timeline``), then the
 consequences grouped by alert name, because a 64-host cascade is one story, not 65 rows.
@@ -11,11 +11,30 @@ consequences grouped by alert name, because a 64-host cascade is one story, not 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from html import escape
 from typing import Any
 from urllib.parse import quote, urlencode
 
+from wandb_infra.bridge.runs.view import (
+    UNMEASURED,
+    Activity,
+    AlertFact,
+    Impact,
+    Issue,
+    IssueView,
+    Joined,
+    LinkFn,
+    Outcome,
+    QuarantineView,
+    Reading,
+    Remediation,
+    RunRow,
+    RunView,
+    Unconfirmed,
+    hours_text,
+    runbook_url,
+    when,
+)
 from wandb_infra.bridge.web.timeline import (
     CHART_WIDTHS,
     activity_svg,
@@ -23,7 +42,6 @@ from wandb_infra.bridge.web.timeline import (
     colour,
     offset_text,
     onset,
-    parse_ts,
     timeline_svg,
 )
 from wandb_infra.catalog import runbook
@@ -86,21 +104,6 @@ def _link(url: str, text: str, cls: str = "") -> str:
             f"{escape(text)}</a>")
 
 
-def when(value: str | None) -> str:
-    """``2026-11-29 12:00:40 UTC`` (to the second) from the view's ISO text; "" when it is
-    not a timestamp (the caller may show the text as given)."""
-    try:
-        parsed = parse_ts(value)
-    except ValueError:
-        return ""
-    return "" if parsed is None else parsed.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def when_ts(ts: float) -> str:
-    """``when``'s format from unix seconds."""
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
 def wandb_text(status: dict[str, Any]) -> tuple[str, str]:
     """(text, pill class): off / pending / written at T / parked: reason."""
     state = status.get("state")
@@ -108,7 +111,7 @@ def wandb_text(status: dict[str, Any]) -> tuple[str, str]:
         return "W&B: off (no API key configured)", ""
     if state == "delivered":
         at = status.get("at")
-        stamp = "" if at is None else f" at {when_ts(at)}"
+        stamp = "" if at is None else f" at {when(at)}"
         return f"W&B: written{stamp}", "ok"
     if state == "parked":
         return f"W&B: parked: {status.get('reason') or 'unknown reason'}", "bad"
@@ -120,11 +123,12 @@ def wandb_text(status: dict[str, Any]) -> tuple[str, str]:
     return f"W&B: {state}", ""
 
 
-def _run_href(r: dict[str, Any]) -> str:
-    return "/runs/" + "/".join(quote(r[k], safe="") for k in ("entity", "project", "run_id"))
+def _run_href(r: RunRow) -> str:
+    return "/runs/" + "/".join(quote(k, safe="") for k in (r.run.entity, r.run.project,
+                                                             r.run.run_id))
 
 
-def runs_html(rows: list[dict[str, Any]], unattributed: int, *,
+def runs_html(rows: Sequence[RunRow], unattributed: int, *,
               filters: dict[str, str] | None = None, offset: int = 0, limit: int = 0,
               more: bool = False) -> str:
     """The issues column: newest first, a severity colour per headline, filters and paging."""
@@ -138,30 +142,29 @@ def runs_html(rows: list[dict[str, Any]], unattributed: int, *,
                "<th>Headline (root cause)</th><th>Started</th><th class='wide'>Issues</th>"
                "<th class='wide'>Alerts (firing)</th><th>Verdict</th><th>W&amp;B</th></tr>")
     for r in rows:
-        root = r.get("root_cause")
-        name = f"{r['entity']}/{r['project']}/{r['run_id']}"
-        if r.get("error"):
-            head = f"<span class='pill bad'>cannot diagnose: {escape(r['error'])}</span>"
-        elif root is None:
+        name = r.run.path()
+        if r.error:
+            head = f"<span class='pill bad'>cannot diagnose: {escape(r.error)}</span>"
+        elif r.head is None:
             head = "<span class='muted'>no issue</span>"
         else:
-            head = f"<b>{escape(root['alertname'])}</b> on {escape(root['where'])}"
-        if r.get("gpu_hours_text"):
-            head += (f" <span class='muted small'>&middot; {escape(r['gpu_hours_text'])} "
+            head = f"<b>{escape(r.head.root.alertname)}</b> on {escape(r.head.where)}"
+        if r.gpu_hours is not None:
+            head += (f" <span class='muted small'>&middot; {escape(hours_text(r.gpu_hours))} "
                      "GPU-hours lost</span>")
-        sev = r.get("severity") or ""
-        bar = "#c9ced6" if root is None else colour(sev)
-        state = ("open" if r.get("open_issues") else "resolved") if r.get("issues") else ""
-        text, cls = wandb_text(r["wandb"])
+        sev = "" if r.head is None else r.head.root.severity
+        bar = "#c9ced6" if r.head is None else colour(sev)
+        state = ("open" if r.open_issues else "resolved") if r.issues else ""
+        text, cls = wandb_text(r.wandb)
         out.append(
             f"<tr><td class='sev' style='background:{bar}' title='{escape(sev, quote=True)}'>"
             f"</td><td class='run'><a href='{escape(_run_href(r), quote=True)}'>{escape(name)}</a>"
             "</td>"
             f"<td>{head} <span class='pill{' bad' if state == 'open' else ''}'>{state}</span>"
-            f"</td><td class='n'>{escape(when(r.get('started_at')))}</td>"
-            f"<td class='n wide'>{r.get('issues', 0)} ({r.get('open_issues', 0)} open)</td>"
-            f"<td class='n wide'>{r.get('alerts', 0)} ({r.get('firing', 0)})</td>"
-            f"<td>{verdict_pill(r.get('verdict'))}</td>"
+            f"</td><td class='n'>{'' if r.started_at is None else escape(when(r.started_at))}"
+            f"</td><td class='n wide'>{r.issues} ({r.open_issues} open)</td>"
+            f"<td class='n wide'>{r.alerts} ({r.firing})</td>"
+            f"<td>{verdict_pill(None if r.outcome is None else r.outcome.verdict)}</td>"
             f"<td><span class='pill {cls}'>{escape(text.removeprefix('W&B: '))}</span></td>"
             "</tr>")
     out.append("</table>")
@@ -202,202 +205,186 @@ def _filter_form(filters: dict[str, str], limit: int) -> str:
             f"</select></label>{hidden}<button type='submit'>filter</button></form>")
 
 
-def _facts_when(fact: dict[str, Any], ref: float) -> str:
-    return f"{when(fact.get('onset') or fact['starts_at'])} ({offset_text(onset(fact) - ref)})"
+def _facts_when(fact: AlertFact, ref: float) -> str:
+    return f"{when(fact.onset)} ({offset_text(onset(fact) - ref)})"
 
 
-def _remediation_html(rem: dict[str, Any]) -> str:
+def _remediation_html(rem: Remediation, quarantine: QuarantineView | None) -> str:
     """Whether restarting the run is safe now (diagnosis/verdict.py: what the fault needs, whether
     it happened, the hosts' scheduler state), with the exclusion to use when it is not."""
-    verdict = str(rem.get("verdict", "unknown"))
-    cls = {"safe": "ok", "unsafe": "bad"}.get(verdict, "warn")
-    parts = [f"<dt>Restart</dt><dd><span class='pill {cls}'>{escape(verdict)}</span> "
-             f"{escape(str(rem.get('detail', '')))}"]
-    if rem.get("exclusion"):
-        parts.append(f"<br><code class='excl'>{escape(str(rem['exclusion']))}</code>")
-    hosts = rem.get("hosts") or []
-    if hosts:
+    cls = {"safe": "ok", "unsafe": "bad"}.get(rem.verdict, "warn")
+    parts = [f"<dt>Restart</dt><dd><span class='pill {cls}'>{escape(rem.verdict)}</span> "
+             f"{escape(rem.detail)}"]
+    if rem.exclusion:
+        parts.append(f"<br><code class='excl'>{escape(rem.exclusion)}</code>")
+    if rem.timelines:
         parts.append("<br>" + "; ".join(
-            f"{escape(str(h.get('hostname', '')))}: {escape(str(h.get('state', '')))}"
-            + (f" ({escape(str(h['reason']))})" if h.get("reason") else "")
-            + (f" since {escape(when(str(h['since'])) or str(h['since']))}"
-               if h.get("since") else "")
-            for h in hosts))
+            f"{escape(t.hostname)}: {escape(t.current.state if t.current else 'unknown')}"
+            + (f" ({escape(t.current.reason)})" if t.current and t.current.reason else "")
+            + (f" since {escape(when(t.current.at))}" if t.current else "")
+            for t in rem.timelines))
     parts.append("</dd>")
-    quarantine = rem.get("quarantine")
-    if quarantine:
-        cls = {"acted": "bad", "refused": "warn", "failed": "bad"}.get(quarantine["state"], "")
+    if quarantine is not None:
+        cls = {"acted": "bad", "refused": "warn", "failed": "bad"}.get(quarantine.state, "")
         parts.append(f"<dt>Quarantine</dt><dd><span class='pill {cls}'>"
-                     f"{escape(str(quarantine['state']))}</span> "
-                     f"{escape(str(quarantine['text']))}</dd>")
+                     f"{escape(quarantine.state)}</span> {escape(quarantine.text)}</dd>")
     return "".join(parts)
 
 
-def _consequence_summary(consequences: list[dict[str, Any]]) -> str:
-    groups = _by_name(consequences)
-    return "; ".join(f"{escape(name)} on {len({f['hostname'] for f in facts})} host(s)"
-                     for name, facts in groups)
-
-
-def _by_name(facts: Sequence[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
-    groups: dict[str, list[dict[str, Any]]] = {}
+def _by_name(facts: Sequence[AlertFact]) -> list[tuple[str, list[AlertFact]]]:
+    groups: dict[str, list[AlertFact]] = {}
     for fact in facts:
-        groups.setdefault(fact["alertname"], []).append(fact)
+        groups.setdefault(fact.alertname, []).append(fact)
     return sorted(groups.items(), key=lambda kv: min(onset(f) for f in kv[1]))
 
 
-def impact_rows(root: dict[str, Any], impact: dict[str, Any] | None) -> list[str]:
+def impact_rows(root: AlertFact, impact: Impact | None) -> list[str]:
     """The card's impact: measured on the run (diagnosis/impact.py) with what it cost, else the
     catalog's prose."""
-    prose = escape(root.get("impact") or "")
-    if not impact or impact.get("kind") == "unmeasured":
+    prose = escape(root.text("impact"))
+    if impact is None or impact.kind == UNMEASURED:
         return [f"<dt>Impact</dt><dd>{prose}"]
-    rows = [f"<dt>Impact</dt><dd><b>{escape(str(impact.get('headline', '')))}</b>"
+    rows = [f"<dt>Impact</dt><dd><b>{escape(impact.headline)}</b>"
             + (f"<br><span class='muted small'>Expected from this fault: {prose}</span>"
                if prose else "")]
-    if impact.get("onset_reason"):
-        rows.append(f"<br><span class='muted small'>{escape(str(impact['onset_reason']))}"
-                    "</span>")
-    rows.append(f"</dd><dt>GPU-hours lost</dt><dd>{escape(str(impact.get('cost_text', '')))}")
+    if impact.onset_reason:
+        rows.append(f"<br><span class='muted small'>{escape(impact.onset_reason)}</span>")
+    rows.append(f"</dd><dt>GPU-hours lost</dt><dd>{escape(impact.cost_text)}")
     return rows
 
 
-def _card(issue: dict[str, Any], headline: bool, remediation: dict[str, Any] | None,
-          impact: dict[str, Any] | None = None) -> str:
-    root = issue["root_cause"]
-    advice = str(issue.get("advice") or "")  # the view's: the restart decision's, else the alert's
-    sev = root.get("severity", "")
-    state = "open" if issue["open"] else f"resolved {when(issue.get('ended_at'))}"
+def _card(view: IssueView, headline: bool, link: LinkFn) -> str:
+    issue, root = view.issue, view.issue.root
+    sev = root.severity
+    state = "open" if issue.open else f"resolved {when(issue.ended_at or issue.started_at)}"
     badge = "ROOT CAUSE" if headline else "SEPARATE ISSUE"
-    buttons = (_link(root.get("grafana", ""), "Open in Grafana", "btn")
-               + _link(root.get("runbook_url", ""), "Runbook", "btn alt"))
-    consequences = issue["consequences"]
-    impact_extra = (f"<br><span class='muted'>{len(consequences)} likely consequence(s): "
-                    f"{_consequence_summary(consequences)}</span>" if consequences else "")
+    buttons = (_link(link(root, issue.started_at, issue.ended_at), "Open in Grafana", "btn")
+               + _link(runbook_url(root), "Runbook", "btn alt"))
+    groups = _by_name(issue.consequences)
+    impact_extra = (f"<br><span class='muted'>{len(issue.consequences)} likely consequence(s): "
+                    + "; ".join(f"{escape(name)} on {len({f.hostname for f in facts})} host(s)"
+                                for name, facts in groups) + "</span>") if groups else ""
     rows = [
-        f"<dt>Where</dt><dd><b>{escape(issue.get('where') or root['where'])}</b> "
-        f"<span class='muted'>{escape(sev)} &middot; {escape(root.get('category', ''))}</span>"
-        "</dd>",
-        f"<dt>When</dt><dd>{escape(when(issue.get('onset') or root['starts_at']))} "
-        f"<span class='pill{' bad' if issue['open'] else ' ok'}'>{escape(state)}</span></dd>",
-        f"<dt>What</dt><dd>{escape(root.get('description') or root.get('summary') or '')}</dd>",
-        "".join(impact_rows(root, impact)) + f"{impact_extra}</dd>",
-        f"<dt>What to do</dt><dd><b>{escape(advice)}</b></dd>",
+        f"<dt>Where</dt><dd><b>{escape(issue.where)}</b> "
+        f"<span class='muted'>{escape(sev)} &middot; {escape(root.category)}</span></dd>",
+        f"<dt>When</dt><dd>{escape(when(view.onset))} "
+        f"<span class='pill{' bad' if issue.open else ' ok'}'>{escape(state)}</span></dd>",
+        f"<dt>What</dt><dd>{escape(root.text('description') or root.text('summary'))}</dd>",
+        "".join(impact_rows(root, view.impact)) + f"{impact_extra}</dd>",
+        f"<dt>What to do</dt><dd><b>{escape(view.advice)}</b></dd>",
     ]
-    if remediation:
-        rows.append(_remediation_html(remediation))
+    if view.remediation is not None:
+        rows.append(_remediation_html(view.remediation, view.quarantine))
     return (f"<section class='card issue{' headline' if headline else ''}' "
             f"style='border-left-color:{colour(sev)}'>"
             f"<h2><span class='badge' style='background:{colour(sev)}'>{badge}</span> "
-            f"{escape(root['alertname'])} <span class='muted'>on</span> "
-            f"{escape(issue.get('where') or root['where'])}</h2>"
+            f"{escape(root.alertname)} <span class='muted'>on</span> {escape(issue.where)}</h2>"
             f"<dl>{''.join(rows)}</dl><p>{buttons}</p>"
             f"<details class='muted small'><summary>Why this is the root cause</summary>"
-            f"{escape(issue.get('reasoning') or '')}</details></section>")
+            f"{escape(issue.reasoning)}</details></section>")
 
 
-def _consequences_html(issue: dict[str, Any]) -> str:
+def _consequences_html(issue: Issue, link: LinkFn) -> str:
     """One row per alert name: count, hosts, first/last onset relative to the root cause, the
     host list behind a ``<details>``."""
-    consequences = issue["consequences"]
-    if not consequences:
+    if not issue.consequences:
         return ""
-    ref = onset(issue["root_cause"])
-    out = [f"<h2>Likely consequences ({len(consequences)})</h2><table class='consequences'>"
+    ref = onset(issue.root)
+    out = [f"<h2>Likely consequences ({len(issue.consequences)})</h2><table class='consequences'>"
            "<tr><th class='sev'></th><th>Alert</th><th>Count</th><th>First</th><th>Last onset</th>"
            "<th>Still firing</th><th>Where</th><th></th></tr>"]
-    for name, group in _by_name(consequences):
-        facts = sorted(group, key=lambda f: (onset(f), f["where"]))
-        hosts = sorted({f["hostname"] or "unknown host" for f in facts})
-        firing = sum(1 for f in facts if not f.get("ends_at"))
-        items = "".join(f"<li>{escape(f['where'])} &middot; {escape(_facts_when(f, ref))}</li>"
+    for name, group in _by_name(issue.consequences):
+        facts = sorted(group, key=lambda f: (onset(f), f.where))
+        hosts = {f.hostname or "unknown host" for f in facts}
+        firing = sum(1 for f in facts if f.ends_at is None)
+        items = "".join(f"<li>{escape(f.where)} &middot; {escape(_facts_when(f, ref))}</li>"
                         for f in facts)
-        sev = facts[0].get("severity", "")
+        first, sev = facts[0], facts[0].severity
         out.append(
             f"<tr><td class='sev' style='background:{colour(sev)}'></td>"
             f"<td><b>{escape(name)}</b><br><span class='muted small'>{escape(sev)}</span></td>"
-            f"<td>{len(facts)}</td><td>{escape(_facts_when(facts[0], ref))}</td>"
+            f"<td>{len(facts)}</td><td>{escape(_facts_when(first, ref))}</td>"
             f"<td>{escape(offset_text(onset(facts[-1]) - ref))}</td><td>{firing}</td>"
             f"<td><details><summary>{len(hosts)} host(s)</summary><ul class='small'>{items}"
-            f"</ul></details></td><td>{_link(facts[0].get('grafana', ''), 'Grafana')}</td></tr>")
+            f"</ul></details></td><td>"
+            f"{_link(link(first, first.onset, first.ends_at), 'Grafana')}</td></tr>")
     out.append("</table>")
     return "".join(out)
 
 
-def activity_html(activity: dict[str, Any] | None, issues: list[dict[str, Any]]) -> str:
-    """The GPU-activity plot with the issues' markers, or a note saying why there is none."""
+def activity_html(activity: Activity | None, issues: Sequence[Issue]) -> str:
+    """The GPU-activity plot with the issues' markers, or a note saying why there is none, and
+    when the worker read it."""
     if activity is None:
         return ""
-    if activity.get("note"):
-        return (f"<h2>GPU activity</h2><p class='note'>{escape(activity['note'])}</p>")
+    read = (f"<p class='muted small'>Read from Prometheus at {escape(when(activity.read_at))}"
+            ".</p>")
+    if activity.note:
+        return f"<h2>GPU activity</h2><p class='note'>{escape(activity.note)}</p>{read}"
     markers = []
     for issue in issues:
-        root = issue["root_cause"]
-        at = onset(root)
-        markers.append((at, f"{root['alertname']} {clock(datetime.fromtimestamp(at, UTC))}",
-                        colour(root.get("severity", ""))))
-        ended = parse_ts(issue.get("ended_at"))
-        if ended is not None:
-            markers.append((ended.timestamp(), f"resolved {clock(ended)}", "#2e7d32"))
-    series = [(s["name"], [(float(t), float(v)) for t, v in s["points"]])
-              for s in activity["series"]]
+        at = onset(issue.root)
+        markers.append((at, f"{issue.root.alertname} {clock(issue.root.onset)}",
+                        colour(issue.root.severity)))
+        if issue.ended_at is not None:
+            markers.append((issue.ended_at.timestamp(), f"resolved {clock(issue.ended_at)}",
+                            "#2e7d32"))
     return ("<h2>GPU activity <span class='muted small'>(mean over the run's "
-            f"{int(activity.get('gpus', 0))} GPUs, from Prometheus)</span></h2>"
+            f"{activity.gpus} GPUs, from Prometheus)</span></h2>"
             + "<div class='chart'>" + "".join(
-                activity_svg(series, markers, (float(activity["start"]), float(activity["end"])),
-                             width=width) for width in CHART_WIDTHS) + "</div>")
+                activity_svg(activity.series, markers, (activity.start, activity.end),
+                             width=width) for width in CHART_WIDTHS) + f"</div>{read}")
 
 
-def run_html(detail: dict[str, Any], title: str, activity: dict[str, Any] | None = None) -> str:
+def run_html(view: RunView, title: str, link: LinkFn) -> str:
     """The run page: headline card, timeline, activity plot, grouped consequences, then the
     run's other issues the same way."""
-    text, cls = wandb_text(detail["wandb"])
+    text, cls = wandb_text(view.delivery_status())
     out = [f"<header><a href='/runs'>&larr; all runs</a><h1>{escape(title)}</h1>"
            f"<span class='pill {cls}'>{escape(text)}</span></header>"]
-    if detail.get("error"):
-        out.append(f"<p class='note'>This run's alerts cannot be diagnosed: "
-                   f"{escape(str(detail['error']))}</p>")
-    issues = detail["issues"]
-    if detail.get("verdict"):
-        out.append(verdict_html(detail["verdict"]))
-    elif not issues and not detail.get("job_log"):
+    if view.outcome is not None:
+        out.append(verdict_html(view.outcome))
+    elif not view.issues and view.job_log is None:
         out.append("<p>No issues.</p>")
-    if detail.get("job_log"):
-        out.append(job_log_html(detail["job_log"]))
-    head = (detail.get("headline") or {}).get("issue", 0)
-    order = ([head] if issues else []) + [i for i in range(len(issues)) if i != head]
-    for rank, index in enumerate(order):
-        issue = issues[index]
-        rem = (detail.get("remediations") or {}).get(issue.get("key")) or (
-            detail.get("remediation") if rank == 0 else None)
-        out.append(_card(issue, rank == 0, rem,
-                         (detail.get("impacts") or {}).get(issue.get("key"))))
+    joined = view.job_log_joined
+    if view.job_log is not None and joined is not None:
+        out.append(job_log_html(view.job_log, joined))
+    issues = tuple(i.issue for i in view.issues)
+    for rank, issue in enumerate(view.ranked):
+        out.append(_card(issue, rank == 0, link))
+        consequences = issue.issue.consequences
         out.append(f"<h2>Timeline <span class='muted small'>(UTC, offsets from the root cause;"
-                   f" {len(issue['consequences'])} consequence(s) on "
-                   f"{len({c['hostname'] for c in issue['consequences']})} host(s))</span></h2>")
-        out.append("<div class='chart'>" + "".join(timeline_svg(issue, width)
+                   f" {len(consequences)} consequence(s) on "
+                   f"{len({c.hostname for c in consequences})} host(s))</span></h2>")
+        out.append("<div class='chart'>" + "".join(timeline_svg(issue.issue, width)
                                                     for width in CHART_WIDTHS) + "</div>")
         if rank == 0:
-            out.append(activity_html(activity, issues))
-        out.append(_consequences_html(issue))
-    if len(issues) > 1 and detail.get("headline", {}).get("reason"):
-        out.append(f"<p class='muted small'>{escape(detail['headline']['reason'])}</p>")
-    if detail.get("impacts_measured_at"):
+            out.append(activity_html(view.activity, issues))
+        out.append(_consequences_html(issue.issue, link))
+    if len(view.issues) > 1:
+        out.append(f"<p class='muted small'>{escape(view.diagnosis.headline_reason)}</p>")
+    if view.measured_at is not None:
         out.append(f"<p class='muted small'>Impacts last measured at "
-                   f"{escape(when_ts(float(detail['impacts_measured_at'])))}.</p>")
-    out.append(unconfirmed_html(detail.get("unconfirmed") or []))
+                   f"{escape(when(view.measured_at))}.</p>")
+    out.append(unconfirmed_html(view.unconfirmed))
     return _page(title, "".join(out))
 
 
-def unconfirmed_html(unconfirmed: list[dict[str, Any]]) -> str:
+def broken_html(title: str, error: str) -> str:
+    """A run whose stored alerts cannot be diagnosed: the error, not a 500."""
+    return _page(title, f"<header><a href='/runs'>&larr; all runs</a><h1>{escape(title)}</h1>"
+                        f"</header><p class='note'>This run's alerts cannot be diagnosed: "
+                        f"{escape(error)}</p>")
+
+
+def unconfirmed_html(unconfirmed: Sequence[Unconfirmed]) -> str:
     """Alerts stored for the run that Prometheus did not confirm: listed apart, with why, and
     never part of the issues above."""
     if not unconfirmed:
         return ""
-    rows = "".join(f"<tr><td>{escape(u['alert']['alertname'])}</td>"
-                   f"<td>{escape(u['alert']['where'])}</td>"
-                   f"<td class='n'>{escape(when(u['alert']['starts_at']))}</td>"
-                   f"<td>{escape(u['reason'])}</td></tr>" for u in unconfirmed[:200])
+    rows = "".join(f"<tr><td>{escape(u.fact.alertname)}</td><td>{escape(u.fact.where)}</td>"
+                   f"<td class='n'>{escape(when(u.fact.starts_at))}</td>"
+                   f"<td>{escape(u.reason)}</td></tr>" for u in unconfirmed[:200])
     return (f"<h2>Not confirmed by Prometheus ({len(unconfirmed)})</h2><p class='muted small'>"
             "Not part of this run's issues, its W&amp;B notes or any quarantine.</p><table>"
             f"<tr><th>Alert</th><th>Where</th><th>Started</th><th>Why</th></tr>{rows}</table>")
@@ -419,42 +406,36 @@ _VERDICT_STYLE = {"infrastructure": ("bad", "#c5221f"), "clear": ("ok", "#2e7d32
                   "incomplete": ("warn", "#c77700")}
 
 
-def verdict_pill(verdict: dict[str, Any] | str | None) -> str:
+def verdict_pill(verdict: str | None) -> str:
     """The verdict as a coloured pill (empty for a run without one)."""
-    name = verdict.get("verdict", "") if isinstance(verdict, dict) else (verdict or "")
-    if not name:
+    if not verdict:
         return ""
-    cls = _VERDICT_STYLE.get(name, ("", ""))[0]
-    return f"<span class='pill {cls}'>{escape(name)}</span>"
+    cls = _VERDICT_STYLE.get(verdict, ("", ""))[0]
+    return f"<span class='pill {cls}'>{escape(verdict)}</span>"
 
 
-def verdict_html(verdict: dict[str, Any]) -> str:
+def verdict_html(outcome: Outcome) -> str:
     """The ended run's verdict card: the verdict, its reason and what the rules saw."""
-    name = str(verdict.get("verdict", ""))
-    colour_ = _VERDICT_STYLE.get(name, ("", "#9aa0a6"))[1]
-    blind = (verdict.get("coverage") or {}).get("blind") or []
-    rows = "".join(f"<tr><td>{escape(str(h))}</td><td>{escape(str(w))}</td>"
-                   f"<td class='n'>{escape(when_ts(float(s)))}"
-                   f"</td><td class='n'>{escape(when_ts(float(e)))}"
-                   "</td></tr>" for h, w, s, e in blind[:200])
+    colour_ = _VERDICT_STYLE.get(outcome.verdict, ("", "#9aa0a6"))[1]
+    blind = () if outcome.coverage is None else outcome.coverage.blind
+    rows = "".join(f"<tr><td>{escape(b.host)}</td><td>{escape(b.what)}</td>"
+                   f"<td class='n'>{escape(when(b.start))}</td>"
+                   f"<td class='n'>{escape(when(b.end))}</td></tr>" for b in blind[:200])
     table = ("<table><tr><th>Host</th><th>Not seen</th><th>From</th><th>To</th></tr>"
              f"{rows}</table>") if rows else ""
     return (f"<section class='card' style='border-left-color:{colour_}'><h2>Verdict: "
-            f"{verdict_pill(verdict)}</h2><p>{escape(str(verdict.get('text', '')))}</p>"
-            f"<p class='muted small'>{escape(str(verdict.get('coverage_line', '')))}; ended "
-            f"({escape(str(verdict.get('how', '')))}) at "
-            f"{escape(when_ts(float(verdict.get('ended_at', 0))))}"
-            f"</p>{table}</section>")
+            f"{verdict_pill(outcome.verdict)}</h2><p>{escape(outcome.text)}</p>"
+            f"<p class='muted small'>{escape(outcome.coverage_line)}; ended "
+            f"({escape(outcome.how)}) at {escape(when(outcome.ended_at))}</p>{table}</section>")
 
 
-def job_log_html(job_log: dict[str, Any]) -> str:
+def job_log_html(reading: Reading, joined: Joined) -> str:
     """The job's own log: the joined statement and the lines it quotes (each escaped)."""
-    quotes = "".join(f"<li><code>{escape(str(q))}</code></li>"
-                     for q in (job_log.get("quotes") or [])[:5])
-    missed = "".join(f"<li>{escape(str(s.get('name', '')))}: {escape(str(s['error']))}</li>"
-                     for s in job_log.get("sources") or [] if s.get("error"))
-    return (f"<section class='card'><h2>Job log: {escape(str(job_log.get('verdict', '')))}</h2>"
-            f"<p>{escape(str(job_log.get('statement', '')))}</p>"
+    quotes = "".join(f"<li><code>{escape(q)}</code></li>" for q in reading.quotes[:5])
+    missed = "".join(f"<li>{escape(s.name)}: {escape(s.error)}</li>"
+                     for s in reading.sources if s.error)
+    return (f"<section class='card'><h2>Job log: {escape(str(joined.verdict))}</h2>"
+            f"<p>{escape(joined.statement)}</p>"
             + (f"<ul class='small'>{quotes}</ul>" if quotes else "")
             + (f"<p class='muted small'>Not read:</p><ul class='small muted'>{missed}</ul>"
                if missed else "") + "</section>")

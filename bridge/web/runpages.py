@@ -1,7 +1,6 @@
 """What the run pages show, read from the run service: a page of ``/runs`` rows (filtered,
-cached per run until anything it was built from changes), one run's view as JSON, the GPU
-activity plot's data. Runs on the read pool's one thread; never writes the store, never calls
-W&B."""
+cached per run until anything it was built from changes) and one run's view. Runs on the read
+pool's one thread; never writes the store, never calls W&B."""
 
 from __future__ import annotations
 
@@ -9,10 +8,8 @@ import logging
 from typing import Any
 
 from wandb_infra.bridge.ingest.store import RunIndexEntry, Store, StoreError
-from wandb_infra.bridge.prometheus.client import PrometheusClient
 from wandb_infra.bridge.runs.service import RunService
-from wandb_infra.bridge.runs.view import GrafanaLinks
-from wandb_infra.bridge.web import activity
+from wandb_infra.bridge.runs.view import RunRow, RunView
 from wandb_infra.common.logsetup import log_fields
 from wandb_infra.common.runkey import RunKey
 
@@ -22,24 +19,22 @@ MAX_PAGE = 500
 MAX_CACHED_SUMMARIES = 20_000
 
 
-def _broken(run: RunKey, exc: Exception) -> dict[str, Any]:
-    """What /runs and the run page show for a run whose stored alerts cannot be diagnosed."""
-    return {"entity": run.entity, "project": run.project, "run_id": run.run_id,
-            "error": f"{type(exc).__name__}: {str(exc)[:200]}", "wandb": {"state": "unknown"}}
+def error_text(exc: Exception) -> str:
+    """What /runs and the run page say of a run whose stored alerts cannot be diagnosed."""
+    return f"{type(exc).__name__}: {str(exc)[:200]}"
 
 
 class RunPages:
     """The pages' reads (see module docstring)."""
 
-    def __init__(self, store: Store, service: RunService, links: GrafanaLinks,
-                 prometheus: PrometheusClient | None) -> None:
-        self.store, self.service, self.links, self.prometheus = store, service, links, prometheus
+    def __init__(self, store: Store, service: RunService) -> None:
+        self.store, self.service = store, service
         # /runs rows by run, with the version of what they were built from (alerts, delivery,
         # verdict, GPU-hours): a request rebuilds only runs that changed.
-        self.summaries: dict[RunKey, tuple[tuple[Any, ...], dict[str, Any]]] = {}
+        self.summaries: dict[RunKey, tuple[tuple[Any, ...], RunRow]] = {}
 
     def runs(self, limit: int, offset: int,
-                   filters: dict[str, str] | None = None) -> tuple[list[dict[str, Any]], int, bool]:
+             filters: dict[str, str] | None = None) -> tuple[list[RunRow], int, bool]:
         """A page of runs, newest first, matching ``filters`` (entity, project, state), and
         whether more follow. The store pages by start time and filters by entity and project
         (through its key); the state filter happens here, reading the index in ``MAX_PAGE``
@@ -48,7 +43,7 @@ class RunPages:
         store, filters = self.store, filters or {}
         if filters.get("verdict"):
             return self._verdict_rows(filters["verdict"], limit, offset)
-        rows: list[dict[str, Any]] = []
+        rows: list[RunRow] = []
         skipped = scanned = 0 if filters.get("state") else offset
         while True:
             chunk = store.run_index(MAX_PAGE, scanned, entity=filters.get("entity", ""),
@@ -67,7 +62,7 @@ class RunPages:
             if len(chunk) < MAX_PAGE:
                 return rows, store.unattributed_count(), False
 
-    def _matching(self, entry: RunIndexEntry, filters: dict[str, str]) -> dict[str, Any] | None:
+    def _matching(self, entry: RunIndexEntry, filters: dict[str, str]) -> RunRow | None:
         """The run's cached summary when it passes the filters, else None."""
         run = entry.run
         if filters.get("entity") and run.entity != filters["entity"]:
@@ -81,55 +76,46 @@ class RunPages:
             cached = (version, self._summary(entry))
             if len(self.summaries) >= MAX_CACHED_SUMMARIES:
                 self.summaries.clear()
-            if not cached[1].get("unconfirmed"):  # Prometheus may still confirm those
+            if not cached[1].unconfirmed:  # Prometheus may still confirm those
                 self.summaries[run] = cached
         state = filters.get("state")
-        if state and (state == "open") != bool(cached[1].get("open_issues")):
+        if state and (state == "open") != bool(cached[1].open_issues):
             return None
         return cached[1]
 
-    def _summary(self, entry: RunIndexEntry) -> dict[str, Any]:
+    def _summary(self, entry: RunIndexEntry) -> RunRow:
         """A run's row from its view; rebuilt only when its alerts changed."""
         run = entry.run
         try:
             view = self.service.view(run, remediate=False)
-            return _broken(run, ValueError("no alerts stored")) if view is None \
-                else view.summary()
+            if view is not None:
+                return view.row()
+            error = error_text(ValueError("no alerts stored"))
         except StoreError:
             raise
         except Exception as exc:  # one unreadable run must not hide all the others
             log.exception("cannot show run", extra=log_fields(run=run.path()))
-            return _broken(run, exc) | {"alerts": entry.alerts, "firing": entry.firing,
-                                        "issues": 0, "open_issues": 0, "root_cause": None}
+            error = error_text(exc)
+        return RunRow(run, entry.alerts, entry.firing, 0, 0, None, None, {"state": "unknown"},
+                      error=error)
 
     def _verdict_rows(self, verdict: str, limit: int,
-                      offset: int) -> tuple[list[dict[str, Any]], int, bool]:
+                      offset: int) -> tuple[list[RunRow], int, bool]:
         """``/runs?verdict=``: judged runs, most recently ended first, with or without alerts
         (their stored verdict, kept current by the delivery worker)."""
         store = self.store
         endings = store.endings_page(verdict, limit + 1, offset)
-        rows = []
-        for ending in endings[:limit]:
-            view = self.service.view(ending.run, remediate=False)
-            if view is not None:
-                rows.append(view.summary() | {
-                    "verdict": None if view.outcome is None else view.outcome.as_dict()})
+        views = (self.service.view(ending.run, remediate=False) for ending in endings[:limit])
+        rows = [v.row() for v in views if v is not None]
         return rows, store.unattributed_count(), len(endings) > limit
 
-    def run(self, run: RunKey) -> dict[str, Any] | None:
-        """The run view's JSON; None when nothing is stored for the run."""
+    def run(self, run: RunKey) -> RunView | str | None:
+        """The run's view; None when nothing is stored for the run; the error text when its
+        alerts cannot be diagnosed (shown as the run's error rather than a 500)."""
         try:
-            view = self.service.view(run)
-            return None if view is None else view.as_dict(self.links.for_run(run))
+            return self.service.view(run)
         except StoreError:
             raise
-        except Exception as exc:  # shown as the run's error rather than a 500
+        except Exception as exc:
             log.exception("cannot show run", extra=log_fields(run=run.path()))
-            return _broken(run, exc) | {"issues": []}
-
-    def activity(self, run: RunKey, issues: list[dict[str, Any]]) -> dict[str, Any] | None:
-        """The GPU-activity plot's data when the pages know a Prometheus."""
-        if self.prometheus is None or not issues or not run.attributed:
-            return None
-        start, end = activity.window(issues)
-        return activity.fetch(self.prometheus, run, start, end)
+            return error_text(exc)

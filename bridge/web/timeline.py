@@ -1,7 +1,8 @@
 """Server-rendered SVG pictures for the run page: an issue's timeline and a GPU-activity plot.
 
-Both take the JSON view's plain dicts (ISO timestamps) and return inline ``<svg>`` text: no
-script, no external resources, every label-derived string through ``html.escape``. A cascade on
+Both take the run view's typed issues and facts (``bridge/runs/view.py``) and return inline
+``<svg>`` text: no script, no external resources, every label-derived string through
+``html.escape``. A cascade on
 many hosts stays readable because hosts that saw the same alerts share one lane with a count.
 """
 
@@ -11,9 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from html import escape
-from typing import Any
 
-from wandb_infra.bridge.runs.view import duration
+from wandb_infra.bridge.runs.view import AlertFact, Issue, duration
 
 WIDTH = 1100  # the wide layout: the page's content box in a window of at least 1060 px
 NARROW_WIDTH = 720  # the narrow layout, drawn about 1:1 in an 800 px window
@@ -37,21 +37,9 @@ _NICE_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10
                43200, 86400)
 
 
-def parse_ts(value: str | None) -> datetime | None:
-    """ISO-8601 text of the JSON view (``...Z``) -> aware datetime."""
-    if not value:
-        return None
-    return datetime.fromisoformat(value.replace("Z", "+00:00"))
-
-
-def seconds(value: str) -> float:
-    """ISO-8601 text of the JSON view -> unix seconds."""
-    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-
-
-def onset(fact: dict[str, Any]) -> float:
+def onset(fact: AlertFact) -> float:
     """When the fact's condition began, unix seconds."""
-    return seconds(fact.get("onset") or fact["starts_at"])
+    return fact.onset.timestamp()
 
 
 def offset_text(seconds: float) -> str:
@@ -75,22 +63,21 @@ class Lane:
 
     label: str
     hosts: list[str]
-    facts: list[dict[str, Any]] = field(default_factory=list)
+    facts: list[AlertFact] = field(default_factory=list)
     root: bool = False
 
 
-def _host(fact: dict[str, Any]) -> str:
-    return fact.get("hostname") or "unknown host"
+def _host(fact: AlertFact) -> str:
+    return fact.hostname or "unknown host"
 
 
-def lanes(issue: dict[str, Any]) -> list[Lane]:
+def lanes(issue: Issue) -> list[Lane]:
     """Root cause first, then one lane per host, or per group of hosts that saw the same alerts
     when there are more than ``MAX_HOST_LANES`` hosts (64 stalled hosts: one lane, count 64)."""
-    root = issue["root_cause"]
-    where = issue.get("where") or root.get("where") or _host(root)
-    out = [Lane(f"{where} (root cause)", [_host(root)], [root], root=True)]
-    by_host: dict[str, list[dict[str, Any]]] = {}
-    for fact in issue["consequences"]:
+    root = issue.root
+    out = [Lane(f"{issue.where} (root cause)", [_host(root)], [root], root=True)]
+    by_host: dict[str, list[AlertFact]] = {}
+    for fact in issue.consequences:
         by_host.setdefault(_host(fact), []).append(fact)
     first = {h: min(onset(f) for f in fs) for h, fs in by_host.items()}
     hosts = sorted(by_host, key=lambda h: (first[h], h))
@@ -99,7 +86,7 @@ def lanes(issue: dict[str, Any]) -> list[Lane]:
         return out
     groups: dict[tuple[str, ...], list[str]] = {}
     for h in hosts:
-        groups.setdefault(tuple(sorted({f["alertname"] for f in by_host[h]})), []).append(h)
+        groups.setdefault(tuple(sorted({f.alertname for f in by_host[h]})), []).append(h)
     ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), first[kv[1][0]]))
     keep, rest = ordered[:MAX_LANES - 2], ordered[MAX_LANES - 2:]
     for _names, members in keep:
@@ -217,16 +204,13 @@ def _time_axis(axis: _Axis, ref: float, y: float, right: float) -> list[str]:
     return out + _tick_labels(marks, y + 16, (axis.x0 - 40, right))
 
 
-def _window(issue: dict[str, Any]) -> tuple[float, float, float]:
+def _window(issue: Issue) -> tuple[float, float, float]:
     """(axis start, axis end, root onset) in unix seconds; an open issue's axis ends a little
     after its last known change, so a days-old open issue is not squashed against 'now'."""
-    root = issue["root_cause"]
-    facts = [root, *issue["consequences"]]
-    ref = onset(root)
-    stamps = [onset(f) for f in facts] + [seconds(f["ends_at"]) for f in facts if f.get("ends_at")]
-    start = parse_ts(issue.get("started_at"))
-    end = parse_ts(issue.get("ended_at"))
-    stamps += [d.timestamp() for d in (start, end) if d is not None]
+    facts = (issue.root, *issue.consequences)
+    ref = onset(issue.root)
+    stamps = [onset(f) for f in facts] + [d.timestamp() for d in (
+        *(f.ends_at for f in facts), issue.started_at, issue.ended_at) if d is not None]
     lo, hi = min(stamps), max(stamps)
     pad = max(5.0, (hi - lo) * 0.08)
     return lo - pad, hi + pad, ref
@@ -241,7 +225,7 @@ def _svg_open(kind: str, width: int, height: float, title: str) -> str:
             f"<title>{escape(title)}</title>")
 
 
-def timeline_svg(issue: dict[str, Any], width: int = WIDTH) -> str:
+def timeline_svg(issue: Issue, width: int = WIDTH) -> str:
     """One issue as lanes of bars over time, laid out for ``width`` px: root cause
     highlighted, start/end marked, every label whole or cut with its full text as tooltip."""
     t0, t1, ref = _window(issue)
@@ -253,7 +237,7 @@ def timeline_svg(issue: dict[str, Any], width: int = WIDTH) -> str:
     height = y_axis + 26
     axis = _Axis(t0, t1, label_w, width - 12)
     out = [_svg_open("timeline", width, height,
-                     f"Timeline of {issue['root_cause']['alertname']}")]
+                     f"Timeline of {issue.root.alertname}")]
     y = top
     for i, lane in enumerate(rows):
         fill = "#fdecee" if lane.root else ("#f6f7f9" if i % 2 else "#fff")
@@ -269,8 +253,8 @@ def timeline_svg(issue: dict[str, Any], width: int = WIDTH) -> str:
         y += heights[i]
     out += _time_axis(axis, ref, y_axis, width - 2)
     bounds = (2.0, width - 2.0)
-    start, end = parse_ts(issue.get("started_at")), parse_ts(issue.get("ended_at"))
-    if start is not None and abs(start.timestamp() - ref) >= 1:
+    start, end = issue.started_at, issue.ended_at
+    if abs(start.timestamp() - ref) >= 1:
         out.append(_vline(axis, start.timestamp(), (2, y_axis), "#555",
                           f"issue start {clock(start)}", bounds=bounds, dash=True, row=1,
                           left=start.timestamp() < ref))
@@ -283,10 +267,10 @@ def timeline_svg(issue: dict[str, Any], width: int = WIDTH) -> str:
     return "".join(out)
 
 
-def _by_name(lane: Lane) -> dict[str, list[dict[str, Any]]]:
-    by_name: dict[str, list[dict[str, Any]]] = {}
+def _by_name(lane: Lane) -> dict[str, list[AlertFact]]:
+    by_name: dict[str, list[AlertFact]] = {}
     for fact in lane.facts:
-        by_name.setdefault(fact["alertname"], []).append(fact)
+        by_name.setdefault(fact.alertname, []).append(fact)
     return dict(sorted(by_name.items(), key=lambda kv: min(onset(f) for f in kv[1])))
 
 
@@ -301,10 +285,10 @@ def _bars(lane: Lane, axis: _Axis, y: float, t_end: float) -> list[str]:
     out = []
     for j, (name, facts) in enumerate(_by_name(lane).items()):
         onsets = sorted(onset(f) for f in facts)
-        ends = [seconds(f["ends_at"]) if f.get("ends_at") else t_end for f in facts]
+        ends = [t_end if f.ends_at is None else f.ends_at.timestamp() for f in facts]
         x0, x1 = axis.x(onsets[0]), axis.x(max(ends))
         yy = y + 3 + j * ROW_H
-        col = colour(facts[0].get("severity", ""))
+        col = colour(facts[0].severity)
         stroke = " stroke='#5c0010' stroke-width='2'" if lane.root else ""
         tip = f"{name} ×{len(facts)}: first {clock(datetime.fromtimestamp(onsets[0], UTC))}"
         out.append(f"<rect class='bar' x='{x0}' y='{yy}' width='{max(2.0, x1 - x0):.1f}' "

@@ -25,12 +25,11 @@ from wandb_infra.bridge.ingest.identity import UNATTRIBUTED, Identity
 from wandb_infra.bridge.ingest.payload import Notification, PayloadError, parse_notification
 from wandb_infra.bridge.ingest.store import IngestResult, Store, StoreError
 from wandb_infra.bridge.metrics import BridgeMetrics
-from wandb_infra.bridge.prometheus.client import PrometheusClient
 from wandb_infra.bridge.runs.service import RunService
 from wandb_infra.bridge.runs.view import VERDICTS, GrafanaLinks
 from wandb_infra.bridge.web import runbook as runbook_page
 from wandb_infra.bridge.web.auth import Credentials, PageAuth
-from wandb_infra.bridge.web.pages import empty_html, login_html, run_html, runs_html
+from wandb_infra.bridge.web.pages import broken_html, empty_html, login_html, run_html, runs_html
 from wandb_infra.bridge.web.runpages import MAX_PAGE, RunPages
 from wandb_infra.bridge.web.sessions import SESSION_SECONDS
 from wandb_infra.catalog import runbook
@@ -52,8 +51,8 @@ RUN_VERDICTS = ("", *VERDICTS)
 @dataclass
 class BridgeContext:
     """Everything the handlers need; built by ``bridge.service``. Pages read runs through
-    ``runs`` (its own Prometheus client, never the delivery worker's) and draw the activity plot
-    from ``activity``; ``wake`` tells the worker new alerts arrived."""
+    ``runs`` (its own Prometheus client, never the delivery worker's); ``wake`` tells the
+    worker new alerts arrived."""
 
     store: Store
     metrics: BridgeMetrics
@@ -62,7 +61,6 @@ class BridgeContext:
     webhook_path: str
     max_body_bytes: int
     runs: RunService | None = None
-    activity: PrometheusClient | None = None
     wake: Callable[[], None] | None = None
     public_pages: bool = False
     pages: PageAuth = field(default_factory=PageAuth)
@@ -147,7 +145,7 @@ class Handlers:
     def __init__(self, ctx: BridgeContext) -> None:
         self.ctx = ctx
         self.pages = RunPages(ctx.store, ctx.runs if ctx.runs is not None
-                              else RunService(ctx.store), ctx.links, ctx.activity)
+                              else RunService(ctx.store))
         self.inflight_bytes = 0
         self.login_reads = 0
 
@@ -334,8 +332,8 @@ class Handlers:
         except StoreError as exc:
             return _error(503, str(exc))
         if _wants_json(request):
-            page = {"runs": rows, "unattributed_alerts": unattributed, "offset": offset,
-                    "limit": limit}
+            page = {"runs": [r.as_dict(full_verdict=bool(filters["verdict"])) for r in rows],
+                    "unattributed_alerts": unattributed, "offset": offset, "limit": limit}
             if more:
                 page["next_offset"] = offset + limit
             return web.json_response(page)
@@ -353,19 +351,23 @@ class Handlers:
         title = run.path() if run.attributed else "Unattributed alerts"
         loop = asyncio.get_running_loop()
         try:
-            detail = await loop.run_in_executor(self.ctx.read_pool, self.pages.run, run)
+            view = await loop.run_in_executor(self.ctx.read_pool, self.pages.run, run)
         except StoreError as exc:
             return _error(503, str(exc))
-        if detail is None:
-            if _wants_json(request):
+        wants_json = _wants_json(request)
+        if view is None:
+            if wants_json:
                 return _error(404, "no alerts and no verdict stored for this run")
             return web.Response(status=404, text=empty_html(title), content_type="text/html")
-        if _wants_json(request):
-            return web.json_response(detail)
-        # Prometheus may be slow or down: its own thread, bounded by its timeout, never the
-        # store's read thread; a failure is a note on the page.
-        plot = await loop.run_in_executor(None, self.pages.activity, run, detail["issues"])
-        return web.Response(text=run_html(detail, title, plot), content_type="text/html")
+        link = self.ctx.links.for_run(run)
+        if isinstance(view, str):
+            return web.json_response({"entity": run.entity, "project": run.project,
+                                      "run_id": run.run_id, "error": view, "issues": [],
+                                      "wandb": {"state": "unknown"}}) if wants_json \
+                else web.Response(text=broken_html(title, view), content_type="text/html")
+        if wants_json:
+            return web.json_response(view.as_dict(link))
+        return web.Response(text=run_html(view, title, link), content_type="text/html")
 
     async def favicon(self, _request: web.Request) -> web.Response:
         """No icon: 204 so a browser's automatic request is not a console error."""
