@@ -4,31 +4,24 @@ Alertmanager, and Alertmanager notifies the bridge.
 
 Alertmanager's alert store merges an alert into the stored one of its fingerprint when their
 intervals overlap and otherwise replaces it (github.com/prometheus/alertmanager,
-provider/mem/mem.go ``Put``, types/types.go ``Alert.Merge``). So (1) after a resolve anyone can
+provider/mem/mem.go ``Put``, types/types.go ``Alert.Merge``). So after a resolve anyone can
 send through Alertmanager's open API, Prometheus' next re-send makes the alert firing again with
-the same ``startsAt``: before, the bridge kept it resolved for good; (2) an HA pair of
-Prometheus replicas gives one alert two ``startsAt`` values when a pair of Alertmanagers each
-first hears a different replica, and the resolve names the earliest: before, the bridge never
-closed the later one (a store test: Alertmanager 0.25 keeps the first startsAt it was sent, so
-one Alertmanager never notifies both)."""
+the same ``startsAt``: before, the bridge kept it resolved for good. The HA pair's two
+``startsAt`` values of one alert, through two real Alertmanagers, are in
+``test_bridge_alertmanager_ha.py``."""
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 import requests
 
-from harness.bridge_payloads import alert, notification
 from harness.bridge_process import BridgeProcess, bridge_env, start_bridge
 from harness.processes import Service, alertmanager, prometheus, scrape_target, wait_for
-from wandb_infra.bridge.ingest.payload import parse_notification
-from wandb_infra.bridge.ingest.store import Store
-from wandb_infra.common.runkey import RunKey
 
 pytestmark = pytest.mark.integration
 
@@ -124,21 +117,3 @@ def test_a_forged_resolve_is_undone_by_prometheus_next_send(world):
         SERIES["fault"] = 0  # the real end closes it
         wait_for(lambda: _states(tmp) == ["resolved"], 60, "the real resolve")
 
-
-def test_two_start_times_of_one_fingerprint_close_together_and_a_later_firing_stays(tmp_path):
-    """Unattended Alertmanager pairs (each fed by both replicas of an HA Prometheus pair, in
-    different orders) notify one alert with each replica's startsAt; the resolve names the
-    earliest and its end: it closes both, and not a firing that starts after that end."""
-    store = Store(tmp_path / "s.sqlite")
-    early = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
-    late, later = early + timedelta(seconds=15), early + timedelta(minutes=30)
-    body = [alert("GpuXidError", category="gpu_hardware", host="gpu05", run="r1", start=s)
-            for s in (early, late, later)]
-    store.ingest(parse_notification(json.dumps(notification(body)).encode()))
-    resolve = alert("GpuXidError", category="gpu_hardware", host="gpu05", run="r1",
-                    start=early, end=early + timedelta(minutes=10))
-    done = store.ingest(parse_notification(json.dumps(notification([resolve])).encode()))
-    assert done.resolved == 2
-    facts = store.facts(RunKey("team", "proj", "r1"))
-    assert [(f.starts_at, f.ends_at is None) for f in facts] == \
-        [(early, False), (late, False), (later, True)]
