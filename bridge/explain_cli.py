@@ -6,10 +6,13 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from datetime import timedelta
+from typing import Any
 
 from wandb_infra.bridge.config import load
+from wandb_infra.bridge.diagnosis.impact import Impact
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.diagnosis.outcome import Outcome
 from wandb_infra.bridge.diagnosis.outcome import judge as judge_outcome
@@ -32,6 +35,7 @@ from wandb_infra.bridge.prometheus.history import (
 from wandb_infra.bridge.prometheus.impact_reader import ImpactHistory
 from wandb_infra.bridge.prometheus.remediation import NodeStateHistory
 from wandb_infra.bridge.runs.service import RunService
+from wandb_infra.bridge.runs.view import RunView
 from wandb_infra.common import labels as L
 from wandb_infra.common.configfile import ConfigError
 from wandb_infra.common.logsetup import setup_logging
@@ -121,6 +125,17 @@ def _post(found: Explanation, args: argparse.Namespace, outcome: Outcome | None)
     return "delivered"
 
 
+def view_json(view: RunView, links: GrafanaLinks, *, impacts: Mapping[str, Impact] | None,
+              outcome: Outcome | None, now: float) -> dict[str, Any]:
+    """What ``explain --json`` prints: the run view (the one the bridge's pages and W&B notes
+    render) with the impacts explain measured and the verdict it judged."""
+    if impacts is not None:
+        view = RunService.with_impacts(view, impacts, now)
+    out = replace(view, outcome=outcome).as_dict(links.for_run(view.run))
+    out["verdict"] = None if outcome is None else outcome.as_dict()
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     """Explain one run; exit 2 on bad input, 1 when Prometheus or W&B fails."""
     if args.run is None or not args.prometheus:
@@ -153,8 +168,6 @@ def run(args: argparse.Namespace) -> int:
     run_view = service.assemble(target, Confirmation(tuple(as_facts(found.alerts)), (), ()))
     impacts = ImpactHistory(prom, min_step=args.step).for_diagnosis(
         target, run_view.diagnosis)
-    if impacts is not None:
-        run_view = service.with_impacts(run_view, impacts, now)
     outcome: Outcome | None = None
     try:  # the verdict of an ended run, from the same coverage reading as the bridge's
         running = seen_recently(prom, target, now, args.grace)
@@ -166,13 +179,12 @@ def run(args: argparse.Namespace) -> int:
     except PrometheusError as exc:
         print(f"wandb-infra-bridge explain: {exc}", file=sys.stderr)
         return 1
-    run_view = service.with_outcome(run_view, outcome)
     if args.log:  # the job's own log, rendered by the view like the bridge's stored reading
         run_view = replace(run_view, job_log=read_logs([FileSource(p) for p in args.log]))
-    view = run_view.as_dict(GrafanaLinks(args.grafana_url).for_run(target))
+    view = view_json(run_view, GrafanaLinks(args.grafana_url), impacts=impacts,
+                     outcome=outcome, now=now)
     view["placement"] = {"hosts": sorted(found.placement.hosts),
                          "gpus": {h: sorted(g) for h, g in sorted(found.placement.gpus.items())}}
-    view["verdict"] = None if outcome is None else outcome.as_dict()
     if running:
         view["running"] = (f"its join series were published within the last {args.grace:.0f} s"
                            ": it is still running (or only just ended), so no ended-run "

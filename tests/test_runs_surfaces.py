@@ -1,7 +1,9 @@
-"""One run, one story: for each kind of run the end-to-end tests play, what the W&B notes and
-summary say (written by the real delivery worker into the W&B stand-in) equals what the run page
-serves as JSON (the served bridge), because both render the same run view; page views cost no
-W&B request and no store write; a forged alert next to a real one changes neither."""
+"""One run, one story: for each kind of run the end-to-end tests play, the headline, verdict,
+advice, impact and GPU-hours the W&B notes and summary say (written by the real delivery worker
+into the W&B stand-in) equal, field by field, what the run page serves as JSON (the served
+bridge) and what ``explain --json`` prints for the same alerts, because all three render the
+same run view; page views cost no W&B request and no store write; a forged alert next to a real
+one changes none of them; a telemetry gap reads as one, never as a fault to act on."""
 
 from __future__ import annotations
 
@@ -23,8 +25,9 @@ from tests.test_endings_verdict import _coverage
 from tests.views import prometheus_raising
 from wandb_infra.bridge.diagnosis.impact import HANG, Impact, hours_text
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
-from wandb_infra.bridge.diagnosis.outcome import judge
+from wandb_infra.bridge.diagnosis.outcome import Outcome, judge
 from wandb_infra.bridge.diagnosis.root_cause import Diagnosis, diagnose
+from wandb_infra.bridge.explain_cli import view_json
 from wandb_infra.bridge.ingest.payload import parse_notification
 from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.metrics import BridgeMetrics
@@ -32,7 +35,11 @@ from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorke
 from wandb_infra.bridge.projection.notes import md_escape
 from wandb_infra.bridge.projection.wandb_client import WandbClient
 from wandb_infra.bridge.prometheus.client import PrometheusClient
+from wandb_infra.bridge.prometheus.confirm import Confirmation
+from wandb_infra.bridge.prometheus.history import catalog_annotations
+from wandb_infra.bridge.prometheus.remediation import NodeStateHistory
 from wandb_infra.bridge.quarantine.actuator import check
+from wandb_infra.bridge.runs.service import RunService
 from wandb_infra.bridge.web.pages import run_html
 from wandb_infra.common.runkey import RunKey
 
@@ -65,6 +72,8 @@ def _forged() -> dict[str, Any]:
                  start=T0 - timedelta(seconds=30))
 
 
+GAP_TEXT = catalog_annotations({"alertname": "HostTelemetryGap", "hostname": "gpu-node-002",
+                                "exporter": "dcgm_exporter"})
 # (alerts Prometheus raised, alerts it did not, the ended run's verdict: None, clear, blind)
 SCENARIOS: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]], str | None]] = {
     "xid94-cascade": (cascade(hosts=4, gpus=2, run="r1", bad_host=1, bad_gpu=0), [], None),
@@ -81,6 +90,10 @@ SCENARIOS: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]], str | Non
     "clean": ([], [], "clear"),
     "blind": ([], [], "blind"),
     "forged-next-to-real": ([_xid95()], [_forged()], None),
+    "telemetry-gap": ([alert("HostTelemetryGap", category="node", host="gpu-node-002", run="r1",
+                             start=T0, end=T0 + timedelta(minutes=5), severity="warning",
+                             extra={"exporter": "dcgm_exporter"}, annotations=GAP_TEXT)],
+                      [], "clear"),
 }
 
 
@@ -89,6 +102,7 @@ class Surfaces:
     notes: str
     summary: dict[str, Any]
     page: dict[str, Any]
+    explained: dict[str, Any]
 
 
 @contextmanager
@@ -126,15 +140,45 @@ def _surfaces(tmp_path: Path, store: Store, prom: str, wb: WandbStandin) -> Surf
     with serve(ctx) as bridge:
         page = requests.get(bridge.url + "/runs/team/proj/r1", headers=AUTH, timeout=10).json()
     record = wb.run("team", "proj", "r1")
-    return Surfaces(record.notes, dict(record.summary), page)
+    return Surfaces(record.notes, dict(record.summary), page, _explained(store, prom))
+
+
+def _explained(store: Store, prom: str) -> dict[str, Any]:
+    """What ``explain --json`` prints for the run: its rendering of the alerts Prometheus raised
+    (explain reads them from the ALERTS history), assembled with nothing stored, the impacts
+    measured and the verdict judged on the same coverage."""
+    confirmed = [f for f in store.facts(RUN) if f.alertname != "GpuFallenOffBus"]
+    service = RunService(None, history=NodeStateHistory(PrometheusClient(prom)),
+                         wandb_enabled=False, clock=lambda: NOW)
+    view = service.assemble(RUN, Confirmation(tuple(confirmed), (), ()))
+    ending = store.ending(RUN)
+    stored = None if ending is None or ending.outcome is None else Outcome.loads(ending.outcome)
+    outcome = None if stored is None else judge(view.diagnosis, stored.coverage, stored.ended_at,
+                                                "explain")
+    return view_json(view, GrafanaLinks("https://grafana.example"),
+                     impacts=_Measured().for_diagnosis(RUN, view.diagnosis), outcome=outcome,
+                     now=NOW)
+
+
+def _fields(view: dict[str, Any]) -> dict[str, Any]:
+    """The story's fields: headline, verdict, each issue's advice and impact, GPU-hours."""
+    verdict = view.get("verdict")
+    return {"headline": view.get("headline"),
+            "verdict": None if verdict is None else (verdict["verdict"], verdict["text"],
+                                                     verdict["coverage_line"]),
+            "restart": (view.get("remediation") or {}).get("verdict"),
+            "advice": [i["advice"] for i in view["issues"]],
+            "onsets": [i["onset"] for i in view["issues"]],
+            "impacts": view.get("impacts"), "gpu_hours": view.get("gpu_hours_lost")}
 
 
 @pytest.mark.parametrize("name", SCENARIOS)
-def test_notes_summary_and_page_tell_one_story(tmp_path, name):
+def test_notes_summary_page_and_explain_tell_one_story(tmp_path, name):
     raised, forged, ending = SCENARIOS[name]
     with WandbStandin() as wb, _delivered(tmp_path, raised, forged, ending, wb) as (store, prom):
         got = _surfaces(tmp_path, store, prom, wb)
     page, notes = got.page, got.notes.replace("\\", "")
+    assert _fields(got.explained) == _fields(page)
     headline = page.get("headline")
     if headline is None:
         assert "Headline:" not in notes
@@ -162,6 +206,13 @@ def test_notes_summary_and_page_tell_one_story(tmp_path, name):
         assert "GpuFallenOffBus" not in notes
         (apart,) = page["unconfirmed"]
         assert apart["alert"]["alertname"] == "GpuFallenOffBus" and apart["final"]
+    if name == "telemetry-gap":  # a coverage gap from its onset (2 min before it fired), not a
+        # fault: nothing to drain or exclude
+        assert verdict is not None and verdict["verdict"] == "incomplete"
+        assert "no GPU telemetry from gpu-node-002 from 11:58:00 to 12:05:00" in verdict["text"]
+        assert page["remediation"]["verdict"] == "safe" and not page["remediation"]["exclusion"]
+        said = (notes + json.dumps(page)).lower()
+        assert not any(word in said for word in ("unsafe", "exclude", "drain")), said
 
 
 def test_page_views_call_no_wandb_and_write_nothing(tmp_path):

@@ -3,23 +3,27 @@
 Why: "no alert" is not an answer. A run with an issue is **infrastructure** (its headline, as
 the notes already say); a run without one is **clear** only when its telemetry was complete for
 its whole life (diagnosis/coverage.py), and **incomplete** otherwise, naming what was not seen, so a
-blind host is never read as healthy. The same text goes to W&B (summary and notes), the run
-page and ``explain``.
+blind host is never read as healthy. An alert that says telemetry is missing (the catalog's
+``telemetry`` group: one exporter down on a live node) is such a window, not a fault. The same
+text goes to W&B (summary and notes), the run page and ``explain``.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from wandb_infra.bridge.diagnosis.coverage import Coverage
-from wandb_infra.bridge.diagnosis.root_cause import Diagnosis
+from wandb_infra.bridge.diagnosis.coverage import WHAT, Blind, Coverage
+from wandb_infra.bridge.diagnosis.root_cause import Diagnosis, Issue
+from wandb_infra.catalog.alerts import ALERTS
+from wandb_infra.catalog.series import TARGET_LABEL
 
 INFRASTRUCTURE = "infrastructure"
 CLEAR = "clear"
 INCOMPLETE = "incomplete"
+TELEMETRY = "telemetry"  # the catalog's group of alerts that say telemetry is missing
 VERDICTS = (INFRASTRUCTURE, CLEAR, INCOMPLETE)
 MAX_SUMMARY_TEXT = 1000
 
@@ -72,13 +76,31 @@ class Outcome:
         return Outcome.from_dict(json.loads(text))
 
 
+def telemetry_gap(issue: Issue, ended_at: float) -> Blind | None:
+    """The window an issue of the catalog's ``telemetry`` group says nobody saw (None for any
+    other issue)."""
+    root = issue.root
+    known = ALERTS.get(root.alertname)
+    if known is None or known.group != TELEMETRY:
+        return None
+    end = ended_at if root.ends_at is None else min(ended_at, root.ends_at.timestamp())
+    return Blind(root.hostname or "unknown host",
+                 WHAT.get(root.labels.get(TARGET_LABEL, ""), "telemetry"),
+                 root.onset.timestamp(), max(end, root.onset.timestamp()))
+
+
 def judge(diagnosis: Diagnosis, coverage: Coverage | None, ended_at: float,
           how: str) -> Outcome:
-    """The verdict: any issue makes it infrastructure; without one, clear only with complete
-    coverage."""
-    head = diagnosis.root_cause
+    """The verdict: any fault makes it infrastructure; without one, clear only with complete
+    coverage (telemetry-gap alerts count as gaps)."""
+    gaps = {i.key: telemetry_gap(i, ended_at) for i in diagnosis.issues}
+    head = next((i for i in diagnosis.ranked if gaps[i.key] is None), None)
     if head is not None:
         return Outcome(INFRASTRUCTURE, head.title, ended_at, how, coverage)
+    if coverage is not None:
+        seen = {(b.host, b.what) for b in coverage.blind}  # the reading's windows come first
+        coverage = replace(coverage, blind=(*coverage.blind, *(
+            b for b in gaps.values() if b is not None and (b.host, b.what) not in seen)))
     if coverage is None:
         return Outcome(INCOMPLETE, "no record in Prometheus of the run's hosts and GPUs over "
                        "its lifetime (retention, or the exporter's series are gone): a fault "

@@ -167,11 +167,6 @@ class RunService:
         issues = tuple(replace(i, impact=impacts.get(i.issue.key)) for i in view.issues)
         return replace(view, issues=issues, measured_at=at)
 
-    @staticmethod
-    def with_outcome(view: RunView, outcome: Outcome | None) -> RunView:
-        """The view with an ended run's verdict just judged (``explain``)."""
-        return replace(view, outcome=outcome)
-
 
 def _confirmation_text(confirmation: Confirmation) -> str:
     if not confirmation.checked:

@@ -156,8 +156,8 @@ class RunView:
 
     @property
     def impacts(self) -> dict[str, Impact] | None:
-        """Issue key -> measured impact; None when never measured."""
-        if self.measured_at is None:
+        """Issue key -> measured impact; None when never measured (or nothing to measure)."""
+        if self.measured_at is None or not self.issues:
             return None
         return {i.issue.key: i.impact for i in self.issues if i.impact is not None}
 
@@ -311,7 +311,10 @@ def _issue(view: IssueView, link_for: LinkFn) -> dict[str, Any]:
         "started_at": stamp(issue.started_at), "onset": stamp(view.onset),
         "ended_at": stamp(issue.ended_at), "open": issue.open,
         "reasoning": issue.reasoning, "advice": view.advice,
-        "root_cause": _fact(issue.root, link_for(issue.root, issue.started_at, issue.ended_at)),
+        # the root's remediation is the issue's one decision, never the catalog's generic text
+        # beside it (after a repair that text still says to reset or exclude)
+        "root_cause": _fact(issue.root, link_for(issue.root, issue.started_at, issue.ended_at))
+        | {"remediation": view.advice},
         "consequences": [_fact(c, link_for(c, c.onset, c.ends_at)) for c in issue.consequences],
     }
 
