@@ -112,6 +112,8 @@ ENDINGS_SCHEMA = (
     last_error TEXT,
     PRIMARY KEY (entity, project, run_id)
 )""",
+    "CREATE INDEX IF NOT EXISTS alerts_firing ON alerts (entity, project, run_id) "
+    "WHERE status = 'firing'",
     "CREATE INDEX IF NOT EXISTS endings_pending ON endings (next_attempt) WHERE verdict IS NULL",
     "CREATE INDEX IF NOT EXISTS endings_by_verdict ON endings (verdict, ended_at)",
     "CREATE TABLE IF NOT EXISTS scans (name TEXT PRIMARY KEY, scanned_to REAL NOT NULL)",
@@ -654,21 +656,28 @@ class Store:
         return [(RunKey(r["entity"], r["project"], r["run_id"]), r["n"], r["firing"] or 0,
                  r["last"]) for r in rows]
 
-    def run_index(self, limit: int, offset: int = 0, *, entity: str = "",
-                  project: str = "") -> list[RunIndexEntry]:
+    def run_index(self, limit: int, offset: int = 0, *, entity: str = "", project: str = "",
+                  state: str = "") -> list[RunIndexEntry]:
         """A page of attributed runs, most recently started first (ties in key order), of one
         entity and/or project when given: read through the alerts' clustered key (entity,
         project, run_id, ...), so a filtered page costs the matching runs' rows, not a pass over
-        every run (a filtered /runs took 63 s at 100,000 runs when the pages filtered)."""
+        every run (a filtered /runs took 63 s at 100,000 runs when the pages filtered).
+        ``state`` "open" keeps runs with a firing alert, found through the ``alerts_firing``
+        index, "resolved" the others (the pages diagnosed run after run to filter: 17 s for a
+        page at 10,000 runs, the open runs being older than the rest)."""
         where, args = "entity != ''", []
         if entity:
             where, args = where + " AND entity = ?", [entity]
         if project:
             where, args = where + " AND project = ?", [*args, project]
+        if state == "open":
+            where += (" AND (entity, project, run_id) IN (SELECT entity, project, run_id FROM "
+                      "alerts WHERE status = 'firing')")
+        having = " HAVING SUM(status='firing') = 0" if state == "resolved" else ""
         sql = ("SELECT entity, project, run_id, COUNT(*) AS n, SUM(status='firing') AS firing, "  # noqa: S608 - constant conditions
                "MAX(starts_at) AS last, MAX(updated_at) AS changed FROM alerts WHERE " + where
-               + " GROUP BY entity, project, run_id ORDER BY last DESC, entity, project, run_id "
-               "LIMIT ? OFFSET ?")  # the values are bound
+               + " GROUP BY entity, project, run_id" + having + " ORDER BY last DESC, entity, "
+               "project, run_id LIMIT ? OFFSET ?")  # the values are bound
         rows = self._read(sql, (*args, limit, offset))
         return [RunIndexEntry(RunKey(r["entity"], r["project"], r["run_id"]), r["n"],
                               r["firing"] or 0, (r["n"], r["firing"] or 0, r["changed"]))

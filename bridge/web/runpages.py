@@ -35,41 +35,22 @@ class RunPages:
 
     def runs(self, limit: int, offset: int,
              filters: dict[str, str] | None = None) -> tuple[list[RunRow], int, bool]:
-        """A page of runs, newest first, matching ``filters`` (entity, project, state), and
-        whether more follow. The store pages by start time and filters by entity and project
-        (through its key); the state filter happens here, reading the index in ``MAX_PAGE``
-        chunks until the page is full (without it the store skips ``offset`` runs itself,
-        undiagnosed)."""
+        """A page of runs, newest first, matching ``filters`` (entity, project, state: open
+        while an alert of the run fires), and whether more follow. The store pages and filters
+        (through its key and its index of firing alerts); only the page's runs are
+        diagnosed."""
         store, filters = self.store, filters or {}
         if filters.get("verdict"):
             return self._verdict_rows(filters["verdict"], limit, offset)
-        rows: list[RunRow] = []
-        skipped = scanned = 0 if filters.get("state") else offset
-        while True:
-            chunk = store.run_index(MAX_PAGE, scanned, entity=filters.get("entity", ""),
-                                    project=filters.get("project", ""))
-            scanned += len(chunk)
-            for entry in chunk:
-                summary = self._matching(entry, filters)
-                if summary is None:
-                    continue
-                if skipped < offset:
-                    skipped += 1
-                    continue
-                if len(rows) == limit:
-                    return rows, store.unattributed_count(), True
-                rows.append(summary)
-            if len(chunk) < MAX_PAGE:
-                return rows, store.unattributed_count(), False
+        entries = store.run_index(limit + 1, offset, entity=filters.get("entity", ""),
+                                  project=filters.get("project", ""),
+                                  state=filters.get("state", ""))
+        rows = [self._cached(entry) for entry in entries[:limit]]
+        return rows, store.unattributed_count(), len(entries) > limit
 
-    def _matching(self, entry: RunIndexEntry, filters: dict[str, str]) -> RunRow | None:
-        """The run's cached summary when it passes the filters, else None."""
-        run = entry.run
-        if filters.get("entity") and run.entity != filters["entity"]:
-            return None
-        if filters.get("project") and run.project != filters["project"]:
-            return None
-        store = self.store
+    def _cached(self, entry: RunIndexEntry) -> RunRow:
+        """The run's summary, cached until anything it was built from changes."""
+        run, store = entry.run, self.store
         version = (entry.version, store.outbox(run), store.ending(run), store.gpu_hours(run))
         cached = self.summaries.get(run)
         if cached is None or cached[0] != version:
@@ -78,9 +59,6 @@ class RunPages:
                 self.summaries.clear()
             if not cached[1].unconfirmed:  # Prometheus may still confirm those
                 self.summaries[run] = cached
-        state = filters.get("state")
-        if state and (state == "open") != bool(cached[1].open_issues):
-            return None
         return cached[1]
 
     def _summary(self, entry: RunIndexEntry) -> RunRow:
