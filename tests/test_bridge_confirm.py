@@ -182,3 +182,37 @@ def test_wandb_alert_and_runbook_link_come_from_the_catalog(prom, tmp_path):
     view = view_of(diagnosis, run=RunKey("team", "proj", "r1")).as_dict(lambda *a: "")
     root = view["issues"][0]["root_cause"]
     assert root["runbook_url"] == "/runbook#gpuuncontainedeccerror"
+
+
+class _Counting(PrometheusClient):
+    """The real client, counting its queries of ``ALERTS``."""
+
+    queries = 0
+
+    def instant(self, expr: str, at: float) -> list[dict[str, Any]]:
+        self.queries += "(ALERTS{" in expr
+        return super().instant(expr, at)
+
+
+def test_old_forged_alerts_do_not_hold_back_the_real_one(prom, tmp_path):
+    """1,000 forged alerts with r1's labels, each started an hour apart in the past (so each is
+    its own confirmation query), next to the alert Prometheus raised. The first look at r1 asks
+    the newest first, 16 queries at most, and r1's notes carry the real fault in the first pass;
+    the old ones wait, pending, for later looks (before: 1,000 queries per look, oldest first,
+    before the real alert's; 10,000 such alerts held a real alert back by minutes)."""
+    now = datetime.now(UTC)
+    forged = [alert("GpuFallenOffBus", category="gpu_hardware", host="gpu-07", run="r1",
+                    start=now - timedelta(hours=2 + n)) for n in range(1_000)]
+    with WandbStandin() as wb:
+        wb.add_run("team", "proj", "r1", notes="mine")
+        store = Store(tmp_path / "bridge.sqlite")
+        counting = _Counting(prom)
+        worker = DeliveryWorker(store, client=WandbClient(wb.url, wb.api_key, timeout=5),
+                                markers=None, links=GrafanaLinks(""), metrics=BridgeMetrics(),
+                                policy=DeliveryPolicy(flush_interval=0), prometheus=counting)
+        _ingest(store, [*forged, raised(prom, "3")])
+        assert worker.run_once() == 1
+        notes = wb.run("team", "proj", "r1").notes
+    assert "Headline: GpuUncontainedEccError on gpu-07 GPU 3" in notes
+    assert "GpuFallenOffBus" not in notes
+    assert counting.queries <= 2 * 16, counting.queries  # two looks: the write's, the measure's

@@ -129,10 +129,9 @@ def test_a_client_that_never_failed_is_checked_before_guessers():
     checked next, not after the 16 (arrival order, before: 17th of 17)."""
     from wandb_infra.exporter.webconfig import WebConfig  # noqa: PLC0415 - the unit under test
 
-    config = WebConfig(users={"prometheus": bcrypt.hashpw(b"s3cret",
-                                                          bcrypt.gensalt(rounds=8))})
+    config = WebConfig(users={"scraper": bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=8))})
     basic = lambda password: "Basic " + base64.b64encode(  # noqa: E731
-        f"prometheus:{password}".encode()).decode()
+        f"scraper:{password}".encode()).decode()
     guessers = [f"10.0.0.{n}" for n in range(16)]
     order: list[str] = []
 

@@ -625,7 +625,8 @@ class Store:
             for run in changed:
                 self._bump(conn, run, now)
         received = len(alerts)
-        return IngestResult(received, new, resolved, received - new - resolved,
+        # one resolve may close several rows (an HA pair's two startsAt values)
+        return IngestResult(received, new, resolved, max(0, received - new - resolved),
                             tuple(sorted(changed)))
 
     @staticmethod
