@@ -256,3 +256,16 @@ def test_root_resolved_while_consequences_fire():
     issue, = diagnose(facts([xid, stall])).issues
     assert issue.open and issue.root_ended_at == T0 + timedelta(minutes=2)
     assert issue.consequences_firing == 1
+
+
+def test_a_hardware_fault_explains_a_later_maintenance_alert_in_words():
+    """A maintenance alert after a hardware fault is explained by it; the reasoning names it
+    (its plural was missing: a KeyError ended the run page)."""
+    alerts = facts([
+        alert("GpuXidError", category="gpu_hardware", host="h1", gpu="1", run="r", start=T0),
+        alert("NodeMaintenance", category="maintenance", host="h1", run="r",
+              start=T0 + timedelta(seconds=5)),
+    ])
+    issue = diagnose(alerts).issues[0]
+    assert issue.root.alertname == "GpuXidError"
+    assert "explains node maintenance" in issue.reasoning

@@ -225,6 +225,7 @@ class Diagnosis:
 
 
 _PLURAL_WORDS = {
+    CauseClass.MAINTENANCE: "node maintenance",
     CauseClass.NODE_LOSS: "node losses",
     CauseClass.LINK_LOSS: "link losses",
     CauseClass.HOST_RESOURCE: "host resource losses",
