@@ -58,11 +58,8 @@ def build(cfg: BridgeConfig) -> Bridge:
     links = GrafanaLinks(str(grafana["base_url"] or ""), int(grafana["org_id"]),
                          timedelta(minutes=float(grafana["window_before_minutes"])),
                          timedelta(minutes=float(grafana["window_after_minutes"])))
-    def prometheus() -> PrometheusClient | None:
-        url, timeout = raw["prometheus"]["url"], float(raw["prometheus"]["timeout_seconds"])
-        return PrometheusClient(str(url), timeout) if url else None
-
-    worker_prom, pages_prom = prometheus(), prometheus()
+    url, timeout = raw["prometheus"]["url"], float(raw["prometheus"]["timeout_seconds"])
+    prom = PrometheusClient(str(url), timeout) if url else None  # the worker's alone
     client = markers = None
     wb = raw["wandb"]
     if cfg.secrets.wandb_api_key:
@@ -75,9 +72,10 @@ def build(cfg: BridgeConfig) -> Bridge:
                                       axis=RunAxis(client, steps) if steps else None)
     startup_checks(client, markers is not None)
     worker = DeliveryWorker(store, client=client, markers=markers, links=links,
-                            metrics=metrics, policy=cfg.policy, prometheus=worker_prom)
-    runs = run_service(store, pages_prom, cfg.policy, worker.quarantine,
-                       wandb_enabled=client is not None)
+                            metrics=metrics, policy=cfg.policy, prometheus=prom)
+    # the pages show what the worker stored: they never ask Prometheus
+    runs = run_service(store, prom, cfg.policy, worker.quarantine,
+                       wandb_enabled=client is not None, reads=False)
     return Bridge(BridgeContext(
         store=store, metrics=metrics, links=links, runs=runs,
         wake=worker.wake,

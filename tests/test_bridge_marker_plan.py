@@ -6,6 +6,7 @@ from datetime import timedelta
 
 from harness.bridge_payloads import T0
 from wandb_infra.bridge.diagnosis.root_cause import AlertFact, diagnose
+from wandb_infra.bridge.ingest.store import Mark
 from wandb_infra.bridge.projection.plan import plan_markers
 
 SETTLE = 75.0
@@ -20,14 +21,13 @@ def _fact(name: str, minutes: float, host: str, severity: str = "critical",
 def _run(facts_at: list[tuple[float, AlertFact]], until: float, step: float = 5.0):
     """Feed facts at their arrival times (seconds), plan every ``step``; returns the rows
     written with the time they were written."""
-    done: set[str] = set()
-    written: list[tuple[float, str, dict]] = []
+    done: list[Mark] = []
+    written: list[tuple[float, Mark, dict]] = []
     now = 0.0
     while now <= until:
         known = [f for at, f in facts_at if at <= now]
         plan = plan_markers(diagnose(known), done, now, SETTLE)
-        done.update(plan.seen)
-        done.update(mid for mid, _ in plan.rows)
+        done += plan.seen + [mark for mark, _ in plan.rows]
         written += [(now, mid, row) for mid, row in plan.rows]
         now += step
     return written
@@ -59,8 +59,8 @@ def test_a_start_row_sits_at_the_onset_every_surface_shows():
     (issue,) = diagnosis.issues
     moved = issue.started_at.timestamp() - 27
     settled = issue.started_at.timestamp() + 2 * SETTLE
-    first = plan_markers(diagnosis, set(), settled, SETTLE, {issue.key: moved})
-    later = plan_markers(diagnosis, set(first.seen), settled + 2 * SETTLE, SETTLE,
+    first = plan_markers(diagnosis, [], settled, SETTLE, {issue.key: moved})
+    later = plan_markers(diagnosis, first.seen, settled + 2 * SETTLE, SETTLE,
                          {issue.key: moved})
     ((_mid, row),) = later.rows
     assert row["_timestamp"] == moved

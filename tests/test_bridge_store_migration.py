@@ -1,6 +1,7 @@
-"""A store written by an older bridge (schema version 0) keeps working after an upgrade: it is
-rewritten once into the clustered alerts table, with every alert, the outbox and the markers kept,
-and duplicates and resolutions still recognised against the migrated alerts."""
+"""A store written by an older bridge (schema version 0 or 2) keeps working after an upgrade: it
+is rewritten once into the clustered alerts table, with every alert, the outbox and what was
+written to each run kept (its text marker ids become typed marks), and duplicates and
+resolutions still recognised against the migrated alerts; alerts gain their confirmation."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 from harness.bridge_payloads import T0, alert, notification
 from wandb_infra.bridge.ingest.payload import parse_notification
-from wandb_infra.bridge.ingest.store import SCHEMA_VERSION, Store, iso
+from wandb_infra.bridge.ingest.store import ALERTS_TABLE, SCHEMA_VERSION, Mark, Store, iso
 from wandb_infra.common.runkey import RunKey
 
 # The schema every store had before version 1, as the bridge created it (do not edit: it is the
@@ -46,6 +47,12 @@ STALL = alert("TrainingStalled", category="workload", host="h2", run="r1",
               start=T0 + timedelta(seconds=30), severity="warning")
 LOOSE = alert("NodeDown", category="node", host="h3")  # no run labels: unattributed
 RUN = RunKey("team", "proj", "r1")
+# Marker ids as schema versions up to 2 wrote them, and the typed marks they become.
+MARKERS = ("tag|infra:GpuXidError", "seen|990.500|k1|GpuXidError", "start:k1", "end:k1",
+           "alert:k1", "remediation|1100.000|new", "remediation|900.000|old")
+MARKS = [Mark("seen", "k1", 990.5, "GpuXidError"), Mark("alert", "k1", 1000.0),
+         Mark("end", "k1", 1000.0), Mark("start", "k1", 1000.0),
+         Mark("tag", "infra:GpuXidError", 1000.0), Mark("restart", "", 1100.0, "new")]
 
 
 def _old_row(raw: dict, run: RunKey, hostname: str, gpu: str) -> tuple:
@@ -66,7 +73,8 @@ def _old_store(path: Path) -> None:
                       _old_row(LOOSE, RunKey(), "h3", "")])
     conn.execute("INSERT INTO outbox (entity, project, run_id, dirty_seq, delivered_seq) "
                  "VALUES ('team', 'proj', 'r1', 3, 3)")
-    conn.execute("INSERT INTO markers VALUES ('team', 'proj', 'r1', 'm1', 1000.0)")
+    conn.executemany("INSERT INTO markers VALUES ('team', 'proj', 'r1', ?, 1000.0)",
+                     [(m,) for m in MARKERS])
     conn.commit()
     conn.close()
 
@@ -86,7 +94,7 @@ def test_a_version_0_store_is_migrated_and_keeps_working(tmp_path):
     assert [e.run for e in store.run_index(10)] == [RUN]
     outbox = store.outbox(RUN)
     assert outbox is not None and (outbox.dirty_seq, outbox.delivered_seq) == (3, 3)
-    assert store.markers(RUN) == {"m1"}
+    assert store.marks(RUN) == MARKS
 
     # The same alerts again are duplicates; a resolution closes the migrated firing alert.
     again = store.ingest(parse_notification(json.dumps(notification([XID, STALL])).encode()))
@@ -118,3 +126,29 @@ def test_a_migrated_store_is_opened_again_unchanged(tmp_path):
     store.close()
     with sqlite3.connect(path) as conn:
         assert conn.execute("SELECT * FROM alerts ORDER BY fingerprint").fetchall() == before
+
+
+def test_a_version_2_store_gets_typed_marks_and_alert_confirmations(tmp_path):
+    path = tmp_path / "bridge.sqlite"
+    with sqlite3.connect(path) as conn:
+        conn.execute(ALERTS_TABLE.replace("    confirmation TEXT,\n", ""))
+        conn.execute("CREATE TABLE markers (entity TEXT NOT NULL, project TEXT NOT NULL, "
+                     "run_id TEXT NOT NULL, marker TEXT NOT NULL, written_at REAL NOT NULL, "
+                     "PRIMARY KEY (entity, project, run_id, marker))")
+        conn.executemany("INSERT INTO markers VALUES ('team', 'proj', 'r1', ?, 1000.0)",
+                         [(m,) for m in MARKERS])
+        conn.execute("PRAGMA user_version=2")
+    store = Store(path)
+    assert store.marks(RUN) == MARKS
+    store.ingest(parse_notification(json.dumps(notification([XID, STALL])).encode()))
+    xid, stall = sorted(store.facts(RUN), key=lambda f: f.starts_at)
+    assert store.confirmations(RUN) == {}
+    store.record_confirmations(RUN, [(xid, ""), (stall, "not raised")])
+    assert store.confirmations(RUN) == {(xid.fingerprint, xid.starts_at): "",
+                                        (stall.fingerprint, stall.starts_at): "not raised"}
+    store.add_marks(RUN, [Mark("restart", "", 1050.0, "older"), Mark("tag", "infra:x", 1.0)])
+    assert store.marks(RUN)[-1] == Mark("restart", "", 1100.0, "new")  # the latest stays
+    store.close()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        assert not conn.execute("SELECT 1 FROM sqlite_master WHERE name='markers'").fetchone()

@@ -178,10 +178,14 @@ def test_run_page_json_carries_remediation(tmp_path):
     with fake_prometheus(lambda q: [state("gpu-07", "slurm", "MIXED")]
                          if "wandb_infra_node_state" in q else []) as prom:
         store = Store(tmp_path / "bridge.sqlite")
+        policy = DeliveryPolicy(confirm_alerts=False)
+        # the pages show the hosts' state the worker read and stored, never ask Prometheus
+        worker = run_service(store, PrometheusClient(prom), policy, None, wandb_enabled=False,
+                             records=True)
         ctx = make_context(tmp_path, store=store, runs=run_service(
-            store, PrometheusClient(prom), DeliveryPolicy(confirm_alerts=False), None,
-            wandb_enabled=False))
+            store, PrometheusClient(prom), policy, None, wandb_enabled=False, reads=False))
         ctx.store.ingest(parse_notification(json.dumps(notification([xid()])).encode()))
+        worker.view(RunKey("team", "proj", "r1"))
         with serve(ctx) as bridge:
             resp = requests.get(bridge.url + "/runs/team/proj/r1", timeout=10,
                                 headers={"Authorization": f"Bearer {TOKEN}",

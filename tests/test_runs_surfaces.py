@@ -134,7 +134,7 @@ def _delivered(tmp_path: Path, raised: list[dict[str, Any]], forged: list[dict[s
 
 def _surfaces(tmp_path: Path, store: Store, prom: str, wb: WandbStandin) -> Surfaces:
     runs = run_service(store, PrometheusClient(prom), DeliveryPolicy(), None,
-                       wandb_enabled=True, clock=lambda: NOW)
+                       wandb_enabled=True, clock=lambda: NOW, reads=False)
     ctx = make_context(tmp_path, store=store, runs=runs,
                        links=GrafanaLinks("https://grafana.example"))
     with serve(ctx) as bridge:
@@ -221,7 +221,7 @@ def test_page_views_call_no_wandb_and_write_nothing(tmp_path):
     with WandbStandin() as wb, _delivered(tmp_path, [_xid95()], [_forged()], None, wb) as (
             store, prom):
         runs = run_service(store, PrometheusClient(prom), DeliveryPolicy(), None,
-                           wandb_enabled=True, clock=lambda: NOW)
+                           wandb_enabled=True, clock=lambda: NOW, reads=False)
         watcher = sqlite3.connect(store.path)
         before = watcher.execute("PRAGMA data_version").fetchone()[0]
         calls = len(wb.requests)

@@ -61,6 +61,7 @@ CREATE TABLE IF NOT EXISTS alerts (
     received_at REAL NOT NULL,
     updated_at REAL NOT NULL,
     lookup_done INTEGER NOT NULL DEFAULT 0,
+    confirmation TEXT,
     PRIMARY KEY (entity, project, run_id, starts_at, fingerprint)
 ) WITHOUT ROWID
 """
@@ -84,13 +85,17 @@ OTHER_SCHEMA = (
     delivered_at REAL,
     PRIMARY KEY (entity, project, run_id)
 )""",
-    """CREATE TABLE IF NOT EXISTS markers (
+    # What the bridge wrote to each run in W&B (or saw first), so nothing is written twice:
+    # projection/plan.py names the kinds; one row per kind and key.
+    """CREATE TABLE IF NOT EXISTS marks (
     entity TEXT NOT NULL,
     project TEXT NOT NULL,
     run_id TEXT NOT NULL,
-    marker TEXT NOT NULL,
-    written_at REAL NOT NULL,
-    PRIMARY KEY (entity, project, run_id, marker)
+    kind TEXT NOT NULL,
+    key TEXT NOT NULL,
+    at REAL NOT NULL,
+    name TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (entity, project, run_id, kind, key)
 )""",
     "CREATE TABLE IF NOT EXISTS probe (id INTEGER PRIMARY KEY, at REAL NOT NULL, pad BLOB)",
 )
@@ -156,8 +161,11 @@ WITNESS_SCHEMA = (
 )
 # PRAGMA user_version: 0 is a store written before the clustered alerts table (a rowid table
 # keyed by fingerprint first, plus an alerts_by_run index, with alertname, severity and category
-# columns); it is rewritten once when opened. 1 has no endings tables; they are added.
-SCHEMA_VERSION = 2
+# columns); it is rewritten once when opened. 1 has no endings tables; they are added. 2 has no
+# alerts.confirmation column (added) and keeps its marks as text ids in ``markers``
+# ("tag|<tag>", "seen|<epoch>|<issue>|<alertname>", "start:<issue>", "remediation|<epoch>|<sig>"),
+# moved into ``marks`` once.
+SCHEMA_VERSION = 3
 
 _ALERT_COLUMNS = ("fingerprint, starts_at, entity, project, run_id, status, ends_at, hostname, "
                   "gpu, labels, annotations")
@@ -362,6 +370,13 @@ def _prepare(conn: sqlite3.Connection) -> None:
                 conn.execute("DROP TABLE alerts_v0")
         for statement in (*OTHER_SCHEMA, *ENDINGS_SCHEMA, *COSTS_SCHEMA, *WITNESS_SCHEMA):
             conn.execute(statement)
+        if 1 <= version < 3:
+            conn.execute("ALTER TABLE alerts ADD COLUMN confirmation TEXT")
+        if version < 3 and conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND "
+                                        "name='markers'").fetchone():
+            conn.executemany(_ADD_MARK, [(*row[:3], *_old_mark(row[3], row[4])) for row in
+                                         conn.execute("SELECT * FROM markers")])
+            conn.execute("DROP TABLE markers")
         if version < SCHEMA_VERSION:
             conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         conn.execute("COMMIT")
@@ -369,6 +384,39 @@ def _prepare(conn: sqlite3.Connection) -> None:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
+
+
+@dataclass(frozen=True)
+class Mark:
+    """Something the bridge wrote to a run in W&B, or saw of it first: ``kind`` (its meaning is
+    the projection's), ``key`` (a tag, an issue key), when, and a name where the kind has one."""
+
+    kind: str
+    key: str
+    at: float
+    name: str = ""
+
+
+# The row of each kind is written once; the one ``restart`` row (key "") is the latest.
+_ADD_MARK = ("INSERT INTO marks (entity, project, run_id, kind, key, at, name) "
+             "VALUES (?,?,?,?,?,?,?) ON CONFLICT (entity, project, run_id, kind, key) DO "
+             "UPDATE SET at=excluded.at, name=excluded.name WHERE kind='restart' AND "
+             "excluded.at >= marks.at")
+
+
+def _old_mark(marker: str, written_at: float) -> tuple[str, str, float, str]:
+    """(kind, key, at, name) of a schema-2 marker id."""
+    kind, sep, rest = marker.partition("|")
+    if not sep:
+        kind, _, rest = marker.partition(":")
+        return kind, rest, written_at, ""
+    if kind == "seen":
+        at, key, name = rest.split("|", 2)
+        return kind, key, float(at), name
+    if kind == "remediation":
+        at, sig = rest.split("|", 1)
+        return "restart", "", float(at), sig
+    return kind, rest, written_at, ""
 
 
 class Store:
@@ -784,20 +832,37 @@ class Store:
         return QueueStats(row["pending"] or 0, 0.0 if oldest is None else max(0.0, now - oldest),
                           row["parked"] or 0)
 
-    # markers --------------------------------------------------------------------------------
-    def markers(self, run: RunKey) -> set[str]:
-        """Marker ids already written to a run's history."""
-        rows = self._read("SELECT marker FROM markers WHERE entity=? AND project=? AND run_id=?",
-                          (run.entity, run.project, run.run_id))
-        return {r["marker"] for r in rows}
+    # marks ----------------------------------------------------------------------------------
+    def marks(self, run: RunKey) -> list[Mark]:
+        """What the bridge wrote to a run (or saw of it first), oldest first."""
+        rows = self._read("SELECT kind, key, at, name FROM marks WHERE entity=? AND project=? "
+                          "AND run_id=? ORDER BY at, kind, key", (run.entity, run.project,
+                                                                  run.run_id))
+        return [Mark(r["kind"], r["key"], r["at"], r["name"]) for r in rows]
 
-    def add_markers(self, run: RunKey, markers: list[str], now: float) -> None:
-        """Remember markers as written so they are never written twice."""
+    def add_marks(self, run: RunKey, marks: Sequence[Mark]) -> None:
+        """Remember marks so they are never written twice."""
+        with self._tx() as conn:
+            conn.executemany(_ADD_MARK, [(run.entity, run.project, run.run_id, m.kind, m.key,
+                                          m.at, m.name) for m in marks])
+
+    # confirmations ---------------------------------------------------------------------------
+    def confirmations(self, run: RunKey) -> dict[tuple[str, datetime], str]:
+        """(fingerprint, start) -> what Prometheus said of the run's alerts: "" it raised it,
+        else why not; alerts not answered yet are left out."""
+        rows = self._read("SELECT fingerprint, starts_at, confirmation FROM alerts WHERE "
+                          "entity=? AND project=? AND run_id=? AND confirmation IS NOT NULL",
+                          (run.entity, run.project, run.run_id))
+        return {(r[0], from_iso(r[1])): r[2] for r in rows}
+
+    def record_confirmations(self, run: RunKey,
+                             answers: Sequence[tuple[AlertFact, str]]) -> None:
+        """Store Prometheus' final answers about the run's alerts (they never change)."""
         with self._tx() as conn:
             conn.executemany(
-                "INSERT OR IGNORE INTO markers (entity, project, run_id, marker, written_at) "
-                "VALUES (?,?,?,?,?)",
-                [(run.entity, run.project, run.run_id, m, now) for m in markers])
+                "UPDATE alerts SET confirmation=? WHERE entity=? AND project=? AND run_id=? "
+                "AND starts_at=? AND fingerprint=?",
+                [(why, *run, iso(f.starts_at), f.fingerprint) for f, why in answers])
 
     # ended runs -----------------------------------------------------------------------------
     @staticmethod
@@ -960,7 +1025,6 @@ class Store:
                 "a.entity=evidence.entity AND a.project=evidence.project AND "
                 "a.run_id=evidence.run_id)")
             conn.execute(
-                "DELETE FROM markers WHERE NOT EXISTS (SELECT 1 FROM outbox o WHERE "
-                "o.entity=markers.entity AND o.project=markers.project AND "
-                "o.run_id=markers.run_id)")
+                "DELETE FROM marks WHERE NOT EXISTS (SELECT 1 FROM outbox o WHERE "
+                "o.entity=marks.entity AND o.project=marks.project AND o.run_id=marks.run_id)")
         return removed

@@ -91,19 +91,21 @@ class DeliveryPolicy:
 
 def run_service(store: Store, prom: PrometheusClient | None, policy: DeliveryPolicy,
                 quarantine: Quarantine | None, *, wandb_enabled: bool,
-                clock: Callable[[], float] = time.time,
-                history: NodeStateHistory | None = None) -> RunService:
-    """The run service the worker and the pages each build on their own Prometheus client:
-    with Prometheus, only the alerts it raised count (alert labels are untrusted)."""
-    if prom is not None and history is None and policy.node_state_refresh > 0:
-        history = NodeStateHistory(prom, cache_seconds=min(10.0, policy.node_state_refresh),
+                clock: Callable[[], float] = time.time, history: NodeStateHistory | None = None,
+                reads: bool = True, records: bool = False) -> RunService:
+    """The run service of the worker (``records``), the quarantine process and the pages (not
+    ``reads``: what the worker stored, never Prometheus itself): with Prometheus, only the
+    alerts it raised count (alert labels are untrusted)."""
+    asks = prom if reads else None
+    if asks is not None and history is None and policy.node_state_refresh > 0:
+        history = NodeStateHistory(asks, cache_seconds=min(10.0, policy.node_state_refresh),
                                    tolerated_taints=policy.tolerated_taints)
     return RunService(
-        store, confirmer=AlertConfirmer(prom, clock)
-        if prom is not None and policy.confirm_alerts else None,
-        history=history, quarantine=quarantine, gap=timedelta(seconds=policy.incident_gap),
-        restart_policy=policy.restart_policy, scheduler=policy.scheduler,
-        wandb_enabled=wandb_enabled, clock=clock)
+        store, confirmer=AlertConfirmer(asks, clock) if asks is not None and
+        policy.confirm_alerts else None, confirms=prom is not None and policy.confirm_alerts,
+        history=history if asks is not None else None, quarantine=quarantine,
+        gap=timedelta(seconds=policy.incident_gap), restart_policy=policy.restart_policy,
+        scheduler=policy.scheduler, wandb_enabled=wandb_enabled, records=records, clock=clock)
 
 
 def backoff(attempts: int, policy: DeliveryPolicy, retry_after: float | None,
@@ -149,7 +151,7 @@ class DeliveryWorker:
         # webhooks holds no scheduler rights; ``wandb-infra-bridge quarantine`` acts).
         self.quarantine = build_quarantine(policy.quarantine,
                                            Path(store.path).resolve().parent, acting=False)
-        self.runs = run_service(store, prometheus, policy, self.quarantine,
+        self.runs = run_service(store, prometheus, policy, self.quarantine, records=True,
                                 wandb_enabled=client is not None, clock=clock,
                                 history=self.remediation)
         self.projector = Projector(
@@ -157,7 +159,7 @@ class DeliveryWorker:
             policy=policy, clock=clock, prometheus=prometheus)
         # Ended runs are judged on the alerts Prometheus confirmed, as every surface shows them.
         self.endings = (EndingsPass(store, RunEndings(prometheus, policy.endings),
-                                    lambda run: list(self.runs.confirm(store.facts(run))
+                                    lambda run: list(self.runs.confirm(run, store.facts(run))
                                                      .confirmed),
                                     incident_gap=policy.incident_gap,
                                     deliver=client is not None,
@@ -280,7 +282,7 @@ class DeliveryWorker:
             row = view.delivery
             if self.client is None or now < self.paused_until or row is None or row.parked \
                     or not view.node_state_read or signature(view.remediations) == \
-                    latest_signature(self.store.markers(run)):
+                    latest_signature(self.store.marks(run)):
                 continue
             if not self._deliver(row):
                 break

@@ -9,12 +9,13 @@ stable ids so each is written once, and wait until the issue's root cause has se
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from wandb_infra.bridge.diagnosis.impact import UNMEASURED, Impact, run_gpu_hours
-from wandb_infra.bridge.diagnosis.root_cause import Diagnosis, Issue
+from wandb_infra.bridge.diagnosis.root_cause import Diagnosis
+from wandb_infra.bridge.ingest.store import Mark
 from wandb_infra.bridge.projection.notes import strip_controls
 from wandb_infra.catalog.vocabulary import (
     MARKER_ALERT,
@@ -28,7 +29,10 @@ MAX_TAG = 64
 # At most this many infra tags on a run (the last says how many more): a run hit by thousands of
 # distinct alert names must not get thousands of tags.
 MAX_INFRA_TAGS = 20
-SEEN = "seen"
+# The kinds of the marks kept per run (ingest/store.py): a tag the bridge wrote (only those are
+# ever removed), when an issue was first seen (with its root's name), its start and end rows,
+# its W&B alert, and the signature of the restart verdicts last written (one row, the latest).
+TAG, SEEN, START, END, ALERT, RESTART = "tag", "seen", "start", "end", "alert", "restart"
 
 
 def infra_tags(diagnosis: Diagnosis) -> list[str]:
@@ -98,22 +102,16 @@ def impact_entries(diagnosis: Diagnosis, impacts: Mapping[str, Impact] | None) -
 class MarkerPlan:
     """What the marker writer should do now for one run."""
 
-    rows: list[tuple[str, dict[str, Any]]]
-    seen: list[str]
-    wake_at: float | None
-
-
-def _seen_id(now: float, issue: Issue) -> str:
-    """Records when the bridge first saw an issue with this root (and the root's name, for an
-    end row if it is superseded): ``seen|<epoch>|<issue key>|<alertname>``."""
-    return f"{SEEN}|{now:.3f}|{issue.key}|{issue.root.alertname}"
+    rows: list[tuple[Mark, dict[str, Any]]]
+    seen: list[Mark]  # issues seen now for the first time (with the root's name, for an end
+    wake_at: float | None  # row if the issue is superseded)
 
 
 def _row(name: str, cause: str, value: int, at: float) -> dict[str, Any]:
     return {MARKER_ALERT: name, MARKER_CAUSE: cause, MARKER_ISSUE: value, "_timestamp": at}
 
 
-def plan_markers(diagnosis: Diagnosis, done: set[str], now: float, settle: float,
+def plan_markers(diagnosis: Diagnosis, marks: Sequence[Mark], now: float, settle: float,
                  onsets: Mapping[str, float] | None = None) -> MarkerPlan:
     """History rows are append-only, so an issue's rows wait until its root cause has been the
     same for ``settle`` seconds (a later notification may still bring the real cause), and are
@@ -123,35 +121,34 @@ def plan_markers(diagnosis: Diagnosis, done: set[str], now: float, settle: float
     which no longer exists (superseded by a better root cause). A start row sits at the
     issue's onset as every surface shows it (``onsets``: the measured change where the impact
     moved it), else where the issue started."""
-    first_seen: dict[str, tuple[float, str]] = {}
-    for marker in done:
-        if marker.startswith(SEEN + "|"):
-            _, at, key, name = marker.split("|", 3)
-            first_seen[key] = (float(at), name)
-    seen = [_seen_id(now, i) for i in diagnosis.issues if i.key not in first_seen]
+    done = {(m.kind, m.key) for m in marks}
+    first_seen = {m.key: (m.at, m.name) for m in marks if m.kind == SEEN}
+    seen = [Mark(SEEN, i.key, now, i.root.alertname) for i in diagnosis.issues
+            if i.key not in first_seen]
     since = {i.key: first_seen[i.key][0] if i.key in first_seen else now
              for i in diagnosis.issues}
-    pending = [i for i in diagnosis.issues if f"start:{i.key}" not in done
-               or (i.ended_at is not None and f"end:{i.key}" not in done)]
+    pending = [i for i in diagnosis.issues if (START, i.key) not in done
+               or (i.ended_at is not None and (END, i.key) not in done)]
     settled_at = max(since.values(), default=now - settle) + settle
     overdue_at = min((since[i.key] + 2 * settle for i in pending), default=settled_at)
     if now < min(settled_at, overdue_at):
         return MarkerPlan([], seen, min(settled_at, overdue_at) if pending else None)
-    rows: list[tuple[str, dict[str, Any]]] = []
+    rows: list[tuple[Mark, dict[str, Any]]] = []
     waits: list[float] = []
     for issue in pending:
         if now < since[issue.key] + settle:
             waits.append(since[issue.key] + settle)
             continue
         name, cause = issue.root.alertname, issue.root.cause.name.lower()
-        if f"start:{issue.key}" not in done:
+        if (START, issue.key) not in done:
             start = (onsets or {}).get(issue.key, issue.started_at.timestamp())
-            rows.append((f"start:{issue.key}", _row(name, cause, 1, start)))
-        if issue.ended_at is not None and f"end:{issue.key}" not in done:
-            rows.append((f"end:{issue.key}", _row(name, cause, 0, issue.ended_at.timestamp())))
-    for marker in sorted(done):
-        key = marker.removeprefix("start:")
-        if marker.startswith("start:") and key not in since and f"end:{key}" not in done:
-            name = first_seen.get(key, (0.0, ""))[1]
-            rows.append((f"end:{key}", {**_row(name, "", 0, now), MARKER_SUPERSEDED: 1}))
+            rows.append((Mark(START, issue.key, now), _row(name, cause, 1, start)))
+        if issue.ended_at is not None and (END, issue.key) not in done:
+            rows.append((Mark(END, issue.key, now),
+                         _row(name, cause, 0, issue.ended_at.timestamp())))
+    for mark in marks:
+        if mark.kind == START and mark.key not in since and (END, mark.key) not in done:
+            name = first_seen.get(mark.key, (0.0, ""))[1]
+            rows.append((Mark(END, mark.key, now),
+                         {**_row(name, "", 0, now), MARKER_SUPERSEDED: 1}))
     return MarkerPlan(rows, seen, min(waits) if waits else None)

@@ -13,19 +13,22 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from wandb_infra.bridge.diagnosis.impact import Impact, search_window, with_run_metric
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.diagnosis.root_cause import Diagnosis
-from wandb_infra.bridge.ingest.store import OutboxRow, Store
+from wandb_infra.bridge.ingest.store import Mark, OutboxRow, Store
 from wandb_infra.bridge.joblog.sources import Pod, RunLogs, for_run
 from wandb_infra.bridge.joblog.sources import read as read_job_log
 from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.projection.markers import MISSING_SDK, MarkerWriter
 from wandb_infra.bridge.projection.notes import issue_onsets, render_section, replace_section
 from wandb_infra.bridge.projection.plan import (
+    ALERT,
+    RESTART,
+    TAG,
     TAG_PREFIX,
     impact_entries,
     merged_tags,
@@ -54,9 +57,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-TAG_MARK = "tag|"  # marker: tag|<tag> for every tag the bridge wrote (only those are removed)
 VERIFY_ATTEMPTS = 3  # write, read back, merge again if the user changed the run meanwhile
-REMEDIATION = "remediation"  # marker: remediation|<epoch>|<signature> after each projection
 CONFIRM_RETRY = 30.0  # a run with alerts Prometheus has not confirmed yet is tried again
 ENDED = frozenset({"finished", "failed", "crashed"})  # W&B states of a run that ended
 PLAIN_HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")  # a host name as a DNS label
@@ -66,10 +67,9 @@ class ConfirmationUnanswered(RuntimeError):
     """Prometheus did not answer whether it raised the run's alerts: retry this run later."""
 
 
-def latest_signature(markers: set[str]) -> str:
-    """The remediation signature of the run's last projection (that of nothing if none)."""
-    found = [m.split("|", 2) for m in markers if m.startswith(REMEDIATION + "|")]
-    return max(found, key=lambda p: float(p[1]))[2] if found else signature({})
+def latest_signature(marks: Sequence[Mark]) -> str:
+    """The restart verdicts' signature of the run's last projection (that of nothing if none)."""
+    return next((m.name for m in marks if m.kind == RESTART), signature({}))
 
 
 class Projector:
@@ -173,8 +173,7 @@ class Projector:
             # an alert that arrived after the run was judged changed its verdict
             self.store.record_outcome(run, outcome.verdict, outcome.dumps(), self.clock(),
                                       deliver=False)
-        written = {m.removeprefix(TAG_MARK) for m in self.store.markers(run)
-                   if m.startswith(TAG_MARK)}
+        written = {m.key for m in self.store.marks(run) if m.kind == TAG}
         info = self.client.find_run(run.entity, run.project, run.run_id)
         if view.job_log is None and info.state in ENDED:  # read once, as the run just ended
             view = self.read_job_log(view, info.state)
@@ -204,7 +203,7 @@ class Projector:
                          extra=log_fields(run=run.path(), attempt=attempt))
             new_tags = [t for t in tags if t.startswith(TAG_PREFIX) and t not in info.tags]
             if new_tags:  # remembered before they are written: only these may be dropped
-                self.store.add_markers(run, [TAG_MARK + t for t in new_tags], self.clock())
+                self.store.add_marks(run, [Mark(TAG, t, self.clock()) for t in new_tags])
                 written.update(new_tags)
             self.client.upsert(info.storage_id,
                                tags=tags if tags != list(info.tags) else None,
@@ -216,9 +215,8 @@ class Projector:
         self._notify(view)
         if view.node_state_read:
             sig = signature(view.remediations)
-            if sig != latest_signature(self.store.markers(run)):
-                self.store.add_markers(run, [f"{REMEDIATION}|{self.clock():.3f}|{sig}"],
-                                       self.clock())
+            if sig != latest_signature(self.store.marks(run)):
+                self.store.add_marks(run, [Mark(RESTART, "", self.clock(), sig)])
         return info.storage_id, info.state, summary_seq
 
     def _write_markers(self, view: RunView) -> None:
@@ -228,10 +226,10 @@ class Projector:
             return
         now = self.clock()
         run = view.run
-        plan = plan_markers(view.diagnosis, self.store.markers(run), now,
+        plan = plan_markers(view.diagnosis, self.store.marks(run), now,
                             self.policy.marker_settle, issue_onsets(view))
         if plan.seen:
-            self.store.add_markers(run, plan.seen, now)
+            self.store.add_marks(run, plan.seen)
         if plan.wake_at is not None:
             self.settle_wake[run] = min(plan.wake_at, self.settle_wake.get(run, math.inf))
         if not plan.rows:
@@ -242,7 +240,7 @@ class Projector:
             raise PermanentError(f"marker writer: {MISSING_SDK}") from exc
         except Exception as exc:
             raise TransientError(f"marker writer: {type(exc).__name__}: {exc}") from exc
-        self.store.add_markers(run, [mid for mid, _ in plan.rows], now)
+        self.store.add_marks(run, [mark for mark, _ in plan.rows])
         self.metrics.markers.inc(len(plan.rows))
 
     def _notify(self, view: RunView) -> None:
@@ -255,10 +253,9 @@ class Projector:
                 self.runs.confirmer is None:
             return
         run, remediations = view.run, view.remediations
-        done = self.store.markers(run)
+        done = {m.key for m in self.store.marks(run) if m.kind == ALERT}
         for issue in view.diagnosis.open_issues:
-            mid = f"alert:{issue.key}"
-            if issue.root.severity != "critical" or mid in done:
+            if issue.root.severity != "critical" or issue.key in done:
                 continue
             known = ALERTS.get(issue.root.alertname)
             name = known.name if known is not None else "an alert outside the catalog"
@@ -274,7 +271,7 @@ class Projector:
             # At most once, across a kill -9 too: recorded before it is sent. It is optional
             # (the notes, already written, carry the issue), so a failure is logged and never
             # parks the run or holds back its other writes; it is not sent again.
-            self.store.add_markers(run, [mid], self.clock())
+            self.store.add_marks(run, [Mark(ALERT, issue.key, self.clock())])
             try:
                 self.client.notify(run.entity, run.project, run.run_id,
                                    title=f"Infrastructure issue: {name}", text=text)

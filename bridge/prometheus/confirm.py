@@ -7,18 +7,18 @@ there; what the bridge must check is only that the alert is one Prometheus raise
 confirmed when ``ALERTS{alertstate="firing"}`` holds a series with its name whose every label
 the alert carries with the same value, within ``BEFORE``/``AFTER`` of its ``startsAt`` (labels
 added on the way to Alertmanager, such as external labels, are on the alert only and do not
-matter). One instant query per run and time cluster of alerts, not one per alert; answers are
-remembered per alert instance, since what Prometheus raised does not change afterwards. The
-newest clusters are asked first, at most ``MAX_QUERIES`` per look at a run, and the older ones
-wait for the next look (pending, as an alert whose series is not written yet): 10,000 old
-forged alerts on a run, each its own cluster, made the look at the run ask 10,000 queries
-before the real alert's, so its W&B write waited for all of them.
+matter). One instant query per run and time cluster of alerts, not one per alert; the caller
+keeps the final answers (the run service stores them with the alerts), since what Prometheus
+raised does not change afterwards, and hands them back as ``known``. The newest clusters are
+asked first, at most ``MAX_QUERIES`` per look at a run, and the older ones wait for the next
+look (pending, as an alert whose series is not written yet): 10,000 old forged alerts on a
+run, each its own cluster, made the look at the run ask 10,000 queries before the real
+alert's, so its W&B write waited for all of them.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -38,7 +38,6 @@ log = logging.getLogger(__name__)
 # the margins cover an HA pair's two evaluations and remote-write delays (vmalert).
 BEFORE, AFTER = 300.0, 120.0
 CLUSTER = 1800.0  # alerts starting within this span share one query
-MAX_REMEMBERED = 100_000
 MAX_QUERIES = 16  # per look at a run (newest clusters first)
 _IGNORED = frozenset({"__name__", "alertstate"})
 
@@ -73,20 +72,20 @@ class AlertConfirmer:
     def __init__(self, prom: PrometheusClient, clock: Callable[[], float]) -> None:
         self.prom = prom
         self.clock = clock
-        self._lock = threading.Lock()
-        self._known: dict[tuple[str, datetime], str] = {}  # "" confirmed, else the refusal
 
-    def confirm(self, facts: Sequence[AlertFact]) -> Confirmation:
-        """Split ``facts`` (one run's alerts) into confirmed, refused and unanswered."""
+    def confirm(self, facts: Sequence[AlertFact],
+                known: Mapping[tuple[str, datetime], str] | None = None) -> Confirmation:
+        """Split ``facts`` (one run's alerts) into confirmed, refused, pending and unanswered;
+        ``known`` holds final answers given before ((fingerprint, start) -> "" raised, else
+        why not): those alerts are not asked about again."""
         answers: dict[int, str | bool | None] = {}
         todo = []
-        with self._lock:
-            for fact in facts:
-                known = self._known.get((fact.fingerprint, fact.starts_at))
-                if known is None:
-                    todo.append(fact)
-                else:
-                    answers[id(fact)] = known
+        for fact in facts:
+            given = (known or {}).get((fact.fingerprint, fact.starts_at))
+            if given is None:
+                todo.append(fact)
+            else:
+                answers[id(fact)] = given
         for n, cluster in enumerate(reversed(_clusters(todo))):
             answers.update(self._ask(cluster) if n < MAX_QUERIES
                            else dict.fromkeys(map(id, cluster), False))
@@ -133,12 +132,6 @@ class AlertConfirmer:
                                  "Alertmanager by someone else, or relabelled on the way)")
             else:  # its series may not be written yet (remote write): asked again later
                 out[id(fact)] = False
-            answer = out[id(fact)]
-            if isinstance(answer, str):
-                with self._lock:
-                    if len(self._known) >= MAX_REMEMBERED:
-                        self._known.clear()
-                    self._known[(fact.fingerprint, fact.starts_at)] = answer
         return out
 
 

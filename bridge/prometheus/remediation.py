@@ -91,6 +91,15 @@ class Remediation:
         return cls(decision.verdict, decision.detail, decision.exclusion, lines,
                    advice=decision.advice, needs=decision.need.words, drain=decision.drain)
 
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> Remediation:
+        """Inverse of ``dataclasses.asdict`` (the run service stores the worker's)."""
+        def change(c: dict[str, Any] | None) -> Change | None:
+            return None if c is None else Change(**c)
+        lines = tuple(Timeline(t["hostname"], tuple(Change(**c) for c in t["changes"]),
+                               change(t["current"])) for t in data["timelines"])
+        return Remediation(**{**data, "timelines": lines})
+
     def as_dict(self) -> dict[str, Any]:
         """The run-data contract: verdict, detail, exclusion, advice, needs, hosts (current
         state, since), and ``action`` when the quarantine decided something."""

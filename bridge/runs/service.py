@@ -2,10 +2,14 @@
 
 The run's alerts are read from the store once, confirmed by Prometheus once (an alert Prometheus
 did not raise is listed apart and never diagnosed), diagnosed once; each issue gets its restart
-decision (``prometheus/remediation.py``, Prometheus read when configured) with the quarantine's
-decision from its audit log, the impacts the worker last measured (stored evidence: a view never
-measures), and the ended run's stored verdict as of the diagnosis now. Building a view never
-writes the store and never calls W&B, so pages may build as many as they are asked for.
+decision (``prometheus/remediation.py``) with the quarantine's decision from its audit log, the
+impacts the worker last measured, and the ended run's stored verdict as of the diagnosis now.
+
+Only a service given Prometheus readers (the worker's, the quarantine process's) asks
+Prometheus; the worker's ``records`` what it found (each alert's confirmation, the hosts'
+state behind the restart decisions) with the run. The pages' service has no readers: it shows
+what the worker stored, so a page view never asks Prometheus, never writes the store and never
+calls W&B, and pages may build as many views as they are asked for.
 
 A new kind of evidence about a run plugs in the same way as the impacts: the worker computes it
 and stores it with ``Store.record_evidence(run, kind, json, now)``; ``view`` reads it back
@@ -39,11 +43,13 @@ from wandb_infra.bridge.runs.view import IssueView, QuarantineView, RunView, Unc
 from wandb_infra.common.runkey import RunKey
 
 IMPACTS = "impacts"  # evidence kind: {issue key: Impact as a dict}
+RESTART = "restart"  # evidence kind: {issue key: Remediation} as the worker last read them
 JOB_LOG = "job_log"  # evidence kind: the job's console log read (joblog.reading.Reading)
 ACTIVITY = "activity"  # evidence kind: the run's GPU activity plot (prometheus.activity)
 RECENT_RUNS = 200  # the periodic passes look at most at this many recently active runs
 RECENT = 3 * 86400.0  # ... whose latest alert started within this time
 UNANSWERED = "not confirmed yet: Prometheus has not answered whether it raised this alert"
+NOT_READ = "the bridge has not read the hosts' state from Prometheus yet"
 PENDING = ("not confirmed yet: Prometheus holds no firing series of it so far (asked again "
            "until its window closes)")
 
@@ -54,10 +60,14 @@ class RunService:
     def __init__(self, store: Store | None, *, confirmer: AlertConfirmer | None = None,
                  history: NodeStateHistory | None = None, quarantine: Quarantine | None = None,
                  gap: timedelta = DEFAULT_GAP, restart_policy: Policy | None = None,
-                 scheduler: str = "", wandb_enabled: bool = True,
-                 clock: Callable[[], float] = time.time) -> None:
+                 scheduler: str = "", wandb_enabled: bool = True, confirms: bool | None = None,
+                 records: bool = False, clock: Callable[[], float] = time.time) -> None:
         self.store = store
         self.confirmer = confirmer
+        # whether alerts are checked at all (by this service's confirmer or from the answers
+        # the worker stored), and whether this service stores what its readers found
+        self.confirms = confirmer is not None if confirms is None else confirms
+        self.records = records
         self.history = history
         self.quarantine = quarantine
         self.gap = gap
@@ -79,21 +89,36 @@ class RunService:
         measured = self.store.evidence(run, IMPACTS) if run.attributed else None
         impacts = None if measured is None else (
             {k: Impact(**v) for k, v in json.loads(measured[0]).items()}, measured[1])
-        view = self.assemble(run, self.confirm(facts), stored=stored, impacts=impacts,
+        view = self.assemble(run, self.confirm(run, facts), stored=stored, impacts=impacts,
                              delivery=self.store.outbox(run), remediate=remediate,
                              gpu_hours=self.store.gpu_hours(run) if run.attributed else None)
         if not run.attributed:
             return view
-        read, plot = self.store.evidence(run, JOB_LOG), self.store.evidence(run, ACTIVITY)
+        read, plot, state = (self.store.evidence(run, k) for k in (JOB_LOG, ACTIVITY, RESTART))
         return replace(view, job_log=None if read is None else Reading.from_dict(
                            json.loads(read[0])),
                        activity=None if plot is None else Activity.from_dict(
-                           json.loads(plot[0])))
+                           json.loads(plot[0])),
+                       state_read_at=None if state is None else state[1])
 
-    def confirm(self, facts: Sequence[AlertFact]) -> Confirmation:
-        """Which alerts Prometheus raised (all, unchecked, without a Prometheus)."""
-        return Confirmation.unchecked(facts) if self.confirmer is None or not facts \
-            else self.confirmer.confirm(facts)
+    def confirm(self, run: RunKey, facts: Sequence[AlertFact]) -> Confirmation:
+        """Which alerts Prometheus raised: the answers stored with them, the others asked now by
+        a service with a confirmer (and stored when it ``records``), else not answered yet;
+        all, unchecked, where no Prometheus is configured."""
+        if not self.confirms or not facts:
+            return Confirmation.unchecked(facts)
+        known = {} if self.store is None else self.store.confirmations(run)
+        if self.confirmer is None:
+            answers = [(f, known.get((f.fingerprint, f.starts_at))) for f in facts]
+            return Confirmation(tuple(f for f, a in answers if a == ""),
+                                tuple((f, a) for f, a in answers if a),
+                                unanswered=tuple(f for f, a in answers if a is None))
+        found = self.confirmer.confirm(facts, known)
+        new = [(f, why) for f, why in (*((f, "") for f in found.confirmed), *found.refused)
+               if (f.fingerprint, f.starts_at) not in known]
+        if new and self.records and self.store is not None:
+            self.store.record_confirmations(run, new)
+        return found
 
     def assemble(self, run: RunKey, confirmation: Confirmation, *, stored: Outcome | None = None,
                  impacts: tuple[Mapping[str, Impact], float] | None = None,
@@ -102,7 +127,7 @@ class RunService:
         """A view from facts already read and confirmed (``explain`` reads them from
         Prometheus' history rather than the store)."""
         diagnosis = diagnose(confirmation.confirmed, self.gap)
-        remediations, read = self._remediations(diagnosis) if remediate else ({}, False)
+        remediations, read = self._remediations(run, diagnosis) if remediate else ({}, False)
         issues = []
         for issue in diagnosis.issues:
             rem = remediations.get(issue.key)
@@ -125,16 +150,28 @@ class RunService:
             confirmation=_confirmation_text(confirmation), delivery=delivery,
             wandb_enabled=self.wandb_enabled, node_state_read=read, gpu_hours_stored=gpu_hours)
 
-    def _remediations(self, diagnosis: Diagnosis) -> tuple[dict[str, Remediation], bool]:
+    def _remediations(self, run: RunKey, diagnosis: Diagnosis
+                      ) -> tuple[dict[str, Remediation], bool]:
         """Issue key -> restart decision, and whether the hosts' state was read (else each
-        verdict says what it could decide without it)."""
+        verdict says what it could decide without it): read from Prometheus by a service with
+        a history reader (and stored when it ``records``), else as the worker last stored it."""
         rems = None if self.history is None else self.history.for_diagnosis(
             diagnosis, self.restart_policy, scheduler=self.scheduler)
         if rems is not None:
+            if self.records and self.store is not None and run.attributed and rems:
+                self.store.record_evidence(run, RESTART, json.dumps(
+                    {k: asdict(r) for k, r in rems.items()}), self.clock())
             return rems, True
-        unread = NO_PROMETHEUS if self.history is None else NOT_ANSWERING
-        return remediations_for(diagnosis, self.restart_policy, None, self.clock(),
-                                scheduler=self.scheduler, unread=unread), self.history is None
+        unread = (NOT_ANSWERING if self.history is not None else NOT_READ if self.confirms
+                  else NO_PROMETHEUS)
+        rems = remediations_for(diagnosis, self.restart_policy, None, self.clock(),
+                                scheduler=self.scheduler, unread=unread)
+        stored = None if self.store is None or not run.attributed else self.store.evidence(
+            run, RESTART)
+        if stored is not None:  # what the worker read, for the issues it read them for
+            rems |= {k: Remediation.from_dict(v) for k, v in json.loads(stored[0]).items()
+                     if k in rems}
+        return rems, self.history is None
 
     def record_impacts(self, view: RunView, impacts: Mapping[str, Impact]) -> RunView:
         """Store impacts the worker just measured (and the run's GPU-hours, for ``/runs`` and

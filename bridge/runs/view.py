@@ -136,6 +136,7 @@ class RunView:
     gpu_hours_stored: float | None = field(default=None)
     job_log: Reading | None = None  # the job's own console log, as the worker last read it
     activity: Activity | None = None  # the GPU activity plot's data, as the worker last read it
+    state_read_at: float | None = None  # when the worker last read the hosts' state
 
     @property
     def head(self) -> IssueView | None:
@@ -241,6 +242,8 @@ class RunView:
             out["impacts_measured_at"] = self.measured_at
         if self.activity is not None:
             out["activity"] = self.activity.as_dict()
+        if self.state_read_at is not None:
+            out["hosts_state_read_at"] = self.state_read_at
         return out
 
 

@@ -366,6 +366,9 @@ def run_html(view: RunView, title: str, link: LinkFn) -> str:
     if view.measured_at is not None:
         out.append(f"<p class='muted small'>Impacts last measured at "
                    f"{escape(when(view.measured_at))}.</p>")
+    if view.state_read_at is not None:
+        out.append(f"<p class='muted small'>Hosts' state last read at "
+                   f"{escape(when(view.state_read_at))}.</p>")
     out.append(unconfirmed_html(view.unconfirmed))
     return _page(title, "".join(out))
 
