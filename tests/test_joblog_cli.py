@@ -1,8 +1,11 @@
-"""``wandb-infra-bridge explain --log FILE --json`` as a user runs it, on every real excerpt of
-``tests/data/joblog/``: no Prometheus, no W&B, one JSON object per call."""
+"""``wandb-infra-bridge explain --log FILE --json`` on every real excerpt of ``tests/data/joblog/``:
+no Prometheus, no W&B, one JSON object per call. The command line's own parser runs in-process
+for each excerpt; the installed console script runs once, as a user runs it."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import subprocess
 import sys
@@ -10,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
+from wandb_infra.bridge.cli import main
 
 DATA = Path(__file__).resolve().parent / "data" / "joblog"
 EXCERPTS = json.loads((DATA / "excerpts.json").read_text())
@@ -18,8 +21,14 @@ BRIDGE = str(Path(sys.executable).parent / "wandb-infra-bridge")
 
 
 def explain(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([BRIDGE, "explain", *args], capture_output=True, text=True,
-                          timeout=60, check=False)
+    """``wandb-infra-bridge explain ARGS`` through the command line's own entry point."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(["explain", *args])
+        except SystemExit as exc:  # argparse's usage errors
+            code = int(exc.code or 0)
+    return subprocess.CompletedProcess(["explain", *args], code, out.getvalue(), err.getvalue())
 
 
 def test_explain_log_json_gives_each_excerpts_verdict_and_first_line():
@@ -40,9 +49,13 @@ def test_explain_log_json_gives_each_excerpts_verdict_and_first_line():
             {k: expect[k] for k in ("rank", "host", "gpu") if k in expect}
 
 
+@pytest.mark.integration
 def test_several_logs_and_a_readable_report():
-    out = explain("--log", str(DATA / "excerpts" / "ace-348-timeouts-only.log"),
-                  "--log", str(DATA / "excerpts" / "jade-194-ecc.log"))
+    """The installed console script, as a user runs it."""
+    logs = [str(DATA / "excerpts" / name)
+            for name in ("ace-348-timeouts-only.log", "jade-194-ecc.log")]
+    out = subprocess.run([BRIDGE, "explain", "--log", logs[0], "--log", logs[1]],
+                         capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("Verdict: infrastructure (from the job log)")
     assert "First error: line 1 of " in out.stdout and "jade-194-ecc.log" in out.stdout
