@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -20,7 +21,13 @@ EXCERPTS = json.loads((DATA / "excerpts.json").read_text())
 BRIDGE = str(Path(sys.executable).parent / "wandb-infra-bridge")
 
 
-def explain(*args: str) -> subprocess.CompletedProcess[str]:
+class Result(NamedTuple):
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def explain(*args: str) -> Result:
     """``wandb-infra-bridge explain ARGS`` through the command line's own entry point."""
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -28,7 +35,7 @@ def explain(*args: str) -> subprocess.CompletedProcess[str]:
             code = main(["explain", *args])
         except SystemExit as exc:  # argparse's usage errors
             code = int(exc.code or 0)
-    return subprocess.CompletedProcess(["explain", *args], code, out.getvalue(), err.getvalue())
+    return Result(code, out.getvalue(), err.getvalue())
 
 
 def test_explain_log_json_gives_each_excerpts_verdict_and_first_line():
