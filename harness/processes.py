@@ -45,12 +45,9 @@ def wait_for(check: Callable[[], T | None], timeout: float = 30.0, what: str = "
              interval: float = 0.2) -> T:
     """Poll ``check`` until it returns something truthy; raise naming ``what`` on timeout."""
     deadline = time.monotonic() + timeout
-    t0 = time.monotonic()
     while True:
         result = check()
         if result:
-            import sys
-            print(f"WAIT {time.monotonic()-t0:6.1f}s {what[:90]}", file=sys.stderr)
             return result
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
