@@ -261,7 +261,6 @@ def test_slow_login_bodies_do_not_lock_alertmanager_out(tmp_path: Path):
         stop.set()
         attacker.join(10)
         bridge.stop()
-    print("webhook answered in", [round(t, 3) for t in took])
     assert max(took) < 5, took
     assert answers.count(b"HTTP/1.1 503 Service Unavailable") >= 56, answers[:10]
     assert b"closed" in answers, "the stranger's new connections close its oldest readers"
