@@ -126,12 +126,18 @@ def test_store_endings_verdicts_and_a_late_alert(tmp_path):
     assert store.pending_endings(5.0, 10) == []
     assert store.outbox(RUN) is not None  # queued for W&B though it has no alerts
     assert [e.run for e in store.endings_page(CLEAR, 10)] == [RUN]
-    # an alert stored after the verdict: infrastructure from now on, coverage kept
+    # an alert stored after the verdict: infrastructure from now on, coverage kept, once the
+    # worker judged it again (a view shows the verdict as stored)
     ending = store.ending(RUN)
     assert ending is not None and ending.outcome is not None
-    late = RunService(None).assemble(RUN, Confirmation.unchecked([_fact()]),
-                                     stored=Outcome.loads(ending.outcome)).outcome
+    service = RunService(store)
+    view = service.assemble(RUN, Confirmation.unchecked([_fact()]),
+                            stored=Outcome.loads(ending.outcome))
+    assert view.outcome == clear
+    late = service.judged(view).outcome
     assert late is not None and late.verdict == INFRASTRUCTURE and late.coverage == clear.coverage
+    again = store.ending(RUN)
+    assert again is not None and again.verdict == INFRASTRUCTURE
     store.set_scanned_to("endings", 42.0)
     assert store.scanned_to("endings") == 42.0
     store.purge(END + 1)

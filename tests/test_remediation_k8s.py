@@ -120,7 +120,7 @@ def test_kube_state_metrics_in_real_prometheus(tmp_path):
             start=datetime.now(UTC) - timedelta(seconds=20), extra={"xid": "119"})]
             )).encode()))
         facts = store.facts(RunKey("team", "proj", "r1"))
-        history = NodeStateHistory(PrometheusClient(prom.url), cache_seconds=0)
+        history = NodeStateHistory(PrometheusClient(prom.url))
 
         def verdict() -> dict[str, Any]:
             return remediation_data(history, facts).get(

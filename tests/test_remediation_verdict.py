@@ -30,6 +30,7 @@ from wandb_infra.bridge.prometheus.remediation import (
     exclusion,
     signature,
 )
+from wandb_infra.bridge.runs.service import RunService
 from wandb_infra.common.runkey import RunKey
 
 # These alerts name runs the canned Prometheus holds no join metrics for; confirmation by Prometheus
@@ -92,7 +93,7 @@ def xid(host: str = "gpu-07", **kw: Any) -> dict[str, Any]:
 
 def remediation(url: str, alerts: list[dict[str, Any]], tmp_path) -> dict[str, Any]:
     _, fs = facts(*alerts, tmp_path=tmp_path)
-    return remediation_data(NodeStateHistory(PrometheusClient(url), cache_seconds=0), fs)
+    return remediation_data(NodeStateHistory(PrometheusClient(url)), fs)
 
 
 def test_k8s_node_still_ready_is_unsafe_with_affinity_snippet(tmp_path):
@@ -114,7 +115,7 @@ def test_drained_mid_issue_is_safe_with_history(tmp_path):
             if "wandb_infra_node_state" in q else []) as url:
         _, fs = facts(xid(), tmp_path=tmp_path)
         diagnosis = diagnose(fs, timedelta(minutes=10))
-        rems = NodeStateHistory(PrometheusClient(url), cache_seconds=0).for_diagnosis(diagnosis)
+        rems = NodeStateHistory(PrometheusClient(url)).for_diagnosis(diagnosis)
     (rem,) = rems.values()
     assert rem.verdict == "safe" and rem.exclusion == ""
     (line,) = rem.history_lines()
@@ -210,7 +211,7 @@ def test_signature_stable_between_refreshes_of_a_long_issue(tmp_path):
         _, fs = facts(alert("GpuFallenOffBus", category="gpu_hardware", host="gpu-07",
                             gpu="1", run="r1", start=old), tmp_path=tmp_path)
         diagnosis = diagnose(fs, timedelta(minutes=10))
-        history = NodeStateHistory(PrometheusClient(url), cache_seconds=0, clock=lambda: now[0])
+        history = NodeStateHistory(PrometheusClient(url), clock=lambda: now[0])
         first = history.for_diagnosis(diagnosis)
         now[0] += 300
         second = history.for_diagnosis(diagnosis)
@@ -219,21 +220,26 @@ def test_signature_stable_between_refreshes_of_a_long_issue(tmp_path):
 
 
 def test_prometheus_down_keeps_what_is_shown(tmp_path):
-    """A failing Prometheus serves the last good answer (or None: the caller keeps its notes)
-    and is not asked again for DOWN_BACKOFF seconds, so pages do not each wait for a timeout."""
+    """While Prometheus fails, the worker's run service shows the hosts' state it stored when
+    Prometheus last answered (the reader returns None, and is not asked again for DOWN_BACKOFF
+    seconds, so a pass over many runs does not wait for a timeout on each); with nothing
+    stored, the verdict says Prometheus is not answering."""
     now = [NOW.timestamp()]
-    _, fs = facts(xid(), tmp_path=tmp_path)
-    diagnosis = diagnose(fs, timedelta(minutes=10))
+    store, fs = facts(xid(), tmp_path=tmp_path)
+    run = RunKey("team", "proj", "r1")
     with fake_prometheus(lambda q: [state("gpu-07", "slurm", "IDLE+DRAIN", "XID 94")]
                          if "wandb_infra_node_state" in q else []) as url:
-        history = NodeStateHistory(PrometheusClient(url, timeout=1), cache_seconds=0,
-                                   clock=lambda: now[0])
-        good = history.for_diagnosis(diagnosis)
-    assert next(iter(good.values())).verdict == "safe"
-    cold = NodeStateHistory(PrometheusClient(url, timeout=1), cache_seconds=0, clock=lambda: now[0])
-    assert cold.for_diagnosis(diagnosis) is None
+        history = NodeStateHistory(PrometheusClient(url, timeout=1), clock=lambda: now[0])
+        service = RunService(store, history=history, records=True, clock=lambda: now[0])
+        good = service.view(run)
+    assert good is not None and good.node_state_read and good.state_read_at == now[0]
+    assert good.remediations and next(iter(good.remediations.values())).verdict == "safe"
     now[0] += 1
-    assert history.for_diagnosis(diagnosis) == good  # stale but shown
+    kept = service.view(run)  # Prometheus gone: what was stored, said to be unread now
+    assert kept is not None and kept.remediations == good.remediations
+    assert not kept.node_state_read and kept.state_read_at == now[0] - 1
+    assert history.for_diagnosis(diagnose(fs)) is None and history._down_until > now[0]
+    cold = NodeStateHistory(PrometheusClient(url, timeout=1), clock=lambda: now[0])
     shown = remediation_data(cold, fs)["remediation"]
     assert shown["verdict"] == "unknown" and "Prometheus is not answering" in shown["detail"]
 
@@ -283,8 +289,8 @@ def test_a_taint_the_runs_pods_tolerate_keeps_the_node_in_the_pool(tmp_path):
     _, fs = facts(xid(), tmp_path=tmp_path)
     diagnosis = diagnose(fs, timedelta(minutes=10))
     with fake_prometheus(ksm) as url:
-        strict = NodeStateHistory(PrometheusClient(url), cache_seconds=0).for_diagnosis(diagnosis)
-        tolerant = NodeStateHistory(PrometheusClient(url), cache_seconds=0, tolerated_taints=(
+        strict = NodeStateHistory(PrometheusClient(url)).for_diagnosis(diagnosis)
+        tolerant = NodeStateHistory(PrometheusClient(url), tolerated_taints=(
             "nvidia.com/gpu", "team.example/dedicated")).for_diagnosis(diagnosis)
     assert next(iter(strict.values())).verdict == "safe"  # an untolerated taint: out
     got = next(iter(tolerant.values()))
@@ -298,12 +304,12 @@ def test_two_nodes_sharing_a_first_label_are_never_merged(tmp_path):
     _, fs = facts(xid(), tmp_path=tmp_path)
     diagnosis = diagnose(fs, timedelta(minutes=10))
     with fake_prometheus(ksm) as url:
-        history = NodeStateHistory(PrometheusClient(url), cache_seconds=0)
+        history = NodeStateHistory(PrometheusClient(url))
         got = next(iter(history.for_diagnosis(diagnosis).values()))
     assert got.verdict == "unknown" and "no scheduler state for gpu-07" in got.detail
     exact = _ksm({"gpu-07": False, "gpu-07.rack-a": True}, {})
     with fake_prometheus(exact) as url:
-        history = NodeStateHistory(PrometheusClient(url), cache_seconds=0)
+        history = NodeStateHistory(PrometheusClient(url))
         got = next(iter(history.for_diagnosis(diagnosis).values()))
     assert got.verdict == "unsafe"  # the node named exactly gpu-07 is schedulable
 

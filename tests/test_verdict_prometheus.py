@@ -85,7 +85,7 @@ def verdict(url: str, *facts: AlertFact, at: float | None = None) -> Remediation
     """The restart verdict now, or as it was at ``at`` (a test reading a moment that a busy
     machine may already have left behind, such as a link back for less than the settle time)."""
     diagnosis = diagnose(list(facts), timedelta(minutes=10))
-    history = NodeStateHistory(PrometheusClient(url), cache_seconds=0,
+    history = NodeStateHistory(PrometheusClient(url),
                                clock=time.time if at is None else lambda: at)
     rems = history.for_diagnosis(diagnosis, POLICY, scheduler="slurm")
     assert rems is not None

@@ -98,8 +98,7 @@ def run_service(store: Store, prom: PrometheusClient | None, policy: DeliveryPol
     alerts it raised count (alert labels are untrusted)."""
     asks = prom if reads else None
     if asks is not None and history is None and policy.node_state_refresh > 0:
-        history = NodeStateHistory(asks, cache_seconds=min(10.0, policy.node_state_refresh),
-                                   tolerated_taints=policy.tolerated_taints)
+        history = NodeStateHistory(asks, tolerated_taints=policy.tolerated_taints)
     return RunService(
         store, confirmer=AlertConfirmer(asks, clock) if asks is not None and
         policy.confirm_alerts else None, confirms=prom is not None and policy.confirm_alerts,
@@ -142,7 +141,6 @@ class DeliveryWorker:
         self._last_unpark = 0.0
         # The faulty hosts' scheduler state.
         self.remediation = (NodeStateHistory(prometheus,
-                                             cache_seconds=min(10.0, policy.node_state_refresh),
                                              tolerated_taints=policy.tolerated_taints)
                             if prometheus is not None and policy.node_state_refresh > 0 else None)
         metrics.read_gpu_hours_from(store.gpu_hours_by_project)  # kept across restarts
@@ -273,6 +271,7 @@ class DeliveryWorker:
             view = self.runs.view(run)
             if view is None or not view.issues:
                 continue
+            view = self.runs.judged(view)  # a late alert may change an ended run's verdict
             if self.client is None:  # no W&B projection: the pages still get the job log
                 view = self.projector.read_job_log(view, None)
             stale = view.measured_at is None or (bool(view.diagnosis.open_issues) and \

@@ -166,13 +166,8 @@ class Projector:
                                          self.clock() + CONFIRM_RETRY)
         # Everything slow (Prometheus) happens before the run is read, so the read-to-write
         # window on the user's notes and tags is one W&B round trip.
-        view = self.read_job_log(self.measure(view), row.run_state)
+        view = self.read_job_log(self.measure(self.runs.judged(view)), row.run_state)
         diagnosis, outcome = view.diagnosis, view.outcome
-        ending = self.store.ending(run)
-        if outcome is not None and ending is not None and outcome.verdict != ending.verdict:
-            # an alert that arrived after the run was judged changed its verdict
-            self.store.record_outcome(run, outcome.verdict, outcome.dumps(), self.clock(),
-                                      deliver=False)
         written = {m.key for m in self.store.marks(run) if m.kind == TAG}
         info = self.client.find_run(run.entity, run.project, run.run_id)
         if view.job_log is None and info.state in ENDED:  # read once, as the run just ended

@@ -22,7 +22,6 @@ import hashlib
 import json
 import logging
 import re
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -200,18 +199,14 @@ def signature(remediations: Mapping[str, Remediation]) -> str:
 
 class NodeStateHistory:
     """Reads the faulty hosts' scheduler history and recovery evidence from Prometheus (range
-    queries, cached briefly)."""
+    queries). Only the worker and the quarantine process read, each on its own thread; what the
+    worker read is stored with the run (``runs/service.py``) and shown while Prometheus fails."""
 
-    def __init__(self, prom: PrometheusClient, *, cache_seconds: float = 10.0,
-                 clock: Callable[[], float] = time.time,
+    def __init__(self, prom: PrometheusClient, *, clock: Callable[[], float] = time.time,
                  tolerated_taints: Sequence[str] = DEFAULT_TOLERATED) -> None:
         self.prom = prom
-        self.cache_seconds = cache_seconds
         self.clock = clock
         self.tolerated = (*tolerated_taints, _CORDON_TAINT)
-        self._lock = threading.Lock()
-        self._cache: dict[tuple[tuple[str, ...], float],
-                          tuple[float, tuple[dict[str, Timeline], dict[str, HostEvidence]]]] = {}
         self._down_until = 0.0
 
     def for_diagnosis(self, diagnosis: Diagnosis, policy: Policy | None = None, *,
@@ -231,29 +226,18 @@ class NodeStateHistory:
 
     def read(self, hosts: tuple[str, ...], start: float
              ) -> tuple[dict[str, Timeline], dict[str, HostEvidence]] | None:
-        """Timelines and evidence from ``start`` to now. While Prometheus fails (and for
-        ``DOWN_BACKOFF`` seconds after, so pages and refreshes do not each wait for a timeout)
-        the last good answer is served, or None when there is none."""
+        """Timelines and evidence from ``start`` to now; None when Prometheus fails, and for
+        ``DOWN_BACKOFF`` seconds after (a pass over many runs does not wait for a timeout on
+        each)."""
         now = self.clock()
-        key = (hosts, start)
-        with self._lock:
-            hit = self._cache.get(key)
-            if hit and (now - hit[0] < self.cache_seconds or now < self._down_until):
-                return hit[1]
-            if now < self._down_until:
-                return None
+        if now < self._down_until:
+            return None
         try:
-            result = self._read(hosts, start, now)
+            return self._read(hosts, start, now)
         except (PrometheusError, ValueError, KeyError, TypeError) as exc:
             log.warning("node state lookup failed: %s", type(exc).__name__)
-            with self._lock:
-                self._down_until = now + DOWN_BACKOFF
-            return hit[1] if hit else None
-        with self._lock:
-            if len(self._cache) > 512:
-                self._cache.clear()
-            self._cache[key] = (now, result)
-        return result
+            self._down_until = now + DOWN_BACKOFF
+            return None
 
     def _read(self, hosts: tuple[str, ...], start: float, end: float
               ) -> tuple[dict[str, Timeline], dict[str, HostEvidence]]:

@@ -3,7 +3,8 @@
 The run's alerts are read from the store once, confirmed by Prometheus once (an alert Prometheus
 did not raise is listed apart and never diagnosed), diagnosed once; each issue gets its restart
 decision (``prometheus/remediation.py``) with the quarantine's decision from its audit log, the
-impacts the worker last measured, and the ended run's stored verdict as of the diagnosis now.
+impacts the worker last measured, and the ended run's verdict as the worker stored it (judged
+once when stored, and again by the worker when the run's alerts change: ``judged``).
 
 Only a service given Prometheus readers (the worker's, the quarantine process's) asks
 Prometheus; the worker's ``records`` what it found (each alert's confirmation, the hosts'
@@ -144,8 +145,7 @@ class RunService:
                        *(Unconfirmed(f, UNANSWERED, False) for f in confirmation.unanswered))
         return RunView(
             run, confirmation.confirmed, diagnosis, tuple(issues),
-            outcome=None if stored is None else judge_outcome(
-                diagnosis, stored.coverage, stored.ended_at, stored.how),
+            outcome=stored,
             measured_at=None if impacts is None else impacts[1], unconfirmed=unconfirmed,
             confirmation=_confirmation_text(confirmation), delivery=delivery,
             wandb_enabled=self.wandb_enabled, node_state_read=read, gpu_hours_stored=gpu_hours)
@@ -183,6 +183,18 @@ class RunService:
         total = sum(i.gpu_hours for i in impacts.values())
         self.store.record_gpu_hours(view.run, total, now)
         return self.with_impacts(view, impacts, now)
+
+    def judged(self, view: RunView) -> RunView:
+        """The ended run's verdict judged again on its diagnosis now, stored when it changed
+        (an alert that arrived after the run was judged): the worker judges, views read."""
+        if view.outcome is None:
+            return view
+        old = view.outcome
+        outcome = judge_outcome(view.diagnosis, old.coverage, old.ended_at, old.how)
+        if outcome != old and self.store is not None:
+            self.store.record_outcome(view.run, outcome.verdict, outcome.dumps(), self.clock(),
+                                      deliver=False)
+        return replace(view, outcome=outcome)
 
     def record_job_log(self, view: RunView, reading: Reading) -> RunView:
         """Store the job log's reading the worker just made; returns the view showing it."""
