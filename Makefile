@@ -8,6 +8,11 @@ PACKAGED := common catalog exporter bridge alert_rules dashboards
 # links files, so a new module must be linked).
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-8)-$(shell find $(PACKAGED) -name '*.py' -o -name py.typed | sort | sha1sum | cut -c1-8)
 
+# Bytecode caches on, even where the environment turns them off: without them every test run,
+# and every bridge or exporter process a test starts, compiles the project (and rewrites the
+# tests' asserts) from source again.
+unexport PYTHONDONTWRITEBYTECODE
+
 .PHONY: help system-deps venv lint generate test test-fast demo bench dist clean
 
 help:
@@ -54,7 +59,7 @@ test: system-deps venv lint
 
 # The unit layer only (no real binaries; about a minute): the inner loop while editing.
 test-fast: venv
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup -m unit
+	WANDB_INFRA_TEST_FAST=1 $(BIN)/python -m pytest -q -n 2 --dist loadgroup -m unit
 
 demo: system-deps venv
 	$(BIN)/python -m demo $(DEMO_ARGS)

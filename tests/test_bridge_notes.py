@@ -16,6 +16,7 @@ from prometheus_client import generate_latest
 
 from harness.bridge_payloads import T0, cascade, notification, serve_app
 from harness.wandb_standin import WandbStandin
+from tests.budget import examples
 from tests.pages_helpers import HTML, MEASURED_AT, FakePrometheus, cascade_bridge
 from tests.views import view_of
 from wandb_infra.bridge.diagnosis.impact import HANG, SLOWDOWN, Impact, Signals, measure, unmeasured
@@ -55,7 +56,7 @@ def _diagnosis(**annotations: str) -> Diagnosis:
 
 
 @given(st.text())
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 def test_user_notes_preserved_byte_for_byte(user: str):
     section = render_section(view_of(_diagnosis()), _link)
     once = replace_section(user, section)

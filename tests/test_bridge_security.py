@@ -23,6 +23,7 @@ from markdown_it import MarkdownIt
 from harness.bridge_payloads import T0, TOKEN, alert, make_context, notification, serve
 from harness.bridge_process import raw_status
 from harness.wandb_standin import WandbStandin
+from tests.budget import examples
 from tests.views import view_of
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.diagnosis.root_cause import AlertFact, diagnose
@@ -76,7 +77,7 @@ TEXT = st.one_of(st.sampled_from(EVIL), st.text(max_size=60))
 @given(name=TEXT, host=TEXT, gpu=TEXT, texts=st.fixed_dictionaries(
     {k: TEXT for k in ("summary", "description", "impact", "remediation", "runbook_url")}),
        other=TEXT)
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 def test_any_alert_text_stays_inert_in_notes(name, host, gpu, texts, other):
     annotations = dict(texts)
     facts = [AlertFact("ab", name, T0, None, "critical", "gpu_hardware", host, gpu,
@@ -117,7 +118,7 @@ def assert_inert_html(page: str) -> None:
 
 
 @given(name=TEXT, host=TEXT, gpu=TEXT, text=TEXT, run_id=TEXT)
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 def test_any_alert_text_stays_inert_in_pages(name, host, gpu, text, run_id):
     run = RunKey("team", "proj", run_id or "r")
     annotations = {"summary": text, "description": text, "impact": text, "remediation": text}

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.bridge_payloads import T0, TOKEN, alert, make_context, notification, serve
+from tests.budget import examples
 from wandb_infra.bridge.config import load
 from wandb_infra.bridge.ingest import identity
 from wandb_infra.bridge.ingest.payload import (
@@ -347,7 +348,7 @@ def _alert_objects(draw) -> dict:
 
 
 @given(st.lists(_alert_objects(), min_size=1, max_size=4))
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 def test_bulk_validation_accepts_exactly_what_the_per_alert_check_accepts(items):
     fast = _bulk(items)
     try:

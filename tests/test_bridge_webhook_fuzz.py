@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 
 from harness.bridge_payloads import TOKEN, make_context, serve
 from harness.wandb_standin import WandbStandin
+from tests.budget import examples
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorker
@@ -234,7 +235,7 @@ def test_real_alertmanager_bodies_are_accepted(bridge):
 
 @given(seed=st.sampled_from(SEEDS), which=st.integers(0, 1),
        mutations=st.lists(MUTATION, min_size=1, max_size=4))
-@settings(max_examples=400, deadline=None, suppress_health_check=SUPPRESS)
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=SUPPRESS)
 def test_mutated_real_bodies_get_200_or_400_and_400_stores_nothing(bridge, seed, which,
                                                                    mutations):
     before = bridge.ctx.store.alert_count()
@@ -245,7 +246,7 @@ def test_mutated_real_bodies_get_200_or_400_and_400_stores_nothing(bridge, seed,
 
 
 @given(st.binary(max_size=2048))
-@settings(max_examples=200, deadline=None, suppress_health_check=SUPPRESS)
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=SUPPRESS)
 def test_random_bytes(bridge, data):
     before = bridge.ctx.store.alert_count()
     resp = _post(bridge, data)

@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.bridge_payloads import TOKEN, alert, make_context, notification, serve
+from tests.budget import examples
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 MAX_BODY = 256 * 1024
@@ -112,7 +113,7 @@ CONTENT_TYPES = st.sampled_from(["application/json", "application/json; charset=
 
 @given(body=st.one_of(NESTED, ENCODED, NUMBERS, WRONG_TYPES, HUGE, MANY_ALERTS),
        content_type=CONTENT_TYPES)
-@settings(max_examples=1500, deadline=None, suppress_health_check=SUPPRESS)
+@settings(max_examples=examples(1500), deadline=None, suppress_health_check=SUPPRESS)
 def test_hostile_bodies_never_5xx_never_stored(bridge, body, content_type):
     before = bridge.ctx.store.alert_count()
     resp = requests.post(bridge.url + "/alertmanager", data=body, timeout=30,

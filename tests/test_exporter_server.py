@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from harness.exporter_process import EXPORTER, metric_samples, metric_value, running_exporter
 from harness.processes import prom_query, prometheus, wait_for
+from tests.budget import examples
 from wandb_infra.common import labels
 
 pytestmark = pytest.mark.integration
@@ -123,7 +124,7 @@ payloads = st.fixed_dictionaries({}, optional={k: field_values for k in (
     json_values
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[FIXTURE_HEALTH])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[FIXTURE_HEALTH])
 @given(payload=payloads)
 def test_fuzz_registration_never_breaks_the_exporter(exporter, payload):
     url, _ = exporter
@@ -138,7 +139,7 @@ def test_fuzz_registration_never_breaks_the_exporter(exporter, payload):
                         f"{payload['run_id']}", headers=AUTH, timeout=5)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[FIXTURE_HEALTH])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[FIXTURE_HEALTH])
 @given(raw=st.binary(max_size=300))
 def test_fuzz_raw_bytes(exporter, raw):
     url, _ = exporter

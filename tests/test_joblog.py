@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.budget import examples
 from wandb_infra.bridge.diagnosis.root_cause import AlertFact, Diagnosis, Issue
 from wandb_infra.bridge.joblog import text as T
 from wandb_infra.bridge.joblog.join import join
@@ -191,7 +192,7 @@ def test_a_concrete_error_beats_an_earlier_generic_wrapper():
 ECC = b"RuntimeError: CUDA error: uncorrectable ECC error encountered"
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(st.binary(max_size=4096))
 def test_arbitrary_bytes_never_crash_and_quotes_stay_small(junk):
     reading = reading_of(junk)
@@ -200,7 +201,7 @@ def test_arbitrary_bytes_never_crash_and_quotes_stay_small(junk):
     json.dumps(reading.as_dict())
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(st.lists(st.binary(max_size=200).filter(lambda b: b"\n" not in b and b"\r" not in b),
                 max_size=30), st.sampled_from([b"\n", b"\r\n"]))
 def test_the_error_is_found_on_its_line_among_junk_lines(junk, newline):
@@ -217,7 +218,7 @@ def test_a_progress_bar_does_not_hide_the_error_on_its_line():
     assert first is not None and first.text.startswith("RuntimeError")
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.sampled_from(["WANDB_API_KEY=", "Authorization: Bearer ", "token=", "api_key: "]),
        st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789", min_size=12, max_size=40))
 def test_secret_looking_lines_never_leave_the_reader(marker, secret):

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from harness.bridge_payloads import T0, alert, serve, serve_app
 from harness.processes import free_port
+from tests.budget import examples
 from tests.pages_helpers import (
     AUTH,
     HTML,
@@ -240,7 +241,7 @@ TEXT = st.text(st.characters(codec="utf-8"), max_size=40) | st.sampled_from(
 
 
 @given(name=TEXT, host=TEXT, gpu=TEXT, text=TEXT)
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 def test_label_text_stays_inert_in_card_timeline_and_table(name, host, gpu, text):
     annotations = {"summary": text, "description": text, "impact": text, "remediation": text,
                    "runbook_url": "javascript:alert(1)"}
