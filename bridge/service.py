@@ -42,8 +42,8 @@ class Bridge:
 
 
 def build(cfg: BridgeConfig) -> Bridge:
-    """Store, W&B client (when a key is configured), worker and the pages' run service, each
-    side on its own Prometheus client (pages never use the worker's)."""
+    """Store, W&B client (when a key is configured), worker and the pages' run service; only
+    the worker holds a Prometheus client (pages show what it stored)."""
     raw = cfg.raw
     held = lock_store(cfg.store_path)  # one store, one active bridge (StoreLocked otherwise)
     store = Store(cfg.store_path, int(raw["store"]["min_free_bytes"]))

@@ -15,7 +15,8 @@ import yaml
 
 from tests.test_quarantine_untrusted_hosts import FakeSlurm, issue_on
 from wandb_infra.bridge.config import DEFAULTS
-from wandb_infra.bridge.quarantine.actuator import Quarantine, SlurmActions
+from wandb_infra.bridge.quarantine.actuator import Quarantine
+from wandb_infra.bridge.quarantine.schedulers import SlurmActions
 
 pytestmark = pytest.mark.integration
 

@@ -17,7 +17,8 @@ from tests.slurm_cluster import slurm_cluster, unavailable_reason
 from wandb_infra.bridge.diagnosis.root_cause import diagnose
 from wandb_infra.bridge.ingest.payload import parse_notification
 from wandb_infra.bridge.ingest.store import Store
-from wandb_infra.bridge.quarantine.actuator import Quarantine, SlurmActions
+from wandb_infra.bridge.quarantine.actuator import Quarantine
+from wandb_infra.bridge.quarantine.schedulers import SlurmActions
 from wandb_infra.common.runkey import RunKey
 
 pytestmark = [pytest.mark.slurm,

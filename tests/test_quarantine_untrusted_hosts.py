@@ -23,12 +23,8 @@ from harness.k8s_standin import K8sStandin, make_node
 from wandb_infra.bridge.diagnosis.root_cause import Issue, diagnose
 from wandb_infra.bridge.ingest.payload import parse_notification
 from wandb_infra.bridge.ingest.store import Store
-from wandb_infra.bridge.quarantine.actuator import (
-    KubernetesActions,
-    Quarantine,
-    SlurmActions,
-    one_node,
-)
+from wandb_infra.bridge.quarantine.actuator import Quarantine
+from wandb_infra.bridge.quarantine.schedulers import KubernetesActions, SlurmActions, one_node
 from wandb_infra.common.runkey import RunKey
 
 # Some tests start the bridge as a process (a second bridge on one store): the module is not

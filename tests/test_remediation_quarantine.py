@@ -23,7 +23,8 @@ from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorker
 from wandb_infra.bridge.projection.wandb_client import WandbClient
 from wandb_infra.bridge.prometheus.client import PrometheusClient
-from wandb_infra.bridge.quarantine.actuator import KubernetesActions, Quarantine, check
+from wandb_infra.bridge.quarantine.actuator import Quarantine, check
+from wandb_infra.bridge.quarantine.schedulers import KubernetesActions
 from wandb_infra.common.configfile import ConfigError
 from wandb_infra.common.runkey import RunKey
 

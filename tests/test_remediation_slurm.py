@@ -31,7 +31,8 @@ from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorker
 from wandb_infra.bridge.projection.wandb_client import WandbClient
 from wandb_infra.bridge.prometheus.client import PrometheusClient
-from wandb_infra.bridge.quarantine.actuator import Quarantine, SlurmActions
+from wandb_infra.bridge.quarantine.actuator import Quarantine
+from wandb_infra.bridge.quarantine.schedulers import SlurmActions
 from wandb_infra.catalog import series
 from wandb_infra.common.runkey import RunKey
 

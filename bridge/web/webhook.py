@@ -51,8 +51,8 @@ RUN_VERDICTS = ("", *VERDICTS)
 @dataclass
 class BridgeContext:
     """Everything the handlers need; built by ``bridge.service``. Pages read runs through
-    ``runs`` (its own Prometheus client, never the delivery worker's); ``wake`` tells the
-    worker new alerts arrived."""
+    ``runs`` (a run service without Prometheus: it shows what the worker stored); ``wake``
+    tells the worker new alerts arrived."""
 
     store: Store
     metrics: BridgeMetrics
