@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.exporter_process import EXPORTER
 from harness.processes import wait_for
+from tests.inprocess import Result, run_main
 from wandb_infra.common.commands import SourceError, run_command
 from wandb_infra.common.configfile import ConfigError
 from wandb_infra.exporter import cli, config
@@ -163,16 +163,14 @@ def test_node_state_and_other_runners_are_bounded_too():
 
 # -- the options -------------------------------------------------------------------------------
 
-def _check(tmp_path: Path, config: dict) -> subprocess.CompletedProcess[str]:
+def _check(tmp_path: Path, config: dict) -> Result:
+    """``wandb-infra-exporter --config FILE --check-config`` with only ``PATH`` set."""
     path = tmp_path / "exporter.yaml"
     path.write_text(yaml.safe_dump({"listen": "127.0.0.1:9842", **config}))
-    return subprocess.run([EXPORTER, "--config", str(path), "--check-config"],
-                          capture_output=True, text=True, timeout=30, check=False,
-                          env={"PATH": "/usr/bin:/bin", **{  # PYTHONPATH: to try older code
-                              k: v for k, v in os.environ.items() if k == "PYTHONPATH"}})
+    return run_main(cli.main, ["--config", str(path), "--check-config"],
+                    env={"PATH": "/usr/bin:/bin"})
 
 
-@pytest.mark.integration
 @pytest.mark.parametrize(("config", "message"), [
     ({"auth": {"host_tokens": [{"token": "t" * 20, "hosts": ["*.rack-b.example.com"]}]}},
      "'*.rack-b.example.com' can never match"),
@@ -198,7 +196,6 @@ def test_bad_bounds_are_one_line_errors(tmp_path, config, message):
     assert message in line
 
 
-@pytest.mark.integration
 @pytest.mark.parametrize("config", [
     {"auth": {"host_tokens": [{"token": "t" * 20, "hosts": ["gpu-b*", "10.1.2.*"]}]}},
     {"hostnames": {"strip_domain": False},
@@ -213,10 +210,8 @@ def test_good_bounds_are_accepted(tmp_path, config):
     assert proc.returncode == 0, proc.stderr
 
 
-@pytest.mark.integration
 def test_help_explains_the_bounds():
-    out = subprocess.run([EXPORTER, "--help"], capture_output=True, text=True, timeout=30,
-                         check=True).stdout
+    out = run_main(cli.main, ["--help"]).stdout
     for text in ("max_series_per_token", "max_output_bytes", "max_file_bytes",
                  "canonical host key", "Sec-Fetch-*", "application/json", "cost <= 12"):
         assert text in out, text

@@ -14,6 +14,8 @@ from aiohttp import web
 from harness.bridge_payloads import serve_app
 from harness.exporter_process import EXPORTER, running_exporter
 from harness.processes import free_port
+from tests.inprocess import Result, run_main
+from wandb_infra.exporter.cli import main
 from wandb_infra.exporter.hostnames import HostnameMapper
 from wandb_infra.exporter.placements import PlacementMerger
 from wandb_infra.exporter.pushed import RegistrationStore
@@ -25,28 +27,36 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 REG = {"entity": "ent", "project": "proj", "run_id": "run1", "hostname": "gpu01"}
 
 
-def _check(tmp_path: Path, config: dict, env: dict[str, str] | None = None,
-           check: bool = True) -> subprocess.CompletedProcess[str]:
+def _check(tmp_path: Path, config: dict, env: dict[str, str] | None = None) -> Result:
+    """``wandb-infra-exporter --config FILE --check-config`` with only ``env`` set."""
     path = tmp_path / "exporter.yaml"
     path.write_text(yaml.safe_dump(config))
-    return subprocess.run([EXPORTER, "--config", str(path), *(["--check-config"] * check)],
-                          capture_output=True, text=True, timeout=30, check=False,
-                          env={"PATH": "/usr/bin:/bin", **(env or {})})
+    return run_main(main, ["--config", str(path), "--check-config"],
+                    env={"PATH": "/usr/bin:/bin", **(env or {})})
 
 
-@pytest.mark.integration
 @pytest.mark.parametrize("listen", ["0.0.0.0:9842", "[::]:9842", "10.1.2.3:9842",
                                     "gpu01.example.com:9842", ":9842"])
 def test_open_registration_api_off_loopback_refuses_to_start(tmp_path, listen):
-    for check in (True, False):  # the same one line whether checking or starting
-        proc = _check(tmp_path, {"listen": listen}, check=check)
-        assert proc.returncode == 2
-        lines = proc.stderr.strip().splitlines()
-        assert len(lines) == 1 and "refusing to start" in lines[0], proc.stderr
-        assert "auth.token_file" in lines[0]
+    proc = _check(tmp_path, {"listen": listen})
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "refusing to start" in lines[0], proc.stderr
+    assert "auth.token_file" in lines[0]
 
 
 @pytest.mark.integration
+def test_the_process_refuses_to_start_with_the_same_line(tmp_path):
+    """Starting (not checking) the installed console script: the same one line, exit 2."""
+    path = tmp_path / "exporter.yaml"
+    path.write_text(yaml.safe_dump({"listen": "0.0.0.0:9842"}))
+    proc = subprocess.run([EXPORTER, "--config", str(path)], capture_output=True, text=True,
+                          timeout=30, check=False, env={"PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 2
+    [line] = proc.stderr.strip().splitlines()
+    assert "refusing to start" in line and "auth.token_file" in line
+
+
 @pytest.mark.parametrize("config", [
     {"listen": "127.0.0.1:9842"}, {"listen": "localhost:9842"}, {"listen": "[::1]:9842"},
     {"listen": "127.0.0.2:9842"},
@@ -58,7 +68,6 @@ def test_loopback_a_token_or_no_registration_api_may_start(tmp_path, config):
     assert proc.returncode == 0, proc.stderr
 
 
-@pytest.mark.integration
 def test_shipped_configs_use_a_token(tmp_path):
     token = tmp_path / "token"
     token.write_text(TOKEN + "\n")
@@ -190,7 +199,6 @@ def test_a_host_bound_token_registers_and_deletes_only_its_hosts(bound_api):
     assert post(REG, {"Authorization": "Bearer wrong"}).status_code == 401
 
 
-@pytest.mark.integration
 def test_host_tokens_in_the_config(tmp_path):
     node_token = tmp_path / "gpu01.token"
     node_token.write_text(NODE + "\n")

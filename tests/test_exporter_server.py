@@ -14,7 +14,9 @@ from hypothesis import strategies as st
 from harness.exporter_process import EXPORTER, metric_samples, metric_value, running_exporter
 from harness.processes import prom_query, prometheus, wait_for
 from tests.budget import examples
+from tests.inprocess import run_main
 from wandb_infra.common import labels
+from wandb_infra.exporter import cli
 
 pytestmark = pytest.mark.integration
 
@@ -183,23 +185,19 @@ def test_prometheus_scrapes_the_join_metrics(exporter, tmp_path):
 
 
 def test_cli_help_and_config_errors(tmp_path):
-    out = subprocess.run([EXPORTER, "--help"], capture_output=True, text=True, timeout=30,
-                         check=True).stdout
+    out = run_main(cli.main, ["--help"]).stdout
     for key in ("listen", "grace_seconds", "auth.token", "hostnames.rewrites", "sources.slurm",
                 "sources.wandb", "sources.kubernetes", "sources.files", "WANDB_INFRA_EXPORTER"):
         assert key in out
     bad = tmp_path / "bad.yaml"
     bad.write_text("listen: nowhere\n")
-    proc = subprocess.run([EXPORTER, "--config", str(bad)], capture_output=True, text=True,
-                          timeout=30, check=False)
+    proc = run_main(cli.main, ["--config", str(bad)])
     assert proc.returncode == 2 and "listen: must be host:port" in proc.stderr
     bad.write_text("sources:\n  slurm:\n    enabled: true\n    mode: sacct\n")
-    proc = subprocess.run([EXPORTER, "--config", str(bad)], capture_output=True, text=True,
-                          timeout=30, check=False)
+    proc = run_main(cli.main, ["--config", str(bad)])
     assert proc.returncode == 2 and "mode" in proc.stderr
     bad.write_text("colour: red\n")
-    proc = subprocess.run([EXPORTER, "--config", str(bad)], capture_output=True, text=True,
-                          timeout=30, check=False)
+    proc = run_main(cli.main, ["--config", str(bad)])
     assert proc.returncode == 2 and "colour: unknown key (known: listen, " in proc.stderr
     for text, reason in (
             ("sources:\n  files:\n    enabled: true\n    directory: /tmp\n"
@@ -210,12 +208,10 @@ def test_cli_help_and_config_errors(tmp_path):
              "    interval_seconds: 0\n",
              "sources.files.interval_seconds: must be a number > 0, not 0")):
         bad.write_text(text)
-        proc = subprocess.run([EXPORTER, "--config", str(bad), "--check-config"],
-                              capture_output=True, text=True, timeout=30, check=False)
+        proc = run_main(cli.main, ["--config", str(bad), "--check-config"])
         assert proc.returncode == 2 and reason in proc.stderr, proc.stderr
     env = {"WANDB_INFRA_EXPORTER__SOURCES__FILES__ENABLED": "true"}
-    proc = subprocess.run([EXPORTER, "--check-config"], capture_output=True, text=True,
-                          timeout=30, check=False, env={**env, "PATH": "/usr/bin:/bin"})
+    proc = run_main(cli.main, ["--check-config"], env={**env, "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 2 and "sources.files.directory is required" in proc.stderr
 
 

@@ -4,16 +4,14 @@ for each excerpt; the installed console script runs once, as a user runs it."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import NamedTuple
 
 import pytest
 
+from tests.inprocess import Result, run_main
 from wandb_infra.bridge.cli import main
 
 DATA = Path(__file__).resolve().parent / "data" / "joblog"
@@ -21,21 +19,9 @@ EXCERPTS = json.loads((DATA / "excerpts.json").read_text())
 BRIDGE = str(Path(sys.executable).parent / "wandb-infra-bridge")
 
 
-class Result(NamedTuple):
-    returncode: int
-    stdout: str
-    stderr: str
-
-
 def explain(*args: str) -> Result:
     """``wandb-infra-bridge explain ARGS`` through the command line's own entry point."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(["explain", *args])
-        except SystemExit as exc:  # argparse's usage errors
-            code = int(exc.code or 0)
-    return Result(code, out.getvalue(), err.getvalue())
+    return run_main(main, ["explain", *args])
 
 
 def test_explain_log_json_gives_each_excerpts_verdict_and_first_line():
