@@ -18,7 +18,8 @@ import requests
 
 from harness.bridge_payloads import alert, notification
 from harness.bridge_process import BRIDGE_CLI, ROOT, bridge_env, start_bridge
-from wandb_infra.bridge.ingest.store import SCHEMA_VERSION, Store, StoreError, StoreTooNew
+from wandb_infra.bridge.ingest.schema import SCHEMA_VERSION
+from wandb_infra.bridge.ingest.store import Store, StoreError, StoreTooNew
 
 
 def _body(index: int) -> dict:
