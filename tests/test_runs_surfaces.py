@@ -107,12 +107,13 @@ class Surfaces:
 
 @contextmanager
 def _delivered(tmp_path: Path, raised: list[dict[str, Any]], forged: list[dict[str, Any]],
-               ending: str | None, wb: WandbStandin) -> Iterator[tuple[Store, str]]:
+               ending: str | None, wb: WandbStandin, *,
+               asked: list[str] | None = None) -> Iterator[tuple[Store, str]]:
     """The run delivered to the W&B stand-in by the real worker, confirming with a Prometheus
     that raised ``raised``; yields the store and that Prometheus' URL."""
     wb.add_run("team", "proj", "r1", state="crashed" if ending else "running")
     store = Store(tmp_path / "bridge.sqlite")
-    with prometheus_raising(raised) as prom:
+    with prometheus_raising(raised, asked) as prom:
         worker = DeliveryWorker(store, client=WandbClient(wb.url, wb.api_key, timeout=5),
                                 markers=None, links=GrafanaLinks("https://grafana.example"),
                                 metrics=BridgeMetrics(), policy=DeliveryPolicy(flush_interval=0),
@@ -217,14 +218,17 @@ def test_notes_summary_page_and_explain_tell_one_story(tmp_path, name):
 
 def test_page_views_call_no_wandb_and_write_nothing(tmp_path):
     """50 views of the run page (JSON and HTML) and of /runs: not one W&B request (counted at
-    the stand-in) and not one store commit (SQLite's data_version, seen from outside)."""
-    with WandbStandin() as wb, _delivered(tmp_path, [_xid95()], [_forged()], None, wb) as (
-            store, prom):
+    the stand-in), not one Prometheus query (counted at its stand-in) and not one store commit
+    (SQLite's data_version, seen from outside)."""
+    asked: list[str] = []
+    with WandbStandin() as wb, _delivered(tmp_path, [_xid95()], [_forged()], None, wb,
+                                          asked=asked) as (store, prom):
         runs = run_service(store, PrometheusClient(prom), DeliveryPolicy(), None,
                            wandb_enabled=True, clock=lambda: NOW, reads=False)
         watcher = sqlite3.connect(store.path)
         before = watcher.execute("PRAGMA data_version").fetchone()[0]
-        calls = len(wb.requests)
+        calls, queries = len(wb.requests), len(asked)
+        assert queries  # the worker asked
         with serve(make_context(tmp_path, store=store, runs=runs)) as bridge:
             for i in range(50):
                 path = ("/runs/team/proj/r1", "/runs")[i % 2]
@@ -232,7 +236,7 @@ def test_page_views_call_no_wandb_and_write_nothing(tmp_path):
                 resp = requests.get(bridge.url + path, timeout=10,
                                     headers={**AUTH, "Accept": accept})
                 assert resp.status_code == 200
-        assert len(wb.requests) == calls
+        assert len(wb.requests) == calls and len(asked) == queries
         assert watcher.execute("PRAGMA data_version").fetchone()[0] == before
         watcher.close()
 

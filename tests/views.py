@@ -48,12 +48,16 @@ def remediation_data(history: NodeStateHistory | None, facts: Sequence[AlertFact
 
 
 @contextmanager
-def prometheus_raising(alerts: Sequence[Mapping[str, Any]]) -> Iterator[str]:
+def prometheus_raising(alerts: Sequence[Mapping[str, Any]],
+                       asked: list[str] | None = None) -> Iterator[str]:
     """A Prometheus query API whose ``ALERTS`` holds a firing series for each of ``alerts``
-    (Alertmanager-shaped: their ``labels``) and nothing else; yields its URL."""
+    (Alertmanager-shaped: their ``labels``) and nothing else; yields its URL. Every request's
+    path is appended to ``asked`` when given."""
     raised = [{**a["labels"], "alertstate": "firing", "__name__": "ALERTS"} for a in alerts]
 
     def answer(path: str, _headers: object) -> Reply:
+        if asked is not None:
+            asked.append(path)
         q = {k: v[0] for k, v in parse_qs(urlparse(path).query).items()}
         instant = "start" not in q
         result = [{"metric": m, "value": [float(q["time"]), "1"]} for m in raised] \
