@@ -1,17 +1,24 @@
-"""Wrap a per-entity fault expression so the alert carries the run labels (contract 2).
+"""Attribution: which run each GPU, host or link fault goes to, decided once per fault family.
 
-PromQL refuses many-to-many joins, and a failed join drops the whole rule, so the run info metric
-is always on the many side and the fault side is made unique per join key with ``topk by``. The
-run side is the contract-1 info metrics deduplicated with ``max by`` (exporter replicas collapse).
-Three cases per GPU fault: the run that holds the GPU (several runs may share one), runs on the
-host whose GPUs are unknown (never a GPU another run holds), and no run at all (the fault still
-alerts, without run labels). Host and link faults attribute to every run on the host.
+The rules are the one place where a fault meets its runs: the bridge does not join again, it only
+confirms each alert it receives against Prometheus' own ``ALERTS`` (bridge/prometheus/confirm.py),
+so the run labels an alert carries are the ones these joins gave it.
 
-Cost: the join metrics have a series per GPU of every run, and selecting a series is the unit
-of cost. Each alert family therefore reads them once per evaluation, recording the rows of the
-hosts with a fault of the family (``faulty_joins``, usually none) just before its alerts, which
-join against those few rows; only rows of faulty hosts can match, so the result is the same.
-Host and link families read only the per-host join metric.
+One group (``attribution``, every cycle) records the join of each family (GPU, host, link): the
+entities with a fault signal of the family (any entity in the sparse records its alerts read),
+and the runs on them, read from the join metrics once per cycle. Every alert of the family
+multiplies its fault by those rows; none reads the join metrics itself.
+
+GPU faults go to the runs holding the GPU (``wandb_run_gpu_info`` or the Kubernetes pod rows;
+several runs may share one), else to the runs on the host whose GPUs are unknown (never to a run
+holding another GPU; one alert per run, with the worst GPU's labels: PromQL has no many-to-many
+join), else to nobody (the alert fires without run labels). Host and link faults go to every run
+on the host (with the worst entity's labels), else to nobody (one alert per entity).
+
+Group order: the alerts read these records from another group, so a record may be one evaluation
+older than the fault. Each branch therefore selects the rows it joins positively (a GPU is in
+``unheld`` or it is not; a host is in ``without_run`` or it is not): a fault the join has not seen
+yet fires one evaluation later, never without its run labels or on another run.
 """
 
 from __future__ import annotations
@@ -22,126 +29,144 @@ from wandb_infra.alert_rules.normalise import Recording, promql, run_gpu_rows, r
 from wandb_infra.common import labels as L
 
 RUN = ", ".join(L.RUN_LABELS)
+# The fault families, each named after the alert scope it attributes.
+FAMILIES = ("gpu", "host", "link")
 
 
 @dataclass(frozen=True)
-class Joins:
-    """Names of a family's join records: its faulty hosts' GPU rows, their runs whose GPUs are
-    unknown, and the runs on its faulty hosts."""
+class Join:
+    """The record names of one family's join (``<level>:<family>_faults:<what>``)."""
 
-    run_gpus: str
-    gpus_unknown: str
-    run_hosts: str
+    family: str
+
+    def name(self, level: str, what: str) -> str:
+        return f"{level}:{self.family}_faults:{what}"
+
+    @property
+    def signalled(self) -> str:
+        return self.name("gpu" if self.family == "gpu" else "hostname", "signalled")
+
+    @property
+    def held(self) -> str:
+        return self.name("wandb_run_gpu", "held")
+
+    @property
+    def gpus_unknown(self) -> str:
+        return self.name("wandb_run_hostname", "gpus_unknown")
+
+    @property
+    def by_host(self) -> str:
+        return self.name("gpu", "by_host")
+
+    @property
+    def runs(self) -> str:
+        return self.name("wandb_run_gpu" if self.family == "gpu" else "wandb_run_hostname",
+                         "runs")
+
+    @property
+    def without_run(self) -> str:
+        return self.name("hostname", "without_run")
 
 
-def family_joins(family: str) -> Joins:
-    """Names of a family's faulty-host join records (``level:metric:faulty_<family>``)."""
-    suffix = "faulty_" + family.replace("-", "_")
-    return Joins(f"wandb_run_gpu:wandb_run_gpu_info:{suffix}",
-                 f"wandb_run_hostname:wandb_run_gpus_unknown:{suffix}",
-                 f"wandb_run_hostname:wandb_run_node_info:{suffix}")
-
-
-GPUS_UNKNOWN_ON = """
+SIGNALLED = """
+group by (${BY}) (
+  ${INPUTS}
+)
+"""
+GPUS_UNKNOWN = """
 ${RUN_HOSTS}
 unless on (hostname, ${RUN})
-${RUN_GPUS}
+${HELD}
+"""
+BY_HOST = """
+(${S} unless on (hostname, gpu) ${H})
+and on (hostname)
+${U}
+"""
+GPU_RUNS = """
+(${H} and on (hostname, gpu) ${S})
+or
+(${S} unless on (hostname, gpu) ${H} unless on (hostname) ${U})
 """
 
 
-def faulty_joins(joins: Joins, gpu_faults: list[str], host_faults: list[str]
-                 ) -> list[Recording]:
-    """The join rows on hosts with a fault among the given fault records.
-
-    The GPU rows come first: the runs with unknown GPUs are those of the faulty hosts' runs
-    that have no row there.
-    """
-    out = []
-    if gpu_faults:
-        on_gpu = "\nor\n".join(gpu_faults)
-        out += [
-            Recording(joins.run_gpus, run_gpu_rows(on_gpu),
-                      "The run rows (run, host, GPU) of the hosts with a fault of this family, "
-                      "usually none: the join metrics are read once here, and the alerts below "
-                      "join these few rows instead of every GPU of every run."),
-            Recording(joins.gpus_unknown,
-                      promql(GPUS_UNKNOWN_ON, RUN_HOSTS=run_host_rows(on_gpu),
-                             RUN_GPUS=joins.run_gpus),
-                      "The runs on those hosts whose GPUs there are unknown (no GPU row): "
-                      "a GPU fault reaches them by host, never a run holding another GPU."),
+def join_records(family: str, inputs: list[str]) -> list[Recording]:
+    """A family's join, recorded once: its signalled entities (``inputs``: how the family's
+    alerts read their records) and the run rows on them."""
+    j = Join(family)
+    by = "hostname, gpu" if family == "gpu" else "hostname"
+    what = {"gpu": "GPU", "host": "host", "link": "host with a link"}[family]
+    signalled = Recording(
+        j.signalled, promql(SIGNALLED, BY=by, INPUTS="\nor ".join(inputs)),
+        f"Every {what} in a record the {family} alerts read (usually none, never more than "
+        "those with a fault): the entities whose runs the join below looks up.")
+    if family != "gpu":
+        return [
+            signalled,
+            Recording(j.runs, run_host_rows(j.signalled),
+                      f"The runs on each signalled {what} ({L.NODE_INFO}): a {family} alert "
+                      "goes to every run on its host, with the worst entity's labels."),
+            Recording(j.without_run, promql("${S}\nunless on (hostname)\n${R}", S=j.signalled,
+                                            R=j.runs),
+                      f"The signalled hosts with no run: a {family} alert there fires once per "
+                      "entity, without run labels."),
         ]
-    if host_faults:
-        out.append(Recording(joins.run_hosts, run_host_rows("\nor\n".join(host_faults)),
-                             "The runs on the hosts with a host or link fault of this family "
-                             "(usually none), read once for the alerts below."))
-    return out
+    return [
+        signalled,
+        Recording(j.held, run_gpu_rows(j.signalled),
+                  "The run rows (host, GPU, run) of every host with a signalled GPU, from "
+                  f"{L.GPU_INFO} or the Kubernetes pod rows: the join metrics, read once per "
+                  "cycle for every GPU alert."),
+        Recording(j.gpus_unknown,
+                  promql(GPUS_UNKNOWN, RUN_HOSTS=run_host_rows(j.signalled), HELD=j.held),
+                  "The runs on those hosts whose GPUs there are unknown (no GPU row)."),
+        Recording(j.by_host, promql(BY_HOST, S=j.signalled, H=j.held, U=j.gpus_unknown),
+                  "The signalled GPUs no run holds on a host with such runs: a GPU alert "
+                  "there goes to those runs, by host."),
+        Recording(j.runs, promql(GPU_RUNS, S=j.signalled, H=j.held, U=j.gpus_unknown),
+                  "Each signalled GPU with the runs holding it (several may share one), or, "
+                  "when no run holds it and no run with unknown GPUs is on its host, without "
+                  "run labels (the alert then names no run)."),
+    ]
 
 
 def _join(*names: str) -> str:
     return ", ".join(n for n in names if n)
 
 
-def _indent(expr: str) -> str:
-    return "\n".join("  " + line for line in expr.splitlines())
-
-
-def gpu_scope(fault: str, copy: tuple[str, ...], j: Joins) -> str:
-    """A GPU fault attributed by (hostname, gpu), else by hostname, else to nobody."""
+def gpu_scope(fault: str, copy: tuple[str, ...]) -> str:
+    """A GPU fault attributed by (hostname, gpu) (its runs, or none), else by hostname."""
+    j = Join("gpu")
     copied = _join(L.GPU_UUID, *copy)
+    by_host = f"{fault} and on ({L.HOSTNAME}, {L.GPU}) {j.by_host}"
     return "\n".join([
-        "(",
-        f"  {j.run_gpus}",
-        f"  * on ({L.HOSTNAME}, {L.GPU}) group_left ({copied})",
-        f"  topk by ({L.HOSTNAME}, {L.GPU}) (1, (",
-        _indent(_indent(fault)),
-        "  ))",
-        ")",
+        f"{j.runs} * on ({L.HOSTNAME}, {L.GPU}) group_left ({copied})",
+        f"  topk by ({L.HOSTNAME}, {L.GPU}) (1, {fault})",
         "or",
-        "(",
-        f"  {j.gpus_unknown}",
-        f"  * on ({L.HOSTNAME}) group_left ({_join(L.GPU, copied)})",
-        f"  topk by ({L.HOSTNAME}) (1, (",
-        _indent(_indent(fault)),
-        f"  ) unless on ({L.HOSTNAME}, {L.GPU}) {j.run_gpus})",
-        ")",
-        "or",
-        "(",
-        f"  max by ({_join(L.HOSTNAME, L.GPU, copied)}) (",
-        _indent(_indent(fault)),
-        "  )",
-        f"  unless on ({L.HOSTNAME}, {L.GPU}) {j.run_gpus}",
-        f"  unless on ({L.HOSTNAME}) {j.gpus_unknown}",
-        ")",
+        f"{j.gpus_unknown} * on ({L.HOSTNAME}) group_left ({_join(L.GPU, copied)})",
+        f"  topk by ({L.HOSTNAME}) (1, {by_host})",
     ])
 
 
-def host_scope(fault: str, copy: tuple[str, ...], j: Joins) -> str:
-    """A host or link fault attributed to every run on the host, else to nobody."""
+def host_scope(fault: str, copy: tuple[str, ...], family: str) -> str:
+    """A host or link fault attributed to every run on the host (the worst entity's labels),
+    else to nobody (one alert per entity)."""
+    j = Join(family)
     return "\n".join([
-        "(",
-        f"  {j.run_hosts}",
-        f"  * on ({L.HOSTNAME}) group_left ({_join(*copy)})",
-        f"  topk by ({L.HOSTNAME}) (1, (",
-        _indent(_indent(fault)),
-        "  ))",
-        ")",
+        f"{j.runs} * on ({L.HOSTNAME}) group_left ({_join(*copy)})",
+        f"  topk by ({L.HOSTNAME}) (1, {fault})",
         "or",
-        "(",
-        f"  max by ({_join(L.HOSTNAME, *copy)}) (",
-        _indent(_indent(fault)),
-        "  )",
-        f"  unless on ({L.HOSTNAME}) {j.run_hosts}",
-        ")",
+        f"max by ({_join(L.HOSTNAME, *copy)}) ({fault}) and on ({L.HOSTNAME}) {j.without_run}",
     ])
 
 
-def attributed(scope: str, fault: str, copy: tuple[str, ...], joins: Joins) -> str:
+def attributed(scope: str, fault: str, copy: tuple[str, ...]) -> str:
     """The alert expression for an entity scope; run-scoped faults already carry run labels and
     pipeline alerts concern no run."""
     if scope == "gpu":
-        return gpu_scope(fault, copy, joins)
+        return gpu_scope(fault, copy)
     if scope in ("host", "link"):
-        return host_scope(fault, copy, joins)
+        return host_scope(fault, copy, scope)
     if scope in ("run", "pipeline"):
         return fault
     raise ValueError(f"unknown scope {scope!r}")

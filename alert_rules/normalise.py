@@ -20,6 +20,7 @@ answered by sparse records of the never-healthy entities, read by the fast alert
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from wandb_infra.catalog import host_alerts as h
@@ -87,46 +88,27 @@ class Recording:
 
 # --- shared relabelling steps ----------------------------------------------------------------
 
-DCGM_HOST = """
-label_replace(
-  ${EXPR},
-  "hostname", "$1", "Hostname", "(.+)"
-)
-"""
-STRIP_DOMAIN = """
-label_replace(
-  ${EXPR},
-  "hostname", "$1", "hostname", "${FQDN}"
-)
-"""
-GPU_UUID = """
-label_replace(
-  ${EXPR},
-  "gpu_uuid", "$1", "UUID", "(.+)"
-)
-"""
-# One series per GPU, keyed (hostname, gpu, gpu_uuid): the inner max strips every other label
-# first, so the relabelling works on small label sets.
-PER_GPU = """
-max by (hostname, gpu, gpu_uuid) (
-  ${RENAMED}
-)
-"""
-DCGM_GPU_KEYS = """
-max by (Hostname, hostname, gpu, UUID) (
-  ${INNER}
-)
-"""
-PER_HOST_GPU = """
-max by (hostname, gpu) (
-  ${RENAMED}
-)
-"""
-DCGM_HOST_GPU_KEYS = """
-max by (Hostname, hostname, gpu) (
-  ${INNER}
-)
-"""
+# One label_replace step: (destination, source, regex whose first group is the value).
+Step = tuple[str, str, str]
+DCGM_HOST: Step = ("hostname", "Hostname", "(.+)")
+GPU_UUID: Step = ("gpu_uuid", "UUID", "(.+)")
+
+
+def relabelled(expr: str, steps: list[Step]) -> str:
+    """``expr`` through nested ``label_replace`` steps, innermost first, one step a line."""
+    if not steps:
+        return expr
+    lines = ["label_replace(" * len(steps), "  " + expr.replace("\n", "\n  ") + ","]
+    lines += [f'  "{dst}", "$1", "{src}", "{regex}")' + ("," if i < len(steps) - 1 else "")
+              for i, (dst, src, regex) in enumerate(steps)]
+    return "\n".join(lines)
+
+
+def _max_by(by: str, expr: str) -> str:
+    """``max by (by) (expr)``, on one line when ``expr`` is."""
+    if "\n" not in expr:
+        return f"max by ({by}) ({expr})"
+    return promql("max by (${BY}) (\n  ${EXPR}\n)", BY=by, EXPR=expr)
 
 
 @dataclass(frozen=True)
@@ -142,11 +124,13 @@ class HostKey:
     # generator's host_key_regex, the mixin's hostKeyRegex); default: the first label of an FQDN.
     regex: str = FQDN
 
+    def steps(self) -> list[Step]:
+        """The step reducing ``hostname`` to the canonical key (none when domains are kept)."""
+        return [("hostname", "hostname", self.regex)] if self.strip_domain else []
+
     def canonical(self, expr: str) -> str:
         """``expr`` with its ``hostname`` label reduced to the canonical key."""
-        if not self.strip_domain:
-            return expr
-        return promql(STRIP_DOMAIN, EXPR=expr, FQDN=self.regex)
+        return relabelled(expr, self.steps())
 
 
 DEFAULT_HOST_KEY = HostKey()
@@ -155,24 +139,25 @@ DEFAULT_HOST_KEY = HostKey()
 def _from_dcgm_host(expr: str, host: HostKey) -> str:
     """dcgm-exporter's host label, ``Hostname`` (<= 4.8.2) or ``hostname``, as the canonical
     ``hostname``."""
-    return host.canonical(promql(DCGM_HOST, EXPR=expr))
+    return relabelled(expr, [DCGM_HOST, *host.steps()])
 
 
 def _gpu_labels(expr: str, host: HostKey) -> str:
     """``expr`` with dcgm's host and UUID labels renamed (no aggregation)."""
-    return promql(GPU_UUID, EXPR=_from_dcgm_host(expr, host))
+    return relabelled(expr, [DCGM_HOST, *host.steps(), GPU_UUID])
 
 
 def _gpu(inner: str, host: HostKey) -> str:
-    """Rename the dcgm host/UUID labels and collapse duplicates into one series per GPU."""
-    keyed = promql(DCGM_GPU_KEYS, INNER=inner)
-    return promql(PER_GPU, RENAMED=_gpu_labels(keyed, host))
+    """One series per GPU, keyed (hostname, gpu, gpu_uuid): the inner max strips every other
+    label first, so the relabelling works on small label sets."""
+    keyed = _max_by("Hostname, hostname, gpu, UUID", inner)
+    return _max_by("hostname, gpu, gpu_uuid", _gpu_labels(keyed, host))
 
 
 def _host_label(inner: str, host: HostKey) -> str:
     """dcgm series reduced to (hostname, gpu), whichever host label spelling they carry."""
-    keyed = promql(DCGM_HOST_GPU_KEYS, INNER=inner)
-    return promql(PER_HOST_GPU, RENAMED=_from_dcgm_host(keyed, host))
+    keyed = _max_by("Hostname, hostname, gpu", inner)
+    return _max_by("hostname, gpu", _from_dcgm_host(keyed, host))
 
 
 def _paren(expr: str) -> str:
@@ -186,17 +171,19 @@ def _either(*variants: str) -> str:
     """Old-or-new metric names (4.9 renames): the first present wins per series."""
     if len(variants) == 1:
         return variants[0]
-    return "\nor\n".join(_paren(v) for v in variants)
+    # ``or`` binds loosest: only a variant holding a set operation of its own needs parentheses.
+    return "\nor\n".join(_paren(v) if re.search(r"\n(or|and|unless)\b", v) else v
+                         for v in variants)
 
 
 def _sparse(host: HostKey, *variants: str) -> str:
     """Error counters: only GPUs with a non-zero value are relabelled and recorded.
 
     Each variant is filtered before the ``or`` and the relabelling, so those touch the handful of
-    faulty GPUs instead of every GPU of the cluster.
+    faulty GPUs instead of every GPU of the cluster; a multi-line variant is a sum of parts each
+    filtered so (``_tagged_sum``), non-zero already.
     """
-    return _gpu(_either(*(f"{v} > 0" if "\n" not in v else f"{_paren(v)} > 0"
-                          for v in variants)), host)
+    return _gpu(_either(*(f"{v} > 0" if "\n" not in v else v for v in variants)), host)
 
 
 TAGGED_PART = 'label_replace(${FN}(${METRIC}[${WINDOW}]) > 0, "counter", "${TAG}", "", "")'
@@ -223,27 +210,15 @@ def _sparse_sums(host: HostKey, fn: str, window: str, *names: tuple[str, ...]) -
 
 # --- XIDs (fast tier) --------------------------------------------------------------------------
 
-XID_COUNTED = """
-max by (hostname, gpu, gpu_uuid, xid) (
-  ${RELABELLED}
-)
-"""
 # count_values keys on the gauge's value (the code), not on err_code, which versions before 3.3
 # do not have.
 XID_CODES = """
-max by (hostname, gpu, gpu_uuid, xid) (
-  clamp(
-    ${RELABELLED},
-    1, 1
-  )
-)
+max by (hostname, gpu, gpu_uuid, xid) (clamp(
+  ${RELABELLED},
+  1, 1
+))
 """
-XID_CODE_VALUES = """
-count_values by (Hostname, hostname, gpu, UUID) (
-  "xid",
-  ${GAUGE} > 0
-)
-"""
+XID_CODE_VALUES = 'count_values by (Hostname, hostname, gpu, UUID) ("xid", ${GAUGE} > 0)'
 # The code each series held last before the recent window: a range, so neither a staleness
 # marker nor a missed scrape right at ``offset`` hides it (range reads skip both).
 XID_HELD_BEFORE = "last_over_time(${GAUGE}[${HISTORY_WINDOW}] offset ${XID_RECENT})"
@@ -264,7 +239,7 @@ def _xid_codes(gauge: str, host: HostKey) -> str:
 def xid_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
     """XID events of the last 10-15 minutes, per GPU and code (fast tier)."""
     counts = promql("max_over_time(DCGM_EXP_XID_ERRORS_COUNT[${XID_RECENT}]) > 0")
-    counted = promql(XID_COUNTED, RELABELLED=_gpu_labels(counts, host))
+    counted = _max_by("hostname, gpu, gpu_uuid, xid", _gpu_labels(counts, host))
     before = promql(XID_HELD_BEFORE, GAUGE=XID_GAUGE)
     gauge_events = promql(XID_NEW_CODES, NOW=_xid_codes(XID_GAUGE, host),
                           BEFORE=_xid_codes(before, host))
@@ -462,10 +437,8 @@ topk by (instance, job) (1,
 )
 """
 TARGET_OF = """
-label_replace(
-  topk by (instance, job) (1, max_over_time(${TARGET}[${HISTORY_WINDOW}])),
-  "${TARGET_LABEL}", "${EXPORTER}", "", ""
-)
+label_replace(topk by (instance, job) (1, max_over_time(${TARGET}[${HISTORY_WINDOW}])),
+  "${TARGET_LABEL}", "${EXPORTER}", "", "")
 """
 # The maps seen within the hour, else what this record held at its last evaluation for the
 # targets still down (up == 0: still in discovery), or gone from discovery while their host has a
@@ -552,10 +525,8 @@ def target_map_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
 
 
 PIPELINE_SEEN = """
-label_replace(
-  clamp(max by (instance, job) (max_over_time(${METRIC}[${HISTORY_WINDOW}])), 1, 1),
-  "${PIPELINE_LABEL}", "${COMPONENT}", "", ""
-)
+label_replace(clamp(max by (instance, job) (max_over_time(${METRIC}[${HISTORY_WINDOW}])), 1, 1),
+  "${PIPELINE_LABEL}", "${COMPONENT}", "", "")
 """
 PIPELINE_REMEMBERED = """
 ${SEEN}
@@ -677,15 +648,9 @@ def link_wear_rules() -> list[Recording]:
 
 # --- runs on GPUs (slow tier) ------------------------------------------------------------------
 
-POD_EXPORTED = """
-label_replace(
-  label_replace(
-    ${SCRAPED},
-    "pod", "$1", "exported_pod", "(.+)"
-  ),
-  "namespace", "$1", "exported_namespace", "(.+)"
-)
-"""
+# A ServiceMonitor without honorLabels renames the training pod's labels to exported_*.
+POD_EXPORTED: list[Step] = [("pod", "exported_pod", "(.+)"),
+                            ("namespace", "exported_namespace", "(.+)")]
 POD_HELD = """
 max by (Hostname, hostname, gpu, namespace, pod) (
   ${EXPORTED}
@@ -712,14 +677,13 @@ max by (hostname, gpu, ${RUN}) (
 
 def pod_gpu_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
     """The run on each GPU that a Kubernetes pod holds (slow tier)."""
-    exported = promql(POD_EXPORTED,
-                      SCRAPED=s.dcgm_raw(s.DCGM_GPU_TEMP, matchers='exported_pod!=""'))
+    exported = relabelled(s.dcgm_raw(s.DCGM_GPU_TEMP, matchers='exported_pod!=""'), POD_EXPORTED)
     honoured = s.dcgm_raw(s.DCGM_GPU_TEMP, matchers='pod!="",exported_pod=""')
     held = _from_dcgm_host(promql(POD_HELD, EXPORTED=exported, HONOURED=honoured), host)
     # The exporter's side behind a ServiceMonitor without honorLabels: its namespace/pod are the
     # training pod's as exported_*, and namespace/pod the exporter's own (never a GPU's pod).
     run_pods = promql("${EXPORTED}\nor\n${POD_INFO}{exported_pod=\"\"}",
-                      EXPORTED=promql(POD_EXPORTED, SCRAPED=f'{L.POD_INFO}{{exported_pod!=""}}'))
+                      EXPORTED=relabelled(f'{L.POD_INFO}{{exported_pod!=""}}', POD_EXPORTED))
     return [Recording(
         s.POD_GPU_ROWS, promql(POD_GPU_ROWS, HELD=held, RUN_PODS=run_pods),
         "The run on each GPU a Kubernetes pod holds: dcgm-exporter's pod labels on the GPU "
@@ -1120,8 +1084,8 @@ def host_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
                            for check, expr in DISK_CHECKS)
     fm_status = "DCGM_FI_DEV_FABRIC_MANAGER_STATUS"
     sxid = '{__name__=~"DCGM_FI_DEV_SXID_FATAL_ERROR|DCGM_FI_DEV_NVSWITCH_FATAL_ERRORS"} > 0'
-    nvswitch = promql(PER_HOST_GPU.replace("gpu", "nvswitch"), RENAMED=_from_dcgm_host(
-        promql("max by (Hostname, hostname, nvswitch) (\n  ${INNER}\n)", INNER=sxid), host))
+    nvswitch = _max_by("hostname, nvswitch", _from_dcgm_host(
+        _max_by("Hostname, hostname, nvswitch", sxid), host))
     fabric = _host_label(_h(FABRIC_NOT_READY, STATUS=fm_status), host)
     return [
         Recording(s.HOST_OOM_KILLS, _host(_h("increase(node_vmstat_oom_kill[${WEAR_WINDOW}]) > 0")),
@@ -1224,4 +1188,10 @@ def repeat_rules() -> list[Recording]:
         Recording(s.GPU_HARDWARE_SINCE,
                   promql(EPISODE_START, SINCE=s.GPU_HARDWARE_SINCE, FIRING=gpu, BY=gpu_by),
                   "When each GPU's current hardware-fault episode began."),
+        Recording(s.GPU_HARDWARE_EPISODES,
+                  promql("changes(${SINCE}[${WINDOW}]) + 1", SINCE=s.GPU_HARDWARE_SINCE,
+                         WINDOW=s.REPEAT_WINDOW),
+                  f"Hardware-fault episodes of each GPU in the last {s.span(s.REPEAT_WINDOW)} "
+                  "(GPUs with one at least): GpuRepeatOffender counts them, and the GPU join "
+                  "looks up the runs on the GPUs in it."),
     ]

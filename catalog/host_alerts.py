@@ -299,8 +299,7 @@ max_over_time(${NODE_MAINTENANCE}[${BOOT_WINDOW}])
                         "and replacement (RMA) of this GPU.",
             panel="repeat_offenders",
             condition="""
-changes(${GPU_HARDWARE_SINCE}[${REPEAT_WINDOW}]) + 1
->= ${REPEAT_FAULTS_MIN}
+${GPU_HARDWARE_EPISODES} >= ${REPEAT_FAULTS_MIN}
 """,
             group="repeat-offenders",
             needs=Action.REPLACE),

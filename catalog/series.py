@@ -162,6 +162,7 @@ HOST_HARDWARE_FIRING = "hostname:hardware_alerts:firing"
 HOST_HARDWARE_SINCE = "hostname:hardware_alerts:episode_start"
 GPU_HARDWARE_FIRING = "gpu:hardware_alerts:firing"
 GPU_HARDWARE_SINCE = "gpu:hardware_alerts:episode_start"
+GPU_HARDWARE_EPISODES = "gpu:hardware_alerts:episodes_7d"
 # A boot time that moved later by more than this is a reboot (btime jitters by a second).
 BOOT_WINDOW = "30m"  # how long a reboot stays an alert after the node is back
 REPEAT_WINDOW = "7d"  # repeat offenders: hardware faults counted over this window
@@ -231,11 +232,8 @@ PHYSICAL_INTERFACES = f'device!~"{VIRTUAL_INTERFACES}"'
 
 NODE_WITH_HOST = """
 max by (hostname, ${BY}) (
-  max by (instance, job, ${BY}) (
-    ${INNER}
-  )
-  * on (instance, job) group_left (hostname)
-  ${TARGET}
+  max by (instance, job, ${BY}) (${INNER})
+  * on (instance, job) group_left (hostname) ${TARGET}
 )
 """
 
