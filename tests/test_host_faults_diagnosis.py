@@ -7,6 +7,7 @@ offender is "replace, not reset"."""
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from pathlib import Path
 
@@ -66,8 +67,9 @@ def test_every_host_alert_is_shipped_and_attributed():
     for name in ("HostOomKill", "FilesystemNotResponding", "NodeMaintenance", "NodeRebooted",
                  "HostMemoryUncorrectableErrors", "GpuRepeatOffender"):
         assert name in SHIPPED
-        assert "wandb_run_node_info" in SHIPPED[name]["expr"] or "wandb_run_gpu" in \
-            SHIPPED[name]["expr"], name
+        # attributed through its fault family's join rows (alert_rules/attribution.py)
+        assert re.search(r"wandb_run_(gpu|hostname):(gpu|host)_faults:runs",
+                         SHIPPED[name]["expr"]), name
 
 
 def test_host_oom_kill_explains_the_nccl_errors_and_stalls():
