@@ -38,6 +38,7 @@ from wandb_infra.bridge.runs.view import (
 from wandb_infra.bridge.web.timeline import (
     CHART_WIDTHS,
     activity_svg,
+    by_name,
     clock,
     colour,
     offset_text,
@@ -231,13 +232,6 @@ def _remediation_html(rem: Remediation, quarantine: QuarantineView | None) -> st
     return "".join(parts)
 
 
-def _by_name(facts: Sequence[AlertFact]) -> list[tuple[str, list[AlertFact]]]:
-    groups: dict[str, list[AlertFact]] = {}
-    for fact in facts:
-        groups.setdefault(fact.alertname, []).append(fact)
-    return sorted(groups.items(), key=lambda kv: min(onset(f) for f in kv[1]))
-
-
 def impact_rows(root: AlertFact, impact: Impact | None) -> list[str]:
     """The card's impact: measured on the run (diagnosis/impact.py) with what it cost, else the
     catalog's prose."""
@@ -260,7 +254,7 @@ def _card(view: IssueView, headline: bool, link: LinkFn) -> str:
     badge = "ROOT CAUSE" if headline else "SEPARATE ISSUE"
     buttons = (_link(link(root, issue.started_at, issue.ended_at), "Open in Grafana", "btn")
                + _link(runbook_url(root), "Runbook", "btn alt"))
-    groups = _by_name(issue.consequences)
+    groups = by_name(issue.consequences)
     impact_extra = (f"<br><span class='muted'>{len(issue.consequences)} likely consequence(s): "
                     + "; ".join(f"{escape(name)} on {len({f.hostname for f in facts})} host(s)"
                                 for name, facts in groups) + "</span>") if groups else ""
@@ -293,7 +287,7 @@ def _consequences_html(issue: Issue, link: LinkFn) -> str:
     out = [f"<h2>Likely consequences ({len(issue.consequences)})</h2><table class='consequences'>"
            "<tr><th class='sev'></th><th>Alert</th><th>Count</th><th>First</th><th>Last onset</th>"
            "<th>Still firing</th><th>Where</th><th></th></tr>"]
-    for name, group in _by_name(issue.consequences):
+    for name, group in by_name(issue.consequences):
         facts = sorted(group, key=lambda f: (onset(f), f.where))
         hosts = {f.hostname or "unknown host" for f in facts}
         firing = sum(1 for f in facts if f.ends_at is None)

@@ -267,15 +267,16 @@ def timeline_svg(issue: Issue, width: int = WIDTH) -> str:
     return "".join(out)
 
 
-def _by_name(lane: Lane) -> dict[str, list[AlertFact]]:
-    by_name: dict[str, list[AlertFact]] = {}
-    for fact in lane.facts:
-        by_name.setdefault(fact.alertname, []).append(fact)
-    return dict(sorted(by_name.items(), key=lambda kv: min(onset(f) for f in kv[1])))
+def by_name(facts: Sequence[AlertFact]) -> list[tuple[str, list[AlertFact]]]:
+    """The facts grouped by alert name, the earliest onset first."""
+    groups: dict[str, list[AlertFact]] = {}
+    for fact in facts:
+        groups.setdefault(fact.alertname, []).append(fact)
+    return sorted(groups.items(), key=lambda kv: min(onset(f) for f in kv[1]))
 
 
 def _lane_height(lane: Lane) -> int:
-    return ROW_H * max(1, len(_by_name(lane))) + 4
+    return ROW_H * max(1, len(by_name(lane.facts))) + 4
 
 
 def _bars(lane: Lane, axis: _Axis, y: float, t_end: float) -> list[str]:
@@ -283,7 +284,7 @@ def _bars(lane: Lane, axis: _Axis, y: float, t_end: float) -> list[str]:
     edge while any still fires), named, with a tick at every distinct onset of a grouped lane."""
     h = ROW_H - 3
     out = []
-    for j, (name, facts) in enumerate(_by_name(lane).items()):
+    for j, (name, facts) in enumerate(by_name(lane.facts)):
         onsets = sorted(onset(f) for f in facts)
         ends = [t_end if f.ends_at is None else f.ends_at.timestamp() for f in facts]
         x0, x1 = axis.x(onsets[0]), axis.x(max(ends))
