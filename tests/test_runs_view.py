@@ -1,21 +1,27 @@
 """The run view after a repair: once the GPU reset or the node reboot the fault needed is seen
 done, no line of the issue on any surface (W&B notes, run page HTML and JSON, ``explain``'s
-text) tells the user to reset, reboot, exclude or drain what was repaired."""
+text) tells the user to reset, reboot, exclude or drain what was repaired. The GPU-hours the
+worker stores for ``/metrics`` are the view's."""
 
 from __future__ import annotations
 
 import json
 import re
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from tests.test_verdict import _done_evidence, fact, healthy, in_pool, run
-from tests.views import view_of
+from tests.views import RUN, view_of
+from wandb_infra.bridge.diagnosis.impact import HANG, Impact
 from wandb_infra.bridge.diagnosis.report import render_run
-from wandb_infra.bridge.diagnosis.root_cause import diagnose
+from wandb_infra.bridge.diagnosis.root_cause import AlertFact, diagnose
 from wandb_infra.bridge.diagnosis.verdict import SAFE, Policy
+from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.projection.notes import render_section
+from wandb_infra.bridge.prometheus.confirm import Confirmation
 from wandb_infra.bridge.prometheus.remediation import remediations_for
+from wandb_infra.bridge.runs.service import RunService
 from wandb_infra.bridge.web.pages import run_html
 from wandb_infra.catalog.recovery import Action
 
@@ -50,3 +56,22 @@ def test_no_line_says_to_repair_what_was_repaired(name):
     said = [(where, line) for where, text in surfaces.items() for line in _lines(text)
             if REPAIR_AGAIN.search(line.split("Done: ", 1)[-1])]
     assert said == [], said
+
+
+def test_the_stored_gpu_hours_are_the_runs_figure(tmp_path):
+    """``/metrics`` sums the figure the worker stored per run: it is the run view's (two issues
+    costing the run at the same time counted once), never the issues' plain sum."""
+    start = datetime(2026, 12, 1, 12, tzinfo=UTC)
+    facts = [AlertFact("a", "GpuThermalViolation", start - timedelta(minutes=30),
+                       start - timedelta(minutes=25), "warning", "gpu_degradation", "h3", "1"),
+             AlertFact("b", "GpuXidError", start, None, "critical", "gpu_hardware", "h1", "2")]
+    store = Store(tmp_path / "bridge.sqlite")
+    service = RunService(store)
+    view = service.assemble(RUN, Confirmation.unchecked(facts))
+    assert len(view.issues) == 2
+    at = start.timestamp()
+    shown = service.record_impacts(view, {i.issue.key: Impact(HANG, "no GPU computed", at, "",
+                                                              at + 3600, "recovery", 8, 8.0)
+                                          for i in view.issues})
+    assert shown.gpu_hours == 8.0 and store.gpu_hours(RUN) == 8.0
+    assert store.gpu_hours_by_project() == [(RUN.entity, RUN.project, 8.0)]

@@ -91,8 +91,7 @@ class RunService:
         impacts = None if measured is None else (
             {k: Impact(**v) for k, v in json.loads(measured[0]).items()}, measured[1])
         view = self.assemble(run, self.confirm(run, facts), stored=stored, impacts=impacts,
-                             delivery=self.store.outbox(run), remediate=remediate,
-                             gpu_hours=self.store.gpu_hours(run) if run.attributed else None)
+                             delivery=self.store.outbox(run), remediate=remediate)
         if not run.attributed:
             return view
         read, plot, state = (self.store.evidence(run, k) for k in (JOB_LOG, ACTIVITY, RESTART))
@@ -123,8 +122,7 @@ class RunService:
 
     def assemble(self, run: RunKey, confirmation: Confirmation, *, stored: Outcome | None = None,
                  impacts: tuple[Mapping[str, Impact], float] | None = None,
-                 delivery: OutboxRow | None = None, gpu_hours: float | None = None,
-                 remediate: bool = True) -> RunView:
+                 delivery: OutboxRow | None = None, remediate: bool = True) -> RunView:
         """A view from facts already read and confirmed (``explain`` reads them from
         Prometheus' history rather than the store)."""
         diagnosis = diagnose(confirmation.confirmed, self.gap)
@@ -148,7 +146,7 @@ class RunService:
             outcome=stored,
             measured_at=None if impacts is None else impacts[1], unconfirmed=unconfirmed,
             confirmation=_confirmation_text(confirmation), delivery=delivery,
-            wandb_enabled=self.wandb_enabled, node_state_read=read, gpu_hours_stored=gpu_hours)
+            wandb_enabled=self.wandb_enabled, node_state_read=read)
 
     def _remediations(self, run: RunKey, diagnosis: Diagnosis
                       ) -> tuple[dict[str, Remediation], bool]:
@@ -180,9 +178,10 @@ class RunService:
         now = self.clock()
         body = json.dumps({k: asdict(v) for k, v in impacts.items()}, sort_keys=True)
         self.store.record_evidence(view.run, IMPACTS, body, now)
-        total = sum(i.gpu_hours for i in impacts.values())
-        self.store.record_gpu_hours(view.run, total, now)
-        return self.with_impacts(view, impacts, now)
+        view = self.with_impacts(view, impacts, now)
+        if view.gpu_hours is not None:  # the run's figure (overlapping issues counted once)
+            self.store.record_gpu_hours(view.run, view.gpu_hours, now)
+        return view
 
     def judged(self, view: RunView) -> RunView:
         """The ended run's verdict judged again on its diagnosis now, stored when it changed

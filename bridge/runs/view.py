@@ -10,7 +10,7 @@ stories. Datetimes stay datetimes here; ``as_dict`` is the one JSON edge.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -133,7 +133,6 @@ class RunView:
     delivery: OutboxRow | None = None
     wandb_enabled: bool = True
     node_state_read: bool = True  # False: the verdicts say what they can without Prometheus
-    gpu_hours_stored: float | None = field(default=None)
     job_log: Reading | None = None  # the job's own console log, as the worker last read it
     activity: Activity | None = None  # the GPU activity plot's data, as the worker last read it
     state_read_at: float | None = None  # when the worker last read the hosts' state
@@ -166,9 +165,7 @@ class RunView:
     def gpu_hours(self) -> float | None:
         """GPU-hours the run lost, as last measured (None: not measured)."""
         impacts = self.impacts
-        if impacts is None:
-            return self.gpu_hours_stored
-        return round(run_gpu_hours(impacts.values()), 3)
+        return None if impacts is None else round(run_gpu_hours(impacts.values()), 3)
 
     @property
     def firing(self) -> int:
