@@ -94,9 +94,11 @@ def test_bridge_parts_import_one_way():
 
 def test_pages_read_runs_only_through_the_run_service():
     """One assembly path: the web part renders run views (``bridge/runs``) and never imports
-    the diagnosis or the W&B projection to build a run's story a second way."""
+    the diagnosis or the W&B projection to build a run's story a second way, nor a reader of
+    Prometheus, the job log or the quarantine (a page shows what the worker stored)."""
     bad = sorted({(m, n) for m, n in IMPORTS if _bridge_part(m) == "web"
-                  and _bridge_part(n) in ("diagnosis", "projection")})
+                  and _bridge_part(n) in ("diagnosis", "projection", "prometheus", "joblog",
+                                          "quarantine")})
     assert bad == []
 
 
