@@ -11,17 +11,19 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from harness.bridge_payloads import alert, notification
 from tests.test_verdict import _done_evidence, fact, healthy, in_pool, run
 from tests.views import RUN, view_of
 from wandb_infra.bridge.diagnosis.impact import HANG, Impact
 from wandb_infra.bridge.diagnosis.report import render_run
 from wandb_infra.bridge.diagnosis.root_cause import AlertFact, diagnose
 from wandb_infra.bridge.diagnosis.verdict import SAFE, Policy
+from wandb_infra.bridge.ingest.payload import parse_notification
 from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.projection.notes import render_section
 from wandb_infra.bridge.prometheus.confirm import Confirmation
 from wandb_infra.bridge.prometheus.remediation import remediations_for
-from wandb_infra.bridge.runs.service import RunService
+from wandb_infra.bridge.runs.service import NOT_ASKED, RunService
 from wandb_infra.bridge.web.pages import run_html
 from wandb_infra.catalog.recovery import Action
 
@@ -75,3 +77,25 @@ def test_the_stored_gpu_hours_are_the_runs_figure(tmp_path):
                                           for i in view.issues})
     assert shown.gpu_hours == 8.0 and store.gpu_hours(RUN) == 8.0
     assert store.gpu_hours_by_project() == [(RUN.entity, RUN.project, 8.0)]
+
+
+def test_pages_show_the_confirmations_the_worker_stored(tmp_path):
+    """The pages' service asks nothing: an alert the worker has not asked Prometheus about is
+    listed apart as not asked yet, one it stored as raised is diagnosed, one refused stays
+    apart with Prometheus' reason."""
+    store = Store(tmp_path / "bridge.sqlite")
+    store.ingest(parse_notification(json.dumps(notification([
+        alert("GpuXidError", category="gpu_hardware", host="h1", gpu="2", run=RUN.run_id),
+        alert("GpuFallenOffBus", category="gpu_hardware", host="h2", run=RUN.run_id),
+    ])).encode()))
+    service = RunService(store, confirms=True)  # no confirmer: what the worker stored
+    before = service.view(RUN)
+    assert before is not None and not before.issues
+    assert {u.reason for u in before.unconfirmed} == {NOT_ASKED}
+    stored = {f.alertname: f for f in store.facts(RUN)}
+    store.record_confirmations(RUN, [(stored["GpuXidError"], ""),
+                                     (stored["GpuFallenOffBus"], "not raised")])
+    after = service.view(RUN)
+    assert after is not None and [i.issue.root.alertname for i in after.issues] == ["GpuXidError"]
+    assert [(u.fact.alertname, u.reason, u.final) for u in after.unconfirmed] == [
+        ("GpuFallenOffBus", "not raised", True)]

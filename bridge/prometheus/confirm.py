@@ -53,6 +53,7 @@ class Confirmation:
     pending: tuple[AlertFact, ...] = ()
     unanswered: tuple[AlertFact, ...] = ()
     checked: bool = True  # False: no Prometheus to ask, every alert is taken as it came
+    asked: bool = True  # False: answers as stored; ``unanswered`` were not asked about yet
 
     @staticmethod
     def unchecked(facts: Sequence[AlertFact]) -> Confirmation:

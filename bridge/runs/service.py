@@ -50,6 +50,7 @@ ACTIVITY = "activity"  # evidence kind: the run's GPU activity plot (prometheus.
 RECENT_RUNS = 200  # the periodic passes look at most at this many recently active runs
 RECENT = 3 * 86400.0  # ... whose latest alert started within this time
 UNANSWERED = "not confirmed yet: Prometheus has not answered whether it raised this alert"
+NOT_ASKED = "not confirmed yet: the bridge has not asked Prometheus about it yet"
 NOT_READ = "the bridge has not read the hosts' state from Prometheus yet"
 PENDING = ("not confirmed yet: Prometheus holds no firing series of it so far (asked again "
            "until its window closes)")
@@ -112,7 +113,8 @@ class RunService:
             answers = [(f, known.get((f.fingerprint, f.starts_at))) for f in facts]
             return Confirmation(tuple(f for f, a in answers if a == ""),
                                 tuple((f, a) for f, a in answers if a),
-                                unanswered=tuple(f for f, a in answers if a is None))
+                                unanswered=tuple(f for f, a in answers if a is None),
+                                asked=False)
         found = self.confirmer.confirm(facts, known)
         new = [(f, why) for f, why in (*((f, "") for f in found.confirmed), *found.refused)
                if (f.fingerprint, f.starts_at) not in known]
@@ -140,7 +142,8 @@ class RunService:
                                     else impacts[0].get(issue.key), quarantine))
         unconfirmed = (*(Unconfirmed(f, why, True) for f, why in confirmation.refused),
                        *(Unconfirmed(f, PENDING, False) for f in confirmation.pending),
-                       *(Unconfirmed(f, UNANSWERED, False) for f in confirmation.unanswered))
+                       *(Unconfirmed(f, UNANSWERED if confirmation.asked else NOT_ASKED, False)
+                         for f in confirmation.unanswered))
         return RunView(
             run, confirmation.confirmed, diagnosis, tuple(issues),
             outcome=stored,
