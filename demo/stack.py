@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import secrets
 import sys
 from dataclasses import dataclass, field
@@ -35,12 +36,37 @@ ENGINES = ("prometheus", "victoriametrics")
 ALERTMANAGER_EXAMPLE = ROOT / "deploy" / "alertmanager" / "alertmanager.yml"
 BRIDGE_RECEIVER = "wandb.bridge"
 
+_WINDOW = re.compile(r"\[(\d+[smhdwy])(?::(\d+[smhdwy]))?\]|\boffset (\d+[smhdwy])\b")
+
+
+def scale_windows(expr: str, scale: float, scrape_seconds: float) -> str:
+    """``expr`` with every range window, subquery step and ``offset`` multiplied by ``scale``.
+
+    A window keeps at least four scrapes (``rate`` needs two samples, and one missed scrape must
+    not empty it); a subquery step at least one scrape."""
+    def seconds(value: float) -> str:
+        return f"{max(1, round(value))}s"
+
+    def scaled(match: re.Match[str]) -> str:
+        window, step, offset = match.groups()
+        if offset:
+            return "offset " + seconds(duration_seconds(offset) * scale)
+        out = "[" + seconds(max(4 * scrape_seconds, duration_seconds(window) * scale))
+        if step:
+            out += ":" + seconds(max(scrape_seconds, duration_seconds(step) * scale))
+        return out + "]"
+    return _WINDOW.sub(scaled, expr)
+
+
 def scale_rules(text: str, scale: float, minimum_seconds: int = 0,
-                interval_scale: float | None = None) -> str:
+                interval_scale: float | None = None, scrape_seconds: float | None = None) -> str:
     """The shipped rule file with every ``for``/``keep_firing_for`` multiplied by ``scale``
     (and the ``for_seconds`` annotation that tells the bridge the delay kept in step), and the
     slower tiers' group ``interval`` by ``interval_scale`` (default ``scale``), so a stack with a
-    short global interval keeps the tiers' proportions."""
+    short global interval keeps the tiers' proportions. With ``scrape_seconds`` (the stack's
+    scrape interval) the expressions' windows are scaled too (``scale_windows``): a condition
+    read as a rate over minutes is then seen within seconds, for tests that measure what follows
+    an alert rather than how long its evidence lasts."""
     data = yaml.safe_load(text)
     for group in data["groups"]:
         if "interval" in group:
@@ -51,6 +77,8 @@ def scale_rules(text: str, scale: float, minimum_seconds: int = 0,
                 if key in rule:
                     seconds = max(minimum_seconds, round(duration_seconds(rule[key]) * scale))
                     rule[key] = f"{seconds}s"
+            if scrape_seconds is not None:
+                rule["expr"] = scale_windows(str(rule["expr"]), scale, scrape_seconds)
             if ANNOTATION_FOR_SECONDS in rule.get("annotations", {}):
                 rule["annotations"][ANNOTATION_FOR_SECONDS] = str(
                     round(duration_seconds(rule["for"])))

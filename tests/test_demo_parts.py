@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from demo.stack import RULES_FILE, scale_rules
+from demo.stack import RULES_FILE, scale_rules, scale_windows
 from demo.trainer import TrainingJob, host_mfu
 from wandb_infra.bridge.diagnosis.report import render_run
 from wandb_infra.catalog.alerts import ALERTS, duration_seconds
@@ -39,6 +39,17 @@ def test_scaled_rules_keep_for_and_the_for_seconds_annotation_in_step():
             assert before["annotations"]["for_seconds"] == str(ALERTS[rule["alert"]].for_seconds)
             checked += 1
     assert checked >= 10
+
+
+def test_scaled_windows_keep_four_scrapes_and_scale_subqueries_and_offsets():
+    expr = "rate(x[5m]) > 0.1 and max_over_time(y[1h:30s] offset 10m) unless z[2m]"
+    assert scale_windows(expr, 1 / 60, 1) == (
+        "rate(x[5s]) > 0.1 and max_over_time(y[60s:1s] offset 10s) unless z[4s]")
+    assert scale_windows(expr, 0.1, 2) == (
+        "rate(x[30s]) > 0.1 and max_over_time(y[360s:3s] offset 60s) unless z[12s]")
+    scaled = yaml.safe_load(scale_rules(RULES_FILE.read_text(), 1 / 60, scrape_seconds=1))
+    exprs = [str(r["expr"]) for g in scaled["groups"] for r in g["rules"]]
+    assert not any(w in e for e in exprs for w in ("[5m]", "[10m]", "[1h]"))
 
 
 def test_host_mfu_follows_tensor_activity_and_clock():

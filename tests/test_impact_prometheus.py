@@ -30,11 +30,11 @@ from wandb_infra.bridge.prometheus.impact_reader import ImpactHistory, run_selec
 from wandb_infra.catalog import series
 from wandb_infra.common.runkey import RunKey
 
-pytestmark = pytest.mark.integration
-
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("crashed")]
 ROOT = Path(__file__).resolve().parent.parent
 RULE_FILES = sorted((ROOT / "alert_rules").glob("*.rules.yml"))
-HOSTS = ("gpu-node-001", "gpu-node-002", "gpu-node-003", "gpu-node-004")
+HOSTS = ("gpu-node-001", "gpu-node-002", "gpu-node-003", "gpu-node-004", "gpu-node-005")
+GONE = 62  # seconds: the run's join series gone past the impact reader's grace (60 s)
 
 
 @pytest.fixture(scope="module")
@@ -46,13 +46,32 @@ def world(tmp_path_factory) -> Iterator[tuple[Cluster, str]]:
         rules = []
         for path in RULE_FILES:
             rules.append(workdir / path.name)
-            rules[-1].write_text(scale_rules(path.read_text(), 1 / 60))
+            rules[-1].write_text(scale_rules(path.read_text(), 1 / 60, scrape_seconds=1))
         config = prometheus_config(sim.address, cluster.hosts, interval="1s",
                                    rule_files=[str(p) for p in rules], runs_job="runs")
         with prometheus(config, workdir) as prom:
             expr = f"count({series.GPU_PRESENT}) == {8 * len(HOSTS)}"
             wait_for(lambda: prom_query(prom.url, expr), 120, expr, 0.5)
             yield cluster, prom.url
+
+
+@pytest.fixture(scope="module")
+def crashed(world) -> Iterator[tuple[str, RunKey, Diagnosis, float]]:
+    """A run that ends while an XID 94 is still on (within the crash window), played before the
+    module's other tests (``usefixtures`` below) so the minute its join series need to count as
+    gone passes while they run: the crash, its diagnosis and when the run ended."""
+    cluster, url = world
+    run = RunKey("team", "proj", "ends")
+    _start(cluster, url, run, (HOSTS[4],))
+    injected = time.time()
+    cluster.inject("xid", HOSTS[4], gpu=1, code=94)
+    try:
+        diagnosis = _diagnosis(url, run, injected, "GpuContainedEccError")
+        time.sleep(5)  # the run lives on a little with the fault
+        cluster.end_run(*run)
+        yield url, run, diagnosis, time.time()
+    finally:
+        cluster.clear(HOSTS[4], kind="xid")
 
 
 def _start(cluster: Cluster, url: str, run: RunKey, hosts: tuple[str, ...]) -> float:
@@ -63,11 +82,15 @@ def _start(cluster: Cluster, url: str, run: RunKey, hosts: tuple[str, ...]) -> f
     return time.time()
 
 
-def _diagnosis(url: str, run: RunKey, since: float, alertname: str) -> Diagnosis:
+def _diagnosis(url: str, run: RunKey, since: float, alertname: str,
+               hosts: tuple[str, ...] = ()) -> Diagnosis:
+    """The run's diagnosis once ``alertname`` fires for it (on every one of ``hosts``: the head
+    of an issue raised on several hosts is only settled when all of them fire)."""
     def found() -> Diagnosis | None:
         alerts = explain(PrometheusClient(url), run, since - 60, time.time(),
                          min_step=1.0).alerts
-        if not any(a.alertname == alertname for a in alerts):
+        firing = {a.labels.get("hostname", "") for a in alerts if a.alertname == alertname}
+        if not firing or not firing >= set(hosts):
             return None
         return diagnose(as_facts(alerts), timedelta(minutes=10))
     return wait_for(found, 120, f"{alertname} on {run.run_id} in ALERTS", 1.0)
@@ -129,7 +152,7 @@ def test_thermal_slowdown_moves_the_onset_and_explain_agrees(world, capsys):
     cluster.clear(HOSTS[0], kind="thermal")
     time.sleep(8)
     cluster.end_run(*run)
-    time.sleep(70)  # the run's join series gone past the reader's grace
+    time.sleep(GONE + 8)  # the run's join series gone past the reader's grace
     final = _head(url, run, _diagnosis(url, run, injected, "GpuThermalViolation"))
     assert final.kind == SLOWDOWN and final.until_what in ("recovery", "the run's end")
     assert 0 < final.gpu_hours < 8 * (time.time() - injected) / 3600
@@ -146,7 +169,7 @@ def test_stall_on_every_host_is_a_hang(world, capsys):
     _start(cluster, url, run, HOSTS[1:3])
     injected = time.time()
     cluster.inject_hosts("stall", HOSTS[1:3])
-    diagnosis = _diagnosis(url, run, injected, "TrainingStalled")
+    diagnosis = _diagnosis(url, run, injected, "TrainingStalled", HOSTS[1:3])
     impact = _head(url, run, diagnosis)
     assert impact.kind == HANG, impact
     _show(capsys, impact)
@@ -178,28 +201,17 @@ def test_xid_94_on_computing_gpus_has_no_visible_effect(world, capsys):
     cluster.clear(HOSTS[3], kind="xid")
 
 
-def test_a_run_ending_with_the_fault_on_crashed_unless_wandb_says_it_finished(world, capsys):
-    cluster, url = world
-    run = RunKey("team", "proj", "ends")
-    _start(cluster, url, run, (HOSTS[0],))
-    injected = time.time()
-    cluster.inject("xid", HOSTS[0], gpu=1, code=94)
-    try:
-        diagnosis = _diagnosis(url, run, injected, "GpuContainedEccError")
-        time.sleep(5)  # the run lives on a little with the fault
-        cluster.end_run(*run)  # within the crash window, the fault still on
-        ended = time.time()
-        time.sleep(62)  # the run's join series gone past the reader's grace
-        crash = _head(url, run, diagnosis)
-        assert crash.kind == CRASH, crash
-        _show(capsys, crash)
-        assert crash.text.startswith("the run ended at ") and crash.until_what == "the run's end"
-        assert abs(crash.until - ended) < 3 and crash.gpu_hours > 0
-        finished = _head(url, run, diagnosis, state="finished")
-        assert finished.kind == NONE and finished.gpu_hours == 0.0, finished
-        assert finished.until_what == "the run's end"
-    finally:
-        cluster.clear(HOSTS[0], kind="xid")
+def test_a_run_ending_with_the_fault_on_crashed_unless_wandb_says_it_finished(crashed, capsys):
+    url, run, diagnosis, ended = crashed
+    time.sleep(max(0.0, ended + GONE - time.time()))
+    crash = _head(url, run, diagnosis)
+    assert crash.kind == CRASH, crash
+    _show(capsys, crash)
+    assert crash.text.startswith("the run ended at ") and crash.until_what == "the run's end"
+    assert abs(crash.until - ended) < 3 and crash.gpu_hours > 0
+    finished = _head(url, run, diagnosis, state="finished")
+    assert finished.kind == NONE and finished.gpu_hours == 0.0, finished
+    assert finished.until_what == "the run's end"
 
 
 def test_a_run_with_different_gpus_per_host_reads_only_those(world):
