@@ -6,7 +6,7 @@ from datetime import timedelta
 
 from harness.bridge_payloads import T0
 from wandb_infra.bridge.diagnosis.root_cause import AlertFact, diagnose
-from wandb_infra.bridge.ingest.store import Mark
+from wandb_infra.bridge.ingest.schema import Mark
 from wandb_infra.bridge.projection.plan import plan_markers
 
 SETTLE = 75.0

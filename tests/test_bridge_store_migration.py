@@ -12,8 +12,8 @@ from pathlib import Path
 
 from harness.bridge_payloads import T0, alert, notification
 from wandb_infra.bridge.ingest.payload import parse_notification
-from wandb_infra.bridge.ingest.schema import ALERTS_TABLE, SCHEMA_VERSION
-from wandb_infra.bridge.ingest.store import Mark, Store, iso
+from wandb_infra.bridge.ingest.schema import ALERTS_TABLE, SCHEMA_VERSION, Mark
+from wandb_infra.bridge.ingest.store import Store, iso
 from wandb_infra.common.runkey import RunKey
 
 # The schema every store had before version 1, as the bridge created it (do not edit: it is the

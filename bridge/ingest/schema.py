@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sqlite3
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 # Alerts are clustered by run, then start time, then fingerprint (WITHOUT ROWID: the primary key is
 # the table, one b-tree written per alert). A notification's alerts land next to each other at
@@ -221,3 +222,15 @@ def _old_mark(marker: str, written_at: float) -> tuple[str, str, float, str]:
         at, sig = rest.split("|", 1)
         return "restart", "", float(at), sig
     return kind, rest, written_at, ""
+
+
+def iso(value: datetime) -> str:
+    """Fixed-width UTC text so SQLite orders timestamps correctly (the year zero-padded: glibc's
+    ``%Y`` writes years before 1000 with fewer digits, which ``from_iso`` cannot read back)."""
+    utc = value.astimezone(UTC)
+    return f"{utc.year:04d}" + utc.strftime("-%m-%dT%H:%M:%S.%fZ")
+
+
+def from_iso(value: str) -> datetime:
+    """Inverse of ``iso``."""
+    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)

@@ -15,7 +15,7 @@ from typing import Any
 
 from wandb_infra.bridge.diagnosis.impact import UNMEASURED, Impact, run_gpu_hours
 from wandb_infra.bridge.diagnosis.root_cause import Diagnosis
-from wandb_infra.bridge.ingest.store import Mark
+from wandb_infra.bridge.ingest.schema import Mark
 from wandb_infra.bridge.projection.notes import strip_controls
 from wandb_infra.catalog.vocabulary import (
     MARKER_ALERT,
