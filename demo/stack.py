@@ -64,7 +64,8 @@ def scale_rules(text: str, scale: float, minimum_seconds: int = 0,
     (and the ``for_seconds`` annotation that tells the bridge the delay kept in step), and the
     slower tiers' group ``interval`` by ``interval_scale`` (default ``scale``), so a stack with a
     short global interval keeps the tiers' proportions. With ``scrape_seconds`` (the stack's
-    scrape interval) the expressions' windows are scaled too (``scale_windows``): a condition
+    scrape interval) the expressions' windows are scaled like the tiers they read across
+    (``scale_windows``, by ``interval_scale``, default ``scale``): a condition
     read as a rate over minutes is then seen within seconds, for tests that measure what follows
     an alert rather than how long its evidence lasts."""
     data = yaml.safe_load(text)
@@ -78,7 +79,8 @@ def scale_rules(text: str, scale: float, minimum_seconds: int = 0,
                     seconds = max(minimum_seconds, round(duration_seconds(rule[key]) * scale))
                     rule[key] = f"{seconds}s"
             if scrape_seconds is not None:
-                rule["expr"] = scale_windows(str(rule["expr"]), scale, scrape_seconds)
+                rule["expr"] = scale_windows(str(rule["expr"]), interval_scale or scale,
+                                             scrape_seconds)
             if ANNOTATION_FOR_SECONDS in rule.get("annotations", {}):
                 rule["annotations"][ANNOTATION_FOR_SECONDS] = str(
                     round(duration_seconds(rule["for"])))
