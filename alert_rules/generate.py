@@ -408,6 +408,23 @@ def family_tier(alerts: list[AlertDef], by_record: dict[str, str | None]) -> str
     return min(fastest, tiers.SLOW, key=_tier_seconds)
 
 
+# A line holding only a set operator (and its matching): it starts the operand below instead.
+_OPERATOR = re.compile(r"\s*(?:or|and|unless)(?: on \([^)]*\))?")
+
+
+def tidy(expr: str) -> str:
+    """``expr`` with each operator on a line of its own moved to the start of its right operand
+    (``or max by (...)``): whitespace only, so the PromQL is the same."""
+    out: list[str] = []
+    lines = expr.splitlines()
+    for i, line in enumerate(lines):
+        if out and _OPERATOR.fullmatch(out[-1]) and i > 0 and out[-1] == lines[i - 1]:
+            out[-1] += " " + line.lstrip()
+        else:
+            out.append(line)
+    return "\n".join(out)
+
+
 def _group(name: str, tier: str | None, rules: list[dict[str, Any]]) -> dict[str, Any]:
     group: dict[str, Any] = {"name": name}
     if tier is not None:
@@ -478,7 +495,7 @@ def groups(cfg: dict[str, Any]) -> list[dict[str, Any]]:
         rules = [_recording(r) for r in records]
         rules += [_alert(a, cfg, by_record) for a in alerts.get(name, [])]
         for rule in rules:
-            rule["expr"] = selectors.apply(rule["expr"], chosen)
+            rule["expr"] = tidy(selectors.apply(rule["expr"], chosen))
         for gname, chunk in _chunks(rules, f"{prefix}-{name}"):
             out.append(_group(gname, tier, chunk))
     return out

@@ -701,16 +701,12 @@ max by (hostname, gpu, ${RUN}) (
 """
 RUN_GPU_ROWS_OF = """
 max by (hostname, gpu, ${RUN}) (
-  ${RUN_GPUS}
-  and on (${ON})
-  ${HOSTS}
+  ${RUN_GPUS} and on (${ON}) ${HOSTS}
 )
 """
 RUN_HOST_ROWS = """
 max by (hostname, ${RUN}) (
-  ${NODE_INFO}
-  and on (hostname)
-  ${HOSTS}
+  ${NODE_INFO} and on (hostname) ${HOSTS}
 )
 """
 
@@ -926,20 +922,14 @@ node_memory_MemTotal_bytes
 """
 HOST_LEVEL = """
 max by (hostname) (
-  max by (instance, job) (
-    ${INNER}
-  )
-  * on (instance, job) group_left (hostname)
-  ${NODE_EXPORTER_TARGET}
+  max by (instance, job) (${INNER})
+  * on (instance, job) group_left (hostname) ${NODE_EXPORTER_TARGET}
 )
 """
 HOST_LEVEL_BY = """
 max by (hostname, ${BY}) (
-  sum by (instance, job, ${BY}) (
-    ${INNER}
-  )
-  * on (instance, job) group_left (hostname)
-  ${NODE_EXPORTER_TARGET}
+  sum by (instance, job, ${BY}) (${INNER})
+  * on (instance, job) group_left (hostname) ${NODE_EXPORTER_TARGET}
 )
 """
 # NFS major timeouts per mount point: the mountpoint info is the many side (one export may be

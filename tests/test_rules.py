@@ -444,8 +444,9 @@ def test_env_override_and_check_mode(tmp_path, monkeypatch):
 
 def test_alerts_ship_the_catalog_condition():
     """Each attributed alert reads the catalog's condition as stated, but for slow-tier records
-    read through ``last_over_time`` (a substitution, no rewriting of the PromQL around them):
-    in its own expression when short, else in its fault record in the same group."""
+    read through ``last_over_time`` (a substitution, no rewriting of the PromQL around them) and
+    operators moved to their operand's line (``tidy``): in its own expression when short, else in
+    its fault record in the same group."""
     by_record = generate.record_tiers()
     recorded = inline = 0
     for group in _groups():
@@ -457,6 +458,7 @@ def test_alerts_ship_the_catalog_condition():
             for read in generate.records_read(alert.expr, by_record):
                 if generate.outlives_lookback(by_record[read]):
                     shipped = shipped.replace(read, generate.reading(read, by_record[read]))
+            shipped = generate.tidy(shipped)
             record = generate.fault_record(alert)
             if record:
                 assert rules[record] == shipped, alert.name
@@ -523,3 +525,11 @@ def test_no_folding_inside_promql_or_templates():
             for value in (v for v in singles if "\n" not in v):
                 assert any(value in line or value.replace("'", "''") in line
                            or json.dumps(value) in line for line in lines), (path.name, value)
+
+
+def test_tidy_moves_operators_and_changes_nothing_else():
+    expr = "max by (a) (\n  x\n  and on (a)\n  y\n)\nor\n(\n  z\n  unless on (a, b)\n  w\n)"
+    tidied = generate.tidy(expr)
+    assert tidied == "max by (a) (\n  x\n  and on (a) y\n)\nor (\n  z\n  unless on (a, b) w\n)"
+    assert re.sub(r"\s+", " ", tidied).replace("( ", "(") == \
+        re.sub(r"\s+", " ", expr).replace("( ", "(")
