@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 import traceback
+import uuid
 from pathlib import Path
 
 from demo import scenarios
@@ -29,6 +30,8 @@ from wandb_infra.bridge.diagnosis.report import render_run
 
 # What --scenario accepts: the demo's three motivating scenarios (demo/scenarios.py numbers them).
 SCENARIOS = ("1", "2", "5")
+# Set to a new value by each demo run before it starts anything (see main).
+DEMO_MARK = "WANDB_INFRA_DEMO_RUN"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -113,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     signal stops every process the demo started (its own descendants, read from /proc, so the
     wandb SDK's service too), all at once, and exits without running other threads' cleanup."""
     args = parse_args(argv)
+    # inherited by every process the demo starts, however deep: found by it even once adopted
+    mark = (DEMO_MARK, uuid.uuid4().hex)
+    os.environ[mark[0]] = mark[1]
     received: list[int] = []
     for signum in (signal.SIGTERM, signal.SIGINT):
         # SIGINT too, even when started from a shell that ignores it for background jobs (``&``,
@@ -142,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     if received:
         name = signal.Signals(received[0]).name
         print(f"{name}: stopping every service the demo started ...", file=sys.stderr, flush=True)
-        processes.stop_descendants()
+        processes.stop_descendants(mark=mark)
         print("stopped", file=sys.stderr, flush=True)
         # leave the worker thread mid-call: no atexit or SDK teardown may hold the exit up
         os._exit(128 + received[0])

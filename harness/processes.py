@@ -308,14 +308,21 @@ def terminate(pids: list[int], grace: float = 5.0) -> list[int]:
     return killed
 
 
-def stop_descendants(grace: float = 5.0, rounds: int = 5) -> None:
+def stop_descendants(grace: float = 5.0, rounds: int = 5,
+                     mark: tuple[str, str] | None = None) -> None:
     """Stop every descendant of this process, for a signal that may arrive while another thread
     is starting services: no new service starts from here on, and the sweep repeats until it
-    finds nothing (a library may have been starting a process of its own), ``rounds`` at most."""
+    finds nothing (a library may have been starting a process of its own), ``rounds`` at most.
+    With ``mark`` (an environment variable and value this process set before starting anything),
+    each sweep also stops every process carrying it: one whose parent died first (a library's
+    helper, stopped together with the service that started it) is adopted by init and is no
+    longer a descendant, but it keeps its environment."""
     _SPAWNING.acquire()  # never released: this process is on its way out
     quiet = 0
     for _ in range(rounds):
         pids = descendants()
+        if mark is not None:
+            pids += [p for p in marked(*mark) if p not in pids]
         if pids:
             terminate(pids, grace)
             quiet = 0

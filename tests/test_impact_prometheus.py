@@ -111,7 +111,7 @@ def _show(capsys, impact: Impact) -> None:
 
 def _explained(run: RunKey, url: str, capsys, diagnosis: Diagnosis) -> tuple[dict, dict]:
     """``explain --json``'s view and its impact of the issue ``diagnosis`` leads with (found
-    by root cause and place: its rebuilt alert starts on explain's own query grid)."""
+    by root cause: its rebuilt alert starts on explain's own query grid)."""
     capsys.readouterr()
     args = argparse.Namespace(run=run.path(), prometheus=url, start=None, end=None,
                               lookback="1h", step=1.0, grafana_url="", json=True, post=False,
@@ -120,7 +120,9 @@ def _explained(run: RunKey, url: str, capsys, diagnosis: Diagnosis) -> tuple[dic
     view = json.loads(capsys.readouterr().out)
     head = diagnosis.root_cause
     assert head is not None
-    (issue,) = [i for i in view["issues"] if i["title"] == head.title
+    # by alert name, not title: when the fault's alerts start on several hosts within a query
+    # step of each other, explain's grid may lead with another host's alert than the test's
+    (issue,) = [i for i in view["issues"] if i["root_cause"]["alertname"] == head.root.alertname
                 and abs(_ts(i["root_cause"]["starts_at"]) - head.root.starts_at.timestamp()) < 3]
     return view, view["impacts"][issue["key"]]
 
