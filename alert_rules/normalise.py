@@ -1078,9 +1078,16 @@ def host_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
         _max_by("Hostname, hostname, nvswitch", sxid), host))
     fabric = _host_label(_h(FABRIC_NOT_READY, STATUS=fm_status), host)
     return [
-        Recording(s.HOST_OOM_KILLS, _host(_h("increase(node_vmstat_oom_kill[${WEAR_WINDOW}]) > 0")),
+        Recording(s.HOST_OOM_KILLS, _host(_h(
+            "(max_over_time(node_vmstat_oom_kill[${WEAR_WINDOW}])"
+            " - min_over_time(node_vmstat_oom_kill[${WEAR_WINDOW}]) > 0"
+            " unless resets(node_vmstat_oom_kill[${WEAR_WINDOW}]) > 0)"
+            " or increase(node_vmstat_oom_kill[${WEAR_WINDOW}]) > 0")),
                   f"OOM kills per host in the last {s.WEAR_WINDOW} (node_vmstat_oom_kill, "
-                  "non-zero only): the kernel killed a process for lack of system memory."),
+                  "non-zero only): the kernel killed a process for lack of system memory. "
+                  "Counted exactly (last minus first sample) unless the counter reset in the "
+                  "window (a reboot): increase() extrapolates, and a description saying 3 kills "
+                  "for 2 misleads."),
         Recording(s.HOST_MEMORY_PRESSURE, _host(_h(
             "rate(node_pressure_memory_stalled_seconds_total[${VIOLATION_WINDOW}]) > ${MIN}",
             MIN=h.MEMORY_PRESSURE_RATIO / 2)),
