@@ -26,7 +26,11 @@ from wandb_infra.bridge.diagnosis.impact import CRASH, HANG, NONE, SLOWDOWN, Imp
 from wandb_infra.bridge.diagnosis.root_cause import Diagnosis, diagnose
 from wandb_infra.bridge.prometheus.client import PrometheusClient
 from wandb_infra.bridge.prometheus.history import Placement, as_facts, explain
-from wandb_infra.bridge.prometheus.impact_reader import ImpactHistory, run_selector
+from wandb_infra.bridge.prometheus.impact_reader import (
+    RUN_GONE_SECONDS,
+    ImpactHistory,
+    run_selector,
+)
 from wandb_infra.catalog import series
 from wandb_infra.common.runkey import RunKey
 
@@ -34,7 +38,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("crashed")]
 ROOT = Path(__file__).resolve().parent.parent
 RULE_FILES = sorted((ROOT / "alert_rules").glob("*.rules.yml"))
 HOSTS = ("gpu-node-001", "gpu-node-002", "gpu-node-003", "gpu-node-004", "gpu-node-005")
-GONE = 62  # seconds: the run's join series gone past the impact reader's grace (60 s)
+GONE = RUN_GONE_SECONDS + 2  # the run's join series gone past the impact reader's grace
 
 
 @pytest.fixture(scope="module")

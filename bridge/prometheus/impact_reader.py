@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 
 POINTS = 1500  # samples per series and query: 1 s steps over 25 minutes
 DOWN_BACKOFF = 30.0
+# A run whose join series have been absent this long has ended (two scrapes at the recommended
+# 30 s), or four query steps when those are coarser.
+RUN_GONE_SECONDS = 60.0
 FIELDS: tuple[tuple[str, Field], ...] = (("tensor activity", S.DCGM_TENSOR_ACTIVE),
                                          ("GPU utilisation", S.DCGM_GPU_UTIL),
                                          ("power", S.DCGM_POWER_USAGE))
@@ -111,7 +114,7 @@ class ImpactHistory:
                 raise
             return {i.key: unmeasured("the join metrics do not place the run on any host",
                                       i.root.onset.timestamp()) for i in diagnosis.issues}
-        gone = now - max(60.0, 4 * self.min_step)
+        gone = now - max(RUN_GONE_SECONDS, 4 * self.min_step)
         run_end = placement.last_seen if placement.last_seen < gone else None
         out: dict[str, Impact] = {}
         for issue in diagnosis.issues:
