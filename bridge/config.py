@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from wandb_infra.bridge.diagnosis.verdict import DEFAULT_SETTLE, Policy
+from wandb_infra.bridge.diagnosis.need import DEFAULT_SETTLE, Policy
 from wandb_infra.bridge.joblog import sources as joblog
 from wandb_infra.bridge.projection.delivery import DeliveryPolicy
 from wandb_infra.bridge.projection.markers import MARKER_SETTLE

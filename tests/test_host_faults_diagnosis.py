@@ -16,8 +16,10 @@ import yaml
 
 from harness.bridge_payloads import T0, alert, rfc3339
 from tests.test_bridge_diagnosis import facts
+from wandb_infra.bridge.diagnosis.evidence import Change, HostEvidence, Timeline
+from wandb_infra.bridge.diagnosis.need import Policy
 from wandb_infra.bridge.diagnosis.root_cause import diagnose
-from wandb_infra.bridge.diagnosis.verdict import Change, HostEvidence, Policy, Timeline, decide
+from wandb_infra.bridge.diagnosis.verdict import decide
 from wandb_infra.bridge.prometheus.remediation import exclusion
 from wandb_infra.catalog import host_alerts
 from wandb_infra.catalog.alerts import ALERTS

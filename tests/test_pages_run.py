@@ -25,9 +25,9 @@ from tests.pages_helpers import (
     tags,
 )
 from tests.views import view_of
+from wandb_infra.bridge.diagnosis.evidence import Change, Timeline
 from wandb_infra.bridge.diagnosis.root_cause import AlertFact, Issue, diagnose
-from wandb_infra.bridge.diagnosis.verdict import Change, Timeline
-from wandb_infra.bridge.ingest.store import OutboxRow
+from wandb_infra.bridge.ingest.outbox import OutboxRow
 from wandb_infra.bridge.prometheus.remediation import Remediation
 from wandb_infra.bridge.web.pages import run_html, runs_html, wandb_text
 from wandb_infra.bridge.web.timeline import MAX_HOST_LANES, lanes, offset_text, timeline_svg

@@ -15,9 +15,10 @@ from harness.bridge_payloads import alert, notification
 from tests.test_verdict import _done_evidence, fact, healthy, in_pool, run
 from tests.views import RUN, view_of
 from wandb_infra.bridge.diagnosis.impact import HANG, Impact
+from wandb_infra.bridge.diagnosis.need import Policy
 from wandb_infra.bridge.diagnosis.report import render_run
 from wandb_infra.bridge.diagnosis.root_cause import AlertFact, diagnose
-from wandb_infra.bridge.diagnosis.verdict import SAFE, Policy
+from wandb_infra.bridge.diagnosis.verdict import SAFE
 from wandb_infra.bridge.ingest.payload import parse_notification
 from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.projection.notes import render_section

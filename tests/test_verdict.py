@@ -11,19 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from wandb_infra.bridge.diagnosis.evidence import Change, GpuEvidence, HostEvidence, Timeline
+from wandb_infra.bridge.diagnosis.need import Policy
 from wandb_infra.bridge.diagnosis.root_cause import AlertFact, Issue, diagnose
-from wandb_infra.bridge.diagnosis.verdict import (
-    SAFE,
-    UNKNOWN,
-    UNSAFE,
-    Change,
-    Decision,
-    GpuEvidence,
-    HostEvidence,
-    Policy,
-    Timeline,
-    decide,
-)
+from wandb_infra.bridge.diagnosis.verdict import SAFE, UNKNOWN, UNSAFE, Decision, decide
 from wandb_infra.bridge.prometheus.remediation import exclusion, remediations_for
 from wandb_infra.catalog import xid as xid_catalog
 from wandb_infra.catalog.alerts import ALERTS

@@ -17,8 +17,8 @@ from demo.simulator.scrape import prometheus_config
 from demo.simulator.server import serve
 from demo.stack import scale_rules
 from harness.processes import prom_query, prometheus, scrape_target, wait_for
+from wandb_infra.bridge.diagnosis.need import Policy
 from wandb_infra.bridge.diagnosis.root_cause import AlertFact, diagnose
-from wandb_infra.bridge.diagnosis.verdict import Policy
 from wandb_infra.bridge.prometheus.client import PrometheusClient
 from wandb_infra.bridge.prometheus.remediation import NodeStateHistory, Remediation
 from wandb_infra.catalog import series

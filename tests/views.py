@@ -14,7 +14,7 @@ from harness.processes import Reply, http_stub
 from wandb_infra.bridge.diagnosis.impact import Impact
 from wandb_infra.bridge.diagnosis.outcome import Outcome
 from wandb_infra.bridge.diagnosis.root_cause import AlertFact, Diagnosis
-from wandb_infra.bridge.ingest.store import OutboxRow
+from wandb_infra.bridge.ingest.outbox import OutboxRow
 from wandb_infra.bridge.projection.delivery import DeliveryWorker
 from wandb_infra.bridge.prometheus.confirm import Confirmation
 from wandb_infra.bridge.prometheus.remediation import NodeStateHistory, Remediation

@@ -1,7 +1,6 @@
 """What the bridge keeps about each run besides its alerts and its W&B outbox: the marks it
 wrote to the run in W&B, Prometheus' answer about each alert, the ended run and its verdict,
-the GPU-hours it lost and the worker's other evidence. A part of ``Store`` (``store.py`` holds
-the connection, the alerts and the outbox).
+the GPU-hours it lost and the worker's other evidence. A part of ``Store``.
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
-"""The bridge's durable state in SQLite (WAL, synchronous=FULL): alerts, the W&B outbox, marks.
+"""The bridge's durable state in SQLite (WAL, synchronous=FULL): the connection per thread, the
+alerts and their retention; the outbox (``outbox.py``) and the per-run state (``runstate.py``)
+are parts of ``Store``.
 
 A notification is acknowledged only after ``ingest`` committed it. Alerts are keyed by
 (fingerprint, startsAt, run), so Alertmanager repeats and HA duplicates change nothing, and a
-``resolved`` alert only closes an alert. Each run with new information gets its outbox row's
-``dirty_seq`` bumped; the delivery worker projects the run's whole state to W&B and records the
-sequence it delivered, which makes deliveries idempotent and naturally coalesced.
-
-Any SQLite failure (disk full, read-only, locked too long) raises ``StoreError``; the webhook turns
-it into a 503 so Alertmanager keeps the notification and retries.
+``resolved`` alert only closes an alert. Any SQLite failure (disk full, read-only, locked too
+long) raises ``StoreError``; the webhook turns it into a 503 so Alertmanager retries.
 """
 
 from __future__ import annotations
@@ -33,6 +31,7 @@ import orjson
 from wandb_infra.bridge.diagnosis.root_cause import AlertFact
 from wandb_infra.bridge.ingest import identity
 from wandb_infra.bridge.ingest.identity import Identity
+from wandb_infra.bridge.ingest.outbox import Outbox
 from wandb_infra.bridge.ingest.payload import Notification
 from wandb_infra.bridge.ingest.runstate import RunState
 from wandb_infra.bridge.ingest.schema import (
@@ -95,11 +94,9 @@ class StoreLocked(RuntimeError):
 
 
 def lock(path: str | Path) -> object | None:
-    """Take the exclusive lock of the store at ``path`` for this process's lifetime: a
-    ``flock`` on ``<store>.lock`` in its directory, held by the returned open file (keep a
-    reference). Raises ``StoreLocked`` with the holder's pid when another process holds it.
-    A lock file that cannot be created (read-only disk before the first start) is logged and
-    the bridge runs unlocked, answering 503 anyway until the disk is writable."""
+    """Take the exclusive lock of the store at ``path`` (``flock`` on ``<store>.lock``, held by
+    the returned open file); ``StoreLocked`` names the holder's pid. A lock file that cannot be
+    created (read-only disk) is logged and the bridge runs unlocked, answering 503 anyway."""
     lock_path = Path(str(path) + ".lock")
     handle = None
     with suppress(OSError):
@@ -143,26 +140,6 @@ class IngestResult:
 
 
 @dataclass(frozen=True)
-class OutboxRow:
-    """A run's pending W&B projection."""
-
-    run: RunKey
-    dirty_seq: int
-    delivered_seq: int
-    pending_since: float | None
-    attempts: int
-    next_attempt: float
-    last_flush: float
-    parked: str | None
-    last_error: str | None
-    storage_id: str | None
-    run_state: str | None
-    summary_seq: int
-    next_state_check: float | None
-    delivered_at: float | None
-
-
-@dataclass(frozen=True)
 class RunIndexEntry:
     """One attributed run as /runs lists it; ``version`` changes whenever its alerts do."""
 
@@ -170,15 +147,6 @@ class RunIndexEntry:
     alerts: int
     firing: int
     version: tuple[int, int, float]
-
-
-@dataclass(frozen=True)
-class QueueStats:
-    """Backlog figures for /metrics."""
-
-    pending_runs: int
-    oldest_pending_age: float
-    parked_runs: int
 
 
 def _fact(row: sqlite3.Row) -> AlertFact:
@@ -193,22 +161,19 @@ def _fact(row: sqlite3.Row) -> AlertFact:
     )
 
 
-class Store(RunState):
+class Store(Outbox, RunState):
     """One SQLite file; a connection per thread (the webhook's and the worker's)."""
 
     def __init__(self, path: str | Path, min_free_bytes: int = 0) -> None:
         self.path = str(path)
         self.min_free_bytes = min_free_bytes
         self._local = threading.local()
-        self._seq_lock = threading.Lock()
         self._heal_lock = threading.Lock()
         self._generation = 0  # bumped when the files were lost: every thread reconnects
         self._schema_ready = False
         self.lock_handle: object | None = None  # ``lock``'s file, held by the service
-        # A read-only or full disk at start, or a state directory that cannot be created yet,
-        # is not fatal: every use retries opening (and creating the directory), so the webhook
-        # answers 503 and /readyz fails until the disk is back, then all works again. A store
-        # from a newer bridge is (StoreTooNew).
+        # A read-only or full disk, or a state directory not creatable yet, is not fatal: every
+        # use retries opening, answering 503 until the disk is back. A newer bridge's store is.
         try:
             self._conn()
         except StoreTooNew:
@@ -451,17 +416,6 @@ class Store(RunState):
         return IngestResult(received, new, resolved, max(0, received - new - resolved),
                             tuple(sorted(changed)))
 
-    @staticmethod
-    def _bump(conn: sqlite3.Connection, run: RunKey, now: float) -> None:
-        if not run.attributed:
-            return
-        conn.execute(
-            "INSERT INTO outbox (entity, project, run_id, dirty_seq, pending_since) "
-            "VALUES (?,?,?,1,?) ON CONFLICT (entity, project, run_id) DO UPDATE SET "
-            "dirty_seq = dirty_seq + 1, parked = NULL, attempts = 0, "
-            "pending_since = COALESCE(pending_since, excluded.pending_since)",
-            (run.entity, run.project, run.run_id, now))
-
     # reads ----------------------------------------------------------------------------------
     def facts(self, run: RunKey) -> list[AlertFact]:
         """Every stored alert of one run (or the unattributed ones for the empty key)."""
@@ -482,12 +436,9 @@ class Store(RunState):
     def run_index(self, limit: int, offset: int = 0, *, entity: str = "", project: str = "",
                   state: str = "") -> list[RunIndexEntry]:
         """A page of attributed runs, most recently started first (ties in key order), of one
-        entity and/or project when given: read through the alerts' clustered key (entity,
-        project, run_id, ...), so a filtered page costs the matching runs' rows, not a pass over
-        every run (a filtered /runs took 63 s at 100,000 runs when the pages filtered).
-        ``state`` "open" keeps runs with a firing alert, found through the ``alerts_firing``
-        index, "resolved" the others (the pages diagnosed run after run to filter: 17 s for a
-        page at 10,000 runs, the open runs being older than the rest)."""
+        entity and/or project, read through the alerts' clustered key so a filtered page costs
+        the matching runs' rows; ``state`` "open" keeps runs with a firing alert (through the
+        ``alerts_firing`` index), "resolved" the others."""
         where, args = "entity != ''", []
         if entity:
             where, args = where + " AND entity = ?", [entity]
@@ -513,98 +464,6 @@ class Store(RunState):
     def alert_count(self) -> int:
         """Number of stored alert rows (tests and metrics)."""
         return self._read("SELECT COUNT(*) FROM alerts")[0][0]
-
-    # outbox ---------------------------------------------------------------------------------
-    @staticmethod
-    def _outbox(row: sqlite3.Row) -> OutboxRow:
-        return OutboxRow(RunKey(row["entity"], row["project"], row["run_id"]), row["dirty_seq"],
-                         row["delivered_seq"], row["pending_since"], row["attempts"],
-                         row["next_attempt"], row["last_flush"], row["parked"],
-                         row["last_error"], row["storage_id"], row["run_state"],
-                         row["summary_seq"], row["next_state_check"], row["delivered_at"])
-
-    def outbox(self, run: RunKey) -> OutboxRow | None:
-        """One run's outbox row."""
-        rows = self._read("SELECT * FROM outbox WHERE entity=? AND project=? AND run_id=?",
-                          (run.entity, run.project, run.run_id))
-        return self._outbox(rows[0]) if rows else None
-
-    def due(self, now: float, flush_interval: float, limit: int = 100) -> list[OutboxRow]:
-        """Runs to deliver now: pending, not parked, past backoff and their flush interval;
-        plus delivered runs whose finish-state check is due. Oldest pending first."""
-        rows = self._read(
-            "SELECT * FROM outbox WHERE parked IS NULL AND next_attempt <= ? AND "
-            "((dirty_seq > delivered_seq AND last_flush + ? <= ?) OR "
-            "(next_state_check IS NOT NULL AND next_state_check <= ?)) "
-            "ORDER BY COALESCE(pending_since, next_state_check), entity, project, run_id "
-            "LIMIT ?", (now, flush_interval, now, now, limit))
-        return [self._outbox(r) for r in rows]
-
-    def delivered(self, run: RunKey, seq: int, now: float, *, storage_id: str | None,
-                  run_state: str | None, summary_seq: int,
-                  next_state_check: float | None) -> None:
-        """Record a successful projection of everything up to ``seq``."""
-        with self._tx() as conn:
-            conn.execute(
-                "UPDATE outbox SET delivered_seq=MAX(delivered_seq, ?), attempts=0, "
-                "next_attempt=0, last_flush=?, last_error=NULL, storage_id=?, run_state=?, "
-                "summary_seq=?, next_state_check=?, delivered_at=?, "
-                "pending_since=CASE WHEN dirty_seq > ? THEN ? ELSE NULL END "
-                "WHERE entity=? AND project=? AND run_id=?",
-                (seq, now, storage_id, run_state, summary_seq, next_state_check, now, seq, now,
-                 run.entity, run.project, run.run_id))
-
-    def retry_later(self, run: RunKey, now: float, next_attempt: float, error: str) -> None:
-        """Record a transient failure; the worker tries again at ``next_attempt``."""
-        with self._tx() as conn:
-            conn.execute(
-                "UPDATE outbox SET attempts=attempts+1, next_attempt=?, last_flush=?, "
-                "last_error=? WHERE entity=? AND project=? AND run_id=?",
-                (next_attempt, now, error[:500], run.entity, run.project, run.run_id))
-
-    def rebase_retries(self, now: float, latest: float) -> None:
-        """After the wall clock stepped back to ``now``: no retry waits past ``latest``, and
-        flush and state-check times from the old clock's future count as now."""
-        with self._tx() as conn:
-            conn.execute("UPDATE outbox SET next_attempt=MIN(next_attempt, ?), "
-                         "last_flush=MIN(last_flush, ?), "
-                         "next_state_check=MIN(next_state_check, ?)", (latest, now, now))
-
-    def park(self, run: RunKey, now: float, reason: str) -> None:
-        """Stop retrying a run after a permanent failure (new alerts for it unpark it)."""
-        with self._tx() as conn:
-            conn.execute(
-                "UPDATE outbox SET parked=?, last_error=?, last_flush=?, next_state_check=NULL "
-                "WHERE entity=? AND project=? AND run_id=?",
-                (reason[:500], reason[:500], now, run.entity, run.project, run.run_id))
-
-    def unpark_due(self, now: float, base: float, cap: float) -> int:
-        """Give parked runs another try, each ``base * 2**attempts`` (at most ``cap``) seconds
-        after it was parked: a revoked key restored, a run created late, a W&B fault taken for
-        permanent. Returns how many were unparked."""
-        with self._tx() as conn:
-            cur = conn.execute(
-                "UPDATE outbox SET parked=NULL, attempts=attempts+1, next_attempt=? "
-                "WHERE parked IS NOT NULL AND last_flush + MIN(?, ? * (1 << MIN(attempts, 20))) "
-                "<= ?", (now, cap, base, now))
-            return cur.rowcount
-
-    def parked(self) -> list[OutboxRow]:
-        """Runs whose delivery is parked, with the reason."""
-        return [self._outbox(r) for r in self._read("SELECT * FROM outbox WHERE parked IS NOT "
-                                                    "NULL ORDER BY entity, project, run_id")]
-
-    def queue_stats(self, now: float) -> QueueStats:
-        """Pending runs, age of the oldest pending change, parked runs. Parked runs are not
-        pending (they wait for new alerts), so they never age the backlog."""
-        row = self._read(
-            "SELECT SUM(dirty_seq > delivered_seq AND parked IS NULL) AS pending, "
-            "MIN(CASE WHEN dirty_seq > delivered_seq AND parked IS NULL THEN pending_since "
-            "END) AS oldest, "
-            "SUM(parked IS NOT NULL) AS parked FROM outbox")[0]
-        oldest = row["oldest"]
-        return QueueStats(row["pending"] or 0, 0.0 if oldest is None else max(0.0, now - oldest),
-                          row["parked"] or 0)
 
     # retention ------------------------------------------------------------------------------
     def purge(self, older_than: float, delivering: bool = True) -> int:

@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
-from wandb_infra.bridge.diagnosis.verdict import Policy
-from wandb_infra.bridge.ingest.store import OutboxRow, Store, StoreError
+from wandb_infra.bridge.diagnosis.need import Policy
+from wandb_infra.bridge.ingest.outbox import OutboxRow
+from wandb_infra.bridge.ingest.store import Store, StoreError
 from wandb_infra.bridge.joblog.sources import Settings
 from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.projection.markers import MARKER_SETTLE, MarkerWriter

@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING
 from wandb_infra.bridge.diagnosis.impact import Impact, search_window, with_run_metric
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.diagnosis.root_cause import Diagnosis
+from wandb_infra.bridge.ingest.outbox import OutboxRow
 from wandb_infra.bridge.ingest.schema import Mark
-from wandb_infra.bridge.ingest.store import OutboxRow, Store
+from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.joblog.sources import Pod, RunLogs, for_run
 from wandb_infra.bridge.joblog.sources import read as read_job_log
 from wandb_infra.bridge.metrics import BridgeMetrics

@@ -28,18 +28,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from wandb_infra.bridge.diagnosis.evidence import Change, GpuEvidence, HostEvidence, Timeline
+from wandb_infra.bridge.diagnosis.need import Policy, faulty_hosts
 from wandb_infra.bridge.diagnosis.root_cause import Diagnosis, Issue
-from wandb_infra.bridge.diagnosis.verdict import (
-    NO_PROMETHEUS,
-    Change,
-    Decision,
-    GpuEvidence,
-    HostEvidence,
-    Policy,
-    Timeline,
-    decide,
-    faulty_hosts,
-)
+from wandb_infra.bridge.diagnosis.verdict import NO_PROMETHEUS, Decision, decide
 from wandb_infra.bridge.prometheus.client import PrometheusClient, PrometheusError, regex_literal
 from wandb_infra.bridge.prometheus.history import pick_step
 from wandb_infra.catalog import series

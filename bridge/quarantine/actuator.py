@@ -47,8 +47,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from wandb_infra.bridge.diagnosis.need import faulty_hosts
 from wandb_infra.bridge.diagnosis.root_cause import Issue
-from wandb_infra.bridge.diagnosis.verdict import faulty_hosts
 from wandb_infra.bridge.quarantine.schedulers import (
     MAX_HOST_CHARS,
     KubernetesActions,

@@ -26,11 +26,13 @@ from dataclasses import asdict, replace
 from datetime import timedelta
 
 from wandb_infra.bridge.diagnosis.impact import Impact
+from wandb_infra.bridge.diagnosis.need import Policy
 from wandb_infra.bridge.diagnosis.outcome import Outcome
 from wandb_infra.bridge.diagnosis.outcome import judge as judge_outcome
 from wandb_infra.bridge.diagnosis.root_cause import DEFAULT_GAP, AlertFact, Diagnosis, diagnose
-from wandb_infra.bridge.diagnosis.verdict import NO_PROMETHEUS, NOT_ANSWERING, Policy
-from wandb_infra.bridge.ingest.store import OutboxRow, Store, from_iso
+from wandb_infra.bridge.diagnosis.verdict import NO_PROMETHEUS, NOT_ANSWERING
+from wandb_infra.bridge.ingest.outbox import OutboxRow
+from wandb_infra.bridge.ingest.store import Store, from_iso
 from wandb_infra.bridge.joblog.reading import Reading
 from wandb_infra.bridge.prometheus.activity import Activity
 from wandb_infra.bridge.prometheus.confirm import AlertConfirmer, Confirmation

@@ -24,7 +24,7 @@ from wandb_infra.bridge.diagnosis.impact import (
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.diagnosis.outcome import VERDICTS, Outcome
 from wandb_infra.bridge.diagnosis.root_cause import AlertFact, Diagnosis, Issue
-from wandb_infra.bridge.ingest.store import OutboxRow
+from wandb_infra.bridge.ingest.outbox import OutboxRow
 from wandb_infra.bridge.joblog.join import Joined, join
 from wandb_infra.bridge.joblog.reading import Reading
 from wandb_infra.bridge.prometheus.activity import Activity

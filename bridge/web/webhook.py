@@ -29,6 +29,7 @@ from wandb_infra.bridge.runs.service import RunService
 from wandb_infra.bridge.runs.view import VERDICTS, GrafanaLinks
 from wandb_infra.bridge.web import runbook as runbook_page
 from wandb_infra.bridge.web.auth import Credentials, PageAuth
+from wandb_infra.bridge.web.body import TooLarge, read_body
 from wandb_infra.bridge.web.pages import broken_html, empty_html, login_html, run_html, runs_html
 from wandb_infra.bridge.web.runpages import MAX_PAGE, RunPages
 from wandb_infra.bridge.web.sessions import SESSION_SECONDS
@@ -76,43 +77,6 @@ class BridgeContext:
 def _error(status: int, reason: str, headers: dict[str, str] | None = None) -> web.Response:
     return web.json_response({"status": "error", "error": reason}, status=status,
                              headers=headers)
-
-
-class _TooLarge(Exception):
-    """The body grew past ``max_body_bytes`` while it was read."""
-
-
-async def _read_body(request: web.Request, limit: int) -> bytearray:
-    """The request body in one buffer, allocated once when ``Content-Length`` is known. Unlike
-    ``request.read()`` it keeps no copy on the request and makes none while growing, so the
-    body is freed as soon as it is parsed. A connection closed meanwhile (by the peer, or by the
-    connection limiter for a new one) is an ``OSError``, as aiohttp's ``RuntimeError`` is not."""
-    try:
-        return await _fill(request, limit)
-    except RuntimeError as exc:  # aiohttp's "Connection closed."
-        raise ConnectionResetError(str(exc)) from exc
-
-
-async def _fill(request: web.Request, limit: int) -> bytearray:
-    expected = request.content_length
-    if not expected:  # chunked: grown as it arrives, up to the limit
-        body = bytearray()
-        async for chunk in request.content.iter_any():
-            body += chunk
-            if len(body) > limit:
-                raise _TooLarge
-        return body
-    body = bytearray(expected)
-    filled = 0
-    with memoryview(body) as view:
-        async for chunk in request.content.iter_any():
-            if filled + len(chunk) > expected:
-                raise ValueError("body longer than its Content-Length")
-            view[filled:filled + len(chunk)] = chunk
-            filled += len(chunk)
-    if filled < expected:
-        raise ValueError("body shorter than its Content-Length")
-    return body
 
 
 def check_runs(notification: Notification) -> list[Identity]:
@@ -185,13 +149,13 @@ class Handlers:
         ctx, m = self.ctx, self.ctx.metrics
         try:
             async with asyncio.timeout(ctx.body_timeout):  # no extra task, unlike wait_for
-                body = await _read_body(request, ctx.max_body_bytes)
+                body = await read_body(request, ctx.max_body_bytes)
         except TimeoutError:
             m.notifications.labels("body_timeout").inc()
             resp = _error(408, f"body not received within {ctx.body_timeout:g} s")
             resp.force_close()
             return resp
-        except _TooLarge:
+        except TooLarge:
             m.notifications.labels("too_large").inc()
             return _error(413, f"body larger than {ctx.max_body_bytes} bytes")
         except (ValueError, OSError):
@@ -402,8 +366,8 @@ class Handlers:
         gauge.set(self.inflight_bytes)
         try:
             async with asyncio.timeout(min(self.ctx.body_timeout, LOGIN_BODY_SECONDS)):
-                body = await _read_body(request, MAX_LOGIN_BYTES)
-        except _TooLarge:
+                body = await read_body(request, MAX_LOGIN_BYTES)
+        except TooLarge:
             return _error(413, f"login form larger than {MAX_LOGIN_BYTES} bytes")
         except TimeoutError:
             resp = _error(408, "login form not received in time")
