@@ -16,7 +16,6 @@ from wandb_infra.bridge.diagnosis.impact import Impact
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.diagnosis.outcome import Outcome
 from wandb_infra.bridge.diagnosis.outcome import judge as judge_outcome
-from wandb_infra.bridge.diagnosis.report import render_run
 from wandb_infra.bridge.ingest.store import StoreError, StoreLocked
 from wandb_infra.bridge.joblog.report import explain_logs
 from wandb_infra.bridge.joblog.sources import FileSource
@@ -35,6 +34,7 @@ from wandb_infra.bridge.prometheus.history import (
 from wandb_infra.bridge.prometheus.impact_reader import ImpactHistory
 from wandb_infra.bridge.prometheus.remediation import NodeStateHistory
 from wandb_infra.bridge.runs.service import RunService
+from wandb_infra.bridge.runs.text import render_text
 from wandb_infra.bridge.runs.view import RunView
 from wandb_infra.common import labels as L
 from wandb_infra.common.configfile import ConfigError
@@ -125,15 +125,19 @@ def _post(found: Explanation, args: argparse.Namespace, outcome: Outcome | None)
     return "delivered"
 
 
-def view_json(view: RunView, links: GrafanaLinks, *, impacts: Mapping[str, Impact] | None,
-              outcome: Outcome | None, now: float) -> dict[str, Any]:
-    """What ``explain --json`` prints: the run view (the one the bridge's pages and W&B notes
-    render) with the impacts explain measured and the verdict it judged."""
+def explained(view: RunView, *, impacts: Mapping[str, Impact] | None, outcome: Outcome | None,
+              now: float) -> RunView:
+    """The run view (the one the bridge's pages and W&B notes render) with the impacts explain
+    measured and the verdict it judged."""
     if impacts is not None:
         view = RunService.with_impacts(view, impacts, now)
-    out = replace(view, outcome=outcome).as_dict(links.for_run(view.run))
-    out["verdict"] = None if outcome is None else outcome.as_dict()
-    return out
+    return replace(view, outcome=outcome)
+
+
+def view_json(view: RunView, links: GrafanaLinks) -> dict[str, Any]:
+    """What ``explain --json`` prints: the view's JSON, with ``verdict`` null while running."""
+    return view.as_dict(links.for_run(view.run)) | {
+        "verdict": None if view.outcome is None else view.outcome.as_dict()}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -181,8 +185,9 @@ def run(args: argparse.Namespace) -> int:
         return 1
     if args.log:  # the job's own log, rendered by the view like the bridge's stored reading
         run_view = replace(run_view, job_log=read_logs([FileSource(p) for p in args.log]))
-    view = view_json(run_view, GrafanaLinks(args.grafana_url), impacts=impacts,
-                     outcome=outcome, now=now)
+    links = GrafanaLinks(args.grafana_url)
+    shown = explained(run_view, impacts=impacts, outcome=outcome, now=now)
+    view = view_json(shown, links)
     view["placement"] = {"hosts": sorted(found.placement.hosts),
                          "gpus": {h: sorted(g) for h, g in sorted(found.placement.gpus.items())}}
     if running:
@@ -211,9 +216,9 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(f"Verdict: {outcome.verdict}: {outcome.text}")
             print(f"  {outcome.coverage_line}")
-        print(render_run(view))
-        if args.log:
-            print(f"Job log: {view['job_log']['statement']}")
+        print(render_text(shown, links.for_run(target)))
+        if shown.job_log_joined is not None:
+            print(f"Job log: {shown.job_log_joined.statement}")
         if args.post:
             print(f"W&B: {view['wandb']['state']}")
     return 0

@@ -12,7 +12,6 @@ the entity); without it, runs are offline and the bridge shows the issues at its
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -26,7 +25,6 @@ from pathlib import Path
 from demo import scenarios
 from demo.stack import ROOT, Stack, StackConfig
 from harness import processes
-from wandb_infra.bridge.diagnosis.report import render_run
 
 # What --scenario accepts: the demo's three motivating scenarios (demo/scenarios.py numbers them).
 SCENARIOS = ("1", "2", "5")
@@ -39,7 +37,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--workdir", type=Path, default=ROOT / ".state" / "demo",
                         help="where configs, logs, the bridge store, W&B offline runs and "
-                             "scenario 1's run view (scenario1.view.json) go (wiped at start; "
+                             "scenario 1's run as printed (scenario1.view.txt) go (wiped at start; "
                              "default .state/demo)")
     parser.add_argument("--flavour", choices=("Hostname", "hostname", "4.9"), default="hostname",
                         help="dcgm-exporter flavour the simulator speaks (default hostname)")
@@ -71,18 +69,18 @@ def play(stack: Stack, args: argparse.Namespace, api_key: str | None) -> None:
         print("scenario 1: XID 94 on gpu-node-017 GPU 3 of a 64-host run, then the NCCL stall "
               "cascade ...", flush=True)
         run1, view1 = scenarios.xid94_cascade(stack, hosts[:64])
-        # what was printed can be rendered again (tests/data/demo/ keeps one, for the README)
-        (args.workdir / "scenario1.view.json").write_text(
-            json.dumps(view1, indent=1, sort_keys=True) + "\n")
-        print(render_run(view1) + "\n", flush=True)
+        text = stack.bridge_text(run1.path)  # the bridge renders its typed view as text
+        # kept as printed (tests/data/demo/ holds one, the README's sample)
+        (args.workdir / "scenario1.view.txt").write_text(text + "\n")
+        print(text + "\n", flush=True)
         rem = view1.get("remediation") or {}
         print(f"  restart without draining gpu-node-017: {rem.get('verdict')} "
               f"({rem.get('detail')})\n", flush=True)
         runs.append(run1)
     if "2" in args.scenario:
         print("scenario 2: thermal violation on one host of a 2-host run ...", flush=True)
-        run2, view2, job, neighbour = scenarios.thermal_slowdown(stack, hosts[64:66])
-        print(render_run(view2), flush=True)
+        run2, _, job, neighbour = scenarios.thermal_slowdown(stack, hosts[64:66])
+        print(stack.bridge_text(run2.path), flush=True)
         window = job.drop_window()
         if window:
             dropped = time.strftime("%H:%M:%S", time.gmtime(window[0]))

@@ -307,12 +307,18 @@ class Stack:
 
     def bridge_json(self, path: str) -> Any:
         """GET a bridge page as JSON."""
+        return self._bridge_get(path, "application/json").json()
+
+    def bridge_text(self, run_path: str) -> str:
+        """A run's page as plain text (what ``explain`` prints for it)."""
+        return self._bridge_get(f"/runs/{run_path}?format=text", "text/plain").text
+
+    def _bridge_get(self, path: str, accept: str) -> requests.Response:
         assert self.bridge is not None
         resp = requests.get(self.bridge.url + path, timeout=10,
-                            headers={"Accept": "application/json",
-                                     "Authorization": f"Bearer {self.token}"})
+                            headers={"Accept": accept, "Authorization": f"Bearer {self.token}"})
         resp.raise_for_status()
-        return resp.json()
+        return resp
 
     def query(self, expr: str) -> list[dict]:
         """Instant PromQL query against the stack's Prometheus."""

@@ -17,7 +17,6 @@ from harness.clock import ManualClock
 from harness.wandb_standin import WandbStandin
 from tests.views import view_of
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
-from wandb_infra.bridge.diagnosis.report import render_run
 from wandb_infra.bridge.diagnosis.root_cause import diagnose
 from wandb_infra.bridge.ingest.payload import parse_notification
 from wandb_infra.bridge.ingest.store import Store
@@ -26,6 +25,7 @@ from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorke
 from wandb_infra.bridge.projection.notes import BEGIN, render_section
 from wandb_infra.bridge.projection.wandb_client import WandbClient
 from wandb_infra.bridge.prometheus.history import as_facts
+from wandb_infra.bridge.runs.text import render_text
 from wandb_infra.common.runkey import RunKey
 
 RUN = RunKey("team", "proj", "r1")
@@ -122,7 +122,7 @@ def test_root_resolved_while_consequences_fire_is_written_when_it_happens(tmp_pa
 def test_explain_report_names_the_headline_and_never_calls_the_old_warning_a_root_cause():
     parsed = parse_notification(json.dumps(notification([HEAT, *STALLS, XID])).encode())
     diagnosis = diagnose(as_facts(parsed.alerts))
-    text = render_run(view_of(diagnosis, run=RUN).as_dict(lambda *_: ""))
+    text = render_text(view_of(diagnosis, run=RUN), lambda *_: "")
     assert text.splitlines()[1].startswith("  Headline: GpuXidError on h1 GPU 2.")
     assert "ROOT CAUSE  GpuXidError" in text
     assert "CAUSE       GpuClocksThrottledThermal" in text

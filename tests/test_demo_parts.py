@@ -8,7 +8,6 @@ import yaml
 
 from demo.stack import RULES_FILE, scale_rules, scale_windows
 from demo.trainer import TrainingJob, host_mfu
-from wandb_infra.bridge.diagnosis.report import render_run
 from wandb_infra.catalog.alerts import ALERTS, duration_seconds
 
 
@@ -73,20 +72,3 @@ def test_drop_window_brackets_the_low_period():
     job.samples = ([(float(t), 0.5) for t in range(4)] + [(4.0, 0.9)]
                    + [(float(t), 0.1) for t in range(5, 60)] + [(60.0, 0.5)])
     assert job.drop_window() == (5.0, 59.0)
-
-
-def test_report_puts_the_root_cause_first_and_groups_consequences():
-    fact = {"alertname": "GpuContainedEccError", "hostname": "n17", "gpu": "3",
-            "severity": "critical", "category": "gpu_hardware", "onset": "2026-01-01T00:00:00Z",
-            "starts_at": "2026-01-01T00:00:00Z", "ends_at": None, "description": "XID 94.",
-            "impact": "The job fails.", "remediation": "Restart.", "grafana": "https://g/d/x",
-            "runbook_url": ""}
-    stalls = [{**fact, "alertname": "TrainingStalled", "hostname": f"n{i:02d}", "gpu": ""}
-              for i in range(10)]
-    view = {"entity": "e", "project": "p", "run_id": "r", "issues": [
-        {"started_at": "2026-01-01T00:00:00Z", "open": True, "reasoning": "Because.",
-         "root_cause": fact, "consequences": stalls}]}
-    text = render_run(view)
-    assert text.index("ROOT CAUSE  GpuContainedEccError on n17 GPU 3") < text.index("Stalled")
-    assert "TrainingStalled on 10 host(s)" in text and "and 4 more" in text
-    assert "grafana     https://g/d/x" in text

@@ -157,13 +157,20 @@ def test_clean_faulty_and_blind_runs_get_their_verdicts_in_wandb(world, tmp_path
 
 
 def _explain(run: RunKey, url: str, capsys) -> dict:
-    """``explain --json``'s view, with the grace the worker above uses (6 s)."""
+    """``explain --json``'s view, with the grace the worker above uses (6 s); the text explain
+    prints without ``--json`` says the same verdict and issues."""
     capsys.readouterr()
     args = argparse.Namespace(run=run.path(), prometheus=url, start=None, end=None,
                               lookback="1h", step=2.0, grafana_url="", json=True, post=False,
                               config=None, timeout=10.0, grace=6.0, log=None)
     assert explain_cli.run(args) == 0
-    return json.loads(capsys.readouterr().out)
+    view = json.loads(capsys.readouterr().out)
+    args.json = False
+    assert explain_cli.run(args) == 0
+    text, verdict = capsys.readouterr().out, view["verdict"]
+    assert (f"Verdict: {verdict['verdict']}: " if verdict else "Verdict: none yet: ") in text
+    assert f"Run {run.path()}: {len(view['issues'])} infrastructure issue(s)" in text
+    return view
 
 
 def test_explain_gives_a_running_run_no_ended_run_verdict(world, capsys):

@@ -1,30 +1,27 @@
 """README.md as a new user reads it: at most 20 KB, a quick start of exactly ``make demo`` and
-``make test``, and a sample that is what the code prints: scenario 1's run view as a run of
-``make demo`` saved it (tests/data/demo/scenario1.view.json, see tests/data/README.md), rendered
-by the function the demo prints with. Every relative link in the README and docs/ resolves to a
+``make test``, and a sample that is what the demo printed: scenario 1's run as the bridge
+rendered it to text in a run of ``make demo``, which saved it (tests/data/demo/scenario1.view.txt,
+see tests/data/README.md). Every relative link in the README and docs/ resolves to a
 file in the repository, and no page uses development-log wording."""
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from wandb_infra.bridge.diagnosis.report import render_run
-
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
-VIEW = ROOT / "tests" / "data" / "demo" / "scenario1.view.json"
+VIEW = ROOT / "tests" / "data" / "demo" / "scenario1.view.txt"
 BEGIN, END = "<!-- demo-sample: begin -->", "<!-- demo-sample: end -->"
 MAX_BYTES = 20 * 1024
 
 
 def sample_block() -> str:
-    """The README's sample block: the saved view as ``render_run`` prints it."""
-    return f"{BEGIN}\n```\n{render_run(json.loads(VIEW.read_text()))}\n```\n{END}"
+    """The README's sample block: the saved text of the run."""
+    return f"{BEGIN}\n```\n{VIEW.read_text().rstrip()}\n```\n{END}"
 
 
 def test_the_readme_is_at_most_20_kb():
@@ -42,9 +39,9 @@ def test_the_sample_is_what_the_demo_printed():
     text = README.read_text()
     start, stop = text.index(BEGIN), text.index(END) + len(END)
     assert text[start:stop] == sample_block(), "run: python -m tests.test_readme"
-    view = json.loads(VIEW.read_text())
-    assert view["run_id"] == "cascade64" and view["issues"][0]["root_cause"]["alertname"] == \
-        "GpuContainedEccError"
+    view = VIEW.read_text()
+    assert view.startswith("Run demo/llm-pretrain/cascade64: ") and \
+        "ROOT CAUSE  GpuContainedEccError on gpu-node-017 GPU 3" in view
 
 
 def _pages() -> list[Path]:
@@ -72,7 +69,7 @@ def test_no_development_log_wording_in_the_project():
 
 
 def main() -> None:
-    """Rewrite the README's sample block from the saved view."""
+    """Rewrite the README's sample block from the saved text."""
     text = README.read_text()
     start, stop = text.index(BEGIN), text.index(END) + len(END)
     README.write_text(text[:start] + sample_block() + text[stop:])

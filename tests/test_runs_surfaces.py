@@ -27,7 +27,7 @@ from wandb_infra.bridge.diagnosis.impact import HANG, Impact, hours_text
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.diagnosis.outcome import Outcome, judge
 from wandb_infra.bridge.diagnosis.root_cause import Diagnosis, diagnose
-from wandb_infra.bridge.explain_cli import view_json
+from wandb_infra.bridge.explain_cli import explained, view_json
 from wandb_infra.bridge.ingest.payload import parse_notification
 from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.metrics import BridgeMetrics
@@ -102,6 +102,7 @@ class Surfaces:
     notes: str
     summary: dict[str, Any]
     page: dict[str, Any]
+    text: str  # the run page as plain text (?format=text, what explain prints)
     explained: dict[str, Any]
 
 
@@ -140,8 +141,12 @@ def _surfaces(tmp_path: Path, store: Store, prom: str, wb: WandbStandin) -> Surf
                        links=GrafanaLinks("https://grafana.example"))
     with serve(ctx) as bridge:
         page = requests.get(bridge.url + "/runs/team/proj/r1", headers=AUTH, timeout=10).json()
+        text = requests.get(bridge.url + "/runs/team/proj/r1?format=text", timeout=10,
+                            headers={"Authorization": AUTH["Authorization"]})
+        assert text.headers["Content-Type"].startswith("text/plain")
     record = wb.run("team", "proj", "r1")
-    return Surfaces(record.notes, dict(record.summary), page, _explained(store, prom))
+    return Surfaces(record.notes, dict(record.summary), page, text.text,
+                    _explained(store, prom))
 
 
 def _explained(store: Store, prom: str) -> dict[str, Any]:
@@ -156,9 +161,9 @@ def _explained(store: Store, prom: str) -> dict[str, Any]:
     stored = None if ending is None or ending.outcome is None else Outcome.loads(ending.outcome)
     outcome = None if stored is None else judge(view.diagnosis, stored.coverage, stored.ended_at,
                                                 "explain")
-    return view_json(view, GrafanaLinks("https://grafana.example"),
-                     impacts=_Measured().for_diagnosis(RUN, view.diagnosis), outcome=outcome,
-                     now=NOW)
+    shown = explained(view, impacts=_Measured().for_diagnosis(RUN, view.diagnosis),
+                      outcome=outcome, now=NOW)
+    return view_json(shown, GrafanaLinks("https://grafana.example"))
 
 
 def _fields(view: dict[str, Any]) -> dict[str, Any]:
@@ -182,12 +187,14 @@ def test_notes_summary_page_and_explain_tell_one_story(tmp_path, name):
     assert _fields(got.explained) == _fields(page)
     headline = page.get("headline")
     if headline is None:
-        assert "Headline:" not in notes
+        assert "Headline:" not in notes and "Headline:" not in got.text
     else:
         assert f"**Headline: {headline['title']}**" in notes
         assert headline["advice"] and f"- What to do: {headline['advice']}" in notes
+        assert f"  Headline: {headline['title']}." in got.text
     for issue in page["issues"]:
         assert f"- What to do: {md_escape(issue['advice']).replace(chr(92), '')}" in notes
+        assert f"    do now      {issue['advice']}" in got.text
         onset = datetime.fromisoformat(issue["onset"].replace("Z", "+00:00"))
         assert f"{onset:%Y-%m-%d %H:%M:%S} UTC to " in notes  # the measured onset, both places
         assert onset.timestamp() == page["impacts"][issue["key"]]["onset"]
@@ -204,7 +211,7 @@ def test_notes_summary_page_and_explain_tell_one_story(tmp_path, name):
             assert got.summary["infra/restart_verdict"] == page["remediation"]["verdict"]
     if forged:  # the real headline everywhere, the forged alert listed apart on the page only
         assert headline is not None and headline["title"].startswith("GpuUncontainedEccError")
-        assert "GpuFallenOffBus" not in notes
+        assert "GpuFallenOffBus" not in notes and "GpuFallenOffBus" not in got.text
         (apart,) = page["unconfirmed"]
         assert apart["alert"]["alertname"] == "GpuFallenOffBus" and apart["final"]
     if name == "telemetry-gap":  # a coverage gap from its onset (2 min before it fired), not a

@@ -11,20 +11,21 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from harness.bridge_payloads import alert, notification
+from harness.bridge_payloads import alert, cascade, notification
 from tests.test_verdict import _done_evidence, fact, healthy, in_pool, run
 from tests.views import RUN, view_of
 from wandb_infra.bridge.diagnosis.impact import HANG, Impact
 from wandb_infra.bridge.diagnosis.need import Policy
-from wandb_infra.bridge.diagnosis.report import render_run
 from wandb_infra.bridge.diagnosis.root_cause import AlertFact, diagnose
 from wandb_infra.bridge.diagnosis.verdict import SAFE
 from wandb_infra.bridge.ingest.payload import parse_notification
 from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.projection.notes import render_section
 from wandb_infra.bridge.prometheus.confirm import Confirmation
+from wandb_infra.bridge.prometheus.history import as_facts
 from wandb_infra.bridge.prometheus.remediation import remediations_for
 from wandb_infra.bridge.runs.service import NOT_ASKED, RunService
+from wandb_infra.bridge.runs.text import render_text
 from wandb_infra.bridge.web.pages import run_html
 from wandb_infra.catalog.recovery import Action
 
@@ -54,7 +55,7 @@ def test_no_line_says_to_repair_what_was_repaired(name):
     page = view.as_dict(lambda *_: "")
     surfaces = {"notes": render_section(view, lambda *_: ""),
                 "page": run_html(view, "t", lambda *_: ""),
-                "explain": render_run(page),
+                "explain": render_text(view, lambda *_: ""),
                 "json": json.dumps(page, indent=0)}
     said = [(where, line) for where, text in surfaces.items() for line in _lines(text)
             if REPAIR_AGAIN.search(line.split("Done: ", 1)[-1])]
@@ -100,3 +101,15 @@ def test_pages_show_the_confirmations_the_worker_stored(tmp_path):
     assert after is not None and [i.issue.root.alertname for i in after.issues] == ["GpuXidError"]
     assert [(u.fact.alertname, u.reason, u.final) for u in after.unconfirmed] == [
         ("GpuFallenOffBus", "not raised", True)]
+
+
+def test_the_text_puts_the_root_cause_first_and_groups_consequences():
+    """``explain`` and the ``?format=text`` page: the root cause first, then the consequences
+    one line per alert name, six hosts named and the rest counted."""
+    body = json.dumps(notification(cascade(hosts=10, gpus=1, bad_host=7, bad_gpu=0))).encode()
+    view = view_of(diagnose(as_facts(parse_notification(body).alerts)))
+    text = render_text(view, lambda *_: "https://g/d/x")
+    assert text.index("ROOT CAUSE  GpuContainedEccError on node007 GPU 0") < text.index("Stalled")
+    assert "- TrainingStalled on 10 host(s) (node000, node001, node002, node003, node004, " \
+           "node005 and 4 more), from " in text
+    assert "    grafana     https://g/d/x" in text and "a separate issue" not in text

@@ -26,6 +26,7 @@ from wandb_infra.bridge.ingest.payload import Notification, PayloadError, parse_
 from wandb_infra.bridge.ingest.store import IngestResult, Store, StoreError
 from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.runs.service import RunService
+from wandb_infra.bridge.runs.text import render_text
 from wandb_infra.bridge.runs.view import VERDICTS, GrafanaLinks
 from wandb_infra.bridge.web import runbook as runbook_page
 from wandb_infra.bridge.web.auth import Credentials, PageAuth
@@ -331,6 +332,8 @@ class Handlers:
                 else web.Response(text=broken_html(title, view), content_type="text/html")
         if wants_json:
             return web.json_response(view.as_dict(link))
+        if request.query.get("format") == "text":  # what explain prints (the demo shows it)
+            return web.Response(text=render_text(view, link))
         return web.Response(text=run_html(view, title, link), content_type="text/html")
 
     async def favicon(self, _request: web.Request) -> web.Response:
