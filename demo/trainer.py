@@ -97,10 +97,13 @@ class TrainingJob:
                           reinit="create_new",
                           config={"hosts": len(self.hosts), "gpus_per_host": len(self.gpus)})
 
-    def mfu(self) -> float:
-        """The job's MFU right now: the slowest host sets the pace."""
+    def mfu(self) -> float | None:
+        """The job's MFU right now: the slowest host sets the pace. None when the job was
+        stopped while reading (a stop never waits for a whole round of hosts)."""
         values = []
         for host in self.hosts:
+            if self._stop.is_set():
+                return None
             resp = requests.get(f"{self.simulator_url}/dcgm/{host}/metrics", timeout=5)
             values.append(host_mfu(resp.text) if resp.status_code == 200 else 0.0)
         return min(values) if values else 0.0
@@ -118,6 +121,8 @@ class TrainingJob:
         while not self._stop.is_set():
             now = time.time()
             mfu = self.mfu()
+            if mfu is None:
+                break
             self.samples.append((now, mfu))
             loss = 2.0 + 6.0 * math.exp(-step / 200.0)
             self._run.log({"loss": loss, "mfu": mfu}, step=step)  # type: ignore[attr-defined]
@@ -128,7 +133,9 @@ class TrainingJob:
         """Stop logging and finish the run (a crashed job finishes with a non-zero code)."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=30)
+            # bounded: the loop stops before its next request (at most one 5 s timeout) and
+            # must not log into a run finished under it
+            self._thread.join()
         if self._run is not None:
             self._run.finish(exit_code=exit_code)  # type: ignore[attr-defined]
             self._run = None

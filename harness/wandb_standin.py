@@ -235,6 +235,7 @@ class Recorded:
     headers: dict[str, str]
     at: float
     body: Any = None
+    answered: float = 0.0  # monotonic time the answer was written (0: not yet)
 
 
 @dataclass
@@ -865,6 +866,15 @@ def _make_handler(server: WandbStandin) -> type[BaseHTTPRequestHandler]:
             self._handle("POST")
 
         def _handle(self, method: str) -> None:
+            rec: Recorded | None = None
+            try:
+                rec = self._answer(method)
+            finally:
+                if rec is not None:
+                    rec.answered = time.monotonic()
+
+        def _answer(self, method: str) -> Recorded:
+            """Record, authorise, inject faults, route; the record of the request."""
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
             path = self.path.split("?", 1)[0]
@@ -885,7 +895,7 @@ def _make_handler(server: WandbStandin) -> type[BaseHTTPRequestHandler]:
                 with server._lock:
                     server.rejected.append(rec)
                 self._send(401, {"errors": [{"message": "user is not logged in"}]})
-                return
+                return rec
             with server._lock:
                 server.requests.append(rec)
             fault = server._take_fault(path, rec.operation_name)
@@ -898,10 +908,11 @@ def _make_handler(server: WandbStandin) -> type[BaseHTTPRequestHandler]:
                     payload = (fault.body.encode() if fault.body is not None
                                else {"errors": [{"message": f"injected HTTP {fault.status}"}]})
                     self._send(fault.status, payload, headers, fault.content_type)
-                    return
+                    return rec
             status, payload = self._route(method, path, body, parse_error)
             rec.status = status
             self._send(status, payload)
+            return rec
 
         def _route(self, method: str, path: str, body: Any, parse_error: bool
                    ) -> tuple[int, Any]:
