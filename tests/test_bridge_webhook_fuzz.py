@@ -267,8 +267,10 @@ def test_unpaired_surrogates_and_extreme_times(bridge):
 
 
 def test_everything_accepted_is_shown_and_delivered_without_internal_errors(bridge):
-    """Runs after the fuzzing above (same module bridge): pages and delivery of all it kept."""
-    assert bridge.ctx.store.alert_count() > len(SEEDS)
+    """Runs after the fuzzing above (same module bridge): pages and delivery of all it kept.
+    How many fuzzed bodies were kept beyond the seeds depends on the search (a tenth of it in
+    ``make test-fast``), so only the seeds are certain."""
+    assert bridge.ctx.store.alert_count() >= len(SEEDS)
     runs = requests.get(bridge.url + "/runs?format=json", headers=AUTH, timeout=30)
     assert runs.status_code == 200
     rows = runs.json()["runs"]
