@@ -18,7 +18,7 @@ from harness.bridge_payloads import T0, cascade, notification, serve_app
 from harness.wandb_standin import WandbStandin
 from tests.budget import examples
 from tests.pages_helpers import HTML, MEASURED_AT, FakePrometheus, cascade_bridge
-from tests.views import view_of
+from tests.views import user_part, view_of
 from wandb_infra.bridge.diagnosis.impact import HANG, SLOWDOWN, Impact, Signals, measure, unmeasured
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.diagnosis.root_cause import AlertFact, Diagnosis, diagnose
@@ -32,7 +32,6 @@ from wandb_infra.bridge.projection.notes import (
     md_escape,
     render_section,
     replace_section,
-    user_part,
 )
 from wandb_infra.bridge.projection.plan import impact_entries
 from wandb_infra.bridge.projection.wandb_client import (

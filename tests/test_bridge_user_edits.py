@@ -16,12 +16,13 @@ import pytest
 
 from harness.bridge_payloads import alert, notification
 from harness.wandb_standin import WandbStandin
+from tests.views import user_part
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.ingest.payload import parse_notification
 from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.metrics import BridgeMetrics
 from wandb_infra.bridge.projection.delivery import DeliveryPolicy, DeliveryWorker
-from wandb_infra.bridge.projection.notes import BEGIN, user_part
+from wandb_infra.bridge.projection.notes import BEGIN
 from wandb_infra.bridge.projection.wandb_client import WandbClient
 
 

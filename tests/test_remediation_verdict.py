@@ -30,7 +30,9 @@ from wandb_infra.bridge.prometheus.remediation import (
     exclusion,
     signature,
 )
-from wandb_infra.bridge.runs.service import RunService
+from wandb_infra.bridge.runs.service import RECENT, RunService, recent_runs
+from wandb_infra.bridge.runs.view import when
+from wandb_infra.bridge.web.pages import run_html
 from wandb_infra.common.runkey import RunKey
 
 # These alerts name runs the canned Prometheus holds no join metrics for; confirmation by Prometheus
@@ -242,6 +244,29 @@ def test_prometheus_down_keeps_what_is_shown(tmp_path):
     cold = NodeStateHistory(PrometheusClient(url, timeout=1), clock=lambda: now[0])
     shown = remediation_data(cold, fs)["remediation"]
     assert shown["verdict"] == "unknown" and "Prometheus is not answering" in shown["detail"]
+
+
+def test_a_run_past_the_refresh_window_shows_the_state_last_read(tmp_path):
+    """The worker's passes look only at recently active runs (``recent_runs``); a run past
+    that window keeps, on its page (HTML and JSON), the hosts' state the worker last read,
+    with when it was read, rather than nothing."""
+    store, _fs = facts(xid(), tmp_path=tmp_path)
+    run, read_at = RunKey("team", "proj", "r1"), NOW.timestamp()
+    with fake_prometheus(lambda q: [state("gpu-07", "slurm", "IDLE+DRAIN", "XID 95")]
+                         if "wandb_infra_node_state" in q else []) as url:
+        history = NodeStateHistory(PrometheusClient(url, timeout=5), clock=lambda: read_at)
+        worker = RunService(store, history=history, records=True, clock=lambda: read_at)
+        read = worker.view(run)
+    later = read_at + RECENT + 3600
+    assert run in recent_runs(store, read_at) and run not in recent_runs(store, later)
+    pages = RunService(store, clock=lambda: later)  # as the pages build it: no readers
+    shown = pages.view(run)
+    assert read is not None and shown is not None and shown.state_read_at == read_at
+    assert shown.remediations == read.remediations
+    page = shown.as_dict(lambda *_: "")
+    assert page["hosts_state_read_at"] == read_at and page["remediation"]["verdict"] == "safe"
+    assert page["remediation"]["hosts"][0]["state"] == "IDLE+DRAIN"
+    assert f"Hosts' state last read at {when(read_at)}." in run_html(shown, "r1", lambda *_: "")
 
 
 def test_crashed_run_summary_gets_the_verdict(tmp_path):

@@ -16,6 +16,7 @@ from wandb_infra.bridge.diagnosis.outcome import Outcome
 from wandb_infra.bridge.diagnosis.root_cause import AlertFact, Diagnosis
 from wandb_infra.bridge.ingest.outbox import OutboxRow
 from wandb_infra.bridge.projection.delivery import DeliveryWorker
+from wandb_infra.bridge.projection.notes import BEGIN, END
 from wandb_infra.bridge.prometheus.confirm import Confirmation
 from wandb_infra.bridge.prometheus.remediation import NodeStateHistory, Remediation
 from wandb_infra.bridge.quarantine.actuator import build as build_quarantine
@@ -87,3 +88,13 @@ def quarantine_pass(worker: DeliveryWorker) -> int:
                               acting=True)
     assert acting is not None
     return offer_to_quarantine(worker.runs, acting, worker.clock())
+
+
+def user_part(notes: str | None) -> str:
+    """The notes without the bridge's section (what the user wrote)."""
+    notes = notes or ""
+    start = notes.rfind(BEGIN)
+    end = notes.find(END, start) if start != -1 else -1
+    if start == -1 or end == -1:
+        return notes
+    return notes[:start] + notes[end + len(END):]

@@ -1,15 +1,10 @@
-"""The delivery worker: schedules everything that writes, one thread (``projection/write.py``
-writes one run's view to W&B, the run service builds it, Prometheus readers return evidence).
+"""The delivery worker: schedules everything that writes, on one thread (``write.py`` writes a
+run's view, the run service builds it, Prometheus readers return evidence).
 
-At most one projection per run per flush interval, whatever the alert count: the outbox holds one
-row per run, and a projection writes the run's whole current state (tags, notes section, summary,
-markers), so later changes are folded into the next flush and per-run order cannot be violated.
-Transient failures back off exponentially with jitter, at least as long as ``Retry-After`` asks,
-and pause the whole worker (W&B being down is not a per-run problem, so no retry storm); permanent
-failures, and anything else one run's rendering or delivery raises, park that run, counted and
-visible, without blocking other runs. With Prometheus configured, each issue also shows its faulty
-hosts' scheduler state and a restart verdict (prometheus/remediation.py); recently active runs are
-re-checked every ``node_state_refresh`` seconds and re-projected when that changed.
+The outbox holds one row per run and a projection writes the run's whole state, so a run is
+written at most once per flush interval and later changes fold into the next one. Transient
+failures back off exponentially with jitter (at least ``Retry-After``) and pause the whole worker;
+permanent ones, and anything else one run raises, park that run without blocking the others.
 """
 
 from __future__ import annotations

@@ -265,12 +265,3 @@ def replace_section(notes: str | None, section: str) -> str:
     sep = "" if notes.endswith("\n\n") else ("\n" if notes.endswith("\n") else "\n\n")
     return notes + sep + section
 
-
-def user_part(notes: str | None) -> str:
-    """The notes without the bridge's section (what the user wrote)."""
-    notes = notes or ""
-    start = notes.rfind(BEGIN)
-    end = notes.find(END, start) if start != -1 else -1
-    if start == -1 or end == -1:
-        return notes
-    return notes[:start] + notes[end + len(END):]

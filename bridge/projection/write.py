@@ -1,11 +1,7 @@
 """Writing one run's view to W&B: tags, the notes section, the summary once the run ended,
-plot markers, and a W&B alert for a new critical root cause.
-
-The delivery worker decides when (``delivery.py``); this module decides what, from the run
-service's view, so the notes say what the run page says. Everything slow (Prometheus, the run's
-own metrics in W&B) happens before the run is read, so the read-to-write window on the user's
-notes and tags is one W&B round trip; a user's edit that lands meanwhile is read back and merged
-again.
+plot markers, and a W&B alert for a new critical root cause. Everything slow (Prometheus, the
+run's own metrics in W&B) happens before the run is read, so a user's edit can only land in one
+W&B round trip, and is then read back and merged again.
 """
 
 from __future__ import annotations

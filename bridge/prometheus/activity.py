@@ -1,10 +1,7 @@
-"""The run's GPU activity over its incident window, from Prometheus, for the run page's plot.
-
-The run's hosts and GPUs come from the join metrics (``wandb_run_node_info``/``wandb_run_gpu_info``,
-as ``explain`` reads them); tensor-pipe activity (an MFU proxy) and GPU utilisation are read from
-dcgm-exporter with the dashboards' selector (both host-label spellings, both field generations)
-and averaged over those GPUs. The worker reads it and stores it as the run's evidence, so a page
-never asks Prometheus; any failure becomes the note the page shows instead of a plot.
+"""The run's GPU activity over its incident window, for the run page's plot: tensor-pipe
+activity (an MFU proxy) and utilisation averaged over the run's GPUs (from the join metrics, as
+``explain`` reads them). The worker stores it as evidence, so a page never asks Prometheus; a
+failure becomes the note the page shows instead of a plot.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""The bridge's one Prometheus client: one HTTP session, one timeout, one error type.
-
-Every Prometheus read in the bridge (confirming alerts, alert history for
-``explain``, scheduler state and recovery evidence, ended runs and their coverage, measured
-impact, the run page's activity plot) goes through ``PrometheusClient``, so they share one
-connection pool and fail the same way: ``PrometheusError`` with a message that names
-Prometheus' own error and never the query's secrets. What a caller does on failure (keep the
-last answer, back off, print the error) is that caller's policy.
+"""The bridge's one Prometheus client: one HTTP session, one timeout, one error type
+(``PrometheusError``, naming Prometheus' own error, never the query's secrets). What a caller
+does on failure (keep the last answer, back off, print the error) is that caller's policy.
 """
 
 from __future__ import annotations

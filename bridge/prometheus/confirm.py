@@ -1,19 +1,12 @@
 """Whether Prometheus itself raised an alert: alert labels are untrusted input.
 
-Alertmanager's API takes alerts from anyone who can reach it, and the bridge receives them with
-Alertmanager's valid credentials. The rules already attribute each alert to its run in PromQL
-(the run labels come from the join metrics), so which run an alert belongs to is decided once,
-there; what the bridge must check is only that the alert is one Prometheus raised. An alert is
-confirmed when ``ALERTS{alertstate="firing"}`` holds a series with its name whose every label
-the alert carries with the same value, within ``BEFORE``/``AFTER`` of its ``startsAt`` (labels
-added on the way to Alertmanager, such as external labels, are on the alert only and do not
-matter). One instant query per run and time cluster of alerts, not one per alert; the caller
-keeps the final answers (the run service stores them with the alerts), since what Prometheus
-raised does not change afterwards, and hands them back as ``known``. The newest clusters are
-asked first, at most ``MAX_QUERIES`` per look at a run, and the older ones wait for the next
-look (pending, as an alert whose series is not written yet): 10,000 old forged alerts on a
-run, each its own cluster, made the look at the run ask 10,000 queries before the real
-alert's, so its W&B write waited for all of them.
+Alertmanager's API takes alerts from anyone who can reach it. The rules attribute each alert to
+its run in PromQL, so the bridge checks only that Prometheus raised it: an alert is confirmed
+when ``ALERTS{alertstate="firing"}`` holds a series of its name whose every label the alert
+carries with the same value, within ``BEFORE``/``AFTER`` of its ``startsAt`` (labels added on the
+way, such as external labels, do not matter). One instant query per run and time cluster, newest
+first, at most ``MAX_QUERIES`` per look (so old forged alerts cannot hold back a real one); the
+caller stores the final answers and hands them back as ``known``.
 """
 
 from __future__ import annotations

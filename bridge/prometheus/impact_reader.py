@@ -1,14 +1,10 @@
 """The edge of bridge/diagnosis/impact.py: the run's GPU signals around each issue, from Prometheus.
 
-Per run, the join metrics once (hosts, GPUs, lifetime, as ``explain`` reads them); per issue, one
-range query holding four series of one signal (mean over the affected GPUs the run holds, mean
-and max over all of the run's GPUs, their count), read through ``catalog.series.dcgm_gpu`` so
-both dcgm-exporter label spellings and field generations work. The run's GPUs are selected per
-host (hosts holding the same GPU indices share one selector): a run holding GPUs 0-3 on one host
-and 4-7 on another must not read the other run's GPUs on either. Tensor activity first; utilisation
-or power only when dcgm-exporter has no tensor activity. Answers are cached for a few seconds
-(a run page and a delivery in the same moment ask once) and Prometheus is left alone for
-``DOWN_BACKOFF`` after it failed, as bridge/prometheus/remediation.py's NodeStateHistory does.
+Per run, the join metrics once (as ``explain`` reads them); per issue, one range query holding
+four series of one signal (mean over the affected GPUs, mean and max over the run's GPUs, their
+count) through ``catalog.series.dcgm_gpu`` (both dcgm-exporter label spellings and field
+generations). GPUs are selected per host, so a run holding GPUs 0-3 on one host and 4-7 on
+another never reads another run's GPUs. Tensor activity first, then utilisation, then power.
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """Reading what the restart verdict needs from Prometheus, and the verdict as issues carry it.
 
-For each issue's faulty hosts, one set of range queries from shortly before the issue to now:
-
-* the scheduler state the exporter publishes (``wandb_infra_node_state{hostname, scheduler,
-  state, reason}``, exporter/sources/nodestate.py), or kube-state-metrics' cordon and taints
-  where only that is scraped (taints the run's pods tolerate do not take a node out);
-* the evidence that a recovery action happened: the driver's recovery action per GPU (DCGM field
-  1523), the GPUs' UUIDs and count, the host's ``node_boot_time_seconds``;
-* whether the host is a repeat offender (``HostRepeatOffender``'s condition on the
-  hardware-fault episodes the rules record), which turns its hardware fault into a replacement.
-
-``bridge/diagnosis/verdict.py`` decides from them; this module turns its ``Decision`` into the
-``Remediation`` the notes, the run page, the summary and the quarantine read. Without Prometheus
-every issue naming a host still gets a verdict ("safe" where the fault needs no hardware action,
-else "unknown" saying what is missing).
+For each issue's faulty hosts, range queries from shortly before the issue to now: the scheduler
+state (the exporter's ``wandb_infra_node_state``, or kube-state-metrics' cordon and taints, less
+those the run's pods tolerate), the evidence of a recovery action (the driver's recovery action
+per GPU, the GPUs' UUIDs and count, ``node_boot_time_seconds``) and whether the host is a repeat
+offender. ``diagnosis/verdict.py`` decides; its ``Decision`` becomes the ``Remediation`` every
+surface and the quarantine read. Without Prometheus each issue still gets a verdict.
 """
 
 from __future__ import annotations

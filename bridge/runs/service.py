@@ -1,20 +1,12 @@
 """Turns a run key into its ``RunView``: the one assembly path every surface uses.
 
-The run's alerts are read from the store once, confirmed by Prometheus once (an alert Prometheus
-did not raise is listed apart and never diagnosed), diagnosed once; each issue gets its restart
-decision (``prometheus/remediation.py``) with the quarantine's decision from its audit log, the
-impacts the worker last measured, and the ended run's verdict as the worker stored it (judged
-once when stored, and again by the worker when the run's alerts change: ``judged``).
-
-Only a service given Prometheus readers (the worker's, the quarantine process's) asks
-Prometheus; the worker's ``records`` what it found (each alert's confirmation, the hosts'
-state behind the restart decisions) with the run. The pages' service has no readers: it shows
-what the worker stored, so a page view never asks Prometheus, never writes the store and never
-calls W&B, and pages may build as many views as they are asked for.
-
-A new kind of evidence about a run plugs in the same way as the impacts: the worker computes it
-and stores it with ``Store.record_evidence(run, kind, json, now)``; ``view`` reads it back
-(``Store.evidence``) into a field of ``RunView``, and each surface renders that field.
+The run's alerts are read once, confirmed once (an alert Prometheus did not raise is listed apart,
+never diagnosed), diagnosed once; each issue gets its restart decision with the quarantine's, the
+impacts the worker measured and the verdict it stored. Only a service given Prometheus readers
+(the worker's, the quarantine's) asks Prometheus, and the worker's ``records`` what it found; the
+pages' service reads what was stored, so a page view never asks Prometheus, writes the store or
+calls W&B. New evidence plugs in the same way: the worker stores it
+(``Store.record_evidence``), ``view`` reads it into a field of ``RunView``, surfaces render it.
 """
 
 from __future__ import annotations

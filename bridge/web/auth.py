@@ -51,16 +51,11 @@ class Credentials:
 
 @dataclass
 class PageAuth:
-    """Read access to the pages, separate from the webhook's credentials.
-
-    ``token`` opens them as ``Authorization: Bearer <token>``, or typed into the login form,
-    which starts a session: a random cookie per login that expires after ``SESSION_SECONDS`` and
-    ends at sign-out (``bridge/web/sessions.py``). Failed guesses either way are counted by one
-    ``limiter``. The webhook's credentials open them only when
-    ``accept_webhook`` says so; ``None`` means "only while no page token is configured" (API
-    clients of older configs). ``secure_cookie``: None sets ``Secure`` when the request came over
-    TLS or through a proxy that says so (``X-Forwarded-Proto: https``).
-    """
+    """Read access to the pages, separate from the webhook's credentials: ``token`` as a bearer
+    header or typed into the login form (a session cookie, ``web/sessions.py``), failed guesses
+    counted by ``limiter``. The webhook's credentials open the pages when ``accept_webhook`` says
+    so (None: only while no page token is configured). ``secure_cookie`` None: ``Secure`` when
+    the request came over TLS (or ``X-Forwarded-Proto: https``)."""
 
     token: str | None = field(default=None, repr=False)
     accept_webhook: bool | None = None

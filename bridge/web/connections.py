@@ -1,13 +1,11 @@
 """A bound on open connections, so a flood of idle sockets can never use up the file descriptors
 the store and W&B delivery need, nor starve Alertmanager.
 
-At the limit a new connection evicts the one idle longest (no request in progress); only when
-every connection is serving a request is the new one closed at once. A request the ``evictable``
-rule names (an unauthenticated body being read: ``POST /login``) does not make its connection
-busy, so slow bodies from strangers can never hold every connection against Alertmanager: 64
-never-finished login bodies at a limit of 64 kept the webhook out for the 30 s body timeout. Built
-on public interfaces only: asyncio's protocol API around the ``web.Server`` a runner exposes, and
-an aiohttp middleware that marks a connection busy while a handler runs.
+At the limit a new connection evicts the one idle longest; only when every connection is serving
+a request is the new one closed at once. A request the ``evictable`` rule names (a stranger's
+body being read: ``POST /login``) does not make its connection busy, so slow bodies can never
+hold every connection against Alertmanager. Built on public interfaces only: asyncio's protocol
+API around the ``web.Server`` a runner exposes, and a middleware marking busy connections.
 """
 
 from __future__ import annotations

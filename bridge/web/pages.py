@@ -1,11 +1,7 @@
-"""The issue pages (``/runs`` and ``/runs/<entity>/<project>/<run_id>``) as HTML.
-
-The renderers format the typed run view (``bridge/runs/view.py``, the same view the JSON pages,
-the W&B notes and ``explain`` render), and every value passes through ``html.escape`` so label
-text cannot inject markup or script. The run
-page leads with a headline card (root cause, where, impact, what to do, Grafana and runbook) that
-fits the first screen, then the incident's shape in time (``bridge.timeline``), then the
-consequences grouped by alert name, because a 64-host cascade is one story, not 65 rows.
+"""The issue pages (``/runs`` and ``/runs/<entity>/<project>/<run_id>``) as HTML, rendered from
+the typed run view, every value through ``html.escape`` (label text cannot inject markup). The
+run page leads with a headline card that fits the first screen, then the incident in time, then
+the consequences grouped by alert name: a 64-host cascade is one story, not 65 rows.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Server-rendered SVG pictures for the run page: an issue's timeline and a GPU-activity plot.
-
-Both take the run view's typed issues and facts (``bridge/runs/view.py``) and return inline
-``<svg>`` text: no script, no external resources, every label-derived string through
-``html.escape``. A cascade on
-many hosts stays readable because hosts that saw the same alerts share one lane with a count.
+"""Server-rendered SVG for the run page: an issue's timeline and a GPU-activity plot, as inline
+``<svg>`` text (no script, nothing external, every label through ``html.escape``). Hosts that saw
+the same alerts share one lane with a count, so a cascade on many hosts stays readable.
 """
 
 from __future__ import annotations
