@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-8)-$(
 # tests' asserts) from source again.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: help system-deps venv lint generate test test-fast demo bench dist clean
+.PHONY: help system-deps venv lint generate test test-fast mutants demo bench dist clean
 
 help:
 	@echo "make demo   run the whole pipeline on the two motivating scenarios (real Prometheus + Alertmanager)"
@@ -60,6 +60,11 @@ test: system-deps venv lint
 # The unit layer only (no real binaries; about a minute): the inner loop while editing.
 test-fast: venv
 	WANDB_INFRA_TEST_FAST=1 $(BIN)/python -m pytest -q -n 2 --dist loadgroup -m unit
+
+# Deliberate bugs the suite must catch (tests/mutants.py): each one applied, its tests run, the
+# file restored. Not part of `make test`: about ten minutes on 2 cores.
+mutants: system-deps venv
+	$(BIN)/python -m tests.mutants
 
 demo: system-deps venv
 	$(BIN)/python -m demo $(DEMO_ARGS)
