@@ -44,7 +44,8 @@ def test_a_leak():
 
 
 def _inner(tmp_path: Path, leak: bool) -> tuple[subprocess.CompletedProcess[str], str]:
-    """Run the inner suite in its own pytest; returns its result and its processes' mark."""
+    """Run the inner suite in its own pytest; returns its result and its processes' mark. With
+    ``leak`` only the leaking test runs (it passes), so a failed run is the leak check's doing."""
     port = processes.free_port()
     (tmp_path / "test_inner.py").write_text(textwrap.dedent(INNER.format(port=port, leak=leak)))
     probe = uuid.uuid4().hex
@@ -53,7 +54,8 @@ def _inner(tmp_path: Path, leak: bool) -> tuple[subprocess.CompletedProcess[str]
     env["LEAK_PROBE"] = probe
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-p", "no:cacheprovider",
-         "--rootdir", str(tmp_path), str(tmp_path / "test_inner.py")],
+         "--rootdir", str(tmp_path), str(tmp_path / "test_inner.py"),
+         *(["-k", "test_a_leak"] if leak else [])],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False)
     return result, probe
 
