@@ -20,7 +20,7 @@ from wandb_infra.bridge.ingest.store import StoreError, StoreLocked
 from wandb_infra.bridge.joblog.report import explain_logs
 from wandb_infra.bridge.joblog.sources import FileSource
 from wandb_infra.bridge.joblog.sources import read as read_logs
-from wandb_infra.bridge.prometheus.client import PrometheusClient, PrometheusError, quote
+from wandb_infra.bridge.prometheus.client import PrometheusClient, PrometheusError
 from wandb_infra.bridge.prometheus.confirm import Confirmation
 from wandb_infra.bridge.prometheus.endings import EndingsPolicy, RunEndings
 from wandb_infra.bridge.prometheus.history import (
@@ -36,10 +36,8 @@ from wandb_infra.bridge.prometheus.remediation import NodeStateHistory
 from wandb_infra.bridge.runs.service import RunService
 from wandb_infra.bridge.runs.text import render_text
 from wandb_infra.bridge.runs.view import RunView
-from wandb_infra.common import labels as L
 from wandb_infra.common.configfile import ConfigError
 from wandb_infra.common.logsetup import setup_logging
-from wandb_infra.common.runkey import RunKey
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -80,17 +78,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=float, default=120.0,
                    help="seconds --post waits for the W&B write (default 120)")
     p.set_defaults(func=run)
-
-
-def seen_recently(prom: PrometheusClient, run: RunKey, now: float, grace: float) -> bool:
-    """Whether the run's join series have a sample within ``grace`` of now: it is still running
-    (or only just ended) and gets no ended-run verdict, as the live bridge judges a run only
-    once its join series have been gone that long (the same ``last_over_time`` reading as
-    prometheus/endings.py's search for ended runs)."""
-    selector = ",".join(f"{label}={quote(value)}" for label, value in (
-        (L.ENTITY, run.entity), (L.PROJECT, run.project), (L.RUN_ID, run.run_id)))
-    return bool(prom.instant(f"group(last_over_time({L.NODE_INFO}{{{selector}}}"
-                             f"[{max(1.0, grace):.0f}s]))", now))
 
 
 def _post(found: Explanation, args: argparse.Namespace, outcome: Outcome | None) -> str:
@@ -174,10 +161,11 @@ def run(args: argparse.Namespace) -> int:
         target, run_view.diagnosis)
     outcome: Outcome | None = None
     try:  # the verdict of an ended run, from the same coverage reading as the bridge's
-        running = seen_recently(prom, target, now, args.grace)
+        # still publishing its join series within the grace: the live bridge would not judge it
+        endings = RunEndings(prom, EndingsPolicy(step=args.step, grace=max(1.0, args.grace)))
+        running = bool(endings.present([target], now))
         if not running:
-            coverage = RunEndings(prom,
-                                  EndingsPolicy(step=args.step)).coverage(found.placement)
+            coverage = endings.coverage(found.placement)
             outcome = judge_outcome(run_view.diagnosis, coverage, found.placement.last_seen,
                                     "explain")
     except PrometheusError as exc:

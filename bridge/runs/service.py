@@ -45,6 +45,8 @@ RECENT_RUNS = 200  # the periodic passes look at most at this many recently acti
 RECENT = 3 * 86400.0  # ... whose latest alert started within this time
 UNANSWERED = "not confirmed yet: Prometheus has not answered whether it raised this alert"
 NOT_ASKED = "not confirmed yet: the bridge has not asked Prometheus about it yet"
+UNCHECKED = "alerts not checked against Prometheus (no prometheus.url configured)"
+CONFIRMED = "every alert shown was confirmed by Prometheus' own ALERTS series"
 NOT_READ = "the bridge has not read the hosts' state from Prometheus yet"
 PENDING = ("not confirmed yet: Prometheus holds no firing series of it so far (asked again "
            "until its window closes)")
@@ -142,7 +144,7 @@ class RunService:
             run, confirmation.confirmed, diagnosis, tuple(issues),
             outcome=stored,
             measured_at=None if impacts is None else impacts[1], unconfirmed=unconfirmed,
-            confirmation=_confirmation_text(confirmation), delivery=delivery,
+            confirmation=CONFIRMED if confirmation.checked else UNCHECKED, delivery=delivery,
             wandb_enabled=self.wandb_enabled, node_state_read=read)
 
     def _remediations(self, run: RunKey, diagnosis: Diagnosis
@@ -211,12 +213,6 @@ class RunService:
         """The view with impacts measured at ``at``."""
         issues = tuple(replace(i, impact=impacts.get(i.issue.key)) for i in view.issues)
         return replace(view, issues=issues, measured_at=at)
-
-
-def _confirmation_text(confirmation: Confirmation) -> str:
-    if not confirmation.checked:
-        return "alerts not checked against Prometheus (no prometheus.url configured)"
-    return "every alert shown was confirmed by Prometheus' own ALERTS series"
 
 
 def recent_runs(store: Store, now: float, *, firing_only: bool = False) -> list[RunKey]:

@@ -120,11 +120,6 @@ def wandb_text(status: dict[str, Any]) -> tuple[str, str]:
     return f"W&B: {state}", ""
 
 
-def _run_href(r: RunRow) -> str:
-    return "/runs/" + "/".join(quote(k, safe="") for k in (r.run.entity, r.run.project,
-                                                             r.run.run_id))
-
-
 def runs_html(rows: Sequence[RunRow], unattributed: int, *,
               filters: dict[str, str] | None = None, offset: int = 0, limit: int = 0,
               more: bool = False) -> str:
@@ -139,7 +134,7 @@ def runs_html(rows: Sequence[RunRow], unattributed: int, *,
                "<th>Headline (root cause)</th><th>Started</th><th class='wide'>Issues</th>"
                "<th class='wide'>Alerts (firing)</th><th>Verdict</th><th>W&amp;B</th></tr>")
     for r in rows:
-        name = r.run.path()
+        name, href = r.run.path(), "/runs/" + "/".join(quote(k, safe="") for k in r.run)
         if r.error:
             head = f"<span class='pill bad'>cannot diagnose: {escape(r.error)}</span>"
         elif r.head is None:
@@ -155,7 +150,7 @@ def runs_html(rows: Sequence[RunRow], unattributed: int, *,
         text, cls = wandb_text(r.wandb)
         out.append(
             f"<tr><td class='sev' style='background:{bar}' title='{escape(sev, quote=True)}'>"
-            f"</td><td class='run'><a href='{escape(_run_href(r), quote=True)}'>{escape(name)}</a>"
+            f"</td><td class='run'><a href='{escape(href, quote=True)}'>{escape(name)}</a>"
             "</td>"
             f"<td>{head} <span class='pill{' bad' if state == 'open' else ''}'>{state}</span>"
             f"</td><td class='n'>{'' if r.started_at is None else escape(when(r.started_at))}"

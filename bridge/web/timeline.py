@@ -229,7 +229,7 @@ def timeline_svg(issue: Issue, width: int = WIDTH) -> str:
     rows = lanes(issue)
     label_w = min(LABEL_W, int(width * 0.3))
     top = 6 + 3 * MARK_ROW  # one label row for each of: issue start, root cause, resolved
-    heights = [_lane_height(lane) for lane in rows]
+    heights = [ROW_H * max(1, len(by_name(lane.facts))) + 4 for lane in rows]
     y_axis = top + sum(heights) + 4
     height = y_axis + 26
     axis = _Axis(t0, t1, label_w, width - 12)
@@ -270,10 +270,6 @@ def by_name(facts: Sequence[AlertFact]) -> list[tuple[str, list[AlertFact]]]:
     for fact in facts:
         groups.setdefault(fact.alertname, []).append(fact)
     return sorted(groups.items(), key=lambda kv: min(onset(f) for f in kv[1]))
-
-
-def _lane_height(lane: Lane) -> int:
-    return ROW_H * max(1, len(by_name(lane.facts))) + 4
 
 
 def _bars(lane: Lane, axis: _Axis, y: float, t_end: float) -> list[str]:
