@@ -1,36 +1,16 @@
 """Optional active quarantine: take the node of a critical fault out of the pool, where the
-fault needs it out of service.
+fault needs it out of service (a GPU reset, a reboot, a replacement; never XID 94 or an
+application fault). Off by default; ``dry_run`` (the default once enabled) only records.
 
-Off by default; ``dry_run`` (the default once enabled) only records what it would do. For an open
-issue whose root cause is critical and whose restart decision (``diagnosis/verdict.py``) says the
-node must leave the pool before its fault's action is done (a GPU reset, a reboot, a replacement:
-never for XID 94 or an application fault, which need only a restart), the faulty host is
-drained in Slurm (``scontrol update NodeName=... State=DRAIN Reason=...``) or cordoned and
-tainted in Kubernetes (one merge PATCH carrying the Node's ``resourceVersion``; a 409 conflict
-is retried on a fresh read). Rules that keep it from doing harm:
-
-* a circuit breaker: at most ``max_nodes`` nodes, and at most ``max_fraction`` of the fleet, per
-  ``window_seconds``, and at most ``max_total`` nodes in all until an operator resets the breaker
-  (``wandb-infra-bridge quarantine --reset-breaker``); beyond it nothing is done and the refusal
-  is audit-logged;
-* idempotent: at most one action per (issue, host), remembered in the audit log and in the
-  ledger beside it (``<audit_log>.ledger``: every node acted on, and the last reset) across
-  restarts and audit-log rotation, so a node an operator returned to service is not taken out
-  again for the same event; a node already out of the pool is left alone;
-* never returns a node to service: there is no resume or uncordon anywhere in this module;
-* every decision (done, would do in dry run, skipped, refused by the breaker, failed) is one JSON
-  line in the audit log and is shown in the issue;
-* alert content is untrusted: a host name must be exactly one node (``one_node``: no host lists,
-  Slurm hostlist ranges, wildcards, ``ALL`` or spaces), and Slurm must name exactly that node
-  for it, before any scheduler action;
-* no record, no action: an ``acting`` line is written and fsynced before the scheduler is
-  asked; if the audit log cannot be written nothing is done. An ``acting`` line without its
-  result (a crash in between) counts as done for the breaker and is never repeated;
-* one audit log, one breaker: each decision is taken under an exclusive ``flock`` of the audit
-  log after reading what other processes appended, so processes sharing it share the breaker
-  (the bridge also refuses to start on a store another bridge holds, see ``store.lock``);
-* a damaged audit log (bad bytes, a truncated line) is reported (``audit_problems``, the log,
-  ``/metrics``) and skipped line by line; it never stops the bridge from starting.
+Slurm drains the host (``scontrol update ... State=DRAIN``), Kubernetes cordons and taints it
+(one merge PATCH on the Node's ``resourceVersion``). What keeps it from doing harm (each case is
+in docs/reliability.md): a circuit breaker per window and in all (``max_total``, until
+``--reset-breaker``); at most one action per (issue, host), remembered in the audit log and its
+ledger across restarts and rotation; never returning a node to service; one JSON audit line per
+decision, shown in the issue; exactly one node per host name (``one_node``), confirmed by
+Slurm; no record, no action (an ``acting`` line fsynced before the scheduler is asked, and one
+without its result counts as done); one breaker per audit log (``flock``); a damaged audit log
+reported and skipped line by line.
 """
 
 from __future__ import annotations

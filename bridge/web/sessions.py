@@ -1,21 +1,12 @@
 """Page sessions and login throttling: a cookie per login, which expires and can be signed out,
 and a bound on how fast anyone may guess the page token.
 
-A session id is 32 random bytes; the bridge keeps only its SHA-256 and expiry, in memory (a
-restart signs everyone out, which is the safe direction). The cookie is not the token, two logins
-never share a cookie, and signing out ends that session at once.
-
-Failed guesses of the page token (the login form, or a wrong ``Authorization`` header on a page)
-are counted per client in a sliding window; beyond the limit a wrong guess gets 429. A right token
-is accepted from any client, throttled or not: one client address may be a proxy many people
-share, and their failures must not lock out whoever holds the token. So the throttle bounds what
-failed guesses cost (work, log lines, a 401 page each) rather than hiding whether a guess was
-right; the token's length (at least 16 characters) is what makes guessing hopeless. A client is
-its IPv4 address or its IPv6 /64 (one host is commonly given a whole /64, so rotating addresses
-inside it is still one client). The count across all clients is only a backstop against guessing
-from many addresses: one client stops at its own limit, a tenth of the total, so it alone can
-never trip the total; when many do, every wrong guess gets 429 for the rest of the window, and
-that is logged once as a warning naming how many clients took part.
+A session id is 32 random bytes; only its SHA-256 and expiry are kept, in memory (a restart signs
+everyone out, the safe direction). Failed guesses (the login form, or a wrong ``Authorization``
+header) are counted per client (an IPv4 address or an IPv6 /64) in a sliding window; beyond the
+limit a wrong guess gets 429. A right token is accepted from any client, throttled or not: one
+address may be a shared proxy. The count across all clients is a backstop against guessing from
+many addresses (one client stops at a tenth of it); tripping it is logged once.
 """
 
 from __future__ import annotations
