@@ -17,10 +17,11 @@ from harness import processes
 # slurm / e2e) on itself, its class or its module (tests/test_layers.py checks it); every other
 # test is the in-process unit layer (``make test-fast``, ``pytest -m unit``).
 LAYERS = ("integration", "slurm", "e2e")
-# Test files whose tests share nothing costly (no module fixture): their tests are spread over
-# both workers one by one. Every other file keeps all its tests on one worker, so a module
-# fixture such as a running stack is started once (``--dist loadgroup``, one group per file).
-SPREAD = frozenset({"tests.test_rules"})
+# A test that uses a module-scoped fixture (a running stack, a Prometheus) stays on the worker
+# that started it, with every other test of its file using one (``--dist loadgroup``, one group
+# per file); every other test goes to whichever worker is free, so a file of independent slow
+# tests (each demo signal, each promtool suite) runs on both workers at once.
+SHARED_SCOPES = frozenset({"module", "class", "package"})
 # The longest work goes out first, so the two workers finish together instead of one running a
 # long file alone at the end: xdist hands out groups in collection order (``make test`` passes
 # ``--no-loadscope-reorder``; by default it would hand out the groups with most tests first, and
@@ -96,15 +97,24 @@ def _cmdline(pid: int) -> str:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test outside the integration layers as ``unit``, and keep each file's tests
-    on one worker unless the file is in ``SPREAD``."""
+    """Mark every test outside the integration layers as ``unit``, and keep the tests that share
+    a module fixture on one worker."""
     for item in items:
         if not any(item.get_closest_marker(layer) for layer in LAYERS):
             item.add_marker(pytest.mark.unit)
-        module = getattr(getattr(item, "module", None), "__name__", item.nodeid)
-        if module not in SPREAD:
+        if _shares_a_fixture(item):
+            module = getattr(getattr(item, "module", None), "__name__", item.nodeid)
             item.add_marker(pytest.mark.xdist_group(module))
     items.sort(key=_start_rank)  # stable: file order within a rank
+
+
+def _shares_a_fixture(item: pytest.Item) -> bool:
+    """True when the test uses a fixture set up once for several tests of its file."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return True
+    return any((defs := info.name2fixturedefs.get(name)) and defs[-1].scope in SHARED_SCOPES
+               for name in info.names_closure)
 
 
 def _start_rank(item: pytest.Item) -> int:
