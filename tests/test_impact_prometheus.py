@@ -3,14 +3,18 @@ through the shipped rules (60 times faster). A thermal fault on four GPUs is a s
 onset moves to the drop, a stall on every host of a run is a hang, an XID 94 that leaves the
 GPUs computing has no visible effect, and the same fault with the run ending at once is a crash
 unless W&B says the run finished; ``explain`` gives the same figures after the fact. A run
-holding different GPUs on different hosts is read on exactly those."""
+holding different GPUs on different hosts is read on exactly those. The four runs play at once,
+each on its own hosts: the file waits for the slowest, not for their sum."""
 
 from __future__ import annotations
 
-import argparse
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -21,7 +25,6 @@ from demo.simulator.scrape import prometheus_config
 from demo.simulator.server import serve
 from demo.stack import scale_rules
 from harness.processes import prom_query, prometheus, wait_for
-from wandb_infra.bridge import explain_cli
 from wandb_infra.bridge.diagnosis.impact import CRASH, HANG, NONE, SLOWDOWN, Impact
 from wandb_infra.bridge.diagnosis.root_cause import Diagnosis, diagnose
 from wandb_infra.bridge.prometheus.client import PrometheusClient
@@ -34,11 +37,12 @@ from wandb_infra.bridge.prometheus.impact_reader import (
 from wandb_infra.catalog import series
 from wandb_infra.common.runkey import RunKey
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("crashed")]
+pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parent.parent
 RULE_FILES = sorted((ROOT / "alert_rules").glob("*.rules.yml"))
 HOSTS = ("gpu-node-001", "gpu-node-002", "gpu-node-003", "gpu-node-004", "gpu-node-005")
 GONE = RUN_GONE_SECONDS + 2  # the run's join series gone past the impact reader's grace
+BRIDGE = str(Path(sys.executable).parent / "wandb-infra-bridge")
 
 
 @pytest.fixture(scope="module")
@@ -57,25 +61,6 @@ def world(tmp_path_factory) -> Iterator[tuple[Cluster, str]]:
             expr = f"count({series.GPU_PRESENT}) == {8 * len(HOSTS)}"
             wait_for(lambda: prom_query(prom.url, expr), 120, expr, 0.5)
             yield cluster, prom.url
-
-
-@pytest.fixture(scope="module")
-def crashed(world) -> Iterator[tuple[str, RunKey, Diagnosis, float]]:
-    """A run that ends while an XID 94 is still on (within the crash window), played before the
-    module's other tests (``usefixtures`` below) so the minute its join series need to count as
-    gone passes while they run: the crash, its diagnosis and when the run ended."""
-    cluster, url = world
-    run = RunKey("team", "proj", "ends")
-    _start(cluster, url, run, (HOSTS[4],))
-    injected = time.time()
-    cluster.inject("xid", HOSTS[4], gpu=1, code=94)
-    try:
-        diagnosis = _diagnosis(url, run, injected, "GpuContainedEccError")
-        time.sleep(5)  # the run lives on a little with the fault
-        cluster.end_run(*run)
-        yield url, run, diagnosis, time.time()
-    finally:
-        cluster.clear(HOSTS[4], kind="xid")
 
 
 def _start(cluster: Cluster, url: str, run: RunKey, hosts: tuple[str, ...]) -> float:
@@ -113,15 +98,14 @@ def _show(capsys, impact: Impact) -> None:
         print(f"\n  {impact.headline}\n  lost: {impact.cost_text}\n  {impact.onset_reason}")
 
 
-def _explained(run: RunKey, url: str, capsys, diagnosis: Diagnosis) -> tuple[dict, dict]:
+def _explained(run: RunKey, url: str, diagnosis: Diagnosis) -> tuple[dict, dict]:
     """``explain --json``'s view and its impact of the issue ``diagnosis`` leads with (found
     by root cause: its rebuilt alert starts on explain's own query grid)."""
-    capsys.readouterr()
-    args = argparse.Namespace(run=run.path(), prometheus=url, start=None, end=None,
-                              lookback="1h", step=1.0, grafana_url="", json=True, post=False,
-                              config=None, timeout=10.0, grace=30.0, log=None)
-    assert explain_cli.run(args) == 0
-    view = json.loads(capsys.readouterr().out)
+    out = subprocess.run([BRIDGE, "explain", run.path(), "--prometheus", url, "--lookback", "1h",
+                          "--step", "1", "--grace", "30", "--json"], capture_output=True,
+                         text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    view = json.loads(out.stdout)
     head = diagnosis.root_cause
     assert head is not None
     # by alert name, not title: when the fault's alerts start on several hosts within a query
@@ -135,87 +119,151 @@ def _ts(text: str) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
-def test_thermal_slowdown_moves_the_onset_and_explain_agrees(world, capsys):
-    cluster, url = world
+@dataclass(frozen=True)
+class Played:
+    """What one run's scenario measured: when the fault was injected, the diagnosis once its
+    alert fired, the impact read then, and (where the scenario goes on) later readings."""
+
+    injected: float
+    diagnosis: Diagnosis
+    impact: Impact
+    shown: dict | None = None  # explain's impact of the same issue
+    final: Impact | None = None  # after the fault cleared and the run ended
+    finished: Impact | None = None  # the same, had W&B said the run finished
+    ended: float = 0.0
+
+
+def _thermal(cluster: Cluster, url: str) -> Played:
     run = RunKey("team", "proj", "thermal")
     _start(cluster, url, run, (HOSTS[0],))
     injected = time.time()
     for gpu in range(4):
         cluster.inject("thermal", HOSTS[0], gpu=gpu)
-    diagnosis = _diagnosis(url, run, injected, "GpuThermalViolation")
-    time.sleep(6)  # the slow level settles after the alert
-    impact = _head(url, run, diagnosis)
+    try:
+        diagnosis = _diagnosis(url, run, injected, "GpuThermalViolation")
+        time.sleep(6)  # the slow level settles after the alert
+        impact = _head(url, run, diagnosis)
+    finally:
+        cluster.clear(HOSTS[0], kind="thermal")
+    time.sleep(8)
+    cluster.end_run(*run)
+    time.sleep(GONE + 8)  # the run's join series gone past the reader's grace
+    final = _head(url, run, _diagnosis(url, run, injected, "GpuThermalViolation"))
+    return Played(injected, diagnosis, impact, _explained(run, url, diagnosis)[1], final)
+
+
+def _hang(cluster: Cluster, url: str) -> Played:
+    run = RunKey("team", "proj", "hang")
+    _start(cluster, url, run, HOSTS[1:3])
+    injected = time.time()
+    cluster.inject_hosts("stall", HOSTS[1:3])
+    try:
+        diagnosis = _diagnosis(url, run, injected, "TrainingStalled", HOSTS[1:3])
+        impact = _head(url, run, diagnosis)
+        return Played(injected, diagnosis, impact, _explained(run, url, diagnosis)[1])
+    finally:
+        for host in HOSTS[1:3]:
+            cluster.clear(host, kind="stall")
+
+
+def _calm(cluster: Cluster, url: str) -> Played:
+    run = RunKey("team", "proj", "calm")
+    _start(cluster, url, run, (HOSTS[3],))
+    injected = time.time()
+    cluster.inject("xid", HOSTS[3], gpu=2, code=94)
+    try:
+        diagnosis = _diagnosis(url, run, injected, "GpuContainedEccError")
+        time.sleep(5)
+        impact = _head(url, run, diagnosis)
+        return Played(injected, diagnosis, impact, _explained(run, url, diagnosis)[1])
+    finally:
+        cluster.clear(HOSTS[3], kind="xid")
+
+
+def _crash(cluster: Cluster, url: str) -> Played:
+    """A run that ends while an XID 94 is still on (within the crash window)."""
+    run = RunKey("team", "proj", "ends")
+    _start(cluster, url, run, (HOSTS[4],))
+    injected = time.time()
+    cluster.inject("xid", HOSTS[4], gpu=1, code=94)
+    try:
+        diagnosis = _diagnosis(url, run, injected, "GpuContainedEccError")
+        time.sleep(5)  # the run lives on a little with the fault
+        cluster.end_run(*run)
+        ended = time.time()
+    finally:
+        cluster.clear(HOSTS[4], kind="xid")
+    time.sleep(GONE)
+    return Played(injected, diagnosis, _head(url, run, diagnosis),
+                  finished=_head(url, run, diagnosis, state="finished"), ended=ended)
+
+
+@pytest.fixture(scope="module")
+def played(world) -> Iterator[dict[str, Future[Played]]]:
+    """The four runs at once, each on hosts no other touches. A scenario's failure is raised
+    by the test reading it."""
+    cluster, url = world
+    with ThreadPoolExecutor(max_workers=4, thread_name_prefix="impact") as pool:
+        yield {name: pool.submit(play, cluster, url) for name, play in
+               (("thermal", _thermal), ("hang", _hang), ("calm", _calm), ("crash", _crash))}
+
+
+def test_thermal_slowdown_moves_the_onset_and_explain_agrees(played, capsys):
+    got = played["thermal"].result()
+    impact = got.impact
     assert impact.kind == SLOWDOWN, impact
     _show(capsys, impact)
     assert impact.drop is not None and 0.45 < impact.drop < 0.62  # 0.46 -> 0.21 in the model
     assert f"tensor activity on {HOSTS[0]} GPU" in impact.text
     assert impact.text.split(", ")[1].split(" (")[0].endswith("before the alert")
-    assert impact.changed_at is not None and abs(impact.changed_at - injected) < 3
-    head = diagnosis.root_cause
+    assert impact.changed_at is not None and abs(impact.changed_at - got.injected) < 3
+    head = got.diagnosis.root_cause
     assert head is not None and impact.changed_at < head.root.starts_at.timestamp()
     assert impact.onset == impact.changed_at and "onset moved from" in impact.onset_reason
     assert impact.gpus == 8
-    cluster.clear(HOSTS[0], kind="thermal")
-    time.sleep(8)
-    cluster.end_run(*run)
-    time.sleep(GONE + 8)  # the run's join series gone past the reader's grace
-    final = _head(url, run, _diagnosis(url, run, injected, "GpuThermalViolation"))
+    final, shown = got.final, got.shown
+    assert final is not None and shown is not None
     assert final.kind == SLOWDOWN and final.until_what in ("recovery", "the run's end")
-    assert 0 < final.gpu_hours < 8 * (time.time() - injected) / 3600
-    _, shown = _explained(run, url, capsys, diagnosis)
+    assert 0 < final.gpu_hours < 8 * (time.time() - got.injected) / 3600
     # the same figures, to explain's own query grid (a sample apart at most)
     assert shown["kind"] == final.kind and shown["onset"] == pytest.approx(final.onset, abs=1.5)
     assert shown["text"].split(" fell ")[1][:3] == final.text.split(" fell ")[1][:3]
     assert shown["gpu_hours"] == pytest.approx(final.gpu_hours, abs=0.01)
 
 
-def test_stall_on_every_host_is_a_hang(world, capsys):
-    cluster, url = world
-    run = RunKey("team", "proj", "hang")
-    _start(cluster, url, run, HOSTS[1:3])
-    injected = time.time()
-    cluster.inject_hosts("stall", HOSTS[1:3])
-    diagnosis = _diagnosis(url, run, injected, "TrainingStalled", HOSTS[1:3])
-    impact = _head(url, run, diagnosis)
+def test_stall_on_every_host_is_a_hang(played, capsys):
+    got = played["hang"].result()
+    impact = got.impact
     assert impact.kind == HANG, impact
     _show(capsys, impact)
     assert impact.text.startswith("no GPU of the run has computed since ")
-    assert impact.changed_at is not None and abs(impact.changed_at - injected) < 3
+    assert impact.changed_at is not None and abs(impact.changed_at - got.injected) < 3
     assert impact.gpus == 16 and impact.until_what == "now"
-    assert impact.gpu_hours == pytest.approx(16 * (time.time() - impact.onset) / 3600, abs=0.01)
-    _, shown = _explained(run, url, capsys, diagnosis)
+    assert impact.gpu_hours == pytest.approx(16 * (impact.until - impact.onset) / 3600,
+                                             abs=0.01)
+    shown = got.shown
+    assert shown is not None
     assert shown["kind"] == HANG and shown["onset"] == pytest.approx(impact.onset, abs=1.5)
     assert shown["text"].startswith("no GPU of the run has computed since ")
-    cluster.clear(kind="stall")
 
 
-def test_xid_94_on_computing_gpus_has_no_visible_effect(world, capsys):
-    cluster, url = world
-    run = RunKey("team", "proj", "calm")
-    _start(cluster, url, run, (HOSTS[3],))
-    injected = time.time()
-    cluster.inject("xid", HOSTS[3], gpu=2, code=94)
-    diagnosis = _diagnosis(url, run, injected, "GpuContainedEccError")
-    time.sleep(5)
-    impact = _head(url, run, diagnosis)
+def test_xid_94_on_computing_gpus_has_no_visible_effect(played, capsys):
+    impact, shown = played["calm"].result().impact, played["calm"].result().shown
     assert impact.kind == NONE, impact
     _show(capsys, impact)
     assert impact.text.startswith("no change in the run's GPU activity (tensor activity")
     assert impact.gpu_hours == 0.0 and impact.onset_reason == ""
-    _, shown = _explained(run, url, capsys, diagnosis)
-    assert shown["kind"] == NONE and shown["gpu_hours"] == 0.0
-    cluster.clear(HOSTS[3], kind="xid")
+    assert shown is not None and shown["kind"] == NONE and shown["gpu_hours"] == 0.0
 
 
-def test_a_run_ending_with_the_fault_on_crashed_unless_wandb_says_it_finished(crashed, capsys):
-    url, run, diagnosis, ended = crashed
-    time.sleep(max(0.0, ended + GONE - time.time()))
-    crash = _head(url, run, diagnosis)
+def test_a_run_ending_with_the_fault_on_crashed_unless_wandb_says_it_finished(played, capsys):
+    got = played["crash"].result()
+    crash, finished = got.impact, got.finished
     assert crash.kind == CRASH, crash
     _show(capsys, crash)
     assert crash.text.startswith("the run ended at ") and crash.until_what == "the run's end"
-    assert abs(crash.until - ended) < 3 and crash.gpu_hours > 0
-    finished = _head(url, run, diagnosis, state="finished")
+    assert abs(crash.until - got.ended) < 3 and crash.gpu_hours > 0
+    assert finished is not None
     assert finished.kind == NONE and finished.gpu_hours == 0.0, finished
     assert finished.until_what == "the run's end"
 
