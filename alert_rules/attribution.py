@@ -134,17 +134,27 @@ def _join(*names: str) -> str:
     return ", ".join(n for n in names if n)
 
 
+# An alert's join stays on one line up to this width, else its fault continues on the next.
+LINE_MAX = 150
+
+
+def _product(join: str, fault: str) -> list[str]:
+    """``join fault`` on one line when it fits ``LINE_MAX``, else the fault indented below."""
+    line = f"{join} {fault}"
+    return [line] if len(line) <= LINE_MAX else [join, "  " + fault]
+
+
 def gpu_scope(fault: str, copy: tuple[str, ...]) -> str:
     """A GPU fault attributed by (hostname, gpu) (its runs, or none), else by hostname."""
     j = Join("gpu")
     copied = _join(L.GPU_UUID, *copy)
     by_host = f"{fault} and on ({L.HOSTNAME}, {L.GPU}) {j.by_host}"
     return "\n".join([
-        f"{j.runs} * on ({L.HOSTNAME}, {L.GPU}) group_left ({copied})",
-        f"  topk by ({L.HOSTNAME}, {L.GPU}) (1, {fault})",
+        *_product(f"{j.runs} * on ({L.HOSTNAME}, {L.GPU}) group_left ({copied})",
+                  f"topk by ({L.HOSTNAME}, {L.GPU}) (1, {fault})"),
         "or",
-        f"{j.gpus_unknown} * on ({L.HOSTNAME}) group_left ({_join(L.GPU, copied)})",
-        f"  topk by ({L.HOSTNAME}) (1, {by_host})",
+        *_product(f"{j.gpus_unknown} * on ({L.HOSTNAME}) group_left ({_join(L.GPU, copied)})",
+                  f"topk by ({L.HOSTNAME}) (1, {by_host})"),
     ])
 
 
@@ -153,8 +163,8 @@ def host_scope(fault: str, copy: tuple[str, ...], family: str) -> str:
     else to nobody (one alert per entity)."""
     j = Join(family)
     return "\n".join([
-        f"{j.runs} * on ({L.HOSTNAME}) group_left ({_join(*copy)})",
-        f"  topk by ({L.HOSTNAME}) (1, {fault})",
+        *_product(f"{j.runs} * on ({L.HOSTNAME}) group_left ({_join(*copy)})",
+                  f"topk by ({L.HOSTNAME}) (1, {fault})"),
         "or",
         f"max by ({_join(L.HOSTNAME, *copy)}) ({fault}) and on ({L.HOSTNAME}) {j.without_run}",
     ])

@@ -240,7 +240,7 @@ def _recording(rule: normalise.Recording) -> dict[str, Any]:
 FAULT_LEVEL = {"gpu": "gpu", "host": "hostname", "link": "link"}
 # A condition longer than this (or on several lines) is recorded on its own, so the alert that
 # reads it two or three times (``attribution.py``) stays a few lines.
-INLINE_MAX = 100
+INLINE_MAX = 120
 
 
 def _needs_record(alert: AlertDef) -> bool:
@@ -412,9 +412,32 @@ def family_tier(alerts: list[AlertDef], by_record: dict[str, str | None]) -> str
 _OPERATOR = re.compile(r"\s*(?:or|and|unless)(?: on \([^)]*\))?")
 
 
+# A parenthesised block is folded onto its opening line when the result fits this width.
+FOLD_MAX = 150
+
+
+def _fold(lines: list[str]) -> list[str] | None:
+    """The first block ``opener (`` / at most two lines / ``)...`` at the opener's indent folded
+    onto one line when it fits ``FOLD_MAX``; None when no block folds."""
+    for i, opener in enumerate(lines):
+        if not opener.endswith("("):
+            continue
+        indent = len(opener) - len(opener.lstrip())
+        for j in range(i + 1, min(i + 4, len(lines))):
+            line = lines[j]
+            if len(line) - len(line.lstrip()) <= indent:
+                if j > i + 1 and line.lstrip().startswith(")"):
+                    folded = opener + " ".join(x.strip() for x in lines[i + 1:j]) + line.strip()
+                    if len(folded) <= FOLD_MAX:
+                        return [*lines[:i], folded, *lines[j + 1:]]
+                break
+    return None
+
+
 def tidy(expr: str) -> str:
     """``expr`` with each operator on a line of its own moved to the start of its right operand
-    (``or max by (...)``): whitespace only, so the PromQL is the same."""
+    (``or max by (...)``), and short parenthesised blocks folded onto one line (``_fold``):
+    whitespace only, so the PromQL is the same."""
     out: list[str] = []
     lines = expr.splitlines()
     for i, line in enumerate(lines):
@@ -422,6 +445,8 @@ def tidy(expr: str) -> str:
             out[-1] += " " + line.lstrip()
         else:
             out.append(line)
+    while (folded := _fold(out)) is not None:
+        out = folded
     return "\n".join(out)
 
 
@@ -534,8 +559,8 @@ NORMALISE_NOTES = {
 
 def _tier_note(tier: str | None) -> str:
     if tier is None:
-        return "No interval: evaluated every global evaluation_interval (30 s recommended)."
-    note = f"Evaluated every {tier} (alert_rules/tiers.py)."
+        return "Every evaluation_interval (30 s)."
+    note = f"Every {tier} (tiers.py)."
     if outlives_lookback(tier):
         note += (" Its records can be older than the lookback "
                  f"({_duration(tiers.LOOKBACK_SECONDS)}), so other groups read them as "
@@ -607,7 +632,7 @@ def dump(data: object) -> str:
     return yaml.dump(data, Dumper=_Dumper, sort_keys=False, width=YAML_WIDTH, allow_unicode=True)
 
 
-COMMENT_WIDTH = 100
+COMMENT_WIDTH = 120
 
 
 def _comment(text: str, indent: str) -> list[str]:

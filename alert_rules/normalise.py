@@ -105,9 +105,13 @@ def relabelled(expr: str, steps: list[Step]) -> str:
 
 
 def _max_by(by: str, expr: str) -> str:
-    """``max by (by) (expr)``, on one line when ``expr`` is."""
+    """``max by (by) (expr)``, on one line when ``expr`` is; around a relabelling (``relabelled``)
+    the aggregation opens on the steps' line and closes on the last step's, one step a line."""
     if "\n" not in expr:
         return f"max by ({by}) ({expr})"
+    first, rest = expr.split("\n", 1)
+    if first and first == "label_replace(" * first.count("label_replace("):
+        return f"max by ({by}) ({first}\n  " + rest.replace("\n", "\n  ") + ")"
     return promql("max by (${BY}) (\n  ${EXPR}\n)", BY=by, EXPR=expr)
 
 

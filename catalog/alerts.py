@@ -774,41 +774,52 @@ absent(${NODE_INFO})
     AlertDef(
         name="WandbInfraRunHostWithoutGpuTelemetry", severity="warning", category="pipeline",
         cause=CauseClass.SYMPTOM, scope="pipeline",
-        summary="A host of a published run has no GPU telemetry at all.",
-        description=f"{{{{ $labels.hostname }}}} runs {_WHOLE} W&B run(s) but no dcgm-exporter "
-                    f"target reported that host name in the last {span(s.HISTORY_WINDOW)}.",
-        impact="GPU faults on this host (XIDs, ECC, temperatures, a GPU off the bus) are never "
-               "seen, so its runs' verdicts cannot name them.",
-        remediation="Deploy dcgm-exporter on the host (the GPU Operator's DaemonSet or the "
-                    "systemd unit) and scrape it; if it is scraped, make its host label match the "
+        summary="Hosts of published runs have no GPU telemetry at all.",
+        description=f"{_WHOLE} host(s) running W&B runs have no dcgm-exporter target reporting "
+                    f"their host name in the last {span(s.HISTORY_WINDOW)}.",
+        impact="GPU faults on those hosts (XIDs, ECC, temperatures, a GPU off the bus) are never "
+               "seen, so their runs' verdicts cannot name them.",
+        remediation="List the hosts with this alert's expression without count() in Prometheus. "
+                    "Deploy dcgm-exporter on them (the GPU Operator's DaemonSet or the systemd "
+                    "unit) and scrape it; if it is scraped, make its host label match the "
                     "exporter's host name (strip_domain, host_key_regex, or relabel Hostname).",
         panel="pipeline_targets",
+        # One alert for the cluster, valued with the number of hosts: a missing scrape job
+        # leaves every run host without telemetry, and one alert per host would flood
+        # Alertmanager with the same configuration fault (and template thousands of alerts
+        # at every evaluation).
         condition="""
-count by (hostname) (max by (hostname, wandb_run_id) (${NODE_INFO}))
-unless on (hostname)
-${TARGET_HOSTS}{${TARGET_LABEL}="dcgm_exporter"}
+count(
+  max by (hostname) (${NODE_INFO})
+  unless on (hostname)
+  ${TARGET_HOSTS}{${TARGET_LABEL}="dcgm_exporter"}
+)
 """,
         for_="15m", group="pipeline-coverage",
         needs=Action.NONE, clears_when_fixed=True),
     AlertDef(
         name="WandbInfraRunHostWithoutNodeState", severity="warning", category="pipeline",
         cause=CauseClass.SYMPTOM, scope="pipeline",
-        summary="A host of a published run has no scheduler node state.",
-        description=f"{{{{ $labels.hostname }}}} runs {_WHOLE} W&B run(s) but has no "
-                    f"{nodestate.STATE} series (nor kube-state-metrics' node series).",
-        impact="The bridge cannot say whether restarting a run would land on this host again: "
-               "its restart advice for the run stays incomplete.",
-        remediation="Enable the exporter's node_state source (node_state.slurm or "
+        summary="Hosts of published runs have no scheduler node state.",
+        description=f"{_WHOLE} host(s) running W&B runs have no {nodestate.STATE} series (nor "
+                    "kube-state-metrics' node series).",
+        impact="The bridge cannot say whether restarting a run would land on those hosts again: "
+               "its restart advice for their runs stays incomplete.",
+        remediation="List the hosts with this alert's expression without count() in Prometheus. "
+                    "Enable the exporter's node_state source (node_state.slurm or "
                     "node_state.kubernetes in its config), or scrape kube-state-metrics; the "
                     "node names must match the run's host names.",
         panel="pipeline_targets",
+        # One alert for the cluster, as WandbInfraRunHostWithoutGpuTelemetry.
         condition="""
-count by (hostname) (max by (hostname, wandb_run_id) (${NODE_INFO}))
-unless on (hostname)
-(
-  ${NODE_STATE}
-  or
-  label_replace(kube_node_spec_unschedulable, "hostname", "$1", "node", "(.+)")
+count(
+  max by (hostname) (${NODE_INFO})
+  unless on (hostname)
+  (
+    ${NODE_STATE}
+    or
+    label_replace(kube_node_spec_unschedulable, "hostname", "$1", "node", "(.+)")
+  )
 )
 """,
         for_="15m", group="pipeline-coverage",

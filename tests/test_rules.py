@@ -530,6 +530,10 @@ def test_no_folding_inside_promql_or_templates():
 def test_tidy_moves_operators_and_changes_nothing_else():
     expr = "max by (a) (\n  x\n  and on (a)\n  y\n)\nor\n(\n  z\n  unless on (a, b)\n  w\n)"
     tidied = generate.tidy(expr)
-    assert tidied == "max by (a) (\n  x\n  and on (a) y\n)\nor (\n  z\n  unless on (a, b) w\n)"
-    assert re.sub(r"\s+", " ", tidied).replace("( ", "(") == \
-        re.sub(r"\s+", " ", expr).replace("( ", "(")
+    assert tidied == "max by (a) (x and on (a) y)\nor (z unless on (a, b) w)"
+    long = "max by (a) (\n  " + "x" * generate.FOLD_MAX + "\n  and on (a) y\n)"
+    assert generate.tidy(long) == long  # too wide to fold
+    def spaced(text: str) -> str:
+        return re.sub(r"\s+", " ", text).replace("( ", "(").replace(" )", ")")
+
+    assert spaced(tidied) == spaced(expr)
