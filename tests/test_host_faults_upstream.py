@@ -14,7 +14,10 @@ import pytest
 
 from tests.rules import build
 from tests.rules.build import RUN_A, Case, Expect, Series
-from tests.test_node_exporter_upstream import FQDN, HOST, _run, _uname
+from tests.test_node_exporter_upstream import FQDN, HOST, PROMTOOL_TIMEOUT, _run, _uname
+
+# one promtool run per test, bounded by its own timeout (minutes when the machine is loaded)
+pytestmark = pytest.mark.timeout(PROMTOOL_TIMEOUT + 60)
 
 DATA = Path(__file__).resolve().parent / "data"
 NODE = DATA / "node_exporter" / "e2e-output.txt"

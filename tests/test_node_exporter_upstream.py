@@ -48,14 +48,18 @@ def _uname() -> Series:
                                       "sysname": "Linux", "version": "#1 SMP"}, "1x80")
 
 
+PROMTOOL_TIMEOUT = 600
+
+
 def _run(tmp_path: Path, cases: list[Case]) -> subprocess.CompletedProcess[str]:
     cfg = build.default_cfg()
     doc = {"rule_files": [str(ROOT / "alert_rules" / generate.RULES_FILE)],
            "evaluation_interval": "30s", "tests": [c.as_dict(cfg) for c in cases]}
     path = tmp_path / "node_exporter_fixture.test.yml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    # CPU-bound: minutes on a loaded 2-core machine; the timeout only stops a hang
     return subprocess.run([PROMTOOL, "test", "rules", str(path)], capture_output=True,
-                          text=True, timeout=120, check=False)
+                          text=True, timeout=PROMTOOL_TIMEOUT, check=False)
 
 
 def test_fixture_has_the_families_the_rules_read():

@@ -48,8 +48,10 @@ def _alert_rules() -> list[dict]:
 
 
 def _promtool(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    # CPU-bound: the largest suite takes minutes on a loaded 2-core machine; the timeouts only
+    # stop a hang
     return subprocess.run([PROMTOOL, *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=240, check=False)
+                          timeout=600, check=False)
 
 
 @pytest.mark.integration
@@ -135,6 +137,7 @@ def orders_for(path: Path) -> tuple[str, ...]:
 
 
 @pytest.mark.integration
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("path", TESTS, ids=[p.name for p in TESTS])
 def test_promtool_unit_tests(path, tmp_path):
     """Every suite, its cases spread over the group orders (``group_eval_order`` naming every
