@@ -83,9 +83,11 @@ def present_query(runs: Iterable[RunKey], grace: float) -> str:
 
 
 def targets_query(hosts: Iterable[str], step: float) -> str:
-    """Each host's exporters: 1 where every scrape in the step's window succeeded, 0 where one
-    failed, absent where the target was not scraped at all (gone from discovery)."""
-    return (f"min by ({L.HOSTNAME}, {S.TARGET_LABEL}) (min_over_time(up[{2 * step:.0f}s]) "
+    """Each host's exporters: 1 where a scrape succeeded within the last two steps, 0 where every
+    scrape failed, absent where the target was not scraped at all (gone from discovery). One
+    failed scrape blinds no rule (counters carry the fault to the next scrape, and every alert
+    holds longer than a scrape interval), so it is no gap; two in a row are."""
+    return (f"min by ({L.HOSTNAME}, {S.TARGET_LABEL}) (max_over_time(up[{2 * step:.0f}s]) "
             f"* on (instance, job) group_left ({L.HOSTNAME}, {S.TARGET_LABEL}) "
             f"{S.TARGET_HOSTS}{{{host_matcher(hosts)}}})")
 
