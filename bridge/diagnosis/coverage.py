@@ -123,11 +123,11 @@ def judge(hosts: Iterable[str], gpus: Mapping[str, Iterable[str]], *, start: flo
           present: Mapping[tuple[str, str], Iterable[float]]) -> Coverage:
     """Coverage from what the range queries returned.
 
-    ``targets``: (host, exporter) -> times the exporter's target was up (a time after two failed
-    scrapes in a row is left out); ``present``: (host, gpu) -> times the GPU reported. A host with no
-    GPU list (the exporter did not publish which GPUs the run holds) is judged on its
-    exporters only. A missing dcgm-exporter hides its GPUs too, so their windows inside it are
-    not repeated."""
+    ``targets``: (host, exporter) -> times the exporter's target was up (a time after two
+    failed scrapes in a row is left out); ``present``: (host, gpu) -> times the GPU reported. A
+    host with no GPU list (the exporter did not publish which GPUs the run holds) is judged on
+    its exporters only. A missing dcgm-exporter hides its GPUs too, so their windows inside it
+    are not repeated."""
     points = grid(start, end, step)
     host_list = tuple(sorted(set(hosts)))
     blind: list[Blind] = []
