@@ -37,11 +37,7 @@ def _options_epilog() -> str:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    try:
-        cfg = load(args.config, insecure_no_auth=args.insecure_local_demo)
-    except ConfigError as exc:
-        print(f"wandb-infra-bridge: configuration error: {exc}", file=sys.stderr)
-        return 2
+    cfg = load(args.config, insecure_no_auth=args.insecure_local_demo)
     if args.host:
         cfg = replace(cfg, host=args.host)
     if args.port is not None:
@@ -102,7 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script."""
     args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except ConfigError as exc:  # bad input or configuration: one line, no traceback
+        print(f"wandb-infra-bridge {args.command}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from wandb_infra.bridge.projection.wandb_client import RUN_METRICS, STEP_METRICS
 from wandb_infra.bridge.prometheus.endings import EndingsPolicy
 from wandb_infra.bridge.quarantine import actuator as quarantine
 from wandb_infra.common.configfile import ConfigError, read_config, read_secret
+from wandb_infra.common.labels import NAME_CHARS
 from wandb_infra.common.nodestate import DEFAULT_TOLERATED
 from wandb_infra.common.schema import Key, Section
 
@@ -339,3 +340,19 @@ def load(path: str | None, environ: Mapping[str, str] | None = None,
     """YAML file + environment overrides over the defaults, validated (see ``build_config``)."""
     return build_config(read_config(path, ENV_PREFIX, environ), environ, insecure_no_auth,
                         serves)
+
+
+def load_with_key(path: str | None) -> tuple[BridgeConfig, str]:
+    """A command that writes to W&B and serves nothing: its configuration and W&B key."""
+    cfg = load(path, insecure_no_auth=True, serves=False)
+    if not cfg.secrets.wandb_api_key:
+        raise ConfigError("no W&B key configured (wandb.api_key_file or wandb.api_key)")
+    return cfg, cfg.secrets.wandb_api_key
+
+
+def project_arg(text: str) -> tuple[str, str]:
+    """ENTITY/PROJECT given on the command line."""
+    parts = text.split("/")
+    if len(parts) != 2 or not all(NAME_CHARS.fullmatch(p) for p in parts):
+        raise ConfigError(f"expected ENTITY/PROJECT, got {text!r}")
+    return parts[0], parts[1]

@@ -107,9 +107,7 @@ def _post(found: Explanation, args: argparse.Namespace, outcome: Outcome | None)
             return "pending (the bridge will keep retrying from its store)"
         time.sleep(1.0)
     ctx.store.close()
-    if row is not None and row.parked:
-        return f"parked: {row.parked}"
-    return "delivered"
+    return f"parked: {row.parked}" if row is not None and row.parked else "delivered"
 
 
 def explained(view: RunView, *, impacts: Mapping[str, Impact] | None, outcome: Outcome | None,
@@ -135,39 +133,31 @@ def run(args: argparse.Namespace) -> int:
         print("wandb-infra-bridge explain: give ENTITY/PROJECT/RUN_ID with --prometheus, or "
               "--log FILE", file=sys.stderr)
         return 2
+    prom = PrometheusClient(args.prometheus, timeout=30.0)  # one session for every read below
+    outcome: Outcome | None = None
     try:
         target = parse_run(args.run)
         now = time.time()
         start, end = parse_when(args.start, now), parse_when(args.end, now)
         lookback = parse_when(args.lookback, now)
-    except ValueError as exc:
-        print(f"wandb-infra-bridge explain: {exc}", file=sys.stderr)
-        return 2
-    prom = PrometheusClient(args.prometheus, timeout=30.0)  # one session for every read below
-    try:
         found = explain(prom, target, start, end,
                         lookback=timedelta(seconds=now - (lookback or now)), min_step=args.step)
-    except ValueError as exc:
-        print(f"wandb-infra-bridge explain: {exc}", file=sys.stderr)
-        return 2
-    except PrometheusError as exc:
-        print(f"wandb-infra-bridge explain: {exc}", file=sys.stderr)
-        return 1
-    # The same run service as the bridge's, on facts Prometheus' ALERTS history gave (so every
-    # one of them is an alert Prometheus raised) and with nothing stored.
-    service = RunService(None, history=NodeStateHistory(prom), wandb_enabled=False)
-    run_view = service.assemble(target, Confirmation(tuple(as_facts(found.alerts)), (), ()))
-    impacts = ImpactHistory(prom, min_step=args.step).for_diagnosis(
-        target, run_view.diagnosis)
-    outcome: Outcome | None = None
-    try:  # the verdict of an ended run, from the same coverage reading as the bridge's
-        # still publishing its join series within the grace: the live bridge would not judge it
+        # The same run service as the bridge's, on facts Prometheus' ALERTS history gave (so
+        # every one of them is an alert Prometheus raised) and with nothing stored.
+        service = RunService(None, history=NodeStateHistory(prom), wandb_enabled=False)
+        run_view = service.assemble(target, Confirmation(tuple(as_facts(found.alerts)), (), ()))
+        impacts = ImpactHistory(prom, min_step=args.step).for_diagnosis(
+            target, run_view.diagnosis)
+        # the verdict of an ended run, from the same coverage reading as the bridge's; still
+        # publishing its join series within the grace: the live bridge would not judge it
         endings = RunEndings(prom, EndingsPolicy(step=args.step, grace=max(1.0, args.grace)))
         running = bool(endings.present([target], now))
         if not running:
             coverage = endings.coverage(found.placement)
             outcome = judge_outcome(run_view.diagnosis, coverage, found.placement.last_seen,
                                     "explain")
+    except ValueError as exc:  # bad input: exit 2
+        raise ConfigError(str(exc)) from exc
     except PrometheusError as exc:
         print(f"wandb-infra-bridge explain: {exc}", file=sys.stderr)
         return 1
@@ -185,9 +175,6 @@ def run(args: argparse.Namespace) -> int:
     if args.post:
         try:
             view["wandb"] = {"state": _post(found, args, outcome)}
-        except ConfigError as exc:
-            print(f"wandb-infra-bridge explain: {exc}", file=sys.stderr)
-            return 2
         except (StoreLocked, StoreError, OSError) as exc:  # e.g. a running bridge holds it
             print(f"wandb-infra-bridge explain: cannot post through the bridge's store: {exc}",
                   file=sys.stderr)

@@ -88,65 +88,57 @@ class BridgeMetrics:
     """Counters and gauges for ingest, storage, delivery and backlog; no label carries a secret."""
 
     def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        r = self.registry
-        self.notifications = Counter(PREFIX + "notifications_total",
-                                     "Webhook requests by outcome (stored, rejected reason, "
-                                     "store_error).", ["outcome"], registry=r)
-        self.alerts_received = Counter(PREFIX + "alerts_received_total",
-                                       "Alerts in accepted notifications.", registry=r)
-        self.alerts_stored = Counter(PREFIX + "alerts_stored_total",
-                                     "Alerts stored for the first time.", registry=r)
-        self.alerts_resolved = Counter(PREFIX + "alerts_resolved_total",
-                                       "Stored alerts closed by a resolved notification.",
-                                       registry=r)
-        self.duplicates = Counter(PREFIX + "alerts_duplicate_total",
-                                  "Alerts that changed nothing (repeats, HA duplicates).",
-                                  registry=r)
-        self.connections_refused = Counter(PREFIX + "connections_refused_total",
-                                           "Connections closed at once because "
-                                           "listen.max_connections were open and busy.",
-                                           registry=r)
-        self.connections_evicted = Counter(PREFIX + "connections_evicted_total",
-                                           "Idle connections closed to make room for a new "
-                                           "one at listen.max_connections.", registry=r)
-        self.inflight_bytes = Gauge(PREFIX + "inflight_body_bytes",
-                                    "Announced bytes of webhook bodies being received or stored.",
-                                    registry=r)
+        self.registry = r = CollectorRegistry()
+
+        def counter(name: str, doc: str, *labels: str) -> Counter:
+            return Counter(PREFIX + name, doc, labels, registry=r)
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(PREFIX + name, doc, registry=r)
+
+        self.notifications = counter("notifications_total", "Webhook requests by outcome "
+                                     "(stored, rejected reason, store_error).", "outcome")
+        self.alerts_received = counter("alerts_received_total",
+                                       "Alerts in accepted notifications.")
+        self.alerts_stored = counter("alerts_stored_total", "Alerts stored for the first time.")
+        self.alerts_resolved = counter("alerts_resolved_total",
+                                       "Stored alerts closed by a resolved notification.")
+        self.duplicates = counter("alerts_duplicate_total",
+                                  "Alerts that changed nothing (repeats, HA duplicates).")
+        self.connections_refused = counter("connections_refused_total", "Connections closed "
+                                           "at once because listen.max_connections were open "
+                                           "and busy.")
+        self.connections_evicted = counter("connections_evicted_total", "Idle connections "
+                                           "closed to make room for a new one at "
+                                           "listen.max_connections.")
+        self.inflight_bytes = gauge("inflight_body_bytes",
+                                    "Announced bytes of webhook bodies being received or stored.")
         self.ack_seconds = Histogram(PREFIX + "ack_seconds",
                                      "Time from request to durable acknowledgement.",
                                      buckets=(.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5,
                                               5, 10), registry=r)
-        self.deliveries = Counter(PREFIX + "deliveries_total",
-                                  "Run projections to W&B by outcome (ok, transient, parked).",
-                                  ["outcome"], registry=r)
-        self.delivery_errors = Counter(PREFIX + "delivery_errors_total",
-                                       "Run projections that failed and parked the run, by "
-                                       "error class (the reason is in /runs).", ["error"],
-                                       registry=r)
-        self.wandb_calls = Counter(PREFIX + "wandb_calls_total",
-                                   "GraphQL requests sent to W&B.", registry=r)
-        self.markers = Counter(PREFIX + "markers_written_total",
-                               "History marker rows written with the wandb SDK.", registry=r)
-        self.queue_depth = Gauge(PREFIX + "queue_runs",
-                                 "Runs with changes not yet delivered to W&B.", registry=r)
-        self.oldest_age = Gauge(PREFIX + "oldest_undelivered_seconds",
-                                "Age of the oldest change not yet delivered to W&B.", registry=r)
-        self.parked = Gauge(PREFIX + "parked_runs",
-                            "Runs whose delivery failed permanently (see /runs).", registry=r)
-        self.last_success = Gauge(PREFIX + "last_wandb_success_timestamp_seconds",
-                                  "Unix time of the last successful W&B write.", registry=r)
-        self.store_ok = Gauge(PREFIX + "store_writable",
-                              "1 when the last store write succeeded.", registry=r)
+        self.deliveries = counter("deliveries_total", "Run projections to W&B by outcome (ok, "
+                                  "transient, parked).", "outcome")
+        self.delivery_errors = counter("delivery_errors_total", "Run projections that failed "
+                                       "and parked the run, by error class (the reason is in "
+                                       "/runs).", "error")
+        self.wandb_calls = counter("wandb_calls_total", "GraphQL requests sent to W&B.")
+        self.markers = counter("markers_written_total",
+                               "History marker rows written with the wandb SDK.")
+        self.queue_depth = gauge("queue_runs", "Runs with changes not yet delivered to W&B.")
+        self.oldest_age = gauge("oldest_undelivered_seconds",
+                                "Age of the oldest change not yet delivered to W&B.")
+        self.parked = gauge("parked_runs", "Runs whose delivery failed permanently (see /runs).")
+        self.last_success = gauge("last_wandb_success_timestamp_seconds",
+                                  "Unix time of the last successful W&B write.")
+        self.store_ok = gauge("store_writable", "1 when the last store write succeeded.")
         self.store_ok.set(1)
-        self.audit_damaged = Gauge(PREFIX + "quarantine_audit_damaged_lines",
-                                   "Lines of the quarantine audit log skipped as damaged (bad "
-                                   "bytes, truncated) when it was read; the log names them.",
-                                   registry=r)
-        self.audit_writable = Gauge(PREFIX + "quarantine_audit_writable",
-                                    "0 while the quarantine audit log cannot be written (then "
-                                    "nothing is quarantined: no record, no action).",
-                                    registry=r)
+        self.audit_damaged = gauge("quarantine_audit_damaged_lines", "Lines of the quarantine "
+                                   "audit log skipped as damaged (bad bytes, truncated) when it "
+                                   "was read; the log names them.")
+        self.audit_writable = gauge("quarantine_audit_writable", "0 while the quarantine audit "
+                                    "log cannot be written (then nothing is quarantined: no "
+                                    "record, no action).")
         self.audit_writable.set(1)
         self.gpu_hours = GpuHoursLost()
         r.register(self.gpu_hours)

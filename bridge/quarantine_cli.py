@@ -65,7 +65,7 @@ def _reset(config: str | None) -> int:
         if quarantine is None:
             raise ConfigError("quarantine.enabled is false: there is no breaker to reset")
         decision = quarantine.reset_breaker()
-    except (ConfigError, QuarantineError) as exc:
+    except QuarantineError as exc:
         print(f"wandb-infra-bridge quarantine: {exc}", file=sys.stderr)
         return 2
     print(decision.detail)
@@ -78,7 +78,7 @@ def _run(args: argparse.Namespace) -> int:
         return _reset(args.config)
     try:
         runs, quarantine = build(args.config)
-    except (ConfigError, StoreTooNew) as exc:
+    except StoreTooNew as exc:
         print(f"wandb-infra-bridge quarantine: {exc}", file=sys.stderr)
         return 2
     stop = threading.Event()

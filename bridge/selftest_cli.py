@@ -28,7 +28,7 @@ from typing import Any
 
 import requests
 
-from wandb_infra.bridge.config import BridgeConfig, load
+from wandb_infra.bridge.config import BridgeConfig, load_with_key, project_arg
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
 from wandb_infra.bridge.ingest.payload import parse_notification
 from wandb_infra.bridge.ingest.store import Store
@@ -38,7 +38,6 @@ from wandb_infra.bridge.projection.markers import RunAxis, SdkMarkerWriter
 from wandb_infra.bridge.projection.notes import BEGIN, END
 from wandb_infra.bridge.projection.wandb_client import WandbClient, WandbError
 from wandb_infra.catalog.vocabulary import MARKER_ALERT, MARKER_ISSUE, MARKER_KEYS
-from wandb_infra.common.configfile import ConfigError
 from wandb_infra.common.runkey import RunKey
 
 # What the scratch run holds before the bridge writes: the user's part, checked unchanged.
@@ -115,9 +114,9 @@ class Selftest:
         self.clock = clock
         self.checks: list[Check] = []
 
-    def check(self, name: str, ok: bool, detail: str) -> bool:
-        """Record one result."""
-        self.checks.append(Check(name, ok, detail))
+    def check(self, name: str, ok: bool, detail: str, failed: str | None = None) -> bool:
+        """Record one result (``failed``: the detail shown when it failed, if another)."""
+        self.checks.append(Check(name, ok, detail if ok or failed is None else failed))
         return ok
 
     # --- the scratch run, as a trainer leaves it ---------------------------------------------
@@ -244,24 +243,19 @@ class Selftest:
     def while_running(self, scratch: Scratch, got: dict[str, Any]) -> None:
         """Tags, notes and the start marker arrived; the user's part and the state did not
         change."""
-        ours = f"infra:{ALERT}"
-        self.check("tags written", ours in got["tags"],
-                   f"{ours} in {got['tags']}" if ours in got["tags"]
-                   else f"{ours} missing: W&B holds {got['tags']}")
-        self.check("user's tags kept", got["tags"][:len(USER_TAGS)] == USER_TAGS,
-                   f"{USER_TAGS} first" if got["tags"][:len(USER_TAGS)] == USER_TAGS
-                   else f"expected {USER_TAGS} first, W&B holds {got['tags']}")
-        wrote = BEGIN in got["notes"] and END in got["notes"]
-        self.check("notes written", wrote, "issue section present" if wrote
-                   else "the issue section is missing from the notes")
-        kept = got["notes"].startswith(USER_NOTES)
-        self.check("user's notes kept", kept, "unchanged, before the section" if kept
-                   else "the user's notes were changed")
+        ours, tags = f"infra:{ALERT}", got["tags"]
+        self.check("tags written", ours in tags, f"{ours} in {tags}",
+                   f"{ours} missing: W&B holds {tags}")
+        self.check("user's tags kept", tags[:len(USER_TAGS)] == USER_TAGS, f"{USER_TAGS} first",
+                   f"expected {USER_TAGS} first, W&B holds {tags}")
+        self.check("notes written", BEGIN in got["notes"] and END in got["notes"],
+                   "issue section present", "the issue section is missing from the notes")
+        self.check("user's notes kept", got["notes"].startswith(USER_NOTES),
+                   "unchanged, before the section", "the user's notes were changed")
         if self.markers:
             self.marker(scratch, got["history"], start=True)
-        self.check("config untouched", got["config"] == USER_CONFIG,
-                   "equal to the trainer's" if got["config"] == USER_CONFIG
-                   else f"changed: {json.dumps(got['config'])[:200]}")
+        self.check("config untouched", got["config"] == USER_CONFIG, "equal to the trainer's",
+                   f"changed: {json.dumps(got['config'])[:200]}")
         self.check("state untouched (running)", got["state"] == "running",
                    f"W&B shows {got['state']}")
 
@@ -274,39 +268,34 @@ class Selftest:
             self.check(name, False, f"no {MARKER_ISSUE}={value} row in the run's history")
             return
         row = rows[-1]
-        ok = row.get(MARKER_ALERT) == ALERT
-        self.check(name, ok, f"{MARKER_ISSUE}={value} at step {row.get('_step')}" if ok
-                   else f"row without {MARKER_ALERT}={ALERT}: {row}")
+        self.check(name, row.get(MARKER_ALERT) == ALERT,
+                   f"{MARKER_ISSUE}={value} at step {row.get('_step')}",
+                   f"row without {MARKER_ALERT}={ALERT}: {row}")
         if start:
             expected = max(s for at, s in scratch.steps if at <= scratch.onset)
             placed = row.get(STEP_KEY) == expected and \
                 abs(float(row.get("_timestamp", 0)) - scratch.onset) < 0.01
-            self.check("marker on the run's step axis", placed,
-                       f"{STEP_KEY}={expected} at the onset" if placed
-                       else f"expected {STEP_KEY}={expected} and _timestamp={scratch.onset}, "
-                            f"W&B holds {row}")
+            self.check("marker on the run's step axis", placed, f"{STEP_KEY}={expected} at the "
+                       f"onset", f"expected {STEP_KEY}={expected} and _timestamp="
+                       f"{scratch.onset}, W&B holds {row}")
 
     def once_finished(self, scratch: Scratch, got: dict[str, Any]) -> None:
         """The summary entries arrived beside the user's; the end marker went into the
         finished run without reviving it; no history key is a summary key."""
-        ours = "infra/root_cause" in got["summary"]
-        self.check("summary written", ours, got["summary"].get("infra/root_cause", "")
-                   if ours else "no infra/root_cause in the summary")
-        mine = {k: got["summary"].get(k) for k in USER_SUMMARY}
-        self.check("user's summary kept", mine == USER_SUMMARY,
-                   "unchanged" if mine == USER_SUMMARY else f"W&B holds {mine}")
+        summary = got["summary"]
+        self.check("summary written", "infra/root_cause" in summary,
+                   str(summary.get("infra/root_cause")), "no infra/root_cause in the summary")
+        mine = {k: summary.get(k) for k in USER_SUMMARY}
+        self.check("user's summary kept", mine == USER_SUMMARY, "unchanged", f"W&B holds {mine}")
         if self.markers:
             self.marker(scratch, got["history"], start=False)
-        self.check("state untouched (finished)", got["state"] == "finished",
-                   f"W&B shows {got['state']}" + ("" if got["state"] == "finished"
-                                                  else ": the writer changed the run's state"))
-        history = {k for row in got["history"] for k in row if k in MARKER_KEYS}
-        shared = history & set(got["summary"])
-        self.check("history and summary keys apart", not shared,
-                   "no shared name" if not shared else f"both: {sorted(shared)}")
+        self.check("state untouched (finished)", got["state"] == "finished", "W&B shows "
+                   "finished", f"W&B shows {got['state']}: the writer changed the run's state")
+        shared = {k for row in got["history"] for k in row if k in MARKER_KEYS} & set(summary)
+        self.check("history and summary keys apart", not shared, "no shared name",
+                   f"both: {sorted(shared)}")
         self.check("config untouched after the end", got["config"] == USER_CONFIG,
-                   "equal to the trainer's" if got["config"] == USER_CONFIG
-                   else f"changed: {json.dumps(got['config'])[:200]}")
+                   "equal to the trainer's", f"changed: {json.dumps(got['config'])[:200]}")
 
     def cleanup(self, scratch: Scratch, keep: bool) -> None:
         """Delete the scratch run unless asked to keep it."""
@@ -317,8 +306,8 @@ class Selftest:
             self.client._post(DELETE, {"id": scratch.storage_id}, "SelftestDeleteRun")
         except WandbError as exc:
             self.check("scratch run deleted", False, f"{scratch.run.path()}: {exc}")
-            return
-        self.check("scratch run deleted", True, scratch.run.path())
+        else:
+            self.check("scratch run deleted", True, scratch.run.path())
 
 
 def table(checks: list[Check]) -> str:
@@ -330,21 +319,8 @@ def table(checks: list[Check]) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
-    try:
-        cfg = load(args.config, insecure_no_auth=True, serves=False)  # it serves nothing
-    except ConfigError as exc:
-        print(f"wandb-infra-bridge selftest: configuration error: {exc}", file=sys.stderr)
-        return 2
-    entity, _, project = args.project.partition("/")
-    if not entity or not project or "/" in project:
-        print("wandb-infra-bridge selftest: give the project as ENTITY/PROJECT",
-              file=sys.stderr)
-        return 2
-    key = cfg.secrets.wandb_api_key
-    if not key:
-        print("wandb-infra-bridge selftest: no W&B key in the configuration "
-              "(wandb.api_key_file or wandb.api_key)", file=sys.stderr)
-        return 2
+    entity, project = project_arg(args.project)
+    cfg, key = load_with_key(args.config)
     with tempfile.TemporaryDirectory(prefix="wandb-infra-selftest-") as workdir:
         checks = Selftest(cfg, key, entity, project, workdir=Path(workdir)).run(keep=args.keep)
     print(table(checks))

@@ -19,11 +19,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from wandb_infra.bridge.config import load
+from wandb_infra.bridge.config import load_with_key, project_arg
 from wandb_infra.bridge.projection.wandb_client import WandbClient, WandbError
 from wandb_infra.catalog.vocabulary import MARKER_ISSUE
 from wandb_infra.common.configfile import ConfigError
-from wandb_infra.common.labels import NAME_CHARS
 
 MISSING = ("the view needs W&B's wandb-workspaces library: pip install "
            "'wandb-infra-issues[views]'")
@@ -72,26 +71,13 @@ def saved_view(client: WandbClient, entity: str, project: str, name: str
     return None
 
 
-def _target(text: str) -> tuple[str, str]:
-    parts = text.split("/")
-    if len(parts) != 2 or not all(NAME_CHARS.fullmatch(p) for p in parts):
-        raise ConfigError(f"expected ENTITY/PROJECT, got {text!r}")
-    return parts[0], parts[1]
-
 
 def _run(args: argparse.Namespace) -> int:
-    try:
-        entity, project = _target(args.target)
-        metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
-        if not metrics:
-            raise ConfigError("--metrics names at least one of the runs' own metrics")
-        cfg = load(args.config, insecure_no_auth=True, serves=False)
-        key = cfg.secrets.wandb_api_key
-        if not key:
-            raise ConfigError("no W&B key configured (wandb.api_key[_file])")
-    except ConfigError as exc:
-        print(f"wandb-infra-bridge view: {exc}", file=sys.stderr)
-        return 2
+    entity, project = project_arg(args.target)
+    metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
+    if not metrics:
+        raise ConfigError("--metrics names at least one of the runs' own metrics")
+    cfg, key = load_with_key(args.config)
     try:
         workspace = build_workspace(entity, project, metrics, args.name, args.x)
     except ImportError:

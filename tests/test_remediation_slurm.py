@@ -148,7 +148,7 @@ def test_verdict_flips_when_the_node_is_drained_resumed_and_rebooted(slurm, tmp_
                 assert "out of the pool (IDLE+DRAIN" in notes
                 assert "reason 'XID 94 on GPU 1'" in notes
                 assert "sbatch --exclude" not in notes
-                data = remediation_data(worker.remediation, store.facts(
+                data = remediation_data(worker.runs.history, store.facts(
                     RunKey("team", "proj", "r1")))["remediation"]
                 assert data["verdict"] == "safe" and data["exclusion"] == ""
                 host = data["hosts"][0]

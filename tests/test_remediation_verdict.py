@@ -357,7 +357,7 @@ def test_first_write_while_prometheus_is_not_answering_says_unknown(tmp_path):
                                 policy=DeliveryPolicy(confirm_alerts=False, flush_interval=0,
                                                       scheduler="slurm"),
                                 prometheus=None)
-        worker.runs.history = worker.remediation = _Unanswering()
+        worker.runs.history = _Unanswering()
         store.ingest(parse_notification(json.dumps(notification([xid()])).encode()))
         assert worker.run_once() == 1
         run = wb.run("team", "proj", "r1")

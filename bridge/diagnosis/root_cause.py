@@ -202,9 +202,7 @@ class Diagnosis:
     @property
     def root_cause(self) -> Issue | None:
         """The run's headline: its best-ranked issue (severity, cause class, onset)."""
-        if not self.issues:
-            return None
-        return min(self.issues, key=lambda i: i.root.rank_key())
+        return None if not self.issues else min(self.issues, key=lambda i: i.root.rank_key())
 
     @property
     def ranked(self) -> tuple[Issue, ...]:

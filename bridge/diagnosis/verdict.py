@@ -121,9 +121,7 @@ def _cleared_at(gpu: GpuEvidence | None, since: float) -> float | None:
         return None
     set_after = [at for at, v in gpu.driver if v and at >= since]
     last_at, last_value = gpu.driver[-1]
-    if not set_after or last_value:
-        return None
-    return last_at
+    return None if not set_after or last_value else last_at
 
 
 def _pool(t: Timeline | None, since: float) -> tuple[str, str]:
@@ -186,9 +184,7 @@ def advice(need: Need, hosts: Sequence[str], gpus: Mapping[str, Sequence[str]],
 def _symptom(issue: Issue) -> bool:
     """A run-level symptom (a stall, a straggler): it names hosts but no faulty part."""
     known = ALERTS.get(issue.root.alertname)
-    if known is not None:
-        return known.scope == "run"
-    return issue.root.cause is CauseClass.SYMPTOM
+    return known.scope == "run" if known is not None else issue.root.cause is CauseClass.SYMPTOM
 
 
 ExclusionFn = Callable[[Sequence[str], str], str]

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -172,9 +172,7 @@ class Reading:
             "span": list(self.span) if self.span else None,
             "quotes": list(self.quotes),
             "origin_tasks": list(self.origin_tasks),
-            "launcher_root_cause": None if self.launcher is None else {
-                "host": self.launcher.host, "rank": self.launcher.rank,
-                "exitcode": self.launcher.exitcode, "time": self.launcher.time},
+            "launcher_root_cause": None if self.launcher is None else asdict(self.launcher),
             "corroborated_by": list(self.corroborates),
             "telemetry_needs": self.gap,
             "xid": self.xid,
@@ -219,12 +217,8 @@ def _int(value: str | None) -> int | None:
 
 def _tasks(spec: str) -> set[int]:
     """``0-57,59-63`` as a set (ranges capped so a forged line cannot allocate much)."""
-    out: set[int] = set()
-    for m in _TASKS.finditer(spec):
-        lo = int(m.group(1))
-        hi = min(int(m.group(2) or lo), lo + MAX_NAMES)
-        out.update(range(lo, hi + 1))
-    return out
+    return {n for m in _TASKS.finditer(spec) for n in range(
+        int(m[1]), min(int(m[2] or m[1]), int(m[1]) + MAX_NAMES) + 1)}
 
 
 def _ranges(numbers: tuple[int, ...]) -> str:

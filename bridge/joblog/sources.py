@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -36,6 +37,7 @@ from wandb_infra.common.schema import Key, Section
 MAX_FILES = 1024  # files one Slurm template may expand to
 NOT_CONFIGURED = "not configured"
 WANDB_LINES_MAX = 100_000
+_FIELD = re.compile(r"%(\d*)([jNt%])")  # srun's filename pattern fields
 
 CONSOLE_QUERY = """
 query RunConsoleLogTail($entity: String!, $project: String!, $runName: String!, $last: Int!) {
@@ -123,26 +125,9 @@ class FileSource:
 def expand(template: str, job_id: str, node: str = "", task: int | None = None) -> str:
     """srun's filename pattern with ``%j``, ``%N``, ``%t`` and ``%%`` filled (``%5t`` style
     zero padding honoured); other ``%`` letters are left as written."""
-    out, i = [], 0
-    while i < len(template):
-        ch = template[i]
-        if ch != "%" or i + 1 >= len(template):
-            out.append(ch)
-            i += 1
-            continue
-        j = i + 1
-        while j < len(template) and template[j].isdigit():
-            j += 1
-        width = int(template[i + 1:j] or 0)
-        letter = template[j] if j < len(template) else ""
-        value = {"j": job_id, "N": node, "t": "" if task is None else str(task),
-                 "%": "%"}.get(letter)
-        if value is None:
-            out.append(template[i:j + 1])
-        else:
-            out.append(value.zfill(width) if letter in "jt" and width else value)
-        i = j + 1
-    return "".join(out)
+    values = {"j": job_id, "N": node, "t": "" if task is None else str(task), "%": "%"}
+    return _FIELD.sub(lambda m: values[m[2]].zfill(int(m[1] or 0)) if m[2] in "jt"
+                      else values[m[2]], template)
 
 
 @dataclass(frozen=True)

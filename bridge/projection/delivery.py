@@ -87,18 +87,17 @@ class DeliveryPolicy:
 
 def run_service(store: Store, prom: PrometheusClient | None, policy: DeliveryPolicy,
                 quarantine: Quarantine | None, *, wandb_enabled: bool,
-                clock: Callable[[], float] = time.time, history: NodeStateHistory | None = None,
-                reads: bool = True, records: bool = False) -> RunService:
+                clock: Callable[[], float] = time.time, reads: bool = True,
+                records: bool = False) -> RunService:
     """The run service of the worker (``records``), the quarantine process and the pages (not
     ``reads``: what the worker stored, never Prometheus itself): with Prometheus, only the
     alerts it raised count (alert labels are untrusted)."""
     asks = prom if reads else None
-    if asks is not None and history is None and policy.node_state_refresh > 0:
-        history = NodeStateHistory(asks, tolerated_taints=policy.tolerated_taints)
     return RunService(
         store, confirmer=AlertConfirmer(asks, clock) if asks is not None and
         policy.confirm_alerts else None, confirms=prom is not None and policy.confirm_alerts,
-        history=history if asks is not None else None, quarantine=quarantine,
+        history=NodeStateHistory(asks, tolerated_taints=policy.tolerated_taints)
+        if asks is not None and policy.node_state_refresh > 0 else None, quarantine=quarantine,
         gap=timedelta(seconds=policy.incident_gap), restart_policy=policy.restart_policy,
         scheduler=policy.scheduler, wandb_enabled=wandb_enabled, records=records, clock=clock)
 
@@ -135,10 +134,6 @@ class DeliveryWorker:
         self._thread: threading.Thread | None = None
         self._last_purge = 0.0
         self._last_unpark = 0.0
-        # The faulty hosts' scheduler state.
-        self.remediation = (NodeStateHistory(prometheus,
-                                             tolerated_taints=policy.tolerated_taints)
-                            if prometheus is not None and policy.node_state_refresh > 0 else None)
         metrics.read_gpu_hours_from(store.gpu_hours_by_project)  # kept across restarts
         self._next_refresh = 0.0
         # The quarantine's decisions, to show: the worker never acts (the receiver of untrusted
@@ -146,8 +141,7 @@ class DeliveryWorker:
         self.quarantine = build_quarantine(policy.quarantine,
                                            Path(store.path).resolve().parent, acting=False)
         self.runs = run_service(store, prometheus, policy, self.quarantine, records=True,
-                                wandb_enabled=client is not None, clock=clock,
-                                history=self.remediation)
+                                wandb_enabled=client is not None, clock=clock)
         self.projector = Projector(
             store, self.runs, client=client, markers=markers, links=links, metrics=metrics,
             policy=policy, clock=clock, prometheus=prometheus)
@@ -227,7 +221,7 @@ class DeliveryWorker:
                 if not self._deliver(row):
                     break
                 delivered += 1
-        if (self.remediation is not None or self.quarantine is not None
+        if (self.runs.history is not None or self.quarantine is not None
                 or self.projector.impact is not None) and now >= self._next_refresh:
             self._next_refresh = now + (self.policy.node_state_refresh or 60.0)
             if self.quarantine is not None:

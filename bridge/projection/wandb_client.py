@@ -158,9 +158,7 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
         except (TypeError, ValueError, IndexError, OverflowError):
             return None
         seconds = when.timestamp() - (time.time() if now is None else now)
-    if math.isnan(seconds):
-        return None
-    return min(MAX_RETRY_AFTER, max(0.0, seconds))
+    return None if math.isnan(seconds) else min(MAX_RETRY_AFTER, max(0.0, seconds))
 
 
 class WandbClient:

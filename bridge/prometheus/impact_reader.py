@@ -39,7 +39,6 @@ RUN_GONE_SECONDS = 60.0
 FIELDS: tuple[tuple[str, Field], ...] = (("tensor activity", S.DCGM_TENSOR_ACTIVE),
                                          ("GPU utilisation", S.DCGM_GPU_UTIL),
                                          ("power", S.DCGM_POWER_USAGE))
-_PARTS = ("affected", "mean", "max", "count")
 
 
 def _gpu_re(gpus: set[str] | frozenset[str]) -> str:

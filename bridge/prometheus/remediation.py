@@ -86,12 +86,9 @@ class Remediation:
     def as_dict(self) -> dict[str, Any]:
         """The run-data contract: verdict, detail, exclusion, advice, needs, hosts (current
         state, since), and ``action`` when the quarantine decided something."""
-        hosts = []
-        for t in self.timelines:
-            now = t.current
-            hosts.append({"hostname": t.hostname, "state": now.state if now else "unknown",
-                          "reason": now.reason if now else "",
-                          "since": _iso(now.at) if now else ""})
+        hosts = [{"hostname": t.hostname, "state": now.state if now else "unknown",
+                  "reason": now.reason if now else "", "since": _iso(now.at) if now else ""}
+                 for t in self.timelines for now in (t.current,)]
         out = {"verdict": self.verdict, "detail": self.detail, "exclusion": self.exclusion,
                "advice": self.advice, "needs": self.needs, "hosts": hosts}
         return out | ({"action": self.action} if self.action else {})
@@ -118,10 +115,8 @@ def _describe(changes: Sequence[Change]) -> list[str]:
         if not c.state:
             text = f"no scheduler data from {_clock(c.at, previous)}"
         else:
-            if c.in_pool:
-                what = "back in service" if was_in is False else "in service"
-            else:
-                what = "out of the pool"
+            what = ("out of the pool" if not c.in_pool
+                    else "back in service" if was_in is False else "in service")
             # the first entry is the state the history window starts with, not a change
             when = "as of" if previous is None else "from"
             text = f"{what} ({c.state}) {when} {_clock(c.at, previous)}"
@@ -157,19 +152,12 @@ def remediations_for(diagnosis: Diagnosis, policy: Policy,
     """Issue key -> remediation for every issue that names a host. ``read`` is what
     Prometheus gave (None: nothing, ``unread`` says why); ``scheduler`` is the exclusion's
     syntax when no host's state says it."""
-    timelines = read[0] if read is not None else None
-    evidence = read[1] if read is not None else None
-
-    def exclude(hosts: Sequence[str], known: str) -> str:
-        return exclusion(hosts, known or scheduler)
-
-    out = {}
-    for issue in diagnosis.issues:
-        decision = decide(issue, policy, timelines=timelines, evidence=evidence, now=now,
-                          exclusion_for=exclude, unread=unread)
-        if decision is not None:
-            out[issue.key] = Remediation.of(decision, timelines)
-    return out
+    timelines, evidence = read if read is not None else (None, None)
+    decisions = {issue.key: decide(issue, policy, timelines=timelines, evidence=evidence,
+                                   now=now, unread=unread, exclusion_for=lambda hosts, known:
+                                   exclusion(hosts, known or scheduler))
+                 for issue in diagnosis.issues}
+    return {k: Remediation.of(d, timelines) for k, d in decisions.items() if d is not None}
 
 
 def signature(remediations: Mapping[str, Remediation]) -> str:
@@ -252,10 +240,8 @@ class NodeStateHistory:
                   for s in self.prom.instant(fill(ALERTS[HOST_REPEAT_OFFENDER].condition, {
                       **PLAIN_VALUES, "HOST_HARDWARE_SINCE": series.HOST_HARDWARE_SINCE + select}),
                       end)}
-        counts: dict[str, list[tuple[float, float]]] = {}
-        for s in self.prom.range(series.HOST_GPU_COUNT + select, start, end, step):
-            counts[s["metric"].get("hostname", "")] = [(float(t), float(v))
-                                                       for t, v in s["values"]]
+        counts = {s["metric"].get("hostname", ""): [(float(t), float(v)) for t, v in s["values"]]
+                  for s in self.prom.range(series.HOST_GPU_COUNT + select, start, end, step)}
         present: dict[tuple[str, str], list[tuple[float, str]]] = {}
         for s in self.prom.range(series.GPU_PRESENT + select, start, end, step):
             m = s["metric"]
@@ -275,10 +261,7 @@ class NodeStateHistory:
                 if h != host:
                     continue
                 samples.sort()
-                uuids: list[str] = []
-                for _, uuid in samples:
-                    if uuid and (not uuids or uuids[-1] != uuid) and uuid not in uuids:
-                        uuids.append(uuid)
+                uuids = dict.fromkeys(uuid for _, uuid in samples if uuid)  # first seen first
                 reporting = end - samples[-1][0] <= 1.5 * step + 1
                 values = driver.get((h, gpu), {})
                 changes: list[tuple[float, int]] = []

@@ -185,12 +185,6 @@ class Quarantine:
         return [d for i, d in enumerate(mine) if d.outcome != "acting"
                 or not any(later.host == d.host for later in mine[i + 1:])]
 
-    @property
-    def acting(self) -> bool:
-        """False in the receiver (``serve``): it only shows what ``wandb-infra-bridge
-        quarantine``, the one process with scheduler rights, decided."""
-        return self.actions is not None
-
     def refresh(self) -> None:
         """Read what the acting process appended to the audit log since the last read."""
         try:

@@ -34,9 +34,7 @@ def one_node(host: str) -> str | None:
     if not _NODE_NAME.fullmatch(host):
         return ("host name is not one node name (host lists, hostlist ranges, wildcards, "
                 "spaces and other punctuation are refused)")
-    if host.lower() in _RESERVED:
-        return f"host name '{host}' is reserved, not one node"
-    return None
+    return f"host name '{host}' is reserved, not one node" if host.lower() in _RESERVED else None
 
 
 class QuarantineError(RuntimeError):

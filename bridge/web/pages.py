@@ -91,6 +91,10 @@ def _page(title: str, body: str) -> str:
             f"<body><main>{body}</main></body></html>")
 
 
+def _back(title: str, extra: str = "") -> str:
+    return f"<header><a href='/runs'>&larr; all runs</a><h1>{escape(title)}</h1>{extra}</header>"
+
+
 def _link(url: str, text: str, cls: str = "") -> str:
     """A link only to http(s) targets or the bridge's own runbook (annotations are untrusted: no
     ``javascript:``)."""
@@ -308,8 +312,7 @@ def activity_html(activity: Activity | None, issues: Sequence[Issue]) -> str:
         return f"<h2>GPU activity</h2><p class='note'>{escape(activity.note)}</p>{read}"
     markers = []
     for issue in issues:
-        at = onset(issue.root)
-        markers.append((at, f"{issue.root.alertname} {clock(issue.root.onset)}",
+        markers.append((onset(issue.root), f"{issue.root.alertname} {clock(issue.root.onset)}",
                         colour(issue.root.severity)))
         if issue.ended_at is not None:
             markers.append((issue.ended_at.timestamp(), f"resolved {clock(issue.ended_at)}",
@@ -325,8 +328,7 @@ def run_html(view: RunView, title: str, link: LinkFn) -> str:
     """The run page: headline card, timeline, activity plot, grouped consequences, then the
     run's other issues the same way."""
     text, cls = wandb_text(view.delivery_status())
-    out = [f"<header><a href='/runs'>&larr; all runs</a><h1>{escape(title)}</h1>"
-           f"<span class='pill {cls}'>{escape(text)}</span></header>"]
+    out = [_back(title, f"<span class='pill {cls}'>{escape(text)}</span>")]
     if view.outcome is not None:
         out.append(verdict_html(view.outcome))
     elif not view.issues and view.job_log is None:
@@ -348,21 +350,18 @@ def run_html(view: RunView, title: str, link: LinkFn) -> str:
         out.append(_consequences_html(issue.issue, link))
     if len(view.issues) > 1:
         out.append(f"<p class='muted small'>{escape(view.diagnosis.headline_reason)}</p>")
-    if view.measured_at is not None:
-        out.append(f"<p class='muted small'>Impacts last measured at "
-                   f"{escape(when(view.measured_at))}.</p>")
-    if view.state_read_at is not None:
-        out.append(f"<p class='muted small'>Hosts' state last read at "
-                   f"{escape(when(view.state_read_at))}.</p>")
+    for what, at in (("Impacts last measured", view.measured_at),
+                     ("Hosts' state last read", view.state_read_at)):
+        if at is not None:
+            out.append(f"<p class='muted small'>{what} at {escape(when(at))}.</p>")
     out.append(unconfirmed_html(view.unconfirmed))
     return _page(title, "".join(out))
 
 
 def broken_html(title: str, error: str) -> str:
     """A run whose stored alerts cannot be diagnosed: the error, not a 500."""
-    return _page(title, f"<header><a href='/runs'>&larr; all runs</a><h1>{escape(title)}</h1>"
-                        f"</header><p class='note'>This run's alerts cannot be diagnosed: "
-                        f"{escape(error)}</p>")
+    return _page(title, _back(title) + "<p class='note'>This run's alerts cannot be diagnosed: "
+                 f"{escape(error)}</p>")
 
 
 def unconfirmed_html(unconfirmed: Sequence[Unconfirmed]) -> str:
@@ -380,8 +379,7 @@ def unconfirmed_html(unconfirmed: Sequence[Unconfirmed]) -> str:
 
 def empty_html(title: str) -> str:
     """A run the bridge holds neither alerts nor a verdict for: not an answer, and said so."""
-    return _page(title, (
-        f"<header><a href='/runs'>&larr; all runs</a><h1>{escape(title)}</h1></header>"
+    return _page(title, _back(title) + (
         "<section class='card' style='border-left-color:#9aa0a6'><h2>No verdict yet</h2><p>The "
         "bridge holds no alerts and no verdict for this run. Every run the exporter published "
         "gets one when it ends (its join series gone for endings.grace_seconds, or W&amp;B says "

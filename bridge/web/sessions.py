@@ -92,9 +92,7 @@ class LoginLimiter:
             mine = self._by_client.get(client)
             if mine is not None and len(mine) >= FAILURES_PER_CLIENT:
                 return mine[0] + WINDOW - now
-            if len(self._total) >= FAILURES_TOTAL:
-                return self._total[0] + WINDOW - now
-            return 0.0
+            return self._total[0] + WINDOW - now if len(self._total) >= FAILURES_TOTAL else 0.0
 
     def failed(self, client: str) -> None:
         """Count one failed guess of ``client`` (callers ask ``retry_after`` first, so a locked

@@ -75,9 +75,13 @@ class BridgeContext:
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="bridge-store-read"))
 
 
-def _error(status: int, reason: str, headers: dict[str, str] | None = None) -> web.Response:
-    return web.json_response({"status": "error", "error": reason}, status=status,
+def _error(status: int, reason: str, headers: dict[str, str] | None = None, *,
+           close: bool = False) -> web.Response:
+    resp = web.json_response({"status": "error", "error": reason}, status=status,
                              headers=headers)
+    if close:
+        resp.force_close()
+    return resp
 
 
 def check_runs(notification: Notification) -> list[Identity]:
@@ -153,9 +157,7 @@ class Handlers:
                 body = await read_body(request, ctx.max_body_bytes)
         except TimeoutError:
             m.notifications.labels("body_timeout").inc()
-            resp = _error(408, f"body not received within {ctx.body_timeout:g} s")
-            resp.force_close()
-            return resp
+            return _error(408, f"body not received within {ctx.body_timeout:g} s", close=True)
         except TooLarge:
             m.notifications.labels("too_large").inc()
             return _error(413, f"body larger than {ctx.max_body_bytes} bytes")
@@ -253,13 +255,18 @@ class Handlers:
         if ctx.pages.check_header(header) | (ctx.pages.webhook_opens_pages
                                              and ctx.credentials.check(header)):
             return None
+        return self._failed_guess(request, "page credentials") or self._pages_refused(request)
+
+    def _failed_guess(self, request: web.Request, what: str) -> web.Response | None:
+        """Count a wrong page credential against its client: 429 while the client is locked,
+        else None (the caller refuses it)."""
         client = client_key(request.remote)
-        wait = ctx.pages.limiter.retry_after(client)
+        wait = self.ctx.pages.limiter.retry_after(client)
         if wait > 0:
             return _throttled(wait)
-        ctx.pages.limiter.failed(client)
-        log.warning("page credentials refused", extra=log_fields(remote=client))
-        return self._pages_refused(request)
+        self.ctx.pages.limiter.failed(client)
+        log.warning("%s refused", what, extra=log_fields(remote=client))
+        return None
 
     def _pages_refused(self, request: web.Request) -> web.Response:
         """401: JSON for API clients; for a browser the login form, or (no page token) a page
@@ -360,9 +367,7 @@ class Handlers:
         if self.login_reads >= self.ctx.max_login_reads or (
                 self.inflight_bytes
                 and self.inflight_bytes + MAX_LOGIN_BYTES > self.ctx.max_inflight_bytes):
-            resp = _error(503, "busy; retry", {"Retry-After": "5"})
-            resp.force_close()
-            return resp
+            return _error(503, "busy; retry", {"Retry-After": "5"}, close=True)
         gauge = self.ctx.metrics.inflight_bytes
         self.inflight_bytes += MAX_LOGIN_BYTES
         self.login_reads += 1
@@ -373,9 +378,7 @@ class Handlers:
         except TooLarge:
             return _error(413, f"login form larger than {MAX_LOGIN_BYTES} bytes")
         except TimeoutError:
-            resp = _error(408, "login form not received in time")
-            resp.force_close()
-            return resp
+            return _error(408, "login form not received in time", close=True)
         except (ValueError, OSError):
             return _error(400, "could not read the login form")
         finally:
@@ -389,15 +392,9 @@ class Handlers:
         form = {k: v[0] for k, v in fields.items()}
         target = _next_path(str(form.get("next", "")))
         if not pages.check_token(str(form.get("token", ""))):  # right: never throttled
-            client = client_key(request.remote)
-            wait = pages.limiter.retry_after(client)
-            if wait > 0:
-                return _throttled(wait)
-            pages.limiter.failed(client)
-            log.warning("page login refused", extra=log_fields(remote=client))
-            return web.Response(status=401, text=login_html(target, True, True),
-                                content_type="text/html",
-                                headers={"WWW-Authenticate": 'Bearer realm="wandb-infra-bridge"'})
+            return self._failed_guess(request, "page login") or web.Response(
+                status=401, text=login_html(target, True, True), content_type="text/html",
+                headers={"WWW-Authenticate": 'Bearer realm="wandb-infra-bridge"'})
         resp = web.Response(status=303, headers={"Location": target})
         resp.set_cookie(PAGE_COOKIE, pages.sessions.issue(), max_age=SESSION_SECONDS, path="/",
                         httponly=True, samesite="Strict", secure=pages.secure(request))
