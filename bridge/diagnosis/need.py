@@ -53,13 +53,9 @@ class Policy:
         names = ", ".join(a.value for a in _RESOLVED)
 
         def action(where: str, value: Any) -> Action:
-            try:
-                out = Action(str(value))
-            except ValueError:
-                out = None
-            if out is None or out not in _RESOLVED:
+            if str(value) not in {a.value for a in _RESOLVED}:
                 raise ConfigError(f"restart_policy.{where}: {value!r} is not one of {names}")
-            return out
+            return Action(str(value))
 
         def table(name: str) -> dict[str, Any]:
             value = raw.get(name) or {}

@@ -52,7 +52,6 @@ class Alert:
     ends_at: datetime | None
     labels: dict[str, str]
     annotations: dict[str, str]
-    generator_url: str = ""
 
     @property
     def alertname(self) -> str:
@@ -163,15 +162,12 @@ def _alert(item: object) -> Alert:
     ends_at = _ends_at(item.get("endsAt"), starts_at, status == "resolved")
     if status == "firing":
         ends_at = None
-    generator = item.get("generatorURL", "")
-    if not isinstance(generator, str):
-        raise _Invalid(".generatorURL must be a string")
-    return Alert(fingerprint.lower(), status, starts_at, ends_at, labels, annotations, generator)
+    return Alert(fingerprint.lower(), status, starts_at, ends_at, labels, annotations)
 
 
 # The fields of an alert the bulk path reads, in the order ``_bulk`` unpacks them.
 _FIELDS = operator.itemgetter("status", "fingerprint", "labels", "annotations", "startsAt",
-                              "endsAt", "generatorURL")
+                              "endsAt")
 
 
 def _all_strings(values: Iterable[object]) -> bool:
@@ -207,8 +203,8 @@ def _bulk(items: list[Any]) -> list[Alert] | None:
     if not items or not all(map(dict.__instancecheck__, items)):
         return None
     try:  # every field of every alert in one C pass, then transposed into columns
-        (statuses, fingerprints, labels, annotations, starts_text, ends_text,
-         generators) = zip(*map(_FIELDS, items), strict=True)
+        statuses, fingerprints, labels, annotations, starts_text, ends_text = zip(
+            *map(_FIELDS, items), strict=True)
     except KeyError:
         return None
     if not (_all_strings(statuses) and set(statuses) <= {"firing", "resolved"}
@@ -219,8 +215,7 @@ def _bulk(items: list[Any]) -> list[Alert] | None:
     panels = [p for p in map(operator.methodcaller("get", ANNOTATION_PANEL_ID), annotations) if p]
     if not all(map(_PANEL_ID.fullmatch, panels)):
         return None
-    if not (_all_strings(starts_text) and _all_strings(generators)
-            and set(map(type, ends_text)) <= {str, type(None)}):
+    if not (_all_strings(starts_text) and set(map(type, ends_text)) <= {str, type(None)}):
         return None
     try:
         instants = {text: _instant(text) for text in set(starts_text)}
@@ -237,7 +232,7 @@ def _bulk(items: list[Any]) -> list[Alert] | None:
         ends = [end if status == "resolved" else None for end, status in zip(ends, statuses,
                                                                               strict=True)]
     return list(map(Alert, map(str.lower, fingerprints), statuses, starts, ends, labels,
-                    annotations, generators))
+                    annotations))
 
 
 def _alerts(items: list[object]) -> list[Alert]:

@@ -59,9 +59,8 @@ def where(ev: Event) -> str:
 
 
 def _when(ev: Event) -> str:
-    if ev.epoch is not None:
-        return f" at {iso(ev.epoch)[11:19]}"
-    return f" at {ev.clock}" if ev.clock else ""
+    return (f" at {iso(ev.epoch)[11:19]}" if ev.epoch is not None
+            else f" at {ev.clock}" if ev.clock else "")
 
 
 def error_name(ev: Event) -> str:
@@ -141,16 +140,13 @@ def join(reading: Reading, root: Issue | None, coverage: str = "") -> Joined:
 
 
 def _without_error(reading: Reading) -> Joined:
-    origin = ""
-    if reading.origin_tasks:
-        origin = (f"; srun names task(s) {', '.join(map(str, reading.origin_tasks))} as the "
-                  "one(s) that did not just get terminated")
+    origin = (f"; srun names task(s) {', '.join(map(str, reading.origin_tasks))} as the one(s) "
+              "that did not just get terminated") if reading.origin_tasks else ""
     if reading.cascade_lines:
         return Joined(Verdict.UNKNOWN, "job log",
                       f"only consequences in the job's log ({_consequences(reading)}): the "
                       f"failing rank's own error is not in what was read{origin}")
-    read = [s for s in reading.sources if not s.error]
-    if not read:
+    if all(s.error for s in reading.sources):
         return Joined(Verdict.UNKNOWN, "", "no console log could be read"
                       + "".join(f"; {s.error}" for s in reading.sources))
     return Joined(Verdict.UNKNOWN, "job log",
@@ -167,11 +163,8 @@ def _with_alert(reading: Reading, issue: Issue, first: Event | None) -> Joined:
                       f"{name} on {where(first)}{_when(first)}: {_line(first)}; {cause} came "
                       "in the same window but does not explain this error (a coincident alert "
                       "is not a root cause)", app_error=f"{name} on {where(first)}")
-    parts = []
-    if (cons := _consequences(reading)):
-        parts.append(f"{cons} are consequences of {cause}")
-    else:
-        parts.append(f"root cause {cause}")
+    cons = _consequences(reading)
+    parts = [f"{cons} are consequences of {cause}" if cons else f"root cause {cause}"]
     if first is not None and _consistent(first, issue):
         same = (first.host and issue.root.hostname and first.gpu is not None
                 and issue.root.gpu == str(first.gpu))

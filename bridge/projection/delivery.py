@@ -117,13 +117,8 @@ class DeliveryWorker:
                  markers: MarkerWriter | None, links: GrafanaLinks, metrics: BridgeMetrics,
                  policy: DeliveryPolicy, prometheus: PrometheusClient | None = None,
                  clock: Callable[[], float] = time.time, seed: int | None = None) -> None:
-        self.store = store
-        self.client = client
-        self.markers = markers
-        self.links = links
-        self.metrics = metrics
-        self.policy = policy
-        self.clock = clock
+        self.store, self.client, self.markers, self.links = store, client, markers, links
+        self.metrics, self.policy, self.clock = metrics, policy, clock
         self.rng = random.Random(seed)
         self.paused_until = 0.0
         self._pause_end = 0.0  # the same pause on the monotonic clock

@@ -249,9 +249,7 @@ class SdkMarkerWriter:
         self.base_url = base_url
         self.api_key = api_key
         self.state_dir = Path(state_dir)
-        self.label = label
-        self.init_timeout = init_timeout
-        self.axis = axis
+        self.label, self.init_timeout, self.axis = label, init_timeout, axis
         self._lock = threading.Lock()
 
     def write(self, run: RunKey, rows: list[dict[str, Any]]) -> None:

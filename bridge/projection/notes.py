@@ -59,9 +59,8 @@ def md_escape(text: str, limit: int = MAX_FIELD) -> str:
 
 def _url(url: str) -> str:
     """A link target we built ourselves; still refuse anything that could break out of ()."""
-    if not url.startswith(("http://", "https://")) or re.search(r"[\s()<>\"'`]", url):
-        return ""
-    return url
+    return url if url.startswith(("http://", "https://")) and not re.search(
+        r"[\s()<>\"'`]", url) else ""
 
 
 def _upper_first(text: str) -> str:
@@ -141,10 +140,9 @@ def issue_onsets(view: RunView) -> dict[str, float]:
 
 def step_line(step: RunStep | None) -> list[str]:
     """At which of the run's own steps the issue began, when its W&B history shows it."""
-    if step is None:
-        return []
-    return [f"- Began at step {step.step} of the run (its last step logged before the onset, "
-            f"at {_time(datetime.fromtimestamp(step.at, UTC))})"]
+    return [] if step is None else [
+        f"- Began at step {step.step} of the run (its last step logged before the onset, at "
+        f"{_time(datetime.fromtimestamp(step.at, UTC))})"]
 
 
 def _issue_block(n: int, view: IssueView, headline: bool, link_for: LinkFn, *,
@@ -170,8 +168,7 @@ def _issue_block(n: int, view: IssueView, headline: bool, link_for: LinkFn, *,
         lines += _remediation_lines(rem)
     if view.quarantine is not None:
         lines.append(f"- Quarantine: {md_escape(view.quarantine.text, 1000)}")
-    seen = _seen(issue)
-    if seen:
+    if seen := _seen(issue):
         lines.append(f"- Already seen on this run: {md_escape(seen)}")
     label = "Why this is the root cause" if headline else "Why this alert leads this issue"
     lines.append(f"- {label}: {md_escape(issue.reasoning, 1000)}")

@@ -295,12 +295,9 @@ class WandbClient:
         sampled = self._history(entity, project, run_id, [(["_step", "_timestamp"], lo, hi),
                                                           (["_step", MARKER_KEY], lo, hi)])
         markers = {r.get("_step") for r in sampled[1] if isinstance(r, dict)}
-        rows = []
-        for row in sampled[0]:
-            step, at = (row.get("_step"), row.get("_timestamp")) if isinstance(row, dict) \
-                else (None, None)
-            if isinstance(step, int) and isinstance(at, (int, float)) and step not in markers:
-                rows.append((step, float(at)))
+        rows = [(r["_step"], float(r["_timestamp"])) for r in sampled[0] if isinstance(r, dict)
+                and isinstance(r.get("_step"), int) and isinstance(r.get("_timestamp"), int | float)
+                and r["_step"] not in markers]
         return sorted(rows), len(sampled[0])
 
     def step_at(self, entity: str, project: str, run_id: str, onset: float,

@@ -64,22 +64,18 @@ class AlertConfirmer:
     """Asks Prometheus' ``ALERTS`` series whether it raised each alert."""
 
     def __init__(self, prom: PrometheusClient, clock: Callable[[], float]) -> None:
-        self.prom = prom
-        self.clock = clock
+        self.prom, self.clock = prom, clock
 
     def confirm(self, facts: Sequence[AlertFact],
                 known: Mapping[tuple[str, datetime], str] | None = None) -> Confirmation:
         """Split ``facts`` (one run's alerts) into confirmed, refused, pending and unanswered;
         ``known`` holds final answers given before ((fingerprint, start) -> "" raised, else
         why not): those alerts are not asked about again."""
-        answers: dict[int, str | bool | None] = {}
-        todo = []
-        for fact in facts:
-            given = (known or {}).get((fact.fingerprint, fact.starts_at))
-            if given is None:
-                todo.append(fact)
-            else:
-                answers[id(fact)] = given
+        known = known or {}
+        answers: dict[int, str | bool | None] = {
+            id(f): known[(f.fingerprint, f.starts_at)] for f in facts
+            if (f.fingerprint, f.starts_at) in known}
+        todo = [f for f in facts if id(f) not in answers]
         for n, cluster in enumerate(reversed(_clusters(todo))):
             answers.update(self._ask(cluster) if n < MAX_QUERIES
                            else dict.fromkeys(map(id, cluster), False))

@@ -30,7 +30,7 @@ from wandb_infra.bridge.diagnosis.outcome import judge as judge_outcome
 from wandb_infra.bridge.diagnosis.root_cause import AlertFact, diagnose
 from wandb_infra.bridge.ingest.store import Store
 from wandb_infra.bridge.prometheus.client import PrometheusClient, PrometheusError, regex_literal
-from wandb_infra.bridge.prometheus.history import Placement, find_placement
+from wandb_infra.bridge.prometheus.history import Placement, find_placement, pick_step
 from wandb_infra.catalog import series as S
 from wandb_infra.common import labels as L
 from wandb_infra.common.logsetup import log_fields
@@ -97,16 +97,15 @@ def gpus_query(hosts: Iterable[str]) -> str:
     return f"max by ({L.HOSTNAME}, {L.GPU}) ({S.GPU_PRESENT}{{{host_matcher(hosts)}}})"
 
 
-def _step(start: float, end: float, minimum: float) -> float:
-    return max(minimum, (end - start) / 10_000)
+def _run(metric: dict[str, str]) -> RunKey:
+    return RunKey(metric.get(L.ENTITY, ""), metric.get(L.PROJECT, ""), metric.get(L.RUN_ID, ""))
 
 
 class RunEndings:
     """Asks Prometheus which runs ended and what was seen of them."""
 
     def __init__(self, prom: PrometheusClient, policy: EndingsPolicy) -> None:
-        self.prom = prom
-        self.policy = policy
+        self.prom, self.policy = prom, policy
         self.queries = 0  # Prometheus queries made (bench and /metrics figures)
 
     def now(self) -> float:
@@ -117,13 +116,12 @@ class RunEndings:
 
     def present(self, runs: Iterable[RunKey], now: float) -> set[RunKey]:
         """Those of ``runs`` whose join series have a sample within the grace before ``now``."""
-        wanted, found = sorted(set(runs)), set()
+        wanted, found = sorted(set(runs)), set[RunKey]()
         for start in range(0, len(wanted), PRESENCE_CHUNK):
             chunk = wanted[start:start + PRESENCE_CHUNK]
             self.queries += 1
-            for s in self.prom.instant(present_query(chunk, self.policy.grace), now):
-                found.add(RunKey(s["metric"].get(L.ENTITY, ""), s["metric"].get(L.PROJECT, ""),
-                                 s["metric"].get(L.RUN_ID, "")))
+            found.update(_run(s["metric"]) for s in self.prom.instant(
+                present_query(chunk, self.policy.grace), now))
         return found & set(wanted)
 
     def vanished(self, since: float, now: float) -> list[RunKey]:
@@ -131,9 +129,7 @@ class RunEndings:
         window = max(self.policy.step, now - since)
         self.queries += 1
         found = self.prom.range(vanished_query(window, self.policy.grace), now, now, 1.0)
-        runs = {RunKey(s["metric"].get(L.ENTITY, ""), s["metric"].get(L.PROJECT, ""),
-                       s["metric"].get(L.RUN_ID, "")) for s in found}
-        return sorted(r for r in runs if r.attributed)
+        return sorted({r for r in map(_run, (s["metric"] for s in found)) if r.attributed})
 
     def placement(self, run: RunKey, ended_at: float) -> Placement | None:
         """Where and when the run ran (None: Prometheus no longer holds its join series)."""
@@ -145,7 +141,7 @@ class RunEndings:
             if "no " + L.NODE_INFO in str(exc):
                 return None
             raise
-        coarse = _step(start, end, self.policy.step)
+        coarse = pick_step(start, end, self.policy.step)
         if coarse <= self.policy.step:
             return found
         # a long search window reads coarsely: the run's own span again at the finest step
@@ -156,7 +152,7 @@ class RunEndings:
     def coverage(self, placement: Placement) -> Coverage:
         """What the rules could see of the run's hosts and GPUs over its lifetime."""
         start, end = placement.first_seen, max(placement.last_seen, placement.first_seen)
-        step = _step(start, end, self.policy.step)
+        step = pick_step(start, end, self.policy.step)
         hosts = sorted(placement.hosts)
         self.queries += 2
         targets: dict[tuple[str, str], list[float]] = {}
@@ -188,12 +184,9 @@ class EndingsPass:
     def __init__(self, store: Store, endings: RunEndings,
                  facts: Callable[[RunKey], list[AlertFact]], *, incident_gap: float,
                  deliver: bool, state: Callable[[RunKey], str | None] | None = None) -> None:
-        self.store = store
-        self.endings = endings
-        self.facts = facts
+        self.store, self.endings, self.facts = store, endings, facts
         self.incident_gap = timedelta(seconds=incident_gap)
-        self.deliver = deliver
-        self.state = state
+        self.deliver, self.state = deliver, state
         self.next_pass = 0.0
         self.judged = 0
         self.withdrawn = 0

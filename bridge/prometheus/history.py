@@ -116,9 +116,7 @@ def catalog_annotations(labels: Mapping[str, str]) -> dict[str, str]:
     known = ALERTS.get(labels.get("alertname", ""))
     if known is None:
         return {}
-    description = known.description
-    if "$value" in description:
-        description = known.summary
+    description = known.summary if "$value" in known.description else known.description
     description = _TEMPLATE.sub(lambda m: labels.get(m.group(1), ""), description)
     return {"summary": known.summary, "description": description, "impact": known.impact,
             "remediation": known.remediation,
@@ -181,10 +179,8 @@ def parse_when(text: str | None, now: float) -> float | None:
     """RFC 3339, a unix timestamp, or a duration ago such as ``6h``/``2d`` -> unix seconds."""
     if not text:
         return None
-    match = re.fullmatch(r"(\d+)([smhd])", text)
-    if match:
-        seconds = int(match.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[match.group(2)]
-        return now - seconds
+    if match := re.fullmatch(r"(\d+)([smhd])", text):
+        return now - int(match[1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[match[2]]
     try:
         return float(text)
     except ValueError:

@@ -75,9 +75,7 @@ class ImpactHistory:
 
     def __init__(self, prom: PrometheusClient, *, min_step: float = 1.0,
                  clock: Callable[[], float] = time.time) -> None:
-        self.prom = prom
-        self.min_step = min_step
-        self.clock = clock
+        self.prom, self.min_step, self.clock = prom, min_step, clock
         self._down_until = 0.0
 
     def for_diagnosis(self, run: RunKey, diagnosis: Diagnosis,

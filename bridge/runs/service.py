@@ -60,19 +60,13 @@ class RunService:
                  gap: timedelta = DEFAULT_GAP, restart_policy: Policy | None = None,
                  scheduler: str = "", wandb_enabled: bool = True, confirms: bool | None = None,
                  records: bool = False, clock: Callable[[], float] = time.time) -> None:
-        self.store = store
-        self.confirmer = confirmer
+        self.store, self.confirmer = store, confirmer
         # whether alerts are checked at all (by this service's confirmer or from the answers
         # the worker stored), and whether this service stores what its readers found
         self.confirms = confirmer is not None if confirms is None else confirms
-        self.records = records
-        self.history = history
-        self.quarantine = quarantine
-        self.gap = gap
+        self.records, self.history, self.quarantine, self.gap = records, history, quarantine, gap
         self.restart_policy = restart_policy or Policy()
-        self.scheduler = scheduler
-        self.wandb_enabled = wandb_enabled
-        self.clock = clock
+        self.scheduler, self.wandb_enabled, self.clock = scheduler, wandb_enabled, clock
 
     def view(self, run: RunKey, *, remediate: bool = True) -> RunView | None:
         """The run's view; None when the store holds neither alerts nor a verdict for it.

@@ -90,9 +90,7 @@ class ConnectionLimiter:
 
     def __init__(self, limit: int, metrics: BridgeMetrics,
                  evictable: Callable[[web.Request], bool] = lambda _request: False) -> None:
-        self.limit = limit
-        self.metrics = metrics
-        self.evictable = evictable
+        self.limit, self.metrics, self.evictable = limit, metrics, evictable
         self._open: dict[_Counted, None] = {}  # least recently used first
         self._by_transport: dict[asyncio.BaseTransport, _Counted] = {}  # handed to aiohttp
         self._last_warning = 0.0
