@@ -19,7 +19,6 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from types import FrameType
 
 from wandb_infra.bridge.config import load
 from wandb_infra.bridge.ingest.store import Store, StoreError, StoreTooNew
@@ -82,12 +81,8 @@ def _run(args: argparse.Namespace) -> int:
         print(f"wandb-infra-bridge quarantine: {exc}", file=sys.stderr)
         return 2
     stop = threading.Event()
-
-    def _stop(_signum: int, _frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
     while True:
         try:
             offer_to_quarantine(runs, quarantine, time.time())

@@ -176,11 +176,7 @@ class Issue:
     @property
     def alertnames(self) -> tuple[str, ...]:
         """Root cause first, then consequence names in first-seen order, without repeats."""
-        names = [self.root.alertname]
-        for fact in self.consequences:
-            if fact.alertname not in names:
-                names.append(fact.alertname)
-        return tuple(names)
+        return tuple(dict.fromkeys(f.alertname for f in (self.root, *self.consequences)))
 
     @property
     def key(self) -> str:
@@ -344,14 +340,8 @@ def _may_lead(remaining: list[AlertFact]) -> list[AlertFact]:
     """Alerts that explain, by time, everything that began before them (see ``_lead``); O(n)
     from the earliest onsets. The earliest alert always qualifies."""
     first = min(f.onset for f in remaining)
-    bounds = []
-    others = [f.onset for f in remaining if f.cause is not CauseClass.SYMPTOM]
-    if others:
-        bounds.append(min(others) + SIMULTANEOUS)
-    symptoms = [f.onset for f in remaining if f.cause is CauseClass.SYMPTOM]
-    if symptoms:
-        bounds.append(min(symptoms) + SYMPTOM_LEAD)
-    cause_bound = min(bounds)
+    cause_bound = min(f.onset + (SYMPTOM_LEAD if f.cause is CauseClass.SYMPTOM else SIMULTANEOUS)
+                      for f in remaining)
     return [f for f in remaining
             if f.onset <= (first + SIMULTANEOUS if f.cause is CauseClass.SYMPTOM
                            else cause_bound)]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sqlite3
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from wandb_infra.common.runkey import RunKey
 
@@ -62,11 +62,8 @@ class Outbox:
 
     @staticmethod
     def _outbox(row: sqlite3.Row) -> OutboxRow:
-        return OutboxRow(RunKey(row["entity"], row["project"], row["run_id"]), row["dirty_seq"],
-                         row["delivered_seq"], row["pending_since"], row["attempts"],
-                         row["next_attempt"], row["last_flush"], row["parked"],
-                         row["last_error"], row["storage_id"], row["run_state"],
-                         row["summary_seq"], row["next_state_check"], row["delivered_at"])
+        return OutboxRow(RunKey(row["entity"], row["project"], row["run_id"]),
+                         *(row[f.name] for f in fields(OutboxRow)[1:]))  # columns by name
 
     def outbox(self, run: RunKey) -> OutboxRow | None:
         """One run's outbox row."""

@@ -77,8 +77,6 @@ _RESOLVE = ("UPDATE alerts SET status='resolved', ends_at=?, updated_at=? WHERE 
 # through its open API, then Prometheus' next re-send merged it back): it is open again.
 _REOPEN = ("UPDATE alerts SET status='firing', ends_at=NULL, updated_at=? WHERE entity=? AND "
            "project=? AND run_id=? AND starts_at=? AND fingerprint=? AND status='resolved'")
-# The unattributed alerts: the empty run key, a prefix of the primary key.
-_UNATTRIBUTED = "entity='' AND project='' AND run_id=''"
 _RUN = operator.attrgetter("run")
 _STARTS_AT = operator.attrgetter("starts_at")
 
@@ -186,8 +184,7 @@ class Store(Outbox, RunState):
         out: list[tuple[int, int] | None] = []
         for name in (self.path, self.path + "-wal"):
             try:
-                st = os.stat(name)
-                out.append((st.st_dev, st.st_ino))
+                out.append(((st := os.stat(name)).st_dev, st.st_ino))  # one stat
             except OSError:
                 out.append(None)
         return out[0], out[1]
@@ -458,8 +455,10 @@ class Store(Outbox, RunState):
                 for r in rows]
 
     def unattributed_count(self) -> int:
-        """Number of stored alerts no run could be found for."""
-        return self._read(f"SELECT COUNT(*) FROM alerts WHERE {_UNATTRIBUTED}")[0][0]  # noqa: S608 - constant condition
+        """Number of stored alerts no run could be found for (the empty run key: a prefix of
+        the primary key)."""
+        return self._read("SELECT COUNT(*) FROM alerts WHERE entity='' AND project='' AND "
+                          "run_id=''")[0][0]
 
     def alert_count(self) -> int:
         """Number of stored alert rows (tests and metrics)."""

@@ -29,8 +29,7 @@ def render(reading: Reading, joined: Joined) -> str:
     if first is not None:
         out.append(f"First error: line {first.line} of {first.source} "
                    f"({first.signature}, {first.cls})")
-    if reading.launcher is not None:
-        lr = reading.launcher
+    if (lr := reading.launcher) is not None:
         out.append(f"torchrun's first observed failure: rank {lr.rank} on {lr.host}, exit "
                    f"code {lr.exitcode}, at {lr.time}")
     if reading.cascade_lines:
@@ -51,10 +50,8 @@ def explain_logs(paths: Sequence[str], as_json_out: bool, budget: Budget = DEFAU
     read."""
     reading = read([FileSource(p) for p in paths], budget)
     joined = join(reading, None)
-    if as_json_out:
-        print(json.dumps(as_json(reading, joined), indent=2))
-    else:
-        print(render(reading, joined))
+    print(json.dumps(as_json(reading, joined), indent=2) if as_json_out
+          else render(reading, joined))
     if all(s.error for s in reading.sources):
         for src in reading.sources:
             print(f"wandb-infra-bridge explain: {src.error}", file=sys.stderr)

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from wandb_infra.bridge.diagnosis.root_cause import Issue
+from wandb_infra.bridge.diagnosis.verdict import clock
 from wandb_infra.bridge.prometheus.client import PrometheusClient, PrometheusError, regex_literal
 from wandb_infra.bridge.prometheus.history import find_placement
 from wandb_infra.catalog import series as S
@@ -87,9 +87,5 @@ def read(prom: PrometheusClient, run: RunKey, issues: Sequence[Issue], now: floa
     if not out:
         return Activity(now, start, end, note=(
             "No GPU activity plot: dcgm-exporter has no tensor activity or utilisation series "
-            f"for the run's hosts between {_clock(start)} and {_clock(end)}."))
+            f"for the run's hosts between {clock(start)} and {clock(end)}."))
     return Activity(now, start, end, tuple(out), sum(len(g) for g in placement.gpus.values()))
-
-
-def _clock(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")

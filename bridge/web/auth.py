@@ -4,17 +4,12 @@ constant time, the page token and its sessions."""
 from __future__ import annotations
 
 import base64
-import hashlib
 import hmac
 from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from wandb_infra.bridge.web.sessions import LoginLimiter, Sessions
-
-
-def _digest(value: str) -> bytes:
-    return hashlib.sha256(value.encode("utf-8", "surrogateescape")).digest()
+from wandb_infra.bridge.web.sessions import LoginLimiter, Sessions, digest
 
 
 @dataclass
@@ -28,10 +23,10 @@ class Credentials:
     def __post_init__(self) -> None:
         self._accepted: list[bytes] = []
         if self.bearer_token:
-            self._accepted.append(_digest(f"Bearer {self.bearer_token}"))
+            self._accepted.append(digest(f"Bearer {self.bearer_token}"))
         if self.basic_username and self.basic_password:
             pair = f"{self.basic_username}:{self.basic_password}".encode()
-            self._accepted.append(_digest("Basic " + base64.b64encode(pair).decode()))
+            self._accepted.append(digest("Basic " + base64.b64encode(pair).decode()))
 
     @property
     def enabled(self) -> bool:
@@ -42,11 +37,8 @@ class Credentials:
         """True when ``header`` matches a configured credential (all compared, no early out)."""
         if not self._accepted:
             return True
-        got = _digest(header or "")
-        ok = False
-        for accepted in self._accepted:
-            ok |= hmac.compare_digest(got, accepted)
-        return ok
+        got = digest(header or "")
+        return sum(hmac.compare_digest(got, accepted) for accepted in self._accepted) > 0
 
 
 @dataclass
@@ -64,7 +56,7 @@ class PageAuth:
     limiter: LoginLimiter = field(default_factory=LoginLimiter)
 
     def __post_init__(self) -> None:
-        self._bearer = _digest(f"Bearer {self.token}") if self.token else b""
+        self._bearer = digest(f"Bearer {self.token}") if self.token else b""
 
     @property
     def webhook_opens_pages(self) -> bool:
@@ -73,11 +65,11 @@ class PageAuth:
 
     def check_token(self, token: str) -> bool:
         """Constant-time comparison of a typed token."""
-        return bool(self.token) and hmac.compare_digest(_digest(token), _digest(self.token or ""))
+        return bool(self.token) and hmac.compare_digest(digest(token), digest(self.token or ""))
 
     def check_header(self, header: str) -> bool:
         """True for the page token as a bearer ``Authorization`` header (constant time)."""
-        return bool(self.token) and hmac.compare_digest(_digest(header), self._bearer)
+        return bool(self.token) and hmac.compare_digest(digest(header), self._bearer)
 
     def secure(self, request: web.Request) -> bool:
         """Whether the session cookie gets ``Secure``."""

@@ -112,8 +112,7 @@ def wandb_text(status: dict[str, Any]) -> tuple[str, str]:
         return "W&B: off (no API key configured)", ""
     if state == "delivered":
         at = status.get("at")
-        stamp = "" if at is None else f" at {when(at)}"
-        return f"W&B: written{stamp}", "ok"
+        return f"W&B: written{'' if at is None else ' at ' + when(at)}", "ok"
     if state == "parked":
         return f"W&B: parked: {status.get('reason') or 'unknown reason'}", "bad"
     if state == "pending":

@@ -12,7 +12,6 @@ many addresses (one client stops at a tenth of it); tripping it is logged once.
 from __future__ import annotations
 
 import hashlib
-import hmac
 import logging
 import secrets
 import threading
@@ -31,7 +30,8 @@ FAILURES_TOTAL = 100  # per WINDOW from everyone: a backstop, ten clients at the
 WINDOW = 60.0
 
 
-def _digest(value: str) -> bytes:
+def digest(value: str) -> bytes:
+    """A credential's SHA-256, compared instead of the credential (constant time, any length)."""
     return hashlib.sha256(value.encode("utf-8", "surrogateescape")).digest()
 
 
@@ -48,7 +48,7 @@ class Sessions:
         """A new session's cookie value."""
         value = secrets.token_urlsafe(32)
         with self._lock:
-            self._live[_digest(value)] = self.clock() + self.seconds
+            self._live[digest(value)] = self.clock() + self.seconds
             while len(self._live) > MAX_SESSIONS:
                 self._live.popitem(last=False)
         return value
@@ -57,7 +57,7 @@ class Sessions:
         """True for a live session's cookie (compared by digest, so in constant time)."""
         if not value:
             return False
-        key = _digest(value)
+        key = digest(value)
         with self._lock:
             expires = self._live.get(key)
             if expires is None:
@@ -71,7 +71,7 @@ class Sessions:
         """Sign a session out (unknown values are ignored)."""
         if value:
             with self._lock:
-                self._live.pop(_digest(value), None)
+                self._live.pop(digest(value), None)
 
 
 class LoginLimiter:
@@ -116,8 +116,3 @@ class LoginLimiter:
                 times.popleft()
             if not times:
                 del self._by_client[client]
-
-
-def same(a: str, b: str) -> bool:
-    """Constant-time equality of two strings of any length."""
-    return hmac.compare_digest(_digest(a), _digest(b))

@@ -102,10 +102,9 @@ def check_runs(notification: Notification) -> list[Identity]:
 
 
 def _wants_json(request: web.Request) -> bool:
-    if request.query.get("format") == "json":
-        return True
     accept = request.headers.get("Accept", "")
-    return "application/json" in accept and "text/html" not in accept
+    return request.query.get("format") == "json" or (
+        "application/json" in accept and "text/html" not in accept)
 
 
 class Handlers:
@@ -349,9 +348,8 @@ class Handlers:
 
     async def login_form(self, request: web.Request) -> web.Response:
         """GET /login: the page-token form."""
-        configured = bool(self.ctx.pages.token)
         return web.Response(text=login_html(_next_path(request.query.get("next")), False,
-                                            configured), content_type="text/html")
+                                            bool(self.ctx.pages.token)), content_type="text/html")
 
     async def login(self, request: web.Request) -> web.Response:
         """POST /login: a right token sets the HttpOnly, SameSite=Strict page cookie."""
