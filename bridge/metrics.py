@@ -143,8 +143,3 @@ class BridgeMetrics:
         self.gpu_hours = GpuHoursLost()
         r.register(self.gpu_hours)
         self.public = PublicView(r)
-
-    def read_gpu_hours_from(self, source: Callable[[], ProjectHours]) -> None:
-        """Where the per-project GPU-hours lost are read at each scrape (the store's
-        ``gpu_hours_by_project``)."""
-        self.gpu_hours.source = source

@@ -129,7 +129,8 @@ class DeliveryWorker:
         self._thread: threading.Thread | None = None
         self._last_purge = 0.0
         self._last_unpark = 0.0
-        metrics.read_gpu_hours_from(store.gpu_hours_by_project)  # kept across restarts
+        # /metrics' per-project GPU-hours, read from the store at each scrape (kept on restart)
+        metrics.gpu_hours.source = store.gpu_hours_by_project
         self._next_refresh = 0.0
         # The quarantine's decisions, to show: the worker never acts (the receiver of untrusted
         # webhooks holds no scheduler rights; ``wandb-infra-bridge quarantine`` acts).
