@@ -14,11 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from demo.simulator.cluster import Cluster
 from demo.simulator.scrape import prometheus_config, target_groups
-from demo.simulator.server import serve
 from demo.stack import scale_rules
 from harness.processes import prom_query, prometheus, wait_for
+from harness.simulator_process import RemoteCluster, simulator
 from harness.wandb_standin import WandbStandin
 from wandb_infra.bridge import explain_cli
 from wandb_infra.bridge.diagnosis.links import GrafanaLinks
@@ -43,11 +42,10 @@ USER_NOTES = "my own notes: lr 3e-4, try warmup next\n"
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory) -> Iterator[tuple[Cluster, str, Path, str]]:
+def world(tmp_path_factory) -> Iterator[tuple[RemoteCluster, str, Path, str]]:
     assert RULE_FILES, "alert_rules/ has no rule files: run make generate"
-    cluster = Cluster(hosts=len(HOSTS), flavour="hostname")
     workdir = tmp_path_factory.mktemp("endings-prom")
-    with serve(cluster) as sim:
+    with simulator(workdir / "sim", len(HOSTS)) as (cluster, address):
         rules = []
         for path in RULE_FILES:
             rules.append(workdir / path.name)
@@ -55,14 +53,14 @@ def world(tmp_path_factory) -> Iterator[tuple[Cluster, str, Path, str]]:
             # that raises no NodeDown, as one shorter than its 2 minutes in production
             rules[-1].write_text(scale_rules(path.read_text(), 1 / 60, minimum_seconds=20))
         sd = workdir / "sd"
-        config = prometheus_config(sim.address, cluster.hosts, interval="2s",
+        config = prometheus_config(address, cluster.hosts, interval="2s",
                                    rule_files=[str(p) for p in rules], file_sd_dir=sd,
                                    runs_job="runs")
         with prometheus(config, workdir) as prom:
             for expr in (f"count({series.GPU_PRESENT}) == {8 * len(HOSTS)}",
                          f"count({series.TARGET_HOSTS}) == {2 * len(HOSTS)}"):
                 wait_for(lambda e=expr: prom_query(prom.url, e), 120, expr, 0.5)
-            yield cluster, prom.url, sd, sim.address
+            yield cluster, prom.url, sd, address
 
 
 def _judged(store: Store, run: RunKey) -> Outcome | None:

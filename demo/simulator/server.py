@@ -5,8 +5,8 @@ Why a thread: tests, the demo and the benchmarks drive the cluster from synchron
 Prometheus scrapes it. Routes: ``/dcgm/<host>/metrics`` and ``/node/<host>/metrics`` (a lost host
 drops the connection), ``/sd/dcgm|node`` (http_sd), ``/runs/metrics`` (the join metrics of runs
 assigned with ``assign_run``, a stand-in for the exporter in tests that do not start it),
-``/slurm/nodes`` (``scontrol show node -o``), ``POST /control/<action>`` (fault, clear, workload,
-run, slurm_state) and ``/healthz``.
+``/slurm/nodes`` (``scontrol show node -o``), ``POST /control/<action>`` (fault, clear, reboot,
+workload, run, end_run, slurm_state) and ``/healthz``.
 """
 
 from __future__ import annotations
@@ -108,6 +108,9 @@ def _control(cluster: Cluster, action: str, body: dict[str, Any]) -> None:
     elif action == "clear":
         for name in hosts or [None]:
             cluster.clear(name, body.get("gpu"), body.get("kind"), body.get("device"))
+    elif action == "reboot":
+        for name in hosts:
+            cluster.reboot(name)
     elif action == "workload":
         if not isinstance(body.get("busy"), bool) or not hosts:
             raise SimulatorError("workload needs host(s) and busy: true|false")
@@ -126,6 +129,11 @@ def _control(cluster: Cluster, action: str, body: dict[str, Any]) -> None:
         entity, project, run_id = (str(f) for f in fields)
         cluster.assign_run(entity, project, run_id, hosts, gpus=gpus,
                            run_name=body.get("run_name"))
+    elif action == "end_run":
+        fields = [body.get(k) for k in ("entity", "project", "run_id")]
+        if not all(isinstance(f, str) for f in fields):
+            raise SimulatorError("end_run needs entity, project and run_id strings")
+        cluster.end_run(*(str(f) for f in fields))
     else:
         raise SimulatorError(f"unknown control action {action!r}")
 
