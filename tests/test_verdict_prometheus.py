@@ -12,11 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from demo.simulator.cluster import Cluster
 from demo.simulator.scrape import prometheus_config
-from demo.simulator.server import serve
 from demo.stack import scale_rules
 from harness.processes import prom_query, prometheus, scrape_target, wait_for
+from harness.simulator_process import RemoteCluster, simulator
 from wandb_infra.bridge.diagnosis.need import Policy
 from wandb_infra.bridge.diagnosis.root_cause import AlertFact, diagnose
 from wandb_infra.bridge.prometheus.client import PrometheusClient
@@ -46,12 +45,12 @@ class NodeStates:
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory) -> Iterator[tuple[Cluster, NodeStates, str]]:
+def world(tmp_path_factory) -> Iterator[tuple[RemoteCluster, NodeStates, str]]:
     assert RULE_FILES, "alert_rules/ has no rule files: run make generate"
-    cluster = Cluster(hosts=len(HOSTS), flavour="hostname")
     states = NodeStates()
     workdir = tmp_path_factory.mktemp("verdict-prom")
-    with scrape_target(states.text) as target, serve(cluster) as sim:
+    with scrape_target(states.text) as target, \
+            simulator(workdir / "sim", len(HOSTS)) as (cluster, address):
         rules = []
         for path in RULE_FILES:
             rules.append(workdir / path.name)
@@ -59,7 +58,7 @@ def world(tmp_path_factory) -> Iterator[tuple[Cluster, NodeStates, str]]:
             rules[-1].write_text(scale_rules(path.read_text(), 1 / 60))
         extra = [{"job_name": "node-state", "scrape_interval": "1s", "static_configs": [
             {"targets": [target]}]}]
-        config = prometheus_config(sim.address, cluster.hosts, interval="1s",
+        config = prometheus_config(address, cluster.hosts, interval="1s",
                                    rule_files=[str(p) for p in rules],
                                    extra_scrape_configs=extra)
         with prometheus(config, workdir) as prom:
