@@ -21,10 +21,9 @@ from typing import Any
 import requests
 import yaml
 
-from demo.simulator.cluster import Cluster
 from demo.simulator.scrape import target_groups
-from demo.simulator.server import SimulatorServer
 from harness import processes
+from harness.simulator_process import RemoteCluster, Simulated, simulator
 from wandb_infra.catalog import runbook
 from wandb_infra.catalog.alerts import duration_seconds
 from wandb_infra.catalog.vocabulary import ANNOTATION_FOR_SECONDS
@@ -132,8 +131,7 @@ class Stack:
         self.config = config
         self.workdir = config.workdir
         self.token = secrets.token_urlsafe(32)
-        self.cluster = Cluster(hosts=config.hosts, flavour=config.flavour)
-        self.simulator: SimulatorServer | None = None
+        self.simulator: Simulated | None = None
         self.exporter: processes.Service | None = None
         self.bridge: processes.Service | None = None
         self.alertmanager: processes.Service | None = None
@@ -163,8 +161,10 @@ class Stack:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.token_file.write_text(self.token + "\n")
         self.token_file.chmod(0o600)
-        self.simulator = SimulatorServer(self.cluster).start()
-        self._exit.callback(self.simulator.stop)
+        # in its own process: the caller's threads (scenarios, jobs, a W&B stand-in) cannot
+        # starve the exporters Prometheus scrapes
+        self.simulator = self._exit.enter_context(simulator(
+            self.workdir / "simulator", self.config.hosts, self.config.flavour))
         self.exporter = self._start_exporter()
         self.bridge = self._start_bridge()
         self.alertmanager = self._start_alertmanager()
@@ -176,6 +176,12 @@ class Stack:
     def stop(self) -> None:
         """Stop everything started so far, newest first."""
         self._exit.close()
+
+    @property
+    def cluster(self) -> RemoteCluster:
+        """The simulated cluster, to inject faults and assign runs (once started)."""
+        assert self.simulator is not None, "the stack is not started"
+        return self.simulator.cluster
 
     @property
     def token_file(self) -> Path:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,14 +59,21 @@ class RemoteCluster:
         self._control("end_run", entity=entity, project=project, run_id=run_id)
 
 
+@dataclass(frozen=True)
+class Simulated:
+    """A running simulator: the cluster to steer, its base URL and the ``host:port`` to scrape."""
+
+    cluster: RemoteCluster
+    url: str
+    address: str
+
+
 @contextlib.contextmanager
-def simulator(workdir: Path, hosts: int, flavour: str = "hostname"
-              ) -> Iterator[tuple[RemoteCluster, str]]:
-    """``python -m demo.simulator`` on a free port until the block ends: the cluster to steer
-    and the ``host:port`` to scrape."""
+def simulator(workdir: Path, hosts: int, flavour: str = "hostname") -> Iterator[Simulated]:
+    """``python -m demo.simulator`` on a free port until the block ends."""
     port = processes.free_port()
     cmd = [sys.executable, "-m", "demo.simulator", "--hosts", str(hosts), "--flavour", flavour,
            "--port", str(port), "--log-level", "warning"]
     with processes.running(cmd, workdir, "simulator", port, "/healthz",
                            env={"PYTHONPATH": str(ROOT)}) as service:
-        yield RemoteCluster(service.url), f"127.0.0.1:{port}"
+        yield Simulated(RemoteCluster(service.url), service.url, f"127.0.0.1:{port}")

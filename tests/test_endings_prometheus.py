@@ -45,7 +45,8 @@ USER_NOTES = "my own notes: lr 3e-4, try warmup next\n"
 def world(tmp_path_factory) -> Iterator[tuple[RemoteCluster, str, Path, str]]:
     assert RULE_FILES, "alert_rules/ has no rule files: run make generate"
     workdir = tmp_path_factory.mktemp("endings-prom")
-    with simulator(workdir / "sim", len(HOSTS)) as (cluster, address):
+    with simulator(workdir / "sim", len(HOSTS)) as sim:
+        cluster, address = sim.cluster, sim.address
         rules = []
         for path in RULE_FILES:
             rules.append(workdir / path.name)

@@ -48,7 +48,8 @@ BRIDGE = str(Path(sys.executable).parent / "wandb-infra-bridge")
 def world(tmp_path_factory) -> Iterator[tuple[RemoteCluster, str]]:
     assert RULE_FILES, "alert_rules/ has no rule files: run make generate"
     workdir = tmp_path_factory.mktemp("impact-prom")
-    with simulator(workdir / "sim", len(HOSTS)) as (cluster, address):
+    with simulator(workdir / "sim", len(HOSTS)) as sim:
+        cluster, address = sim.cluster, sim.address
         rules = []
         for path in RULE_FILES:
             rules.append(workdir / path.name)

@@ -27,6 +27,14 @@ def render(expr: str) -> object:
     return json.loads(proc.stdout)
 
 
+def _unfolded(groups: list[dict]) -> dict[str, dict]:
+    """Groups by name, each rule's expression without whitespace: the shipped file folds a short
+    bracketed block onto one line by its final length, which the mixin's template cannot know
+    before _config fills its placeholders in, so the two agree on the PromQL, not the layout."""
+    return {g["name"]: {**g, "rules": [{**r, "expr": "".join(r["expr"].split())}
+                                       for r in g["rules"]]} for g in groups}
+
+
 def _mixin(overrides: str = "") -> str:
     return f'((import "mixin/mixin.libsonnet") + {{ _config+:: {{ {overrides} }} }})'
 
@@ -38,9 +46,9 @@ def test_rules_are_the_generated_groups():
     alerts = render(f"{_mixin()}.prometheusAlerts")["groups"]
     assert all("alert" not in r for g in rules for r in g["rules"])
     assert all(any("alert" in r for r in g["rules"]) for g in alerts)
-    by_name = {g["name"]: g for g in [*rules, *alerts]}
+    by_name = _unfolded([*rules, *alerts])
     assert [g["name"] for g in shipped] == [g["name"] for g in shipped if g["name"] in by_name]
-    assert {g["name"]: g for g in shipped} == by_name
+    assert _unfolded(shipped) == by_name
 
 
 @pytest.mark.integration
@@ -110,8 +118,7 @@ def test_changed_config_renders_what_the_generator_writes_with_the_same_options(
                                       "host_key_regex": CHANGED["hostKeyRegex"],
                                       "selectors": CHANGED["selectors"]}))
     cfg = generate.options(generate.parse_args(["--config", str(config)]))
-    generated = {g["name"]: g for g in generate.groups(cfg)}
-    assert rendered == generated
+    assert _unfolded(list(rendered.values())) == _unfolded(generate.groups(cfg))
     text = "\n".join(r["expr"] for g in rendered.values() for r in g["rules"])
     assert "<<" not in text
     assert "gpu:dcgm_gpu_temp:max_from_warning >= 92" in text

@@ -50,7 +50,8 @@ def world(tmp_path_factory) -> Iterator[tuple[RemoteCluster, NodeStates, str]]:
     states = NodeStates()
     workdir = tmp_path_factory.mktemp("verdict-prom")
     with scrape_target(states.text) as target, \
-            simulator(workdir / "sim", len(HOSTS)) as (cluster, address):
+            simulator(workdir / "sim", len(HOSTS)) as sim:
+        cluster, address = sim.cluster, sim.address
         rules = []
         for path in RULE_FILES:
             rules.append(workdir / path.name)
