@@ -114,11 +114,11 @@ def _link_resolves(stack: Stack, host: str) -> tuple[list[dict], list[dict]]:
         stack.cluster.inject("ib_down", host, device="mlx5_1")
         opened = wait_for(lambda: [i for i in scenarios.run_view(stack, LINK)["issues"]
                                    if i["root_cause"]["alertname"] == "InfinibandLinkDown"],
-                          90, "InfinibandLinkDown issue")
+                          180, "InfinibandLinkDown issue")
         stack.cluster.clear(host, kind="ib_down")
         closed = wait_for(lambda: [i for i in scenarios.run_view(stack, LINK)["issues"]
                                    if i["root_cause"]["alertname"] == "InfinibandLinkDown"
-                                   and not i["open"]], 90, "the issue to close")
+                                   and not i["open"]], 180, "the issue to close")
     finally:
         job.stop()
     return opened, closed
