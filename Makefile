@@ -50,12 +50,12 @@ generate: venv
 	$(BIN)/python -m tests.readme_tables
 	$(BIN)/python -m tests.test_readme
 
-# Both cores: two workers, each test file on one worker (a file's module fixtures, e.g. a running
-# stack, stay shared by its tests) except the files tests/conftest.py spreads test by test (the
-# promtool suites), handed out longest first in the order tests/conftest.py collects them; every
-# service a test starts listens on a free port.
+# Three workers on two cores: stack tests spend much of their time waiting for rules and alerts,
+# so a third worker fills the cores they leave idle. The tests of a file that share a module
+# fixture (a running stack) stay on one worker; every other test goes to whichever worker is
+# free, longest work first (tests/conftest.py); every service a test starts listens on a free port.
 test: system-deps venv lint
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder
+	$(BIN)/python -m pytest -q -n 3 --dist loadgroup --no-loadscope-reorder
 
 # The unit layer only (no real binaries; about a minute): the inner loop while editing.
 test-fast: venv

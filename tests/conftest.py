@@ -20,17 +20,20 @@ LAYERS = ("integration", "slurm", "e2e")
 # A test that uses a module-scoped fixture (a running stack, a Prometheus) stays on the worker
 # that started it, with every other test of its file using one (``--dist loadgroup``, one group
 # per file); every other test goes to whichever worker is free, so a file of independent slow
-# tests (each demo signal, each promtool suite) runs on both workers at once.
+# tests (each demo signal, each promtool suite) runs on several workers at once.
 SHARED_SCOPES = frozenset({"module", "class", "package"})
-# The longest work goes out first, so the two workers finish together instead of one running a
+# The longest work goes out first, so the workers finish together instead of one running a
 # long file alone at the end: xdist hands out groups in collection order (``make test`` passes
 # ``--no-loadscope-reorder``; by default it would hand out the groups with most tests first, and
-# every one-test group, such as each promtool run, last). Measured with ``pytest -n 2 --dist
-# loadgroup --durations=80``; a name that no longer exists only loses its place.
-FIRST = ("host_alerts.test.yml", "gpu_alerts_hostname.test.yml", "real_telemetry.test.yml",
-         "tests.test_e2e", "tests.test_impact_prometheus", "tests.test_dashboards_prometheus",
+# every one-test group, such as each promtool run, last). Measured with ``pytest -n 3 --dist
+# loadgroup --durations=100``; a name that no longer exists only loses its place.
+FIRST = ("tests.test_e2e", "host_alerts.test.yml", "tests.test_dashboards_prometheus",
+         "down_long.test.yml", "tests.test_impact_prometheus", "gpu_alerts_hostname.test.yml",
+         "real_telemetry.test.yml", "gpu_alerts_Hostname.test.yml",
+         "tests.test_host_faults_upstream", "node_alerts.test.yml", "scrape_paths.test.yml",
          "tests.test_e2e_victoriametrics", "tests.test_host_faults_e2e",
-         "tests.test_host_faults_upstream", "tests.test_rules", "tests.test_packaging")
+         "tests.test_bridge_crash_restart", "tests.test_rules", "tests.test_packaging",
+         "tests.test_demo_signals")
 
 for _var in [v for v in os.environ if "proxy" in v.lower()]:
     os.environ.pop(_var, None)
