@@ -5,9 +5,9 @@ checks. A part of ``Store`` (``store.py`` holds the connection and the alerts)."
 from __future__ import annotations
 
 import sqlite3
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, fields
 
+from wandb_infra.bridge.ingest.schema import StorePart
 from wandb_infra.common.runkey import RunKey
 
 
@@ -40,14 +40,8 @@ class QueueStats:
     parked_runs: int
 
 
-class Outbox:
+class Outbox(StorePart):
     """``Store``'s outbox (see module docstring)."""
-
-    def _tx(self) -> AbstractContextManager[sqlite3.Connection]:
-        raise NotImplementedError  # Store's write transaction
-
-    def _read(self, sql: str, params: tuple = ()) -> list[sqlite3.Row]:
-        raise NotImplementedError  # Store's read
 
     @staticmethod
     def _bump(conn: sqlite3.Connection, run: RunKey, now: float) -> None:

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 
 from wandb_infra.bridge.diagnosis.root_cause import AlertFact
-from wandb_infra.bridge.ingest.schema import ADD_MARK, Mark, from_iso, iso
+from wandb_infra.bridge.ingest.schema import ADD_MARK, Mark, StorePart, from_iso, iso
 from wandb_infra.common.runkey import RunKey
 
 
@@ -28,14 +27,8 @@ class Ending:
     attempts: int
 
 
-class RunState:
+class RunState(StorePart):
     """``Store``'s per-run state (see module docstring)."""
-
-    def _tx(self) -> AbstractContextManager[sqlite3.Connection]:
-        raise NotImplementedError  # Store's write transaction
-
-    def _read(self, sql: str, params: tuple = ()) -> list[sqlite3.Row]:
-        raise NotImplementedError  # Store's read
 
     @staticmethod
     def _bump(conn: sqlite3.Connection, run: RunKey, now: float) -> None:

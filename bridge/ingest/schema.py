@@ -8,6 +8,7 @@ store as it was. ``store.py`` reads and writes; this module only shapes the file
 from __future__ import annotations
 
 import sqlite3
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -141,6 +142,16 @@ SCHEMA_VERSION = 3
 
 ALERT_COLUMNS = ("fingerprint, starts_at, entity, project, run_id, status, ends_at, hostname, "
                   "gpu, labels, annotations")
+
+
+class StorePart:
+    """A part of ``Store`` kept in its own module; ``Store`` provides these two."""
+
+    def _tx(self) -> AbstractContextManager[sqlite3.Connection]:
+        raise NotImplementedError  # Store's write transaction
+
+    def _read(self, sql: str, params: tuple = ()) -> list[sqlite3.Row]:
+        raise NotImplementedError  # Store's read
 
 
 class StoreError(RuntimeError):
