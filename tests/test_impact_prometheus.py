@@ -126,6 +126,7 @@ class Played:
     final: Impact | None = None  # after the fault cleared and the run ended
     finished: Impact | None = None  # the same, had W&B said the run finished
     ended: float = 0.0
+    read_at: float = 0.0  # when ``impact`` was read
 
 
 def _thermal(cluster: RemoteCluster, url: str) -> Played:
@@ -155,7 +156,9 @@ def _hang(cluster: RemoteCluster, url: str) -> Played:
     try:
         diagnosis = _diagnosis(url, run, injected, "TrainingStalled", HOSTS[1:3])
         impact = _head(url, run, diagnosis)
-        return Played(injected, diagnosis, impact, _explained(run, url, diagnosis)[1])
+        read_at = time.time()
+        return Played(injected, diagnosis, impact, _explained(run, url, diagnosis)[1],
+                      read_at=read_at)
     finally:
         for host in HOSTS[1:3]:
             cluster.clear(host, kind="stall")
@@ -234,7 +237,7 @@ def test_stall_on_every_host_is_a_hang(played, capsys):
     assert impact.text.startswith("no GPU of the run has computed since ")
     assert impact.changed_at is not None and abs(impact.changed_at - got.injected) < 3
     assert impact.gpus == 16 and impact.until_what == "now"
-    assert impact.gpu_hours == pytest.approx(16 * (impact.until - impact.onset) / 3600,
+    assert impact.gpu_hours == pytest.approx(16 * (got.read_at - impact.onset) / 3600,
                                              abs=0.01)
     shown = got.shown
     assert shown is not None
