@@ -164,13 +164,20 @@ def _hang(cluster: RemoteCluster, url: str) -> Played:
             cluster.clear(host, kind="stall")
 
 
-def _calm(cluster: RemoteCluster, url: str) -> Played:
-    run = RunKey("team", "proj", "calm")
-    _start(cluster, url, run, (HOSTS[3],))
+def _xid_94(cluster: RemoteCluster, url: str, name: str, host: str, gpu: int
+            ) -> tuple[RunKey, float, Diagnosis]:
+    """A run on ``host`` whose GPU ``gpu`` gets an XID 94: the run, when, and its diagnosis
+    once the alert fired (the caller clears the fault)."""
+    run = RunKey("team", "proj", name)
+    _start(cluster, url, run, (host,))
     injected = time.time()
-    cluster.inject("xid", HOSTS[3], gpu=2, code=94)
+    cluster.inject("xid", host, gpu=gpu, code=94)
+    return run, injected, _diagnosis(url, run, injected, "GpuContainedEccError")
+
+
+def _calm(cluster: RemoteCluster, url: str) -> Played:
     try:
-        diagnosis = _diagnosis(url, run, injected, "GpuContainedEccError")
+        run, injected, diagnosis = _xid_94(cluster, url, "calm", HOSTS[3], 2)
         time.sleep(5)
         impact = _head(url, run, diagnosis)
         return Played(injected, diagnosis, impact, _explained(run, url, diagnosis)[1])
@@ -180,12 +187,8 @@ def _calm(cluster: RemoteCluster, url: str) -> Played:
 
 def _crash(cluster: RemoteCluster, url: str) -> Played:
     """A run that ends while an XID 94 is still on (within the crash window)."""
-    run = RunKey("team", "proj", "ends")
-    _start(cluster, url, run, (HOSTS[4],))
-    injected = time.time()
-    cluster.inject("xid", HOSTS[4], gpu=1, code=94)
     try:
-        diagnosis = _diagnosis(url, run, injected, "GpuContainedEccError")
+        run, injected, diagnosis = _xid_94(cluster, url, "ends", HOSTS[4], 1)
         time.sleep(5)  # the run lives on a little with the fault
         cluster.end_run(*run)
         ended = time.time()
