@@ -55,12 +55,17 @@ def start_job(stack: Stack, run: RunRef, hosts: list[str], gpus: list[int]) -> T
         workdir=stack.workdir / "jobs" / run.run_id,
         wandb_base_url=stack.config.wandb_base_url if stack.config.jobs_online else None,
         wandb_api_key=stack.config.wandb_api_key if stack.config.jobs_online else None).start()
+    # both exporters of every host read at least once: a fault injected before a host's first
+    # scrape would be its normal state to Prometheus (a port never seen up is an unused one)
+    host_re = "|".join(hosts)
+    wait_for(lambda: len(stack.query(f'up{{instance=~"({host_re}):.*"}} == 1')) == 2 * len(hosts),
+             120, f"both exporters of {run.path}'s hosts scraped")
     selector = f'wandb_run_id="{run.run_id}"'
     expected = len(hosts) * len(gpus)
     wait_for(lambda: len(stack.query(f"wandb_run_gpu_info{{{selector}}}")) == expected,
              120, f"join metrics of {run.path} in Prometheus")
     # the stall alert needs the GPUs seen computing, and no longer listed as idle all hour
-    host_re, gpu_re = "|".join(hosts), "|".join(str(g) for g in gpus)
+    gpu_re = "|".join(str(g) for g in gpus)
     busy = series.dcgm_gpu(series.DCGM_TENSOR_ACTIVE, host_re, gpu_re, "max_over_time", "1h")
     active = f"count by (Hostname, hostname) ({busy} > {STALL_PRIOR_ACTIVITY_MIN})"
     wait_for(lambda: len(stack.query(active)) == len(hosts), 120,
