@@ -53,15 +53,12 @@ LINK = "device, port"
 # ``ip-10-0-1-23.us-west-2.compute.internal`` on EKS) and node_exporter the kernel's nodename,
 # both often FQDNs; the exporter strips domains by default, so the rules do the same.
 FQDN = "([^.]*[^0-9.][^.]*)[.].+"
-# Which GPUs each run holds: the exporter's per-GPU join metric, or, on Kubernetes, the pod that
-# dcgm-exporter says holds the GPU joined to that pod's run.
-RUN_GPUS = f"({L.GPU_INFO} or {s.POD_GPU_ROWS})"
 XID_GAUGE = '{__name__=~"DCGM_FI_DEV_XID_ERRORS|DCGM_FI_DEV_XID_ERROR",err_code!="0"}'
 
 # Names every template may use besides its own: records, windows, thresholds, label lists.
 COMMON: dict[str, Value] = {
     **s.RECORDS,
-    "RUN": RUN, "RUN_GPUS": RUN_GPUS, "NODE_INFO": L.NODE_INFO, "GPU_INFO": L.GPU_INFO,
+    "RUN": RUN, "NODE_INFO": L.NODE_INFO, "GPU_INFO": L.GPU_INFO,
     "POD_INFO": L.POD_INFO, "TARGET_LABEL": s.TARGET_LABEL, "FQDN": FQDN,
     "PIPELINE_LABEL": s.PIPELINE_LABEL,
     "DCGM_SERIES": DCGM_SERIES, "LINK": LINK, "IFACE": s.PHYSICAL_INTERFACES,
@@ -662,7 +659,9 @@ max by (Hostname, hostname, gpu, namespace, pod) (
   ${HONOURED}
 )
 """
-# One run per pod even if two registrations claim it, so the join can never fail.
+# One run per pod even if two registrations claim it, so the join can never fail. Rows the
+# exporter's GPU rows already hold are left out: every reader reads both, and on a cluster where
+# runs register their GPUs too the record would otherwise double the dense rows they select.
 POD_GPU_ROWS = """
 max by (hostname, gpu, ${RUN}) (
   clamp(
@@ -676,6 +675,7 @@ max by (hostname, gpu, ${RUN}) (
     )
   )
 )
+unless on (hostname, gpu, ${RUN}) ${GPU_INFO}
 """
 
 
@@ -694,18 +694,17 @@ def pod_gpu_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
         f"joined to the exporter's {L.POD_INFO}, on either side pod/namespace, or "
         "exported_pod/exported_namespace when a ServiceMonitor without honorLabels renamed them "
         "(the target's own pod/namespace are then the exporter's, never a GPU's). A GPU fault "
-        "then goes to the run whose pod holds the GPU instead of every run on the node; read "
-        f"wherever {L.GPU_INFO} is.")]
+        "then goes to the run whose pod holds the GPU instead of every run on the node. Only "
+        f"the rows {L.GPU_INFO} lacks: read wherever it is, so the union costs its size once.")]
 
 
-RUN_GPU_ROWS = """
-max by (hostname, gpu, ${RUN}) (
-  ${INFO}
-)
-"""
+# Which GPUs each run holds: the exporter's per-GPU join metric, or, on Kubernetes, the pod that
+# dcgm-exporter says holds the GPU joined to that pod's run. Each source is filtered before
+# the union, so the ``or`` matches only the few rows left.
 RUN_GPU_ROWS_OF = """
 max by (hostname, gpu, ${RUN}) (
-  ${RUN_GPUS} and on (${ON}) ${HOSTS}
+  (${GPU_INFO} and on (${ON}) ${HOSTS})
+  or (${POD_ROWS} and on (${ON}) ${HOSTS})
 )
 """
 RUN_HOST_ROWS = """
@@ -715,13 +714,11 @@ max by (hostname, ${RUN}) (
 """
 
 
-def run_gpu_rows(hosts: str = "", on: str = L.HOSTNAME) -> str:
-    """The run on each GPU, one series per (host, GPU, run) whatever the exporter replicas;
-    with ``hosts``, only rows matching it ``on`` the given labels (filtered before the ``max``,
-    so the aggregation touches those rows only)."""
-    if not hosts:
-        return promql(RUN_GPU_ROWS, INFO=RUN_GPUS)
-    return promql(RUN_GPU_ROWS_OF, ON=on, HOSTS=_paren(hosts))
+def run_gpu_rows(hosts: str, on: str = L.HOSTNAME) -> str:
+    """The run on each GPU of ``hosts`` (matched ``on`` the given labels), one series per (host,
+    GPU, run) whatever the exporter replicas; filtered before the union and the ``max``, so they
+    touch those rows only."""
+    return promql(RUN_GPU_ROWS_OF, ON=on, HOSTS=_paren(hosts), POD_ROWS=s.POD_GPU_ROWS)
 
 
 def run_host_rows(hosts: str) -> str:
@@ -797,8 +794,8 @@ def stall_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
 GPUS_UNKNOWN = """
 max by (hostname, ${RUN}) (
   ${NODE_INFO}
-  unless on (hostname, ${RUN})
-  ${RUN_GPUS}
+  unless on (hostname, ${RUN}) ${GPU_INFO}
+  unless on (hostname, ${RUN}) ${POD_ROWS}
 )
 """
 SOLE_GPULESS = """
@@ -882,7 +879,7 @@ def workload_history_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
                   f"Peak tensor activity of the GPUs that stayed at or below "
                   f"{STALL_PRIOR_ACTIVITY_MIN} for the whole last {hour}: an idle allocation, "
                   "which the stall record does not call a hang."),
-        Recording(s.RUN_HOSTS_GPUS_UNKNOWN, promql(GPUS_UNKNOWN),
+        Recording(s.RUN_HOSTS_GPUS_UNKNOWN, promql(GPUS_UNKNOWN, POD_ROWS=s.POD_GPU_ROWS),
                   "Runs on a host whose GPUs there are unknown (no per-GPU or pod row): GPU "
                   "faults reach them by host."),
         Recording(s.RUN_HOSTS_SOLE_GPULESS, promql(SOLE_GPULESS),
