@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from harness.processes import PROMTOOL
-from tests.rules import build
+from tests.rules import build, merge
 from wandb_infra.alert_rules import generate, tiers
 from wandb_infra.catalog import panels
 from wandb_infra.catalog import series as s
@@ -142,11 +142,13 @@ def orders_for(path: Path) -> tuple[str, ...]:
 def test_promtool_unit_tests(path, tmp_path):
     """Every suite, its cases spread over the group orders (``group_eval_order`` naming every
     group loaded). Each case loads only the groups its alerts need (``needed_groups``); cases
-    that need the same groups and run in the same order go in one promtool call."""
+    that need the same groups and run in the same order go in one promtool call. Cases that
+    check the same alerts at the same times run side by side on their own hosts
+    (``tests/rules/merge.py``): each member still fails alone."""
     doc = yaml.safe_load(path.read_text())
     orders = orders_for(path)
     batches: dict[tuple[str, tuple[str, ...]], list[dict]] = {}
-    for number, case in enumerate(doc["tests"]):
+    for number, case in enumerate(merge.merged(doc["tests"])):
         groups = needed_groups(_tested_alerts({"tests": [case]}))
         key = (orders[number % len(orders)], tuple(g["name"] for g in groups))
         batches.setdefault(key, []).append(case)
@@ -209,6 +211,51 @@ def test_promtool_unit_tests_can_fail(tmp_path):
     bad = tmp_path / "bad.test.yml"
     bad.write_text(yaml.safe_dump(doc))
     assert _promtool("test", "rules", str(bad)).returncode != 0
+
+
+def _pair_of(alert: str) -> list[dict]:
+    """The fault case of ``alert`` in gpu_alerts_hostname.test.yml and its healthy twin."""
+    tests = yaml.safe_load((ROOT / "tests" / "rules" / "gpu_alerts_hostname.test.yml"
+                            ).read_text())["tests"]
+    return [t for t in tests if t["alert_rule_test"][0]["alertname"] == alert][:2]
+
+
+def test_merged_cases_keep_each_members_hosts_runs_and_expectations():
+    fault, twin = _pair_of("GpuXidError")
+    assert "healthy twin" in twin["name"] and fault["alert_rule_test"][0]["exp_alerts"]
+    [both] = merge.merged([fault, twin])
+    assert both["name"] == f"{fault['name']} + {twin['name']}"
+    assert both["alert_rule_test"] == fault["alert_rule_test"]
+    series = [s["series"] for s in both["input_series"]]
+    assert len(series) == len(fault["input_series"]) + len(twin["input_series"])
+    assert all('hostname="m1n1"' in s for s in series[len(fault["input_series"]):])
+    # a pod (joined by name), a pipeline alert or a colliding series keeps a case alone
+    pod = copy.deepcopy(twin)
+    pod["input_series"][0]["series"] = pod["input_series"][0]["series"].replace(
+        "{", '{pod="train-0",', 1)
+    assert len(merge.merged([fault, pod])) == 2
+    exporter = 'up{instance="exporter:9842",job="wandb-infra-exporter"}'
+    up, down = copy.deepcopy(fault), copy.deepcopy(twin)
+    up["input_series"].append({"series": exporter, "values": "1x80"})
+    down["input_series"].append({"series": exporter, "values": "0x80"})
+    assert len(merge.merged([up, down])) == 2
+    assert len(merge.merged([up, copy.deepcopy(up)])) == 1  # the same series, once
+
+
+@pytest.mark.integration
+def test_a_merged_member_that_fires_unexpectedly_fails(tmp_path):
+    """Merging cannot hide a leak: a twin made faulty (the fault case's series on the twin's
+    hosts, no alert expected of it) fails the merged test, as it fails alone."""
+    fault, twin = _pair_of("GpuXidError")
+    faulty_twin = {**copy.deepcopy(fault), "name": twin["name"],
+                   "alert_rule_test": copy.deepcopy(twin["alert_rule_test"])}
+    [both] = merge.merged([fault, faulty_twin])
+    doc = {"evaluation_interval": "30s", "tests": [both]}
+    groups = needed_groups(_tested_alerts(doc))
+    assert run_in_order(doc, groups, ORDERS[0], tmp_path / "leak.test.yml").returncode != 0
+    [alone] = merge.merged([fault])
+    assert run_in_order({**doc, "tests": [alone]}, groups, ORDERS[0],
+                        tmp_path / "fault.test.yml").returncode == 0
 
 
 @pytest.mark.integration
