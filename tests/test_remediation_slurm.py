@@ -130,8 +130,9 @@ def test_verdict_flips_when_the_node_is_drained_resumed_and_rebooted(slurm, tmp_
                 return sum(r.operation_name == "BridgeUpsertBucket" for r in wb.requests)
 
             ingest([fault])
-            wait_for(lambda: worker.run_once() >= 0 and "**unsafe**" in _notes(wb),
-                     what="unsafe verdict")
+            # until Prometheus has scraped the node's boot time, the reboot is "not seen"
+            wait_for(lambda: worker.run_once() >= 0 and "**unsafe**" in _notes(wb)
+                     and "has not rebooted since" in _notes(wb), what="unsafe verdict")
             notes = _notes(wb)
             assert f"sbatch --exclude={slurm.node}" in notes
             assert f"{slurm.node} is schedulable (IDLE" in notes
