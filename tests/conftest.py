@@ -25,15 +25,17 @@ SHARED_SCOPES = frozenset({"module", "class", "package"})
 # The longest work goes out first, so the workers finish together instead of one running a
 # long file alone at the end: xdist hands out groups in collection order (``make test`` passes
 # ``--no-loadscope-reorder``; by default it would hand out the groups with most tests first, and
-# every one-test group, such as each promtool run, last). Measured with ``pytest -n 3 --dist
-# loadgroup --durations=100``; a name that no longer exists only loses its place.
-FIRST = ("tests.test_e2e", "host_alerts.test.yml", "tests.test_dashboards_prometheus",
-         "down_long.test.yml", "tests.test_impact_prometheus", "gpu_alerts_hostname.test.yml",
-         "real_telemetry.test.yml", "gpu_alerts_Hostname.test.yml",
-         "tests.test_host_faults_upstream", "node_alerts.test.yml", "scrape_paths.test.yml",
-         "tests.test_e2e_victoriametrics", "tests.test_host_faults_e2e",
-         "tests.test_bridge_crash_restart", "tests.test_rules", "tests.test_packaging",
-         "tests.test_demo_signals")
+# every one-test group, such as each promtool run, last). Measured with ``pytest -n 4 --dist
+# loadgroup --junitxml`` (each file's or suite's summed time); a name that no longer exists
+# only loses its place.
+FIRST = ("tests.test_e2e", "tests.test_impact_prometheus", "tests.test_dashboards_prometheus",
+         "tests.test_packaging", "tests.test_prometheus_endings", "tests.test_host_faults_e2e",
+         "tests.test_host_faults_upstream", "tests.test_e2e_victoriametrics",
+         "tests.test_verdict_prometheus", "real_telemetry.test.yml", "host_alerts.test.yml",
+         "down_long.test.yml", "tests.test_endings_prometheus", "gpu_alerts_hostname.test.yml",
+         "tests.test_deploy_kubernetes", "tests.test_deploy_slurm", "tests.test_mixin",
+         "tests.test_pages_browser", "tests.test_demo_signals",
+         "tests.test_node_exporter_upstream", "gpu_alerts_Hostname.test.yml")
 
 for _var in [v for v in os.environ if "proxy" in v.lower()]:
     os.environ.pop(_var, None)
