@@ -24,7 +24,7 @@ from pathlib import Path
 
 from demo import scenarios
 from demo.stack import ROOT, Stack, StackConfig
-from harness import processes
+from harness import sweep
 
 # What --scenario accepts: the demo's three motivating scenarios (demo/scenarios.py numbers them).
 SCENARIOS = ("1", "2", "5")
@@ -111,8 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     SystemExit) lands wherever the main thread happens to be, and a library that catches
     broadly there (the wandb SDK's start-up, a cleanup callback) can swallow it, leaving the
     demo and its services running. Instead the main thread does nothing but wait, and on a
-    signal stops every process the demo started (its own descendants, read from /proc, so the
-    wandb SDK's service too), all at once, and exits without running other threads' cleanup."""
+    signal becomes ``harness.sweep``, which ends the worker thread at once and stops every
+    process the demo started (its own descendants, read from /proc, so the wandb SDK's service
+    too), without running other threads' cleanup."""
     args = parse_args(argv)
     # inherited by every process the demo starts, however deep: found by it even once adopted
     mark = (DEMO_MARK, uuid.uuid4().hex)
@@ -146,10 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     if received:
         name = signal.Signals(received[0]).name
         print(f"{name}: stopping every service the demo started ...", file=sys.stderr, flush=True)
-        processes.stop_descendants(mark=mark)
-        print("stopped", file=sys.stderr, flush=True)
-        # leave the worker thread mid-call: no atexit or SDK teardown may hold the exit up
-        os._exit(128 + received[0])
+        # the demo becomes the sweep: its worker thread ends mid-call (no atexit or SDK teardown
+        # holds the exit up, and nothing it was starting can start after the sweep)
+        sweep.become(mark, 128 + received[0])
     stack.stop()
     if failure:
         traceback.print_exception(failure[0])

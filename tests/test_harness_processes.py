@@ -77,3 +77,48 @@ def test_a_process_outliving_its_test_fails_the_run_and_is_stopped(tmp_path):
     leaked = next(line for line in out.splitlines() if "LISTENER" in line or "socket" in line)
     assert "listening on" in leaked and "no port" not in leaked, leaked
     assert processes.marked("LEAK_PROBE", probe) == []
+
+
+SPAWNER = '''
+import os, signal, subprocess, sys, threading, time
+
+from harness import sweep
+
+mark = ("WANDB_INFRA_SWEEP_TEST", sys.argv[1])
+os.environ[mark[0]] = mark[1]
+received = []
+signal.signal(signal.SIGTERM, lambda signum, _frame: received.append(signum))
+
+
+def spawn():
+    while True:
+        subprocess.Popen(["sleep", "60"])
+
+
+threading.Thread(target=spawn, daemon=True).start()
+print("spawning", flush=True)
+while not received:
+    time.sleep(0.05)
+sweep.become(mark, 128 + received[0])
+'''
+
+
+def test_the_sweep_outruns_a_thread_that_keeps_starting_processes(tmp_path):
+    """A command whose thread starts process after process when the signal comes (the wandb SDK
+    starting its service mid-scenario, made relentless): becoming ``harness.sweep`` ends that
+    thread before the sweep, so nothing it started outlives the command. A sweep from inside
+    the command, with the thread still running, leaves what it started after the last round."""
+    script = tmp_path / "spawner.py"
+    script.write_text(SPAWNER)
+    probe = uuid.uuid4().hex
+    proc = subprocess.Popen([sys.executable, str(script), probe], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**processes.env_without_proxies(), "PYTHONPATH": str(ROOT)})
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"spawning\n"
+        processes.wait_for(lambda: len(processes.descendants(proc.pid)) >= 20, 30, "spawns")
+        proc.terminate()
+        assert proc.wait(timeout=30) == 128 + 15
+        assert processes.marked("WANDB_INFRA_SWEEP_TEST", probe) == []
+    finally:
+        processes.terminate([proc.pid, *processes.marked("WANDB_INFRA_SWEEP_TEST", probe)])
