@@ -15,6 +15,7 @@ import shlex
 import subprocess
 import sys
 import textwrap
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import NamedTuple
 
@@ -362,7 +363,9 @@ def test_the_guides_units_give_restart_verdicts_from_the_nodes_state(site, tmp_p
                 wait_for(lambda: processes.prom_query(
                     prom.url, 'wandb_run_node_info{wandb_run_id="verdict-1"}'), 30)
                 wait_for(lambda: processes.prom_query(prom.url, STATE), 30)
-                alert = {"status": "firing", "startsAt": "2026-12-03T10:00:00Z",
+                # firing for four days: older than the bridge's recent window, still refreshed
+                began = datetime.now(UTC) - timedelta(days=4)
+                alert = {"status": "firing", "startsAt": began.strftime("%Y-%m-%dT%H:%M:%SZ"),
                          "endsAt": "0001-01-01T00:00:00Z", "fingerprint": "0123456789abcdef",
                          "annotations": {"summary": "x"}, "labels": {
                              "alertname": "GpuUncontainedEccError", "severity": "critical",

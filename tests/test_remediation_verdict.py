@@ -247,17 +247,19 @@ def test_prometheus_down_keeps_what_is_shown(tmp_path):
 
 
 def test_a_run_past_the_refresh_window_shows_the_state_last_read(tmp_path):
-    """The worker's passes look only at recently active runs (``recent_runs``); a run past
-    that window keeps, on its page (HTML and JSON), the hosts' state the worker last read,
-    with when it was read, rather than nothing."""
-    store, _fs = facts(xid(), tmp_path=tmp_path)
+    """The worker's passes look only at recently active runs (``recent_runs``: an alert firing,
+    or one started within the window); a run past that window keeps, on its page (HTML and
+    JSON), the hosts' state the worker last read, with when it was read, rather than nothing."""
+    firing, _fs = facts(xid(), tmp_path=tmp_path / "firing")
+    later = NOW.timestamp() + RECENT + 3600
+    assert recent_runs(firing, later) == [RunKey("team", "proj", "r1")]  # still firing: read
+    store, _fs = facts(xid(end=START + timedelta(minutes=30)), tmp_path=tmp_path)
     run, read_at = RunKey("team", "proj", "r1"), NOW.timestamp()
     with fake_prometheus(lambda q: [state("gpu-07", "slurm", "IDLE+DRAIN", "XID 95")]
                          if "wandb_infra_node_state" in q else []) as url:
         history = NodeStateHistory(PrometheusClient(url, timeout=5), clock=lambda: read_at)
         worker = RunService(store, history=history, records=True, clock=lambda: read_at)
         read = worker.view(run)
-    later = read_at + RECENT + 3600
     assert run in recent_runs(store, read_at) and run not in recent_runs(store, later)
     pages = RunService(store, clock=lambda: later)  # as the pages build it: no readers
     shown = pages.view(run)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -279,11 +280,28 @@ class NodeStateHistory:
                 repeat_episodes=repeat.get(host, 0))
         return out
 
+    def _and_now(self, expr: str, start: float, end: float, step: float
+                 ) -> list[dict[Any, Any]]:
+        """``expr``'s range on the step grid, each series with its value now added: the grid's
+        last point can be up to a step old (5 minutes for an issue days old), and the verdict is
+        about the state now. The value now is placed on the next grid point, where the next
+        reads find it too, so a change keeps its time and the signature moves only when the
+        state does."""
+        at = math.ceil(end / step) * step
+        series_ = {json.dumps(s["metric"], sort_keys=True): s
+                   for s in self.prom.range(expr, start, end, step)}
+        for s in self.prom.instant(expr, end):
+            key = json.dumps(s["metric"], sort_keys=True)
+            values = series_.setdefault(key, {"metric": s["metric"], "values": []})["values"]
+            if not values or float(values[-1][0]) != at:
+                values.append([at, s["value"][1]])
+        return list(series_.values())
+
     def _points(self, expr: str, start: float, end: float, step: float,
                 row: Callable[[Mapping[str, str]], tuple[str, str, str, str]]
                 ) -> dict[str, dict[float, tuple[str, str, str]]]:
         out: dict[str, dict[float, tuple[str, str, str]]] = {}
-        for series_ in self.prom.range(expr, start, end, step):
+        for series_ in self._and_now(expr, start, end, step):
             host, scheduler, state, reason = row(series_["metric"])
             for ts, _ in series_["values"]:
                 out.setdefault(host, {})[float(ts)] = (scheduler, state, reason)
@@ -297,7 +315,7 @@ class NodeStateHistory:
         regex = "|".join(regex_literal(h) for h in hosts)
         node = f'node=~"({regex})(\\\\..*)?"'
         cordon: dict[str, dict[float, bool]] = {}
-        for s in self.prom.range(f"kube_node_spec_unschedulable{{{node}}}", start, end, step):
+        for s in self._and_now(f"kube_node_spec_unschedulable{{{node}}}", start, end, step):
             name = s["metric"].get("node", "")
             for ts, value in s["values"]:
                 cordon.setdefault(name, {})[float(ts)] = value == "1"
@@ -306,7 +324,7 @@ class NodeStateHistory:
         taints: dict[str, dict[float, list[str]]] = {}
         expr = (f'kube_node_spec_taint{{{node},effect=~"NoSchedule|NoExecute",'
                 f'key!~"{ignored}"}}')
-        for s in self.prom.range(expr, start, end, step):
+        for s in self._and_now(expr, start, end, step):
             m = s["metric"]
             text = f"{m.get('key', '')}{'=' + m['value'] if m.get('value') else ''}:" \
                    f"{m.get('effect', '')}"

@@ -210,11 +210,13 @@ class RunService:
 
 
 def recent_runs(store: Store, now: float, *, firing_only: bool = False) -> list[RunKey]:
-    """Attributed runs whose latest alert started within ``RECENT`` (at most ``RECENT_RUNS``,
-    most recent first): the runs the worker's and the quarantine's passes look at."""
+    """Attributed runs with an alert firing, however long ago it started, or (unless
+    ``firing_only``) whose latest alert started within ``RECENT``; at most ``RECENT_RUNS``, most
+    recent first: the runs the worker's and the quarantine's passes look at. A fault firing for
+    days still needs its hosts' state read and its quarantine offered."""
     return [run for run, _alerts, firing, last in store.runs(limit=RECENT_RUNS)
-            if run.attributed and (firing or not firing_only)
-            and from_iso(last).timestamp() >= now - RECENT]
+            if run.attributed and (firing or (
+                not firing_only and from_iso(last).timestamp() >= now - RECENT))]
 
 
 def offer_to_quarantine(runs: RunService, quarantine: Quarantine, now: float) -> int:
