@@ -6,8 +6,10 @@ so the run labels an alert carries are the ones these joins gave it.
 
 One group (``attribution``, every cycle) records the join of each family (GPU, host, link): the
 entities with a fault signal of the family (any entity in the sparse records its alerts read),
-and the runs on them, read from the join metrics once per cycle. Every alert of the family
-multiplies its fault by those rows; none reads the join metrics itself.
+and the runs on them. ``wandb_run_node_info`` is read once for the hosts any family signals and
+``wandb_run_gpu_info`` once for the hosts with a signalled GPU; each family filters those rows.
+Every alert of the family multiplies its fault by its family's rows; none reads the join metrics
+itself.
 
 GPU faults go to the runs holding the GPU (``wandb_run_gpu_info`` or the Kubernetes pod rows;
 several runs may share one), else to the runs on the host whose GPUs are unknown (never to a run
@@ -31,6 +33,9 @@ from wandb_infra.common import labels as L
 RUN = ", ".join(L.RUN_LABELS)
 # The fault families, each named after the alert scope it attributes.
 FAMILIES = ("gpu", "host", "link")
+WHAT = {"gpu": "GPU", "host": "host", "link": "host with a link"}
+# The runs on every host signalled by any family: the one read of the node join metric.
+ON_SIGNALLED = f"wandb_run_hostname:{L.NODE_INFO}:on_signalled_hosts"
 
 
 @dataclass(frozen=True)
@@ -74,7 +79,7 @@ group by (${BY}) (
 )
 """
 GPUS_UNKNOWN = """
-${RUN_HOSTS}
+(${O} and on (hostname) ${S})
 unless on (hostname, ${RUN})
 ${HELD}
 """
@@ -90,35 +95,36 @@ or
 """
 
 
-def join_records(family: str, inputs: list[str]) -> list[Recording]:
-    """A family's join, recorded once: its signalled entities (``inputs``: how the family's
-    alerts read their records) and the run rows on them."""
+def _signalled(family: str, inputs: list[str]) -> Recording:
     j = Join(family)
-    by = "hostname, gpu" if family == "gpu" else "hostname"
-    what = {"gpu": "GPU", "host": "host", "link": "host with a link"}[family]
-    signalled = Recording(
-        j.signalled, promql(SIGNALLED, BY=by, INPUTS="\nor ".join(inputs)),
-        f"Every {what} in a record the {family} alerts read (usually none, never more than "
-        "those with a fault): the entities whose runs the join below looks up.")
+    return Recording(
+        j.signalled, promql(SIGNALLED, BY="hostname, gpu" if family == "gpu" else "hostname",
+                            INPUTS="\nor ".join(inputs)),
+        f"Every {WHAT[family]} in a record the {family} alerts read (usually none, never more "
+        "than those with a fault): the entities whose runs the joins below look up.")
+
+
+def _family_join(family: str) -> list[Recording]:
+    """The run rows of one family's signalled entities, filtered from ``ON_SIGNALLED``."""
+    j = Join(family)
     if family != "gpu":
         return [
-            signalled,
-            Recording(j.runs, run_host_rows(j.signalled),
-                      f"The runs on each signalled {what} ({L.NODE_INFO}): a {family} alert "
-                      "goes to every run on its host, with the worst entity's labels."),
+            Recording(j.runs, promql("${O}\nand on (hostname)\n${S}", O=ON_SIGNALLED,
+                                     S=j.signalled),
+                      f"The runs on each signalled {WHAT[family]}: a {family} alert goes to "
+                      "every run on its host, with the worst entity's labels."),
             Recording(j.without_run, promql("${S}\nunless on (hostname)\n${R}", S=j.signalled,
                                             R=j.runs),
                       f"The signalled hosts with no run: a {family} alert there fires once per "
                       "entity, without run labels."),
         ]
     return [
-        signalled,
         Recording(j.held, run_gpu_rows(j.signalled),
                   "The run rows (host, GPU, run) of every host with a signalled GPU, from "
-                  f"{L.GPU_INFO} or the Kubernetes pod rows: the join metrics, read once per "
-                  "cycle for every GPU alert."),
+                  f"{L.GPU_INFO} or the Kubernetes pod rows: read once per cycle for every GPU "
+                  "alert."),
         Recording(j.gpus_unknown,
-                  promql(GPUS_UNKNOWN, RUN_HOSTS=run_host_rows(j.signalled), HELD=j.held),
+                  promql(GPUS_UNKNOWN, O=ON_SIGNALLED, S=j.signalled, HELD=j.held),
                   "The runs on those hosts whose GPUs there are unknown (no GPU row)."),
         Recording(j.by_host, promql(BY_HOST, S=j.signalled, H=j.held, U=j.gpus_unknown),
                   "The signalled GPUs no run holds on a host with such runs: a GPU alert "
@@ -127,6 +133,22 @@ def join_records(family: str, inputs: list[str]) -> list[Recording]:
                   "Each signalled GPU with the runs holding it (several may share one), or, "
                   "when no run holds it and no run with unknown GPUs is on its host, without "
                   "run labels (the alert then names no run)."),
+    ]
+
+
+def join_records(inputs: dict[str, list[str]]) -> list[Recording]:
+    """Every family's join, recorded once: the signalled entities of each (``inputs``: the
+    records the family's alerts read), the runs on any signalled host (the one read of
+    ``wandb_run_node_info``), then each family's rows filtered from those."""
+    hosts = "\nor ".join(
+        f"group by (hostname) ({Join(f).signalled})" if f == "gpu" else Join(f).signalled
+        for f in FAMILIES)
+    return [
+        *(_signalled(f, inputs[f]) for f in FAMILIES),
+        Recording(ON_SIGNALLED, run_host_rows(hosts),
+                  f"The runs on every host with a signalled GPU, host or link ({L.NODE_INFO}), "
+                  "read once per cycle for all three families."),
+        *(r for f in FAMILIES for r in _family_join(f)),
     ]
 
 

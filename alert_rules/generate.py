@@ -474,7 +474,7 @@ def recordings(cfg: dict[str, Any]) -> list[tuple[str, str | None, list[normalis
                                 _host_key_regex(cfg)))
     by_record = record_tiers(cfg["violation_unit"])
     out.append(("attribution", tiers.FAST,
-                [r for f in FAMILIES for r in join_records(f, signal_inputs(f, by_record))]))
+                join_records({f: signal_inputs(f, by_record) for f in FAMILIES})))
     for name, alerts in families().items():
         out.append((name, family_tier(alerts, by_record),
                     [fault_recording(a, by_record, threshold_values(cfg))

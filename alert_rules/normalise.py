@@ -101,15 +101,16 @@ def relabelled(expr: str, steps: list[Step]) -> str:
     return "\n".join(lines)
 
 
-def _max_by(by: str, expr: str) -> str:
-    """``max by (by) (expr)``, on one line when ``expr`` is; around a relabelling (``relabelled``)
-    the aggregation opens on the steps' line and closes on the last step's, one step a line."""
+def _max_by(by: str, expr: str, op: str = "max") -> str:
+    """``max by (by) (expr)`` (or another aggregation ``op``), on one line when ``expr`` is;
+    around a relabelling (``relabelled``) the aggregation opens on the steps' line and closes on
+    the last step's, one step a line."""
     if "\n" not in expr:
-        return f"max by ({by}) ({expr})"
+        return f"{op} by ({by}) ({expr})"
     first, rest = expr.split("\n", 1)
     if first and first == "label_replace(" * first.count("label_replace("):
-        return f"max by ({by}) ({first}\n  " + rest.replace("\n", "\n  ") + ")"
-    return promql("max by (${BY}) (\n  ${EXPR}\n)", BY=by, EXPR=expr)
+        return f"{op} by ({by}) ({first}\n  " + rest.replace("\n", "\n  ") + ")"
+    return promql("${OP} by (${BY}) (\n  ${EXPR}\n)", OP=op, BY=by, EXPR=expr)
 
 
 @dataclass(frozen=True)
@@ -148,11 +149,13 @@ def _gpu_labels(expr: str, host: HostKey) -> str:
     return relabelled(expr, [DCGM_HOST, *host.steps(), GPU_UUID])
 
 
-def _gpu(inner: str, host: HostKey) -> str:
-    """One series per GPU, keyed (hostname, gpu, gpu_uuid): the inner max strips every other
-    label first, so the relabelling works on small label sets."""
-    keyed = _max_by("Hostname, hostname, gpu, UUID", inner)
-    return _max_by("hostname, gpu, gpu_uuid", _gpu_labels(keyed, host))
+def _gpu(inner: str, host: HostKey, op: str = "max") -> str:
+    """One series per GPU, keyed (hostname, gpu, gpu_uuid): the inner aggregation strips every
+    other label first, so the relabelling works on small label sets. ``group`` (valued 1) where
+    only presence counts: on every GPU of a cluster each step of a query costs about as much as
+    reading the series, so no ``clamp`` follows."""
+    keyed = _max_by("Hostname, hostname, gpu, UUID", inner, op)
+    return _max_by("hostname, gpu, gpu_uuid", _gpu_labels(keyed, host), op)
 
 
 def _host_label(inner: str, host: HostKey) -> str:
@@ -284,12 +287,6 @@ def dcgm_telemetry_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
 
 # --- GPU presence and violation rates (slow tier) ----------------------------------------------
 
-PRESENT = """
-clamp(
-  ${GPU},
-  1, 1
-)
-"""
 GPUS_DROPPED = """
 max_over_time(${HOST_GPU_COUNT}[${HISTORY_WINDOW}]) - ${HOST_GPU_COUNT} > 0
 """
@@ -325,7 +322,7 @@ def dcgm_state_rules(violation_unit: str, host: HostKey = DEFAULT_HOST_KEY
     why = (f"violation counter over {s.VIOLATION_WINDOW} as a fraction of time ({violation_unit} "
            "per second / 1 s, capped at 1), GPUs with a non-zero rate only")
     return [
-        Recording(s.GPU_PRESENT, promql(PRESENT, GPU=_gpu(s.dcgm_raw(s.DCGM_GPU_TEMP), host)),
+        Recording(s.GPU_PRESENT, _gpu(s.dcgm_raw(s.DCGM_GPU_TEMP), host, "group"),
                   "1 for every GPU dcgm-exporter reports (read from its temperature, which every "
                   "version exports): the only dense per-GPU record; dashboards list GPUs from "
                   "it and the GPU count and vanished GPUs below derive from it."),

@@ -419,15 +419,15 @@ def test_target_maps_read_each_input_once():
 
 
 def test_attribution_is_recorded_once_and_read_by_every_attributed_alert():
-    """The join metrics are read for attribution in one group only, once per family; every GPU,
-    host and link alert reads its family's rows and never the join metrics themselves (a
-    pipeline alert may check that they exist)."""
+    """The join metrics are read for attribution in one group only, each once for all three
+    families; every GPU, host and link alert reads its family's rows and never the join metrics
+    themselves (a pipeline alert may check that they exist)."""
     groups = _groups()
     join_metrics = ("wandb_run_node_info", "wandb_run_gpu_info")
     attribution = next(g for g in groups if g["name"] == "wandb-infra-attribution")
     assert "interval" not in attribution
     reads = sum(_reads(m, r["expr"]) for r in attribution["rules"] for m in join_metrics)
-    assert reads == 4, reads  # GPU rows and runs on GPU hosts, runs on host and on link hosts
+    assert reads == 2, reads  # runs on any signalled host, GPU rows on signalled GPUs' hosts
     for group in groups:
         for rule in (r for r in group["rules"] if "alert" in r):
             scope = ALERTS[rule["alert"]].scope
