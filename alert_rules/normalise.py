@@ -101,10 +101,10 @@ def relabelled(expr: str, steps: list[Step]) -> str:
     return "\n".join(lines)
 
 
-def _max_by(by: str, expr: str, op: str = "max") -> str:
-    """``max by (by) (expr)`` (or another aggregation ``op``), on one line when ``expr`` is;
-    around a relabelling (``relabelled``) the aggregation opens on the steps' line and closes on
-    the last step's, one step a line."""
+def _by(by: str, expr: str, op: str = "max") -> str:
+    """``op by (by) (expr)`` (``max`` unless told), on one line when ``expr`` is; around a
+    relabelling (``relabelled``) the aggregation opens on the steps' line and closes on the last
+    step's, one step a line."""
     if "\n" not in expr:
         return f"{op} by ({by}) ({expr})"
     first, rest = expr.split("\n", 1)
@@ -154,14 +154,14 @@ def _gpu(inner: str, host: HostKey, op: str = "max") -> str:
     other label first, so the relabelling works on small label sets. ``group`` (valued 1) where
     only presence counts: on every GPU of a cluster each step of a query costs about as much as
     reading the series, so no ``clamp`` follows."""
-    keyed = _max_by("Hostname, hostname, gpu, UUID", inner, op)
-    return _max_by("hostname, gpu, gpu_uuid", _gpu_labels(keyed, host), op)
+    keyed = _by("Hostname, hostname, gpu, UUID", inner, op)
+    return _by("hostname, gpu, gpu_uuid", _gpu_labels(keyed, host), op)
 
 
 def _host_label(inner: str, host: HostKey) -> str:
     """dcgm series reduced to (hostname, gpu), whichever host label spelling they carry."""
-    keyed = _max_by("Hostname, hostname, gpu", inner)
-    return _max_by("hostname, gpu", _from_dcgm_host(keyed, host))
+    keyed = _by("Hostname, hostname, gpu", inner)
+    return _by("hostname, gpu", _from_dcgm_host(keyed, host))
 
 
 def _paren(expr: str) -> str:
@@ -243,7 +243,7 @@ def _xid_codes(gauge: str, host: HostKey) -> str:
 def xid_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
     """XID events of the last 10-15 minutes, per GPU and code (fast tier)."""
     counts = promql("max_over_time(DCGM_EXP_XID_ERRORS_COUNT[${XID_RECENT}]) > 0")
-    counted = _max_by("hostname, gpu, gpu_uuid, xid", _gpu_labels(counts, host))
+    counted = _by("hostname, gpu, gpu_uuid, xid", _gpu_labels(counts, host))
     before = promql(XID_HELD_BEFORE, GAUGE=XID_GAUGE)
     gauge_events = promql(XID_NEW_CODES, NOW=_xid_codes(XID_GAUGE, host),
                           BEFORE=_xid_codes(before, host))
@@ -1072,8 +1072,8 @@ def host_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
                            for check, expr in DISK_CHECKS)
     fm_status = "DCGM_FI_DEV_FABRIC_MANAGER_STATUS"
     sxid = '{__name__=~"DCGM_FI_DEV_SXID_FATAL_ERROR|DCGM_FI_DEV_NVSWITCH_FATAL_ERRORS"} > 0'
-    nvswitch = _max_by("hostname, nvswitch", _from_dcgm_host(
-        _max_by("Hostname, hostname, nvswitch", sxid), host))
+    nvswitch = _by("hostname, nvswitch", _from_dcgm_host(
+        _by("Hostname, hostname, nvswitch", sxid), host))
     fabric = _host_label(_h(FABRIC_NOT_READY, STATUS=fm_status), host)
     return [
         Recording(s.HOST_OOM_KILLS, _host(_h(

@@ -60,10 +60,12 @@ def same_inputs_once(tests: list[dict]) -> list[dict]:
     for test in tests:
         key = json.dumps([test["interval"], test["input_series"]], sort_keys=True)
         if key in out:
-            out[key]["alert_rule_test"] += test["alert_rule_test"]
+            for checks in ("alert_rule_test", "promql_expr_test"):
+                if test.get(checks):
+                    out[key][checks] = [*out[key].get(checks, []), *test[checks]]
             out[key]["name"] += f"; {test['name']}"
         else:
-            out[key] = {**test, "alert_rule_test": list(test["alert_rule_test"])}
+            out[key] = dict(test)
     return list(out.values())
 
 
