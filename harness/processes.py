@@ -7,12 +7,14 @@ so tests never leak processes or talk beyond 127.0.0.1.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -31,11 +33,35 @@ VICTORIA_METRICS = shutil.which("victoria-metrics") or "/usr/bin/victoria-metric
 VMALERT = shutil.which("vmalert") or "/usr/bin/vmalert"
 
 
+# Ports handed to services started later, below Linux's ephemeral range (32768-60999 by default,
+# /proc/sys/net/ipv4/ip_local_port_range): a port picked by binding port 0 is an ephemeral one,
+# which any outgoing connection on the machine may take as its local port before the service binds
+# it (seen: slurmd failing with "Address already in use"). Every process of every run takes the
+# next port from one counter in a locked file, so no two of them are handed the same port.
+PORTS = range(20000, 32768)
+PORT_COUNTER = Path(tempfile.gettempdir()) / "wandb-infra-test-ports"
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A TCP port on 127.0.0.1 that no process of ours was handed before in this cycle of
+    ``PORTS``, that no outgoing connection can take, and that was free a moment ago."""
+    with open(PORT_COUNTER, "a+") as counter:
+        fcntl.flock(counter, fcntl.LOCK_EX)
+        counter.seek(0)
+        text = counter.read().strip()
+        port = int(text) if text.isdigit() and int(text) in PORTS else PORTS.start
+        for _ in PORTS:
+            port = port + 1 if port + 1 in PORTS else PORTS.start
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            counter.seek(0)
+            counter.truncate()
+            counter.write(str(port))
+            return port
+    raise RuntimeError(f"no free TCP port on 127.0.0.1 in {PORTS.start}-{PORTS.stop - 1}")
 
 
 T = TypeVar("T")
