@@ -90,7 +90,7 @@ def facts(*alerts: dict[str, Any], tmp_path) -> Any:
 def xid(host: str = "gpu-07", **kw: Any) -> dict[str, Any]:
     """XID 95 on GPU 3: it needs a GPU reset, so the host's state decides the verdict."""
     return alert("GpuUncontainedEccError", category="gpu_hardware", host=host, gpu="3",
-                 run="r1", start=START, extra={"xid": "95"}, **kw)
+                 run="r1", extra={"xid": "95"}, **{"start": START, **kw})
 
 
 def remediation(url: str, alerts: list[dict[str, Any]], tmp_path) -> dict[str, Any]:
@@ -219,6 +219,25 @@ def test_signature_stable_between_refreshes_of_a_long_issue(tmp_path):
         second = history.for_diagnosis(diagnosis)
     assert signature(first) == signature(second)
     assert next(iter(first.values())).verdict == "safe"
+
+
+def test_a_drain_since_the_last_grid_point_of_a_days_old_issue_is_read(tmp_path):
+    """A days-old issue's history is read on a 5-minute grid whose last point is minutes old;
+    the state now is read too, so a node drained since that point is out of the pool now."""
+    now = NOW.timestamp() // 3600 * 3600 + 3500  # 200 s past the last point of a 300 s grid
+    cut = now - 60
+    with fake_prometheus(lambda q: [
+            state("gpu-07", "slurm", "ALLOCATED", alive=lambda t: t < cut),
+            state("gpu-07", "slurm", "ALLOCATED+DRAIN", "XID 95", alive=lambda t: t >= cut)]
+            if "wandb_infra_node_state" in q else []) as url:
+        _, fs = facts(xid(start=datetime.fromtimestamp(now, UTC) - timedelta(days=4)),
+                      tmp_path=tmp_path)
+        diagnosis = diagnose(fs, timedelta(minutes=10))
+        (rem,) = NodeStateHistory(PrometheusClient(url), clock=lambda: now
+                                  ).for_diagnosis(diagnosis).values()
+    assert rem.verdict == "safe", rem.detail
+    (line,) = rem.history_lines()
+    assert "; out of the pool (ALLOCATED+DRAIN) from " in line
 
 
 def test_prometheus_down_keeps_what_is_shown(tmp_path):
