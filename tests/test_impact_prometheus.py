@@ -226,9 +226,11 @@ def test_thermal_slowdown_moves_the_onset_and_explain_agrees(played, capsys):
     assert final is not None and shown is not None
     assert final.kind == SLOWDOWN and final.until_what in ("recovery", "the run's end")
     assert 0 < final.gpu_hours < 8 * (time.time() - got.injected) / 3600
-    # the same figures, to explain's own query grid (a sample apart at most)
+    # the same figures, to explain's own query grid (a sample apart at most); explain reads
+    # later, so the level after the drop averages a few more samples: the drop agrees within a
+    # point, not to its rounding (a 54.5% drop was once 54% in one and 55% in the other)
     assert shown["kind"] == final.kind and shown["onset"] == pytest.approx(final.onset, abs=1.5)
-    assert shown["text"].split(" fell ")[1][:3] == final.text.split(" fell ")[1][:3]
+    assert shown["drop"] == pytest.approx(final.drop, abs=0.015)
     assert shown["gpu_hours"] == pytest.approx(final.gpu_hours, abs=0.01)
 
 
