@@ -33,13 +33,21 @@ VICTORIA_METRICS = shutil.which("victoria-metrics") or "/usr/bin/victoria-metric
 VMALERT = shutil.which("vmalert") or "/usr/bin/vmalert"
 
 
-# Ports handed to services started later, below Linux's ephemeral range (32768-60999 by default,
-# /proc/sys/net/ipv4/ip_local_port_range): a port picked by binding port 0 is an ephemeral one,
-# which any outgoing connection on the machine may take as its local port before the service binds
-# it (seen: slurmd failing with "Address already in use"). Every process of every run takes the
-# next port from one counter in a locked file, so no two of them are handed the same port.
-PORTS = range(20000, 32768)
-PORT_COUNTER = Path(tempfile.gettempdir()) / "wandb-infra-test-ports"
+def _ephemeral_start() -> int:
+    """The lowest port Linux gives outgoing connections (32768 unless configured)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+# Ports handed to services started later, below the kernel's ephemeral range: a port picked by
+# binding port 0 is an ephemeral one, which any outgoing connection on the machine may take as its
+# local port before the service binds it (seen: slurmd failing with "Address already in use").
+# Every process of every run (tests, the demo) takes the next port from one counter in a locked
+# file, so no two of them are handed the same port within a cycle of the range.
+PORTS = range(20000, min(32768, _ephemeral_start()))
+PORT_COUNTER = Path(tempfile.gettempdir()) / "wandb-infra-ports"
 
 
 def free_port() -> int:

@@ -87,10 +87,10 @@ def facts(*alerts: dict[str, Any], tmp_path) -> Any:
     return store, store.facts(RunKey("team", "proj", "r1"))
 
 
-def xid(host: str = "gpu-07", **kw: Any) -> dict[str, Any]:
+def xid(host: str = "gpu-07", start: datetime = START, **kw: Any) -> dict[str, Any]:
     """XID 95 on GPU 3: it needs a GPU reset, so the host's state decides the verdict."""
     return alert("GpuUncontainedEccError", category="gpu_hardware", host=host, gpu="3",
-                 run="r1", extra={"xid": "95"}, **{"start": START, **kw})
+                 run="r1", start=start, extra={"xid": "95"}, **kw)
 
 
 def remediation(url: str, alerts: list[dict[str, Any]], tmp_path) -> dict[str, Any]:
@@ -237,7 +237,10 @@ def test_a_drain_since_the_last_grid_point_of_a_days_old_issue_is_read(tmp_path)
                                   ).for_diagnosis(diagnosis).values()
     assert rem.verdict == "safe", rem.detail
     (line,) = rem.history_lines()
-    assert "; out of the pool (ALLOCATED+DRAIN) from " in line
+    assert "; out of the pool (ALLOCATED+DRAIN) from " in line, line
+    # dated when it was read, not at the grid's next point, still 100 s in the future
+    drained = rem.timelines[0].changes[-1]
+    assert drained.state == "ALLOCATED+DRAIN" and drained.at == now
 
 
 def test_prometheus_down_keeps_what_is_shown(tmp_path):
