@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -283,16 +284,17 @@ class NodeStateHistory:
                  ) -> list[dict[Any, Any]]:
         """``expr``'s range on the step grid, each series with its value now added: the grid's
         last point can be up to a step old (5 minutes for an issue days old), and the verdict is
-        about the state now. A change seen only now is dated now, never at a grid point still in
-        the future; once the grid reaches it, it moves to that point and stays (a change can
-        re-write the run's notes a few times within one step, a steady state never does)."""
+        about the state now. The value now is placed on the next grid point, where the next
+        reads find it too, so a change keeps its time and the signature moves only when the
+        state does."""
+        at = math.ceil(end / step) * step
         series_ = {json.dumps(s["metric"], sort_keys=True): s
                    for s in self.prom.range(expr, start, end, step)}
         for s in self.prom.instant(expr, end):
             key = json.dumps(s["metric"], sort_keys=True)
             values = series_.setdefault(key, {"metric": s["metric"], "values": []})["values"]
-            if not values or float(values[-1][0]) < end:
-                values.append([end, s["value"][1]])
+            if not values or float(values[-1][0]) != at:
+                values.append([at, s["value"][1]])
         return list(series_.values())
 
     def _points(self, expr: str, start: float, end: float, step: float,
