@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness import processes
 from harness.processes import free_port
 
 MUNGED = shutil.which("munged") or "/usr/sbin/munged"
@@ -185,6 +186,7 @@ def slurm_cluster(workdir: Path, gpus: int = 2, prolog: str | None = None,
         _cancel_all(cluster)
         for proc in reversed(cluster.procs):
             _stop(proc)
+        _stop_job_processes(env["SLURM_CONF"])
 
 
 def _cancel_all(cluster: SlurmCluster, timeout: float = 20) -> None:
@@ -194,6 +196,22 @@ def _cancel_all(cluster: SlurmCluster, timeout: float = 20) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and cluster.run("squeue", "-h", timeout=10).strip():
             time.sleep(0.2)
+
+
+def _stop_job_processes(conf: str, timeout: float = 30) -> None:
+    """Stop whatever a job left: an empty queue does not mean the job's processes are gone (a
+    job cancelled while slurmstepd was still starting its script can outlive it, and slurmstepd
+    is not a child of slurmd). Every job process and stepd inherited ``SLURM_CONF`` from this
+    cluster's sbatch or slurmd, so the environment finds them; the test's own children (an
+    exporter given the cluster's environment) are left to their own teardown."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ours = set(processes.descendants())
+        left = [pid for pid in processes.marked("SLURM_CONF", conf) if pid not in ours]
+        if not left:
+            return
+        processes.terminate(left, grace=2)
+    raise RuntimeError(f"processes of the Slurm cluster at {conf} survived SIGKILL")
 
 
 def _ok(cluster: SlurmCluster, *args: str) -> bool:

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from harness import processes
+from tests.slurm_cluster import slurm_cluster
+from tests.slurm_cluster import unavailable_reason as slurm_unavailable
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.integration
@@ -122,3 +124,23 @@ def test_the_sweep_outruns_a_thread_that_keeps_starting_processes(tmp_path):
         assert processes.marked("WANDB_INFRA_SWEEP_TEST", probe) == []
     finally:
         processes.terminate([proc.pid, *processes.marked("WANDB_INFRA_SWEEP_TEST", probe)])
+
+
+@pytest.mark.slurm
+@pytest.mark.skipif(slurm_unavailable() is not None, reason=slurm_unavailable() or "")
+def test_a_slurm_job_that_escapes_scancel_is_stopped_with_the_cluster(tmp_path):
+    """A job's process that left its job (daemonised: proctrack/linuxproc follows parents, so
+    scancel misses it) survives an empty queue; the cluster's teardown still stops it."""
+    started = tmp_path / "started"
+    with slurm_cluster(tmp_path / "cluster", gpus=1) as slurm:
+        conf = slurm.env()["SLURM_CONF"]
+        job = slurm.submit("--chdir", str(tmp_path), "-o", "/dev/null", "--wrap",
+                           f"setsid -f sleep 3031; touch {started}; sleep 300")
+        processes.wait_for(started.exists, 60, "the job's script")
+        slurm.run("scancel", job)
+        slurm.wait_state(job, {""})
+        escaped = [pid for pid in processes.marked("SLURM_CONF", conf)
+                   if Path(f"/proc/{pid}/cmdline").read_bytes() == b"sleep\x003031\x00"]
+        assert escaped, "the daemonised process should outlive scancel"
+    assert not [pid for pid in escaped if processes.alive(pid)]
+    assert processes.marked("SLURM_CONF", conf) == []
