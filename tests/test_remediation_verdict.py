@@ -221,6 +221,29 @@ def test_signature_stable_between_refreshes_of_a_long_issue(tmp_path):
     assert next(iter(first.values())).verdict == "safe"
 
 
+def test_a_change_seen_only_now_moves_in_time_but_not_the_signature(tmp_path):
+    """A drain after the grid's last point is dated at each read (never in the future), so its
+    time moves from one refresh to the next; the signature, what a re-write of the run hangs
+    on, stays put, and moves when the state does."""
+    now = [NOW.timestamp() // 3600 * 3600 + 3500]  # 200 s past the last point of a 300 s grid
+    cut = [now[0] - 60]
+    with fake_prometheus(lambda q: [
+            state("gpu-07", "slurm", "ALLOCATED", alive=lambda t: t < cut[0]),
+            state("gpu-07", "slurm", "ALLOCATED+DRAIN", "XID 95", alive=lambda t: t >= cut[0])]
+            if "wandb_infra_node_state" in q else []) as url:
+        _, fs = facts(xid(start=datetime.fromtimestamp(now[0], UTC) - timedelta(days=4)),
+                      tmp_path=tmp_path)
+        diagnosis = diagnose(fs, timedelta(minutes=10))
+        history = NodeStateHistory(PrometheusClient(url), clock=lambda: now[0])
+        first = history.for_diagnosis(diagnosis)
+        now[0] += 60
+        second = history.for_diagnosis(diagnosis)
+        cut[0] = now[0] + 1e9  # never drained: the state changed
+        third = history.for_diagnosis(diagnosis)
+    assert first != second and signature(first) == signature(second)
+    assert signature(third) != signature(second)
+
+
 def test_a_drain_since_the_last_grid_point_of_a_days_old_issue_is_read(tmp_path):
     """A days-old issue's history is read on a 5-minute grid whose last point is minutes old;
     the state now is read too, so a node drained since that point is out of the pool now."""
@@ -237,7 +260,9 @@ def test_a_drain_since_the_last_grid_point_of_a_days_old_issue_is_read(tmp_path)
                                   ).for_diagnosis(diagnosis).values()
     assert rem.verdict == "safe", rem.detail
     (line,) = rem.history_lines()
-    assert "; out of the pool (ALLOCATED+DRAIN) from " in line, line
+    # dated when it was read, never at the grid's next point (100 s in the future)
+    clock = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    assert f"; out of the pool (ALLOCATED+DRAIN) from {clock}" in line, line
 
 
 def test_prometheus_down_keeps_what_is_shown(tmp_path):

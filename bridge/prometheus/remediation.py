@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -43,6 +42,7 @@ MAX_STEPS = 2000
 DOWN_BACKOFF = 30.0  # after a failed query, Prometheus is not asked again for this long
 STEPS = (1.0, 2.0, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1800.0, 3600.0)
 _HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
+_TIMES = re.compile(r"(\d{4}-\d{2}-\d{2} )?\d{2}:\d{2}:\d{2}( UTC)?")
 _CORDON_TAINT = "node.kubernetes.io/unschedulable"  # the cordon's own taint: read as the cordon
 BOOT_TIME = """
 max by (hostname) (
@@ -162,10 +162,13 @@ def remediations_for(diagnosis: Diagnosis, policy: Policy,
 
 
 def signature(remediations: Mapping[str, Remediation]) -> str:
-    """A short digest of what the issues show about remediation (a change re-writes the run)."""
+    """A short digest of what the issues show about remediation (a change re-writes the run).
+    Times are left out: a state seen only in the read of now is dated at that read, and the
+    grid dates it later, so its time moves between refreshes while nothing changed; what a
+    host went through is the sequence of its states."""
     data = sorted(
-        (key, r.verdict, r.detail, r.exclusion, r.action,
-         [(t.hostname, [(c.at, c.state, c.reason) for c in t.changes]) for t in r.timelines])
+        (key, r.verdict, _TIMES.sub("<t>", r.detail), r.exclusion, r.action,
+         [(t.hostname, [(c.state, c.reason) for c in t.changes]) for t in r.timelines])
         for key, r in remediations.items())
     return hashlib.sha256(json.dumps(data).encode()).hexdigest()[:16]
 
@@ -216,7 +219,7 @@ class NodeStateHistory:
               ) -> tuple[dict[str, Timeline], dict[str, HostEvidence]]:
         start = min(start, end - 60)
         # A step from a fixed ladder and a start on its grid: the samples (so the change times
-        # shown, and the signature that triggers a re-write) stay put from one refresh to the next.
+        # shown) stay put from one refresh to the next.
         wanted = pick_step(start, end, (end - start) / MAX_STEPS)
         step = next((s for s in STEPS if s >= wanted), wanted)
         start = start // step * step
@@ -282,19 +285,17 @@ class NodeStateHistory:
 
     def _and_now(self, expr: str, start: float, end: float, step: float
                  ) -> list[dict[Any, Any]]:
-        """``expr``'s range on the step grid, each series with its value now added: the grid's
-        last point can be up to a step old (5 minutes for an issue days old), and the verdict is
-        about the state now. The value now is placed on the next grid point, where the next
-        reads find it too, so a change keeps its time and the signature moves only when the
-        state does."""
-        at = math.ceil(end / step) * step
+        """``expr``'s range on the step grid, each series with its value now added at ``end``:
+        the grid's last point can be up to a step old (5 minutes for an issue days old), and
+        the verdict is about the state now. A change seen only now is dated now (the grid
+        dates it at its next point once that is past; ``signature`` ignores the move)."""
         series_ = {json.dumps(s["metric"], sort_keys=True): s
                    for s in self.prom.range(expr, start, end, step)}
         for s in self.prom.instant(expr, end):
             key = json.dumps(s["metric"], sort_keys=True)
             values = series_.setdefault(key, {"metric": s["metric"], "values": []})["values"]
-            if not values or float(values[-1][0]) != at:
-                values.append([at, s["value"][1]])
+            if not values or float(values[-1][0]) < end:
+                values.append([end, s["value"][1]])
         return list(series_.values())
 
     def _points(self, expr: str, start: float, end: float, step: float,
