@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from wandb_infra.alert_rules import tiers
 from wandb_infra.catalog import host_alerts as h
 from wandb_infra.catalog import selfmetrics as m
 from wandb_infra.catalog import series as s
@@ -164,6 +165,11 @@ def _host_label(inner: str, host: HostKey) -> str:
     return _by("hostname, gpu", _from_dcgm_host(keyed, host))
 
 
+def _wear_read(record: str) -> str:
+    """How a group faster than ``WEAR`` reads a record of that tier (``tiers.py``)."""
+    return f"last_over_time({record}[{tiers.WEAR_READ}])"
+
+
 def _paren(expr: str) -> str:
     """``expr`` in parentheses, on lines of their own when it spans several."""
     if "\n" not in expr:
@@ -252,13 +258,10 @@ def xid_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
         "XID events per (GPU, code), valued 1 or the count: DCGM_EXP_XID_ERRORS_COUNT when "
         "dcgm-exporter counts them, else a code the last-XID gauge holds now and did not hold "
         f"last before {s.XID_RECENT} ago (its last sample in the {s.span(s.HISTORY_WINDOW)} "
-        "before). The gauge keeps its code until DCGM restarts, so only a change is an event; "
-        "the last sample of a range, not the one instant 10 minutes ago, so an exporter restart "
-        "or upgrade (its old series marked stale, a scrape missed, down for up to the hour) "
-        "leaves no hole that makes the old code new; compared on (hostname, gpu, xid) alone, "
-        "so a new pod, job, exporter instance or host-label spelling on a GPU with an old XID "
-        "is no event (dcgm-exporter#500). err_code!=\"0\" selects only GPUs that ever had an "
-        "XID.")]
+        "before: the gauge keeps its code until DCGM restarts, and an exporter restart or a "
+        "missed scrape leaves no hole that makes an old code new). Compared on (hostname, gpu, "
+        "xid) alone, so a new pod, job or host-label spelling is no event (dcgm-exporter#500); "
+        "err_code!=\"0\" selects only GPUs that ever had an XID.")]
 
 
 # --- GPU telemetry past a threshold (medium tier) ----------------------------------------------
@@ -452,7 +455,7 @@ topk by (instance, job) (1,
     (
       last_over_time(${TARGET_HOSTS}[${HISTORY_WINDOW}])
       and on (instance, job)
-      (up == 0)
+      ${UP_DOWN}
     )
     or
     (
@@ -462,6 +465,11 @@ topk by (instance, job) (1,
     )
   )
 )
+"""
+NODE_EXPORTER_ONLY = """
+max by (hostname) (${TARGET_HOSTS}{${TARGET_LABEL}="node_exporter"})
+unless on (hostname)
+${TARGET_HOSTS}{${TARGET_LABEL}!="node_exporter"}
 """
 # A host with a target none of whose targets is scraped: every target of the hosts known, less
 # those with one in up (each of the map and up read once).
@@ -505,6 +513,9 @@ def target_map_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
                   "held for a target: a target down for a day still names its host (reads its "
                   "own last value; forgotten when the target is up again or removed from "
                   "discovery with no run on its host)."),
+        Recording(s.NODE_EXPORTER_ONLY, promql(NODE_EXPORTER_ONLY),
+                  "Hosts whose only target is node_exporter (its outage is a node lost): NodeDown "
+                  "reads these, not every map."),
         Recording(s.TARGET_VANISHED, promql(TARGET_VANISHED),
                   f"Hosts (with a run) whose {s.TARGET_LABEL} target the last "
                   f"{s.span(s.HISTORY_WINDOW)} knew and none is scraped now (removed from "
@@ -532,14 +543,14 @@ or
 (
   last_over_time(${PIPELINE_TARGETS}[${HISTORY_WINDOW}])
   and on (instance, job)
-  (up == 0)
+  ${UP_DOWN}
 )
 """
 
 
 TARGET_DOWN = """
 min by (hostname, ${TARGET_LABEL}) (
-  (up == 0)
+  ${UP_DOWN}
   * on (instance, job) group_left (hostname, ${TARGET_LABEL})
   ${TARGET_HOSTS}
 )
@@ -556,7 +567,7 @@ and on (hostname)
   or
   ${STATE}{state=~"${DOWN_STATES}"}
   or
-  (${TARGET_DOWN} unless on (hostname) ${TARGET_HOSTS}{${TARGET_LABEL}!="node_exporter"})
+  (${TARGET_DOWN} and on (hostname) ${NODE_EXPORTER_ONLY})
 )
 """
 
@@ -565,11 +576,13 @@ def target_rules() -> list[Recording]:
     """The hosts with a telemetry target down now, and those lost as nodes (fast tier, sparse)."""
     return [
         Recording(
+            s.UP_DOWN, "up == 0",
+            "Every scrape target down now (up == 0, all its labels): up read once per cycle."),
+        Recording(
             s.TARGET_DOWN, promql(TARGET_DOWN),
             f"Hosts with a telemetry target down now or, with a run on the host, gone from "
-            f"discovery, by {s.TARGET_LABEL}, valued 0 (its up). up is read once for both "
-            "exporters (their target maps never share an instance and job). One exporter down "
-            "is a telemetry gap; the node is lost only as the record below says."),
+            f"discovery, by {s.TARGET_LABEL}, valued 0 (its up). One exporter down is a "
+            "telemetry gap; the node is lost only as the record below says."),
         Recording(
             s.NODE_LOST, promql(NODE_LOST, STATE=nodestate.STATE,
                                 DOWN_STATES=h.SCHEDULER_DOWN_STATES),
@@ -601,7 +614,8 @@ def link_down_rules() -> list[Recording]:
 
 
 def node_history_rules() -> list[Recording]:
-    """The links idle for the whole last hour (slow tier, sparse)."""
+    """The links idle for the whole last hour (wear tier, sparse: an hour's idleness does not
+    change within minutes)."""
     hour = s.span(s.HISTORY_WINDOW)
     return [
         Recording(s.IB_PORT_IDLE_1H, s.node_with_host(promql(
@@ -650,21 +664,19 @@ def link_wear_rules() -> list[Recording]:
 POD_EXPORTED: list[Step] = [("pod", "exported_pod", "(.+)"),
                             ("namespace", "exported_namespace", "(.+)")]
 POD_HELD = """
-max by (Hostname, hostname, gpu, namespace, pod) (
+group by (Hostname, hostname, gpu, namespace, pod) (
   ${EXPORTED}
   or
   ${HONOURED}
 )
 """
-# One run per pod even if two registrations claim it, so the join can never fail. Rows the
+# One run per pod even if two registrations claim it, so the join can never fail; ``group``
+# values the GPUs 1 without a clamp over every GPU. Rows the
 # exporter's GPU rows already hold are left out: every reader reads both, and on a cluster where
 # runs register their GPUs too the record would otherwise double the dense rows they select.
 POD_GPU_ROWS = """
 max by (hostname, gpu, ${RUN}) (
-  clamp(
-    ${HELD},
-    1, 1
-  )
+  ${HELD}
   * on (namespace, pod) group_left (${RUN})
   topk by (namespace, pod) (1,
     max by (namespace, pod, ${RUN}) (
@@ -687,12 +699,11 @@ def pod_gpu_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
                       EXPORTED=relabelled(f'{L.POD_INFO}{{exported_pod!=""}}', POD_EXPORTED))
     return [Recording(
         s.POD_GPU_ROWS, promql(POD_GPU_ROWS, HELD=held, RUN_PODS=run_pods),
-        "The run on each GPU a Kubernetes pod holds: dcgm-exporter's pod labels on the GPU "
-        f"joined to the exporter's {L.POD_INFO}, on either side pod/namespace, or "
-        "exported_pod/exported_namespace when a ServiceMonitor without honorLabels renamed them "
-        "(the target's own pod/namespace are then the exporter's, never a GPU's). A GPU fault "
-        "then goes to the run whose pod holds the GPU instead of every run on the node. Only "
-        f"the rows {L.GPU_INFO} lacks: read wherever it is, so the union costs its size once.")]
+        "The run on each GPU a Kubernetes pod holds, so a GPU fault goes to that run, not every "
+        f"run on the node: dcgm-exporter's pod labels on the GPU joined to {L.POD_INFO}, on "
+        "pod/namespace, or exported_pod/exported_namespace when a ServiceMonitor without "
+        "honorLabels renamed them (pod/namespace are then the exporter's own). Only the rows "
+        f"{L.GPU_INFO} lacks, so readers of both read each row once.")]
 
 
 # Which GPUs each run holds: the exporter's per-GPU join metric, or, on Kubernetes, the pod that
@@ -743,18 +754,18 @@ RUN_HOST_STALLED = """
   unless on (${RUN}, hostname)
   (${RUN_GPUS_STALLED} unless on (hostname, gpu) ${GPU_STALLED})
   and on (${RUN}, hostname)
-  (${RUN_GPUS_STALLED} unless on (hostname, gpu) ${GPU_IDLE_1H})
+  (${RUN_GPUS_STALLED} unless on (hostname, gpu) ${IDLE_1H_READ})
 )
 or
 (
-  (${RUN_HOSTS_SOLE_GPULESS} and on (hostname) ${GPU_STALLED})
+  (${SOLE_READ} and on (hostname) ${GPU_STALLED})
   * on (hostname) group_left ()
   (
     max by (hostname) (${GPU_STALLED})
     and on (hostname)
     (count by (hostname) (${GPU_STALLED}) == on (hostname) ${HOST_GPU_COUNT})
     and on (hostname)
-    (${GPU_STALLED} unless on (hostname, gpu) ${GPU_IDLE_1H})
+    (${GPU_STALLED} unless on (hostname, gpu) ${IDLE_1H_READ})
   )
 )
 """
@@ -777,7 +788,9 @@ def stall_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
         Recording(s.RUN_GPUS_STALLED, run_gpu_rows(s.GPU_STALLED),
                   "The run rows (run, host, GPU) of the hosts with a stalled GPU: the join rows "
                   "the stall below needs, read once."),
-        Recording(s.RUN_HOST_STALLED, promql(RUN_HOST_STALLED),
+        Recording(s.RUN_HOST_STALLED,
+                  promql(RUN_HOST_STALLED, IDLE_1H_READ=_wear_read(s.GPU_IDLE_1H),
+                         SOLE_READ=_wear_read(s.RUN_HOSTS_SOLE_GPULESS)),
                   "Runs stalled on a host, valued with the stalled GPUs' activity: every GPU the "
                   f"run holds there is stalled and one was active within the last "
                   f"{s.span(s.HISTORY_WINDOW)} (GPUs idle all that time are an idle allocation, "
@@ -854,23 +867,12 @@ ${RUN_GPUS_LAGGING}
 
 
 def workload_history_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
-    """What the workload alerts compare against, over minutes to an hour (slow tier).
-
-    A straggler is more than the gap below its run's busiest GPU, so below ``1 - gap`` in any
-    case: those lagging GPUs are found first (sparse), then the GPU rows of their runs;
-    utilisation is relabelled to the canonical host (the exporters' host names may be FQDNs) and
-    kept for those runs' hosts only.
-    """
+    """GPUs idle for the hour and runs whose GPUs are unknown (wear tier: neither changes within
+    minutes): what the stall and straggler records compare against."""
     tensor_idle = _host_label(s.dcgm_raw(s.DCGM_TENSOR_ACTIVE, fn="max_over_time",
                                          window=s.HISTORY_WINDOW,
                                          cut=f" <= {STALL_PRIOR_ACTIVITY_MIN}"), host)
-
-    def util(cut: str = "") -> str:
-        return s.dcgm_raw(s.DCGM_GPU_UTIL, fn="avg_over_time", window=s.UTIL_WINDOW, cut=cut)
-
-    lagging_below = f"{1 - STRAGGLER_GAP:g}"
-    sole_lagging = promql(SOLE_LAGGING)
-    hour, window = s.span(s.HISTORY_WINDOW), s.span(s.UTIL_WINDOW)
+    hour = s.span(s.HISTORY_WINDOW)
     return [
         Recording(s.GPU_IDLE_1H, tensor_idle,
                   f"Peak tensor activity of the GPUs that stayed at or below "
@@ -881,6 +883,25 @@ def workload_history_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
                   "faults reach them by host."),
         Recording(s.RUN_HOSTS_SOLE_GPULESS, promql(SOLE_GPULESS),
                   "Those runs when they are alone on the host, so they hold all its GPUs."),
+    ]
+
+
+def straggler_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
+    """GPUs well below their run's busiest (wear tier: a straggler slows a run, it does not end
+    it, and the search reads utilisation twice and the GPU rows of the runs it finds).
+
+    A straggler is more than the gap below its run's busiest GPU, so below ``1 - gap`` in any
+    case: those lagging GPUs are found first (sparse), then the GPU rows of their runs;
+    utilisation is relabelled to the canonical host (the exporters' host names may be FQDNs) and
+    kept for those runs' hosts only.
+    """
+    def util(cut: str = "") -> str:
+        return s.dcgm_raw(s.DCGM_GPU_UTIL, fn="avg_over_time", window=s.UTIL_WINDOW, cut=cut)
+
+    lagging_below = f"{1 - STRAGGLER_GAP:g}"
+    sole_lagging = promql(SOLE_LAGGING)
+    window = s.span(s.UTIL_WINDOW)
+    return [
         Recording(s.GPU_UTIL_LAGGING, _host_label(util(f" < {lagging_below}"), host),
                   f"GPU utilisation averaged over {window}, of the GPUs below {lagging_below} "
                   "(a straggler is always below that): the sparse start of the straggler "

@@ -29,3 +29,5 @@ WEAR = "8m"
 LOOKBACK_SECONDS = 300
 # Longest a group's evaluation may take before its records count as stale to readers.
 READ_MARGIN = "1m"
+# The range another group reads a ``WEAR`` record over (``generate.reading``).
+WEAR_READ = f"{int(WEAR[:-1]) + int(READ_MARGIN[:-1])}m"

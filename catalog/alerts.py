@@ -748,7 +748,7 @@ time() - max by (instance, job, source) (${EXPORTER_SOURCE_LAST_SUCCESS} > 0)
                     "its port, TLS and the scrape config.",
         panel="pipeline_targets",
         condition="""
-up == 0
+${UP_DOWN}
 and on (instance, job)
 ${PIPELINE_TARGETS}{component="exporter"}
 """,
@@ -758,14 +758,15 @@ ${PIPELINE_TARGETS}{component="exporter"}
         name="WandbInfraJoinMetricsMissing", severity="warning", category="pipeline",
         cause=CauseClass.SYMPTOM, scope="pipeline",
         summary="GPUs are busy but no W&B run is mapped to any host.",
-        description=f"{_WHOLE} GPUs hold memory, and no {L.NODE_INFO} series exists.",
+        description=f"{_WHOLE} hosts' GPU 0 holds memory, and no {L.NODE_INFO} series exists.",
         impact="Faults are detected but attributed to no run: W&B users see nothing.",
         remediation="Check that the exporter runs, is scraped, and that its sources find the "
                     "jobs (the Slurm comment or Kubernetes label convention, docs/deploy.md).",
         panel="pipeline_targets",
-        # dcgm-exporter reports framebuffer memory in MiB.
+        # dcgm-exporter reports framebuffer memory in MiB. GPU 0 of each host only: jobs in use
+        # anywhere hold some host's GPU 0, at an eighth of the cost of reading every GPU.
         condition="""
-count(DCGM_FI_DEV_FB_USED > ${STALL_FB_MIN_MIB}) > 0
+count(DCGM_FI_DEV_FB_USED{gpu="0"} > ${STALL_FB_MIN_MIB}) > 0
 and on ()
 absent(${NODE_INFO})
 """,
@@ -836,7 +837,7 @@ count(
                     "and the bearer token file.",
         panel="pipeline_targets",
         condition="""
-up == 0
+${UP_DOWN}
 and on (instance, job)
 ${PIPELINE_TARGETS}{component="bridge"}
 """,

@@ -100,11 +100,17 @@ HOST_GPU_COUNT = "hostname:dcgm_gpus:count"
 NODE_EXPORTER_TARGET = "instance:node_exporter_hostname:info"
 DCGM_EXPORTER_TARGET = "instance:dcgm_exporter_hostname:info"
 TARGET_HOSTS = f"instance:telemetry_target_hostname:info_{HISTORY_WINDOW}"
+# Every scrape target down now (up == 0), all its labels kept: up read once per cycle for every
+# rule and alert that asks which targets are down (several read the whole of up otherwise).
+UP_DOWN = "instance:up:down"
 TARGET_DOWN = "hostname:telemetry_target:down"
 # Hosts gone as nodes, not only as telemetry: node_exporter down together with dcgm-exporter, or
 # with the scheduler saying the node is down, or on a host with no other exporter.
 NODE_LOST = "hostname:telemetry_target:node_lost"
 TARGET_VANISHED = f"hostname:telemetry_target:vanished_{HISTORY_WINDOW}"
+# Hosts whose only telemetry target is node_exporter (CPU nodes, or dcgm-exporter never ran):
+# node_exporter down there is a node lost, with no second exporter to ask.
+NODE_EXPORTER_ONLY = "hostname:telemetry_target:node_exporter_only"
 HOST_GPU_COUNT_DROP = f"hostname:dcgm_gpus:dropped_{HISTORY_WINDOW}"
 TARGET_LABEL = "exporter"
 # This project's own exporter and bridge targets, labelled with their ``component``: seen within
