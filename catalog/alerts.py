@@ -758,7 +758,8 @@ ${PIPELINE_TARGETS}{component="exporter"}
         name="WandbInfraJoinMetricsMissing", severity="warning", category="pipeline",
         cause=CauseClass.SYMPTOM, scope="pipeline",
         summary="GPUs are busy but no W&B run is mapped to any host.",
-        description=f"{_WHOLE} hosts' GPU 0 holds memory, and no {L.NODE_INFO} series exists.",
+        description=f"GPU 0 holds memory on {_WHOLE} host(s), and no {L.NODE_INFO} series "
+                    "exists.",
         impact="Faults are detected but attributed to no run: W&B users see nothing.",
         remediation="Check that the exporter runs, is scraped, and that its sources find the "
                     "jobs (the Slurm comment or Kubernetes label convention, docs/deploy.md).",
