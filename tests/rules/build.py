@@ -864,7 +864,8 @@ def pipeline_cases() -> list[Case]:
                        "down (up = 0).")]),
         *_pair("no run mapped while GPUs hold memory", "WandbInfraJoinMetricsMissing",
                [*busy], [*busy, *runs], "30m",
-               [Expect({}, "GPU 0 holds memory on 1 host(s), and no wandb_run_node_info series exists.")]),
+               [Expect({}, "GPU 0 holds memory on 1 host(s), and no wandb_run_node_info series "
+                              "exists.")]),
         Case("WandbInfraJoinMetricsMissing: silent on an idle cluster without runs",
              "WandbInfraJoinMetricsMissing",
              [dcgm("hostname", "DCGM_FI_DEV_FB_USED", "0x80", gpu="0")], "30m"),
