@@ -23,6 +23,7 @@ import yaml
 
 from wandb_infra.alert_rules import normalise, selectors, tiers
 from wandb_infra.alert_rules.attribution import FAMILIES, attributed, join_records
+from wandb_infra.alert_rules.tiers import outlives_lookback, reading
 from wandb_infra.catalog import panels, runbook
 from wandb_infra.catalog import series as s
 from wandb_infra.catalog.alerts import (
@@ -346,33 +347,6 @@ def records_read(expr: str, records: Iterable[str]) -> list[str]:
     return [r for r in records if re.search(rf"(?<![\w:]){re.escape(r)}(?![\w:])", expr)]
 
 
-def _tier_seconds(tier: str | None) -> float:
-    return duration_seconds(tier) if tier else 0.0
-
-
-def _duration(seconds: float) -> str:
-    return f"{seconds / 60:g}m" if seconds % 60 == 0 else f"{seconds:g}s"
-
-
-def _read_window(tier: str | None) -> float:
-    """How old a record of ``tier`` can be when read: its interval plus the evaluation margin."""
-    return _tier_seconds(tier) + duration_seconds(tiers.READ_MARGIN)
-
-
-def outlives_lookback(tier: str | None) -> bool:
-    """Whether a record of ``tier`` can be older than the lookback when read (``tiers.py``)."""
-    return _read_window(tier) > tiers.LOOKBACK_SECONDS
-
-
-def reading(record: str, tier: str | None) -> str:
-    """How another group reads ``record``: by name, or, when its tier is slower than the lookback
-    allows, as ``last_over_time(record[interval + margin])``, the last evaluation's value until
-    the next one has written (``tiers.py``)."""
-    if not outlives_lookback(tier):
-        return record
-    return f"last_over_time({record}[{_duration(_read_window(tier))}])"
-
-
 def condition(alert: AlertDef, by_record: dict[str, str | None],
               thresholds: dict[str, Value] | None = None) -> str:
     """An alert's condition template filled in for the rule files: thresholds as stated (or as
@@ -405,8 +379,8 @@ def family_tier(alerts: list[AlertDef], by_record: dict[str, str | None]) -> str
     if not any(a.scope == "gpu" for a in alerts):
         return tiers.FAST
     inputs = [by_record[r] for a in alerts for r in _inputs(a)]
-    fastest = min(inputs, key=_tier_seconds, default=tiers.FAST)
-    return min(fastest, tiers.SLOW, key=_tier_seconds)
+    fastest = min(inputs, key=tiers.tier_seconds, default=tiers.FAST)
+    return min(fastest, tiers.SLOW, key=tiers.tier_seconds)
 
 
 # A line holding only a set operator (and its matching): it starts the operand below instead.
@@ -564,8 +538,8 @@ def _tier_note(tier: str | None) -> str:
     note = f"Every {tier} (tiers.py)."
     if outlives_lookback(tier):
         note += (" Its records can be older than the lookback "
-                 f"({_duration(tiers.LOOKBACK_SECONDS)}), so other groups read them as "
-                 f"last_over_time(record[{_duration(_read_window(tier))}]).")
+                 f"({tiers.duration(tiers.LOOKBACK_SECONDS)}), so other groups read them as "
+                 f"last_over_time(record[{tiers.duration(tiers.read_window(tier))}]).")
     return note
 
 

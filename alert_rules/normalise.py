@@ -165,11 +165,6 @@ def _host_label(inner: str, host: HostKey) -> str:
     return _by("hostname, gpu", _from_dcgm_host(keyed, host))
 
 
-def _wear_read(record: str) -> str:
-    """How a group faster than ``WEAR`` reads a record of that tier (``tiers.py``)."""
-    return f"last_over_time({record}[{tiers.WEAR_READ}])"
-
-
 def _paren(expr: str) -> str:
     """``expr`` in parentheses, on lines of their own when it spans several."""
     if "\n" not in expr:
@@ -789,8 +784,8 @@ def stall_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
                   "The run rows (run, host, GPU) of the hosts with a stalled GPU: the join rows "
                   "the stall below needs, read once."),
         Recording(s.RUN_HOST_STALLED,
-                  promql(RUN_HOST_STALLED, IDLE_1H_READ=_wear_read(s.GPU_IDLE_1H),
-                         SOLE_READ=_wear_read(s.RUN_HOSTS_SOLE_GPULESS)),
+                  promql(RUN_HOST_STALLED, IDLE_1H_READ=tiers.reading(s.GPU_IDLE_1H, tiers.WEAR),
+                         SOLE_READ=tiers.reading(s.RUN_HOSTS_SOLE_GPULESS, tiers.WEAR)),
                   "Runs stalled on a host, valued with the stalled GPUs' activity: every GPU the "
                   f"run holds there is stalled and one was active within the last "
                   f"{s.span(s.HISTORY_WINDOW)} (GPUs idle all that time are an idle allocation, "

@@ -13,7 +13,7 @@ minutes: the links and GPUs idle all hour, the runs whose GPUs are unknown, the 
 A recorded sample vanishes from plain reads after the 5-minute lookback. Records of a tier up to
 ``SLOW`` are read as they are (4 minutes + evaluation time < lookback); records of a slower tier
 are read by other groups and dashboards as ``last_over_time(record[interval + READ_MARGIN])``
-(``generate.reading``, substituted for the record's placeholder in an alert's condition
+(``reading``, substituted for the record's placeholder in an alert's condition
 template): the last evaluation's value until the next one has written,
 without a gap that would reset the readers' ``for``. Those records are sparse (only faulty
 entities), so the range read costs nothing. Alert groups run at ``SLOW`` at most, so ``ALERTS``
@@ -23,6 +23,8 @@ increase falls between two evaluations.
 
 from __future__ import annotations
 
+from wandb_infra.catalog.alerts import duration_seconds
+
 FAST: str | None = None
 MEDIUM = "3m"
 SLOW = "4m"
@@ -30,5 +32,32 @@ WEAR = "8m"
 LOOKBACK_SECONDS = 300
 # Longest a group's evaluation may take before its records count as stale to readers.
 READ_MARGIN = "1m"
-# The range another group reads a ``WEAR`` record over (``generate.reading``).
-WEAR_READ = f"{int(WEAR[:-1]) + int(READ_MARGIN[:-1])}m"
+
+
+def tier_seconds(tier: str | None) -> float:
+    """A tier's interval in seconds (0 for the global interval)."""
+    return duration_seconds(tier) if tier else 0.0
+
+
+def duration(seconds: float) -> str:
+    """Seconds as a Prometheus duration (``540`` -> ``9m``)."""
+    return f"{seconds / 60:g}m" if seconds % 60 == 0 else f"{seconds:g}s"
+
+
+def read_window(tier: str | None) -> float:
+    """How old a record of ``tier`` can be when read: its interval plus the evaluation margin."""
+    return tier_seconds(tier) + duration_seconds(READ_MARGIN)
+
+
+def outlives_lookback(tier: str | None) -> bool:
+    """Whether a record of ``tier`` can be older than the lookback when read."""
+    return read_window(tier) > LOOKBACK_SECONDS
+
+
+def reading(record: str, tier: str | None) -> str:
+    """How another group reads ``record``: by name, or, when its tier is slower than the lookback
+    allows, as ``last_over_time(record[interval + margin])``, the last evaluation's value until
+    the next one has written."""
+    if not outlives_lookback(tier):
+        return record
+    return f"last_over_time({record}[{duration(read_window(tier))}])"
