@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from wandb_infra.alert_rules.normalise import Recording, promql, run_gpu_rows, run_host_rows
+from wandb_infra.catalog import series as s
 from wandb_infra.common import labels as L
 
 RUN = ", ".join(L.RUN_LABELS)
@@ -119,10 +120,10 @@ def _family_join(family: str) -> list[Recording]:
                       "entity, without run labels."),
         ]
     return [
-        Recording(j.held, run_gpu_rows(j.signalled),
-                  "The run rows (host, GPU, run) of every host with a signalled GPU, from "
-                  f"{L.GPU_INFO} or the Kubernetes pod rows: read once per cycle for every GPU "
-                  "alert."),
+        Recording(j.held, run_gpu_rows(f"{j.signalled} or {s.GPU_STALLED}"),
+                  "The run rows (host, GPU, run) of every host with a signalled or stalled GPU, "
+                  f"from {L.GPU_INFO} or the Kubernetes pod rows: read once per cycle for every "
+                  "GPU alert and the stall below."),
         Recording(j.gpus_unknown,
                   promql(GPUS_UNKNOWN, O=ON_SIGNALLED, S=j.signalled, HELD=j.held),
                   "The runs on those hosts whose GPUs there are unknown (no GPU row)."),
@@ -150,6 +151,28 @@ def join_records(inputs: dict[str, list[str]]) -> list[Recording]:
                   "read once per cycle for all three families."),
         *(r for f in FAMILIES for r in _family_join(f)),
     ]
+
+
+RUN_STALLED = """
+(
+  max by (${RUN}, hostname) (${HELD} * on (hostname, gpu) group_left () ${GPU_STALLED})
+  unless on (${RUN}, hostname)
+  (${HELD} unless on (hostname, gpu) ${GPU_STALLED})
+  and on (${RUN}, hostname)
+  (${HELD} and on (hostname, gpu) ${GPU_HUNG})
+)
+or ${RUN_HOST_STALLED_SOLE}
+"""
+
+
+def stall_join() -> Recording:
+    """The runs stalled on a host, from the GPU family's rows (``held`` reads the hosts of the
+    stalled GPUs too), so the stall is joined to its runs like every fault, once."""
+    return Recording(
+        s.RUN_HOST_STALLED, promql(RUN_STALLED, HELD=Join("gpu").held),
+        "Runs stalled on a host, valued with the stalled GPUs' activity: every GPU the run holds "
+        "there is stalled and one is hung (or the run's GPUs are unknown and it is alone on the "
+        "host, as recorded by the stall group). TrainingStalled fires on it.")
 
 
 def _join(*names: str) -> str:

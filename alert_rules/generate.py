@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from wandb_infra.alert_rules import normalise, selectors, tiers
-from wandb_infra.alert_rules.attribution import FAMILIES, attributed, join_records
+from wandb_infra.alert_rules.attribution import FAMILIES, attributed, join_records, stall_join
 from wandb_infra.alert_rules.tiers import outlives_lookback, reading
 from wandb_infra.catalog import panels, runbook
 from wandb_infra.catalog import series as s
@@ -324,7 +324,8 @@ def recording_groups(violation_unit: str, strip_domain: bool = True,
         ("normalise-node", tiers.WEAR, normalise.node_history_rules()),
         ("normalise-workload", tiers.WEAR,
          normalise.workload_history_rules(host) + normalise.straggler_rules(host)),
-        ("normalise-gpu-wear", tiers.WEAR, normalise.dcgm_wear_rules(host)),
+        ("normalise-gpu-wear", tiers.WEAR,
+         normalise.dcgm_wear_rules(host) + normalise.gpu_vanished_rules()),
         ("normalise-link-wear", tiers.WEAR, normalise.link_wear_rules()),
         # the host around the GPUs (normalise.py, its section)
         ("normalise-host", tiers.MEDIUM, normalise.host_rules(host)),
@@ -337,8 +338,10 @@ def recording_groups(violation_unit: str, strip_domain: bool = True,
 
 @functools.cache
 def record_tiers(violation_unit: str = DEFAULTS["violation_unit"]) -> dict[str, str | None]:
-    """Each recorded series and the tier of the group recording it."""
-    return {r.record: tier for _, tier, rules in recording_groups(violation_unit) for r in rules}
+    """Each recorded series the alerts read and the tier of the group recording it (the
+    normalisation groups and the stall's join in the attribution group)."""
+    return {**{r.record: tier for _, tier, rules in recording_groups(violation_unit)
+               for r in rules}, stall_join().record: tiers.FAST}
 
 
 def records_read(expr: str, records: Iterable[str]) -> list[str]:
@@ -449,7 +452,8 @@ def recordings(cfg: dict[str, Any]) -> list[tuple[str, str | None, list[normalis
                                 _host_key_regex(cfg)))
     by_record = record_tiers(cfg["violation_unit"])
     out.append(("attribution", tiers.FAST,
-                join_records({f: signal_inputs(f, by_record) for f in FAMILIES})))
+                [*join_records({f: signal_inputs(f, by_record) for f in FAMILIES}),
+                 stall_join()]))
     for name, alerts in families().items():
         out.append((name, family_tier(alerts, by_record),
                     [fault_recording(a, by_record, threshold_values(cfg))
@@ -507,7 +511,8 @@ NORMALISE_NOTES = {
                       "events.",
     "normalise-gpu": "GPU telemetry past a threshold (temperatures, clock-event bits) and links "
                      "down now.",
-    "normalise-stall": "Runs whose GPUs stopped computing while holding memory (TrainingStalled).",
+    "normalise-stall": "GPUs that stopped computing while holding memory, and runs alone on such "
+                       "hosts (TrainingStalled; attribution joins the other runs).",
     "normalise-targets": "Which host each telemetry target reports and which run each Kubernetes "
                          "pod's GPUs belong to.",
     "normalise-gpu-state": "GPU presence and counts, and the thermal and power violation rates.",
@@ -515,7 +520,8 @@ NORMALISE_NOTES = {
     "normalise-workload": "What the workload alerts compare against: GPUs idle all hour, runs "
                           "with unknown GPUs, and the straggler search.",
     "normalise-gpu-wear": "Memory and interconnect error counters and health gauges: how worn a "
-                          "GPU is (their job-ending forms arrive as XIDs on the fast path).",
+                          "GPU is (their job-ending forms arrive as XIDs on the fast path); GPUs "
+                          "gone within the hour.",
     "normalise-link-wear": "InfiniBand flaps and physical errors, Ethernet carrier changes: a "
                            "link degrading (one going down shows on the fast path).",
     "normalise-host": "The host around the GPUs: OOM kills, memory pressure, the run filesystems "

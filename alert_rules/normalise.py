@@ -310,7 +310,8 @@ def dcgm_state_rules(violation_unit: str, host: HostKey = DEFAULT_HOST_KEY
     """GPU presence and violation rates (slow tier, sparse but for presence).
 
     Presence is the one dense per-GPU record (dashboards list GPUs from it; the host's GPU count
-    and the GPUs that vanished within the hour derive from it, in this group's order). Every
+    derives from it in this group's order, the GPUs vanished within the hour in
+    ``gpu_vanished_rules``). Every
     rate's window is longer than the tier's interval, so no increase falls between evaluations.
     """
     def ratio(metric: str) -> str:
@@ -330,15 +331,23 @@ def dcgm_state_rules(violation_unit: str, host: HostKey = DEFAULT_HOST_KEY
                   f"How many GPUs fewer a host reports than its most within the last "
                   f"{s.span(s.HISTORY_WINDOW)} (hosts with a drop only), for "
                   "NodeGpuCountDropped."),
-        Recording(s.GPU_VANISHED, promql(GPU_VANISHED),
-                  f"GPUs present within the last {s.span(s.HISTORY_WINDOW)} and gone now while "
-                  "their host still reports GPUs (a GPU fallen off the bus without an XID 79); "
-                  "a host gone entirely is NodeDown instead."),
         Recording(s.THERMAL_VIOLATION, ratio("DCGM_FI_DEV_THERMAL_VIOLATION"),
                   "Share of time each GPU was throttled for heat: the thermal " + why + "."),
         Recording(s.POWER_VIOLATION, ratio("DCGM_FI_DEV_POWER_VIOLATION"),
                   "Share of time each GPU was throttled at its power limit: the power " + why
                   + "."),
+    ]
+
+
+def gpu_vanished_rules() -> list[Recording]:
+    """The GPUs gone within the hour (wear tier): a range read of every GPU's presence, so it
+    runs at the slowest pace; the host's GPU count, which drops at once, alerts at the slow
+    tier (NodeGpuCountDropped) and an XID 79 on the fast path."""
+    return [
+        Recording(s.GPU_VANISHED, promql(GPU_VANISHED),
+                  f"GPUs present within the last {s.span(s.HISTORY_WINDOW)} and gone now while "
+                  "their host still reports GPUs (a GPU fallen off the bus without an XID 79); "
+                  "a host gone entirely is NodeDown instead."),
     ]
 
 
@@ -741,33 +750,23 @@ and on (Hostname, hostname, gpu, GPU_I_ID)
 unless on (Hostname, hostname, gpu)
 (${BUSY_INSTANCE})
 """
-RUN_HOST_STALLED = """
+# A run whose GPUs are unknown and alone on its host holds all of them: stalled when every GPU
+# there is and one of them is hung.
+SOLE_STALLED = """
+(${SOLE_READ} and on (hostname) ${GPU_HUNG})
+* on (hostname) group_left ()
 (
-  max by (${RUN}, hostname) (
-    ${RUN_GPUS_STALLED} * on (hostname, gpu) group_left () ${GPU_STALLED}
-  )
-  unless on (${RUN}, hostname)
-  (${RUN_GPUS_STALLED} unless on (hostname, gpu) ${GPU_STALLED})
-  and on (${RUN}, hostname)
-  (${RUN_GPUS_STALLED} unless on (hostname, gpu) ${IDLE_1H_READ})
-)
-or
-(
-  (${SOLE_READ} and on (hostname) ${GPU_STALLED})
-  * on (hostname) group_left ()
-  (
-    max by (hostname) (${GPU_STALLED})
-    and on (hostname)
-    (count by (hostname) (${GPU_STALLED}) == on (hostname) ${HOST_GPU_COUNT})
-    and on (hostname)
-    (${GPU_STALLED} unless on (hostname, gpu) ${IDLE_1H_READ})
-  )
+  max by (hostname) (${GPU_STALLED})
+  and on (hostname)
+  (count by (hostname) (${GPU_STALLED}) == on (hostname) ${HOST_GPU_COUNT})
 )
 """
 
 
 def stall_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
-    """Runs that stopped computing on a host while holding its GPUs' memory (medium tier)."""
+    """The GPUs that stopped computing while holding memory (medium tier), and the runs alone on
+    such hosts; the runs holding known GPUs are joined by the attribution group, from the rows
+    it reads for every fault (``attribution.stall_join``)."""
     idle = promql(
         IDLE_WITH_MEMORY,
         IDLE=s.dcgm_raw(s.DCGM_TENSOR_ACTIVE, cut=f" < {STALL_ACTIVITY_MAX}"),
@@ -780,17 +779,17 @@ def stall_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
                   f"more than {STALL_FB_MIN_BYTES // 2**20} MiB of memory, matched on the raw "
                   "series before any relabelling so it stays sparse; a MIG GPU only when none "
                   "of its instances computes."),
-        Recording(s.RUN_GPUS_STALLED, run_gpu_rows(s.GPU_STALLED),
-                  "The run rows (run, host, GPU) of the hosts with a stalled GPU: the join rows "
-                  "the stall below needs, read once."),
-        Recording(s.RUN_HOST_STALLED,
-                  promql(RUN_HOST_STALLED, IDLE_1H_READ=tiers.reading(s.GPU_IDLE_1H, tiers.WEAR),
+        Recording(s.GPU_HUNG,
+                  promql("${GPU_STALLED} unless on (hostname, gpu) ${IDLE_1H_READ}",
+                         IDLE_1H_READ=tiers.reading(s.GPU_IDLE_1H, tiers.WEAR)),
+                  "Those of them active within the last "
+                  f"{s.span(s.HISTORY_WINDOW)}: a hang; GPUs idle all that time are an idle "
+                  "allocation."),
+        Recording(s.RUN_HOST_STALLED_SOLE,
+                  promql(SOLE_STALLED,
                          SOLE_READ=tiers.reading(s.RUN_HOSTS_SOLE_GPULESS, tiers.WEAR)),
-                  "Runs stalled on a host, valued with the stalled GPUs' activity: every GPU the "
-                  f"run holds there is stalled and one was active within the last "
-                  f"{s.span(s.HISTORY_WINDOW)} (GPUs idle all that time are an idle allocation, "
-                  "not a hang). A run whose GPUs are unknown and alone on the host holds all "
-                  "of them. TrainingStalled fires on it."),
+                  "Runs whose GPUs are unknown, alone on a host whose every GPU is stalled and "
+                  "one hung, valued with the stalled GPUs' activity."),
     ]
 
 
