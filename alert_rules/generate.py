@@ -318,9 +318,9 @@ def recording_groups(violation_unit: str, strip_domain: bool = True,
         ("normalise-gpu", tiers.MEDIUM,
          normalise.dcgm_telemetry_rules(host) + normalise.link_down_rules()),
         ("normalise-stall", tiers.MEDIUM, normalise.stall_rules(host)),
-        ("normalise-targets", tiers.SLOW,
-         normalise.target_map_rules(host) + normalise.pod_gpu_rules(host)),
-        ("normalise-gpu-state", tiers.SLOW, normalise.dcgm_state_rules(violation_unit, host)),
+        ("normalise-targets", tiers.SLOW, normalise.target_map_rules(host)),
+        ("normalise-gpu-state", tiers.SLOW,
+         normalise.dcgm_state_rules(violation_unit, host) + normalise.pod_gpu_rules()),
         ("normalise-node", tiers.WEAR, normalise.node_history_rules()),
         ("normalise-workload", tiers.WEAR,
          normalise.workload_history_rules(host) + normalise.straggler_rules(host)),
@@ -513,9 +513,10 @@ NORMALISE_NOTES = {
                      "down now.",
     "normalise-stall": "GPUs that stopped computing while holding memory, and runs alone on such "
                        "hosts (TrainingStalled; attribution joins the other runs).",
-    "normalise-targets": "Which host each telemetry target reports and which run each Kubernetes "
-                         "pod's GPUs belong to.",
-    "normalise-gpu-state": "GPU presence and counts, and the thermal and power violation rates.",
+    "normalise-targets": "Which host each telemetry target reports.",
+    "normalise-gpu-state": "GPU presence (with the Kubernetes pod holding each GPU) and counts, "
+                           "the thermal and power violation rates, and the run of each pod's "
+                           "GPUs.",
     "normalise-node": "Links idle for the whole hour, which are no fault when down.",
     "normalise-workload": "What the workload alerts compare against: GPUs idle all hour, runs "
                           "with unknown GPUs, and the straggler search.",

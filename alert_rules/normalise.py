@@ -90,6 +90,9 @@ class Recording:
 Step = tuple[str, str, str]
 DCGM_HOST: Step = ("hostname", "Hostname", "(.+)")
 GPU_UUID: Step = ("gpu_uuid", "UUID", "(.+)")
+# A ServiceMonitor without honorLabels renames the training pod's labels to exported_*.
+POD_EXPORTED: list[Step] = [("pod", "exported_pod", "(.+)"),
+                            ("namespace", "exported_namespace", "(.+)")]
 
 
 def relabelled(expr: str, steps: list[Step]) -> str:
@@ -157,6 +160,15 @@ def _gpu(inner: str, host: HostKey, op: str = "max") -> str:
     reading the series, so no ``clamp`` follows."""
     keyed = _by("Hostname, hostname, gpu, UUID", inner, op)
     return _by("hostname, gpu, gpu_uuid", _gpu_labels(keyed, host), op)
+
+
+def _present(host: HostKey) -> str:
+    """Every GPU once per pod holding it, keyed (hostname, gpu, gpu_uuid, namespace, pod): the
+    pod join reads it instead of reading every GPU's series again."""
+    pods = "namespace, pod, exported_namespace, exported_pod"
+    keyed = _by(f"Hostname, hostname, gpu, UUID, {pods}", s.dcgm_raw(s.DCGM_GPU_TEMP), "group")
+    steps = [DCGM_HOST, *host.steps(), GPU_UUID, *POD_EXPORTED]
+    return _by("hostname, gpu, gpu_uuid, namespace, pod", relabelled(keyed, steps), "group")
 
 
 def _host_label(inner: str, host: HostKey) -> str:
@@ -289,7 +301,7 @@ GPUS_DROPPED = """
 max_over_time(${HOST_GPU_COUNT}[${HISTORY_WINDOW}]) - ${HOST_GPU_COUNT} > 0
 """
 GPU_VANISHED = """
-(
+max by (hostname, gpu, gpu_uuid) (
   max_over_time(${GPU_PRESENT}[${HISTORY_WINDOW}])
   unless on (hostname, gpu)
   ${GPU_PRESENT}
@@ -321,12 +333,17 @@ def dcgm_state_rules(violation_unit: str, host: HostKey = DEFAULT_HOST_KEY
     why = (f"violation counter over {s.VIOLATION_WINDOW} as a fraction of time ({violation_unit} "
            "per second / 1 s, capped at 1), GPUs with a non-zero rate only")
     return [
-        Recording(s.GPU_PRESENT, _gpu(s.dcgm_raw(s.DCGM_GPU_TEMP), host, "group"),
+        Recording(s.GPU_PRESENT, _present(host),
                   "1 for every GPU dcgm-exporter reports (read from its temperature, which every "
-                  "version exports): the only dense per-GPU record; dashboards list GPUs from "
-                  "it and the GPU count and vanished GPUs below derive from it."),
-        Recording(s.HOST_GPU_COUNT, promql("count by (hostname) (${GPU_PRESENT})"),
-                  "Number of GPUs each host reports now."),
+                  "version exports), with the Kubernetes pod holding it (namespace, pod, taken "
+                  "from exported_namespace/exported_pod where a ServiceMonitor without "
+                  "honorLabels renamed them): the only dense per-GPU record; dashboards list "
+                  "GPUs from it, and the GPU count, the pods' runs and the vanished GPUs derive "
+                  "from it."),
+        Recording(s.HOST_GPU_COUNT,
+                  promql("count by (hostname) (group by (hostname, gpu) (${GPU_PRESENT}))"),
+                  "Number of GPUs each host reports now (each once, whatever pods or exporter "
+                  "replicas report it)."),
         Recording(s.HOST_GPU_COUNT_DROP, promql(GPUS_DROPPED),
                   f"How many GPUs fewer a host reports than its most within the last "
                   f"{s.span(s.HISTORY_WINDOW)} (hosts with a drop only), for "
@@ -664,23 +681,12 @@ def link_wear_rules() -> list[Recording]:
 
 # --- runs on GPUs (slow tier) ------------------------------------------------------------------
 
-# A ServiceMonitor without honorLabels renames the training pod's labels to exported_*.
-POD_EXPORTED: list[Step] = [("pod", "exported_pod", "(.+)"),
-                            ("namespace", "exported_namespace", "(.+)")]
-POD_HELD = """
-group by (Hostname, hostname, gpu, namespace, pod) (
-  ${EXPORTED}
-  or
-  ${HONOURED}
-)
-"""
-# One run per pod even if two registrations claim it, so the join can never fail; ``group``
-# values the GPUs 1 without a clamp over every GPU. Rows the
+# One run per pod even if two registrations claim it, so the join can never fail. Rows the
 # exporter's GPU rows already hold are left out: every reader reads both, and on a cluster where
 # runs register their GPUs too the record would otherwise double the dense rows they select.
 POD_GPU_ROWS = """
 max by (hostname, gpu, ${RUN}) (
-  ${HELD}
+  ${GPU_PRESENT}{pod!=""}
   * on (namespace, pod) group_left (${RUN})
   topk by (namespace, pod) (1,
     max by (namespace, pod, ${RUN}) (
@@ -692,22 +698,19 @@ unless on (hostname, gpu, ${RUN}) ${GPU_INFO}
 """
 
 
-def pod_gpu_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
-    """The run on each GPU that a Kubernetes pod holds (slow tier)."""
-    exported = relabelled(s.dcgm_raw(s.DCGM_GPU_TEMP, matchers='exported_pod!=""'), POD_EXPORTED)
-    honoured = s.dcgm_raw(s.DCGM_GPU_TEMP, matchers='pod!="",exported_pod=""')
-    held = _from_dcgm_host(promql(POD_HELD, EXPORTED=exported, HONOURED=honoured), host)
+def pod_gpu_rules() -> list[Recording]:
+    """The run on each GPU that a Kubernetes pod holds (slow tier, after presence, which carries
+    each GPU's pod)."""
     # The exporter's side behind a ServiceMonitor without honorLabels: its namespace/pod are the
     # training pod's as exported_*, and namespace/pod the exporter's own (never a GPU's pod).
     run_pods = promql("${EXPORTED}\nor\n${POD_INFO}{exported_pod=\"\"}",
                       EXPORTED=relabelled(f'{L.POD_INFO}{{exported_pod!=""}}', POD_EXPORTED))
     return [Recording(
-        s.POD_GPU_ROWS, promql(POD_GPU_ROWS, HELD=held, RUN_PODS=run_pods),
+        s.POD_GPU_ROWS, promql(POD_GPU_ROWS, RUN_PODS=run_pods),
         "The run on each GPU a Kubernetes pod holds, so a GPU fault goes to that run, not every "
-        f"run on the node: dcgm-exporter's pod labels on the GPU joined to {L.POD_INFO}, on "
-        "pod/namespace, or exported_pod/exported_namespace when a ServiceMonitor without "
-        "honorLabels renamed them (pod/namespace are then the exporter's own). Only the rows "
-        f"{L.GPU_INFO} lacks, so readers of both read each row once.")]
+        f"run on the node: the pod on the GPU (presence above) joined to {L.POD_INFO} on "
+        f"namespace/pod. Only the rows {L.GPU_INFO} lacks, so readers of both read each row "
+        "once.")]
 
 
 # Which GPUs each run holds: the exporter's per-GPU join metric, or, on Kubernetes, the pod that
