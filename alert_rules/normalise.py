@@ -681,20 +681,23 @@ def link_wear_rules() -> list[Recording]:
 
 # --- runs on GPUs (slow tier) ------------------------------------------------------------------
 
-# One run per pod even if two registrations claim it, so the join can never fail. Rows the
-# exporter's GPU rows already hold are left out: every reader reads both, and on a cluster where
-# runs register their GPUs too the record would otherwise double the dense rows they select.
+# The pods of runs with no GPU row on their host, under the training pod's namespace/pod. Rows
+# the exporter's GPU rows already hold are left out before the join: every reader reads both,
+# and where runs register their GPUs too (Slurm jobs in pods) the join then touches no GPU.
+RUN_PODS = """
+max by (hostname, namespace, pod, ${RUN}) (
+  ${EXPORTED}
+  or ${POD_INFO}{exported_pod=""}
+)
+unless on (hostname, ${RUN}) ${GPU_INFO}
+"""
+# One run per pod even if two registrations claim it, so the join can never fail.
 POD_GPU_ROWS = """
 max by (hostname, gpu, ${RUN}) (
-  ${GPU_PRESENT}{pod!=""}
+  (${GPU_PRESENT}{pod!=""} and on (namespace, pod) ${RUN_PODS_GPUS_UNKNOWN})
   * on (namespace, pod) group_left (${RUN})
-  topk by (namespace, pod) (1,
-    max by (namespace, pod, ${RUN}) (
-      ${RUN_PODS}
-    )
-  )
+  topk by (namespace, pod) (1, ${RUN_PODS_GPUS_UNKNOWN})
 )
-unless on (hostname, gpu, ${RUN}) ${GPU_INFO}
 """
 
 
@@ -703,14 +706,18 @@ def pod_gpu_rules() -> list[Recording]:
     each GPU's pod)."""
     # The exporter's side behind a ServiceMonitor without honorLabels: its namespace/pod are the
     # training pod's as exported_*, and namespace/pod the exporter's own (never a GPU's pod).
-    run_pods = promql("${EXPORTED}\nor\n${POD_INFO}{exported_pod=\"\"}",
-                      EXPORTED=relabelled(f'{L.POD_INFO}{{exported_pod!=""}}', POD_EXPORTED))
-    return [Recording(
-        s.POD_GPU_ROWS, promql(POD_GPU_ROWS, RUN_PODS=run_pods),
-        "The run on each GPU a Kubernetes pod holds, so a GPU fault goes to that run, not every "
-        f"run on the node: the pod on the GPU (presence above) joined to {L.POD_INFO} on "
-        f"namespace/pod. Only the rows {L.GPU_INFO} lacks, so readers of both read each row "
-        "once.")]
+    exported = relabelled(f'{L.POD_INFO}{{exported_pod!=""}}', POD_EXPORTED)
+    return [
+        Recording(s.RUN_PODS_GPUS_UNKNOWN, promql(RUN_PODS, EXPORTED=exported),
+                  f"The pods of {L.POD_INFO} (namespace/pod as the training pod's, also behind "
+                  "a ServiceMonitor without honorLabels) whose run has no GPU row on the host: "
+                  "the pods whose GPUs the join below looks up."),
+        Recording(s.POD_GPU_ROWS, promql(POD_GPU_ROWS),
+                  "The run on each GPU a Kubernetes pod holds, so a GPU fault goes to that run, "
+                  "not every run on the node: the pod on the GPU (presence above) joined to "
+                  f"those pods. A run with GPU rows on a host is placed there by {L.GPU_INFO} "
+                  "alone, so readers of both read each row once."),
+    ]
 
 
 # Which GPUs each run holds: the exporter's per-GPU join metric, or, on Kubernetes, the pod that

@@ -718,6 +718,18 @@ def kubernetes_cases() -> list[Case]:
     cases.append(Case(f"{ecc}: a pod claimed by two runs does not break the pod join", ecc,
                       claimed_twice, "12m",
                       [Expect({**RUN_A, **g(gpu="0", xid="94")}, desc.replace("GPU 2", "GPU 0"))]))
+    # Slurm jobs in pods: run A registers its GPUs (0, 1) as well as its pod, run B its pod only.
+    # A's GPU rows place A (once, not again through its pod); B is placed by its pod.
+    labelled = [dcgm("hostname", "DCGM_FI_DEV_GPU_TEMP", "40x80", gpu=str(i),
+                     pod="train-a-0" if i < 2 else "train-b-0", namespace="ml")
+                for i in range(4)]
+    for gpu, run in (("0", RUN_A), ("2", RUN_B)):
+        xid = dcgm("hostname", "DCGM_FI_DEV_XID_ERRORS", "_x20 94x60", gpu=gpu, err_code="94",
+                   pod="train-a-0" if run is RUN_A else "train-b-0", namespace="ml")
+        cases.append(Case(f"{ecc}: GPU rows and pods on one node, GPU {gpu}", ecc,
+                          [*runs, gpu_info(RUN_A, "0"), gpu_info(RUN_A, "1"), *labelled, xid],
+                          "12m", [Expect({**run, **g(gpu=gpu, xid="94")},
+                                         desc.replace("GPU 2", f"GPU {gpu}"))]))
     return cases
 
 
