@@ -64,7 +64,7 @@ INTERVAL_S = 30
 FLOOR_RATIO_TARGET = 1.5
 FLOOR_GROWTH_TARGET = 1.1
 # Each rule and floor read is priced this many times, in turn, and its cheapest pricing kept.
-PRICE_ROUNDS = int(os.environ.get("WANDB_INFRA_BENCH_RULES_ROUNDS", "2"))
+PRICE_ROUNDS = int(os.environ.get("WANDB_INFRA_BENCH_RULES_ROUNDS", "4"))
 GROWTH_TOLERANCE = 1.02
 # Wall-clock evaluation per host may grow this much from the smallest size to the largest:
 # scraping and the simulator's rendering grow too and share the 2 cores.
@@ -80,8 +80,10 @@ def _cluster(hosts: int) -> Cluster:
     names = [f"gpu-node-{i:0{width}d}" for i in range(1, hosts + 1)]
     flavours = {n: ("Hostname" if i % 3 == 0 else "4.9" if i % 10 == 1 else "hostname")
                 for i, n in enumerate(names)}
-    # Kubernetes mode (pod labels on every run's GPUs, a pod info series per run and host): the
-    # pod join reads every held GPU, the costliest case for the rules.
+    # Kubernetes mode (pod labels on every run's GPUs, a pod info series per run and host). Every
+    # run registers its GPUs too, so the pod join reads GPU presence and joins no GPU; on a
+    # cluster whose runs register pods only, the join places every GPU and the attribution group
+    # reads those rows instead of wandb_run_gpu_info (docs/limits.md).
     cluster = Cluster(hosts=hosts, gpus_per_host=GPUS, host_flavours=flavours, xid_count=True,
                       kubernetes_pods=True, render_ttl=5.0)
     per_run = hosts // runs
