@@ -7,9 +7,10 @@ so the run labels an alert carries are the ones these joins gave it.
 One group (``attribution``, every cycle) records the join of each family (GPU, host, link): the
 entities with a fault signal of the family (any entity in the sparse records its alerts read),
 and the runs on them. ``wandb_run_node_info`` is read once for the hosts any family signals and
-``wandb_run_gpu_info`` once for the hosts with a signalled GPU; each family filters those rows.
-Every alert of the family multiplies its fault by its family's rows; none reads the join metrics
-itself.
+``wandb_run_gpu_info`` once for the hosts with a signalled or stalled GPU; each family filters
+those rows. Every alert of the family multiplies its fault by its family's rows; none reads the
+join metrics itself. The stall (TrainingStalled) is joined to its runs from the same GPU rows
+(``stall_join``), so no other rule reads the join metrics for it either.
 
 GPU faults go to the runs holding the GPU (``wandb_run_gpu_info`` or the Kubernetes pod rows;
 several runs may share one), else to the runs on the host whose GPUs are unknown (never to a run
