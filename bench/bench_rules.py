@@ -131,6 +131,18 @@ def _groups(base_url: str) -> list[dict]:
              "last": g.get("lastEvaluation", "")} for g in data]
 
 
+def _every_group_evaluated(prom_url: str) -> None:
+    """Wait until every group has evaluated since the first scrapes, so the faults meet their
+    records' history: a GPU that falls off the bus before GPU presence was first recorded leaves
+    nothing to miss, and its alerts would fire or not by the groups' start offsets."""
+    start = {g["name"]: g["last"] for g in _groups(prom_url)}
+    deadline = time.monotonic() + duration_seconds(tiers.WEAR) + 2 * INTERVAL_S
+    while any(g["last"] == start.get(g["name"]) for g in _groups(prom_url)):
+        if time.monotonic() > deadline:
+            raise RuntimeError("a rule group did not evaluate within its interval")
+        time.sleep(5)
+
+
 def _measure(prom_url: str, seconds: float) -> tuple[list[float], dict[str, list[float]]]:
     """Evaluation seconds per 30 s of wall time, once every group has evaluated since the start
     of the phase: each group's last duration times 30 s over its interval (a 4-minute group
@@ -304,9 +316,9 @@ class Size(NamedTuple):
 
 
 def _one_size(hosts: int, minutes: float) -> Size:
-    """Start simulator + Prometheus, let the groups evaluate while the cluster is scraped every
-    30 s, read their durations, then evaluate every rule and the input-read floor once more,
-    one at a time.
+    """Start simulator + Prometheus, inject the faults once every group has evaluated, let the
+    groups evaluate while the cluster is scraped every 30 s, read their durations, then
+    evaluate every rule and the input-read floor once more, one at a time.
 
     The simulator (Python) shares the 2 cores with Prometheus, so the figure is pessimistic: a
     real Prometheus host does not also render the cluster. Stretching the scrape interval to
@@ -321,6 +333,7 @@ def _one_size(hosts: int, minutes: float) -> Size:
     with (tempfile.TemporaryDirectory(prefix="bench-rules-") as tmp, serve(cluster) as sim,
           prometheus(_config(sim.address, names), Path(tmp)) as prom):
         time.sleep(90)
+        _every_group_evaluated(prom.url)
         _faults(cluster)
         cpu_before, wall_before = _cpu_seconds(prom.url), time.monotonic()
         load, per_group = _measure(prom.url, max(phase, minutes * 60 - 90))
