@@ -153,22 +153,20 @@ def _gpu_labels(expr: str, host: HostKey) -> str:
     return relabelled(expr, [DCGM_HOST, *host.steps(), GPU_UUID])
 
 
-def _gpu(inner: str, host: HostKey, op: str = "max") -> str:
-    """One series per GPU, keyed (hostname, gpu, gpu_uuid): the inner aggregation strips every
-    other label first, so the relabelling works on small label sets. ``group`` (valued 1) where
-    only presence counts: on every GPU of a cluster each step of a query costs about as much as
-    reading the series, so no ``clamp`` follows."""
-    keyed = _by("Hostname, hostname, gpu, UUID", inner, op)
-    return _by("hostname, gpu, gpu_uuid", _gpu_labels(keyed, host), op)
-
-
-def _present(host: HostKey) -> str:
-    """Every GPU once per pod holding it, keyed (hostname, gpu, gpu_uuid, namespace, pod): the
-    pod join reads it instead of reading every GPU's series again."""
-    pods = "namespace, pod, exported_namespace, exported_pod"
-    keyed = _by(f"Hostname, hostname, gpu, UUID, {pods}", s.dcgm_raw(s.DCGM_GPU_TEMP), "group")
-    steps = [DCGM_HOST, *host.steps(), GPU_UUID, *POD_EXPORTED]
-    return _by("hostname, gpu, gpu_uuid, namespace, pod", relabelled(keyed, steps), "group")
+def _gpu(inner: str, host: HostKey, op: str = "max", pods: bool = False) -> str:
+    """One series per GPU, keyed (hostname, gpu, gpu_uuid), and with ``pods`` per Kubernetes pod
+    holding it (namespace, pod, renamed back from exported_* behind a ServiceMonitor without
+    honorLabels): the inner aggregation strips every other label first, so the relabelling works
+    on small label sets. ``group`` (valued 1) where only presence counts: on every GPU of a
+    cluster each step of a query costs about as much as reading the series, so no ``clamp``
+    follows."""
+    raw, key, steps = "Hostname, hostname, gpu, UUID", "hostname, gpu, gpu_uuid", []
+    if pods:
+        raw += ", namespace, pod, exported_namespace, exported_pod"
+        key += ", namespace, pod"
+        steps = POD_EXPORTED
+    keyed = _by(raw, inner, op)
+    return _by(key, relabelled(keyed, [DCGM_HOST, *host.steps(), GPU_UUID, *steps]), op)
 
 
 def _host_label(inner: str, host: HostKey) -> str:
@@ -333,7 +331,8 @@ def dcgm_state_rules(violation_unit: str, host: HostKey = DEFAULT_HOST_KEY
     why = (f"violation counter over {s.VIOLATION_WINDOW} as a fraction of time ({violation_unit} "
            "per second / 1 s, capped at 1), GPUs with a non-zero rate only")
     return [
-        Recording(s.GPU_PRESENT, _present(host),
+        Recording(s.GPU_PRESENT,
+                  _gpu(s.dcgm_raw(s.DCGM_GPU_TEMP), host, "group", pods=True),
                   "1 for every GPU dcgm-exporter reports (read from its temperature, which every "
                   "version exports), with the Kubernetes pod holding it (namespace, pod, taken "
                   "from exported_namespace/exported_pod where a ServiceMonitor without "

@@ -131,13 +131,18 @@ def _groups(base_url: str) -> list[dict]:
              "last": g.get("lastEvaluation", "")} for g in data]
 
 
+def _evaluated_since(start: dict[str, str], groups: list[dict]) -> bool:
+    """Whether every group has evaluated since ``start`` (each group's last evaluation then)."""
+    return all(g["last"] != start.get(g["name"]) for g in groups)
+
+
 def _every_group_evaluated(prom_url: str) -> None:
     """Wait until every group has evaluated since the first scrapes, so the faults meet their
     records' history: a GPU that falls off the bus before GPU presence was first recorded leaves
     nothing to miss, and its alerts would fire or not by the groups' start offsets."""
     start = {g["name"]: g["last"] for g in _groups(prom_url)}
     deadline = time.monotonic() + duration_seconds(tiers.WEAR) + 2 * INTERVAL_S
-    while any(g["last"] == start.get(g["name"]) for g in _groups(prom_url)):
+    while not _evaluated_since(start, _groups(prom_url)):
         if time.monotonic() > deadline:
             raise RuntimeError("a rule group did not evaluate within its interval")
         time.sleep(5)
@@ -159,7 +164,7 @@ def _measure(prom_url: str, seconds: float) -> tuple[list[float], dict[str, list
             if g["last"] != seen.get(g["name"]):
                 per_group.setdefault(g["name"], []).append(g["duration"])
                 seen[g["name"]] = g["last"]
-        if all(g["last"] != start.get(g["name"]) for g in groups):
+        if _evaluated_since(start, groups):
             load.append(sum(g["duration"] * INTERVAL_S / g["interval"] for g in groups))
     return load, per_group
 
