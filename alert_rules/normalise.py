@@ -680,6 +680,12 @@ def link_wear_rules() -> list[Recording]:
 
 # --- runs on GPUs (slow tier) ------------------------------------------------------------------
 
+# The runs on a host with no GPU row there: the pod join below and the runs whose GPUs are
+# unknown both start from them, so the GPU rows are read for this once.
+RUN_HOSTS_ROWLESS = """
+max by (hostname, ${RUN}) (${NODE_INFO})
+unless on (hostname, ${RUN}) ${GPU_INFO}
+"""
 # The pods of runs with no GPU row on their host, under the training pod's namespace/pod. Rows
 # the exporter's GPU rows already hold are left out before the join: every reader reads both,
 # and where runs register their GPUs too (Slurm jobs in pods) the join then touches no GPU.
@@ -688,7 +694,7 @@ max by (hostname, namespace, pod, ${RUN}) (
   ${EXPORTED}
   or ${POD_INFO}{exported_pod=""}
 )
-unless on (hostname, ${RUN}) ${GPU_INFO}
+and on (hostname, ${RUN}) ${RUN_HOSTS_GPU_ROWLESS}
 """
 # One run per pod even if two registrations claim it, so the join can never fail.
 POD_GPU_ROWS = """
@@ -707,6 +713,9 @@ def pod_gpu_rules() -> list[Recording]:
     # training pod's as exported_*, and namespace/pod the exporter's own (never a GPU's pod).
     exported = relabelled(f'{L.POD_INFO}{{exported_pod!=""}}', POD_EXPORTED)
     return [
+        Recording(s.RUN_HOSTS_GPU_ROWLESS, promql(RUN_HOSTS_ROWLESS),
+                  f"Runs on a host where {L.GPU_INFO} has no row of theirs: the runs whose GPUs "
+                  "there only their pods or nothing can tell."),
         Recording(s.RUN_PODS_GPUS_UNKNOWN, promql(RUN_PODS, EXPORTED=exported),
                   f"The pods of {L.POD_INFO} (namespace/pod as the training pod's, also behind "
                   "a ServiceMonitor without honorLabels) whose run has no GPU row on the host: "
@@ -805,11 +814,8 @@ def stall_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
 # --- workload history and stragglers (slow tier) -----------------------------------------------
 
 GPUS_UNKNOWN = """
-max by (hostname, ${RUN}) (
-  ${NODE_INFO}
-  unless on (hostname, ${RUN}) ${GPU_INFO}
-  unless on (hostname, ${RUN}) ${POD_ROWS}
-)
+${RUN_HOSTS_GPU_ROWLESS}
+unless on (hostname, ${RUN}) ${POD_GPU_ROWS}
 """
 SOLE_GPULESS = """
 ${RUN_HOSTS_GPUS_UNKNOWN}
@@ -881,7 +887,7 @@ def workload_history_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
                   f"Peak tensor activity of the GPUs that stayed at or below "
                   f"{STALL_PRIOR_ACTIVITY_MIN} for the whole last {hour}: an idle allocation, "
                   "which the stall record does not call a hang."),
-        Recording(s.RUN_HOSTS_GPUS_UNKNOWN, promql(GPUS_UNKNOWN, POD_ROWS=s.POD_GPU_ROWS),
+        Recording(s.RUN_HOSTS_GPUS_UNKNOWN, promql(GPUS_UNKNOWN),
                   "Runs on a host whose GPUs there are unknown (no per-GPU or pod row): GPU "
                   "faults reach them by host."),
         Recording(s.RUN_HOSTS_SOLE_GPULESS, promql(SOLE_GPULESS),

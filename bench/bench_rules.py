@@ -64,7 +64,7 @@ INTERVAL_S = 30
 FLOOR_RATIO_TARGET = 1.5
 FLOOR_GROWTH_TARGET = 1.1
 # Each rule and floor read is priced this many times, in turn, and its cheapest pricing kept.
-PRICE_ROUNDS = int(os.environ.get("WANDB_INFRA_BENCH_RULES_ROUNDS", "4"))
+PRICE_ROUNDS = int(os.environ.get("WANDB_INFRA_BENCH_RULES_ROUNDS", "8"))
 GROWTH_TOLERANCE = 1.02
 # Wall-clock evaluation per host may grow this much from the smallest size to the largest:
 # scraping and the simulator's rendering grow too and share the 2 cores.
