@@ -91,6 +91,7 @@ Step = tuple[str, str, str]
 DCGM_HOST: Step = ("hostname", "Hostname", "(.+)")
 GPU_UUID: Step = ("gpu_uuid", "UUID", "(.+)")
 # A ServiceMonitor without honorLabels renames the training pod's labels to exported_*.
+POD_LABELS = "namespace, pod, exported_namespace, exported_pod"
 POD_EXPORTED: list[Step] = [("pod", "exported_pod", "(.+)"),
                             ("namespace", "exported_namespace", "(.+)")]
 
@@ -155,18 +156,15 @@ def _gpu_labels(expr: str, host: HostKey) -> str:
 
 def _gpu(inner: str, host: HostKey, op: str = "max", pods: bool = False) -> str:
     """One series per GPU, keyed (hostname, gpu, gpu_uuid), and with ``pods`` per Kubernetes pod
-    holding it (namespace, pod, renamed back from exported_* behind a ServiceMonitor without
-    honorLabels): the inner aggregation strips every other label first, so the relabelling works
-    on small label sets. ``group`` (valued 1) where only presence counts: on every GPU of a
-    cluster each step of a query costs about as much as reading the series, so no ``clamp``
-    follows."""
-    raw, key, steps = "Hostname, hostname, gpu, UUID", "hostname, gpu, gpu_uuid", []
-    if pods:
-        raw += ", namespace, pod, exported_namespace, exported_pod"
-        key += ", namespace, pod"
-        steps = POD_EXPORTED
-    keyed = _by(raw, inner, op)
-    return _by(key, relabelled(keyed, [DCGM_HOST, *host.steps(), GPU_UUID, *steps]), op)
+    holding it, with the pod labels as scraped (namespace, pod, and exported_* behind a
+    ServiceMonitor without honorLabels): the inner aggregation strips every other label first,
+    so the relabelling works on small label sets. The pod labels are not renamed here, where
+    every GPU would pay for it; the pod join renames the few exported_* rows it reads. ``group``
+    (valued 1) where only presence counts: on every GPU of a cluster each step of a query costs
+    about as much as reading the series, so no ``clamp`` follows."""
+    key = "hostname, gpu, gpu_uuid" + (", " + POD_LABELS if pods else "")
+    keyed = _by("Hostname, hostname, gpu, UUID" + (", " + POD_LABELS if pods else ""), inner, op)
+    return _by(key, relabelled(keyed, [DCGM_HOST, *host.steps(), GPU_UUID]), op)
 
 
 def _host_label(inner: str, host: HostKey) -> str:
@@ -334,8 +332,8 @@ def dcgm_state_rules(violation_unit: str, host: HostKey = DEFAULT_HOST_KEY
         Recording(s.GPU_PRESENT,
                   _gpu(s.dcgm_raw(s.DCGM_GPU_TEMP), host, "group", pods=True),
                   "1 for every GPU dcgm-exporter reports (read from its temperature, which every "
-                  "version exports), with the Kubernetes pod holding it (namespace, pod, taken "
-                  "from exported_namespace/exported_pod where a ServiceMonitor without "
+                  "version exports), with the Kubernetes pod holding it as scraped (namespace, "
+                  "pod, or exported_namespace/exported_pod where a ServiceMonitor without "
                   "honorLabels renamed them): the only dense per-GPU record; dashboards list "
                   "GPUs from it, and the GPU count, the pods' runs and the vanished GPUs derive "
                   "from it."),
@@ -696,10 +694,15 @@ max by (hostname, namespace, pod, ${RUN}) (
 )
 and on (hostname, ${RUN}) ${RUN_HOSTS_GPU_ROWLESS}
 """
-# One run per pod even if two registrations claim it, so the join can never fail.
+# The pod on each GPU is its exported_* pair where a ServiceMonitor without honorLabels renamed
+# dcgm-exporter's labels (namespace/pod are then the exporter's own), else namespace/pod. One
+# run per pod even if two registrations claim it, so the join can never fail.
 POD_GPU_ROWS = """
 max by (hostname, gpu, ${RUN}) (
-  (${GPU_PRESENT}{pod!=""} and on (namespace, pod) ${RUN_PODS_GPUS_UNKNOWN})
+  (
+    (${GPU_PRESENT}{exported_pod="",pod!=""} or ${PRESENT_EXPORTED})
+    and on (namespace, pod) ${RUN_PODS_GPUS_UNKNOWN}
+  )
   * on (namespace, pod) group_left (${RUN})
   topk by (namespace, pod) (1, ${RUN_PODS_GPUS_UNKNOWN})
 )
@@ -714,17 +717,17 @@ def pod_gpu_rules() -> list[Recording]:
     exported = relabelled(f'{L.POD_INFO}{{exported_pod!=""}}', POD_EXPORTED)
     return [
         Recording(s.RUN_HOSTS_GPU_ROWLESS, promql(RUN_HOSTS_ROWLESS),
-                  f"Runs on a host where {L.GPU_INFO} has no row of theirs: the runs whose GPUs "
-                  "there only their pods or nothing can tell."),
+                  f"Runs on a host where {L.GPU_INFO} has no row of theirs (GPUs by pod or "
+                  "unknown)."),
         Recording(s.RUN_PODS_GPUS_UNKNOWN, promql(RUN_PODS, EXPORTED=exported),
                   f"The pods of {L.POD_INFO} (namespace/pod as the training pod's, also behind "
                   "a ServiceMonitor without honorLabels) whose run has no GPU row on the host: "
                   "the pods whose GPUs the join below looks up."),
-        Recording(s.POD_GPU_ROWS, promql(POD_GPU_ROWS),
-                  "The run on each GPU a Kubernetes pod holds, so a GPU fault goes to that run, "
-                  "not every run on the node: the pod on the GPU (presence above) joined to "
-                  f"those pods. A run with GPU rows on a host is placed there by {L.GPU_INFO} "
-                  "alone, so readers of both read each row once."),
+        Recording(s.POD_GPU_ROWS, promql(POD_GPU_ROWS, PRESENT_EXPORTED=relabelled(
+                      f'{s.GPU_PRESENT}{{exported_pod!=""}}', POD_EXPORTED)),
+                  "The run on each GPU a Kubernetes pod holds (presence's pod joined to those "
+                  "pods), so a GPU fault goes to that run, not every run on the node; a run with "
+                  f"GPU rows on a host is placed there by {L.GPU_INFO} alone."),
     ]
 
 
