@@ -342,9 +342,8 @@ def dcgm_state_rules(violation_unit: str, host: HostKey = DEFAULT_HOST_KEY
                   "Number of GPUs each host reports now (each once, whatever pods or exporter "
                   "replicas report it)."),
         Recording(s.HOST_GPU_COUNT_DROP, promql(GPUS_DROPPED),
-                  f"How many GPUs fewer a host reports than its most within the last "
-                  f"{s.span(s.HISTORY_WINDOW)} (hosts with a drop only), for "
-                  "NodeGpuCountDropped."),
+                  f"GPUs fewer than a host's most within the last {s.span(s.HISTORY_WINDOW)} "
+                  "(hosts with a drop only), for NodeGpuCountDropped."),
         Recording(s.THERMAL_VIOLATION, ratio("DCGM_FI_DEV_THERMAL_VIOLATION"),
                   "Share of time each GPU was throttled for heat: the thermal " + why + "."),
         Recording(s.POWER_VIOLATION, ratio("DCGM_FI_DEV_POWER_VIOLATION"),
@@ -810,7 +809,7 @@ def stall_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
                   promql(SOLE_STALLED,
                          SOLE_READ=tiers.reading(s.RUN_HOSTS_SOLE_GPULESS, tiers.WEAR)),
                   "Runs whose GPUs are unknown, alone on a host whose every GPU is stalled and "
-                  "one hung, valued with the stalled GPUs' activity."),
+                  "one hung (valued with their activity)."),
     ]
 
 
@@ -845,28 +844,17 @@ SOLE_LAGGING = """
   ${RUN_GPUS_LAGGING}
 )
 """
-UTIL_ON_LAGGING_RUN_HOSTS = """
-${UTIL}
-and on (hostname)
-(
+TARGETS_OF_LAGGING_RUNS = """
+${DCGM_EXPORTER_TARGET}
+and on (hostname) (
   max by (hostname) (${LAGGING_RUN_GPU_ROWS})
-  or
-  max by (hostname) ${SOLE_LAGGING}
+  or max by (hostname) ${SOLE_LAGGING}
 )
 """
 RUN_BUSIEST = """
 max by (${RUN}) (
-  (
-    ${LAGGING_RUN_GPU_ROWS}
-    * on (hostname, gpu) group_left ()
-    ${GPU_UTIL_LAGGING_RUN_HOSTS}
-  )
-  or
-  (
-    ${GPU_UTIL_LAGGING_RUN_HOSTS}
-    * on (hostname) group_left (${RUN})
-    ${SOLE_LAGGING}
-  )
+  (${LAGGING_RUN_GPU_ROWS} * on (hostname, gpu) group_left () ${GPU_UTIL_LAGGING_RUN_HOSTS})
+  or (${GPU_UTIL_LAGGING_RUN_HOSTS} * on (hostname) group_left (${RUN}) ${SOLE_LAGGING})
 )
 """
 STRAGGLING = """
@@ -903,21 +891,23 @@ def straggler_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
     it, and the search reads utilisation twice and the GPU rows of the runs it finds).
 
     A straggler is more than the gap below its run's busiest GPU, so below ``1 - gap`` in any
-    case: those lagging GPUs are found first (sparse), then the GPU rows of their runs;
-    utilisation is relabelled to the canonical host (the exporters' host names may be FQDNs) and
-    kept for those runs' hosts only.
+    case: those lagging GPUs are found first (sparse), then the GPU rows of their runs; the
+    second utilisation read keeps only the series of those hosts' dcgm-exporter targets (the
+    target map, joined on instance and job) before any arithmetic or relabelling, which would
+    otherwise touch every GPU. A target the map does not know yet leaves its host's GPUs out of
+    the run's busiest, which can hide a straggler, never invent one.
     """
-    def util(cut: str = "") -> str:
-        return s.dcgm_raw(s.DCGM_GPU_UTIL, fn="avg_over_time", window=s.UTIL_WINDOW, cut=cut)
+    def util(cut: str = "", only: str = "") -> str:
+        return s.dcgm_raw(s.DCGM_GPU_UTIL, fn="avg_over_time", window=s.UTIL_WINDOW, cut=cut,
+                          only=only)
 
     lagging_below = f"{1 - STRAGGLER_GAP:g}"
     sole_lagging = promql(SOLE_LAGGING)
     window = s.span(s.UTIL_WINDOW)
     return [
         Recording(s.GPU_UTIL_LAGGING, _host_label(util(f" < {lagging_below}"), host),
-                  f"GPU utilisation averaged over {window}, of the GPUs below {lagging_below} "
-                  "(a straggler is always below that): the sparse start of the straggler "
-                  "search."),
+                  f"Utilisation averaged over {window} of the GPUs below {lagging_below} (every "
+                  "straggler is): the straggler search's sparse start."),
         Recording(s.RUN_GPUS_LAGGING,
                   promql(RUN_GPUS_LAGGING,
                          LAGGING_ROWS=run_gpu_rows(s.GPU_UTIL_LAGGING, "hostname, gpu")),
@@ -926,11 +916,15 @@ def straggler_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
         Recording(s.LAGGING_RUN_GPU_ROWS, run_gpu_rows(s.RUN_GPUS_LAGGING, RUN),
                   "Every GPU row of the runs with a lagging GPU: the runs whose busiest GPU is "
                   "needed."),
+        Recording(s.DCGM_TARGETS_LAGGING_RUNS,
+                  promql(TARGETS_OF_LAGGING_RUNS, SOLE_LAGGING=sole_lagging),
+                  "The dcgm-exporter targets of those runs' hosts, so their utilisation is read "
+                  "from these targets alone."),
         Recording(s.GPU_UTIL_LAGGING_RUN_HOSTS,
-                  promql(UTIL_ON_LAGGING_RUN_HOSTS, UTIL=_host_label(util(), host),
-                         SOLE_LAGGING=sole_lagging),
-                  f"GPU utilisation averaged over {window} on the hosts of those runs only, "
-                  "relabelled to the canonical host name."),
+                  _host_label(util(only=f" and on (instance, job) {s.DCGM_TARGETS_LAGGING_RUNS}"),
+                              host),
+                  f"GPU utilisation averaged over {window} on those hosts only, read through "
+                  "their targets before any relabelling."),
         Recording(s.RUN_GPU_UTIL_BUSIEST, promql(RUN_BUSIEST, SOLE_LAGGING=sole_lagging),
                   f"Utilisation of each such run's busiest GPU (averaged over {window})."),
         Recording(s.RUN_GPU_STRAGGLING, promql(STRAGGLING),
@@ -1174,8 +1168,8 @@ def host_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
                   "(ipmi_exporter), named by the host part of the exporter's instance (or its "
                   "relabelled instance: remote BMC scrapes must set it to the node's name)."),
         Recording(s.IPMI_CHASSIS_CRITICAL, _instance_host(_h(IPMI_CHASSIS), "name", host),
-                  "IPMI fan, temperature and other (CPU, memory, chassis) sensors in critical "
-                  "state (ipmi_exporter), by host and sensor name."),
+                  "IPMI fan, temperature and other (CPU, memory, chassis) sensors critical now "
+                  "(ipmi_exporter), by host and sensor."),
     ]
 
 

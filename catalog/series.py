@@ -25,6 +25,8 @@ contract-1 join metrics directly (see ``alert_rules/attribution.py``).
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 from wandb_infra.catalog.template import fill
 from wandb_infra.common import labels as L
 
@@ -99,6 +101,7 @@ GPU_RECOVERY_ACTION = "gpu:dcgm_gpu_recovery_action:max"
 HOST_GPU_COUNT = "hostname:dcgm_gpus:count"
 NODE_EXPORTER_TARGET = "instance:node_exporter_hostname:info"
 DCGM_EXPORTER_TARGET = "instance:dcgm_exporter_hostname:info"
+DCGM_TARGETS_LAGGING_RUNS = "instance:dcgm_exporter_hostname:lagging_run_hosts"
 TARGET_HOSTS = f"instance:telemetry_target_hostname:info_{HISTORY_WINDOW}"
 # Every scrape target down now (up == 0), all its labels kept: up read once per cycle for every
 # rule and alert that asks which targets are down (several read the whole of up otherwise).
@@ -203,11 +206,14 @@ def span(duration: str) -> str:
 
 
 def dcgm_raw(field: Field, *, matchers: str = "", fn: str = "", window: str = "",
-             cut: str = "") -> str:
+             cut: str = "", only: str = "") -> str:
     """A field read from dcgm-exporter in its normalised unit, labels as scraped.
 
     Names sharing a factor are read with one selector (no ``or`` between them); ``fn`` and
-    ``window`` make it ``fn(name[window])``; ``cut`` (e.g. ``" >= 85"``) filters each part first.
+    ``window`` make it ``fn(name[window])``; ``cut`` (e.g. ``" >= 85"``) and ``only`` (a set
+    operation, e.g. ``" and on (instance, job) targets"``) filter each part first, in the
+    exporter's unit, so the factor multiplies only the series left (on every GPU of a cluster,
+    arithmetic costs about as much as reading the series).
     """
     by_factor: dict[str, list[str]] = {}
     for name, factor in field:
@@ -218,8 +224,23 @@ def dcgm_raw(field: Field, *, matchers: str = "", fn: str = "", window: str = ""
         expr = f"{{{match}}}"
         if fn:
             expr = f"{fn}({expr}[{window}])"
-        parts.append(f"{expr}{factor}{cut}")
-    return parts[0] if len(parts) == 1 else " or ".join(f"({p})" for p in parts)
+        filters = (_unscaled(cut, factor) if cut and factor else cut) + only
+        parts.append(f"({expr}{filters}){factor}" if filters and factor
+                     else f"{expr}{filters}{factor}")
+    return parts[0] if len(parts) == 1 else ("\nor " if only else " or ").join(
+        f"({p})" for p in parts)
+
+
+def _unscaled(cut: str, factor: str) -> str:
+    """``cut`` (``" < 0.9"``) as the same comparison before ``factor`` (``" / 100"``): ``" < 90"``.
+    Decimal arithmetic, so the threshold prints as written (0.9 x 100 is 90, not 90.00000000000001).
+    """
+    compare, threshold = cut.split()
+    scale, by = factor.split()
+    if scale not in ("*", "/") or Decimal(by) <= 0:
+        raise ValueError(f"factor {factor!r}: a positive * or / constant is expected")
+    raw = Decimal(threshold) / Decimal(by) if scale == "*" else Decimal(threshold) * Decimal(by)
+    return f" {compare} {raw.normalize():f}"
 
 
 def dcgm_gpu(field: Field, host_re: str, gpu_re: str, fn: str = "", window: str = "") -> str:

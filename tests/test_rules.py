@@ -534,6 +534,19 @@ def test_templates_substitute_names_and_indent_nested_values():
         fill("${UNKNOWN} > 0", {})
 
 
+def test_a_cut_is_compared_in_the_exporters_unit_before_the_factor():
+    """Thresholding first keeps the factor's arithmetic off every GPU but the few left; the
+    threshold is converted exactly (0.9 x 100 is 90, not 90.00000000000001)."""
+    util = s.dcgm_raw(s.DCGM_GPU_UTIL, fn="avg_over_time", window="2m", cut=" < 0.9")
+    assert util == ('((avg_over_time({__name__=~"DCGM_FI_DEV_GPU_UTIL"}[2m]) < 90) / 100) or '
+                    '(avg_over_time({__name__=~"DCGM_FI_DEV_GPU_UTIL_RATIO"}[2m]) < 0.9)')
+    assert s.dcgm_raw(s.DCGM_FB_USED, cut=" > 1073741824") == \
+        '({__name__=~"DCGM_FI_DEV_FB_USED"} > 1024) * 1048576'
+    assert s.dcgm_raw(s.DCGM_FB_USED) == '{__name__=~"DCGM_FI_DEV_FB_USED"} * 1048576'
+    with pytest.raises(ValueError, match="positive"):
+        s.dcgm_raw((("X", " - 1"),), cut=" > 0")
+
+
 def _group_comment_blocks(text: str) -> dict[str, str]:
     """The comment lines right above each ``- name:`` line, joined, by group name."""
     out, pending = {}, []

@@ -58,6 +58,12 @@ def dcgm(sp: str, metric: str, values: str, host: str = "n1", gpu: str = "0",
                            "instance": f"{host}:9400", "job": "dcgm", **extra}, values)
 
 
+def reported(sp: str, host: str = "n1", metric: str = "DCGM_FI_DEV_GPU_TEMP") -> Series:
+    """GPU 0's temperature, which every dcgm-exporter exports: the target map (which host a
+    dcgm-exporter target reports) reads it, and so do the records that read a target's GPUs."""
+    return dcgm(sp, metric, "40x80", host)
+
+
 def node(metric: str, values: str, host: str = "n1", **extra: str) -> Series:
     """A node_exporter series (no hostname label, as scraped)."""
     return Series(metric, {"instance": f"{host}:9100", "job": "node", **extra}, values)
@@ -285,7 +291,8 @@ def workload_cases(sp: str) -> list[Case]:
     cases.append(Case(f"TrainingStalled: two runs with unknown GPUs share the host ({sp})",
                       "TrainingStalled",
                       [node_info(RUN_A), node_info(RUN_B), *host_gpus, *active, *hung], "30m"))
-    util = [dcgm(sp, "DCGM_FI_DEV_GPU_UTIL", "95x80", gpu=str(i)) for i in range(3)]
+    util = [reported(sp), *(dcgm(sp, "DCGM_FI_DEV_GPU_UTIL", "95x80", gpu=str(i))
+                            for i in range(3))]
     cases += _pair(f"one GPU far behind ({sp})", "TrainingStraggler",
                    [*run, *util, dcgm(sp, "DCGM_FI_DEV_GPU_UTIL", "60x80", gpu="3")],
                    [*run, *util, dcgm(sp, "DCGM_FI_DEV_GPU_UTIL", "92x80", gpu="3")], "8m",
@@ -294,7 +301,8 @@ def workload_cases(sp: str) -> list[Case]:
                            "points below the run's busiest GPU.")])
     two_hosts = [node_info(RUN_A), gpu_info(RUN_A, "0"), node_info(RUN_A, "n2"),
                  gpu_info(RUN_A, "0", "n2"), dcgm(sp, "DCGM_FI_DEV_GPU_UTIL", "60x80"),
-                 node_info(RUN_B, "n3"), gpu_info(RUN_B, "0", "n3")]
+                 node_info(RUN_B, "n3"), gpu_info(RUN_B, "0", "n3"),
+                 *(reported(sp, host) for host in ("n1", "n2", "n3"))]
     cases += _pair(f"busiest GPU on another host ({sp})", "TrainingStraggler",
                    [*two_hosts, dcgm(sp, "DCGM_FI_DEV_GPU_UTIL", "95x80", "n2"),
                     dcgm(sp, "DCGM_FI_DEV_GPU_UTIL", "100x80", "n3")],
@@ -524,7 +532,8 @@ def dcgm49_cases() -> list[Case]:
     sp = "hostname"
     bg = [dcgm(sp, "DCGM_FI_DEV_GPU_TEMP_CELSIUS", "40x80", gpu="1")]
     run = [node_info(RUN_A), *(gpu_info(RUN_A, str(i)) for i in range(4))]
-    util = [dcgm(sp, "DCGM_FI_DEV_GPU_UTIL_RATIO", "0.95x80", gpu=str(i)) for i in range(3)]
+    util = [reported(sp, metric="DCGM_FI_DEV_GPU_TEMP_CELSIUS"),
+            *(dcgm(sp, "DCGM_FI_DEV_GPU_UTIL_RATIO", "0.95x80", gpu=str(i)) for i in range(3))]
     return [
         *_pair("4.9 temperature name", "GpuTemperatureCritical",
                [*bg, dcgm(sp, "DCGM_FI_DEV_GPU_TEMP_CELSIUS", "97x80")],
@@ -619,7 +628,8 @@ def real_telemetry_cases() -> list[Case]:
                                   f"InfiniBand mlx5_0 port 1 on {key} is in state 1 (4 = active) "
                                   "after being active within the last hour.")]))
     fqdn = "n1.cluster.example.com"
-    util = [dcgm("hostname", "DCGM_FI_DEV_GPU_UTIL", "95x80", fqdn, str(i)) for i in range(3)]
+    util = [reported("hostname", fqdn),
+            *(dcgm("hostname", "DCGM_FI_DEV_GPU_UTIL", "95x80", fqdn, str(i)) for i in range(3))]
     run = [node_info(RUN_A), *(gpu_info(RUN_A, str(i)) for i in range(4))]
     cases.append(Case("TrainingStraggler: FQDN dcgm host label", "TrainingStraggler",
                       [*run, *util, dcgm("hostname", "DCGM_FI_DEV_GPU_UTIL", "60x80", fqdn, "3")],
