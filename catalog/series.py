@@ -213,7 +213,8 @@ def dcgm_raw(field: Field, *, matchers: str = "", fn: str = "", window: str = ""
     ``window`` make it ``fn(name[window])``; ``cut`` (e.g. ``" >= 85"``) and ``only`` (a set
     operation, e.g. ``" and on (instance, job) targets"``) filter each part first, in the
     exporter's unit, so the factor multiplies only the series left (on every GPU of a cluster,
-    arithmetic costs about as much as reading the series).
+    arithmetic costs about as much as reading the series). With ``only`` the parts are long, so
+    each goes on a line of its own.
     """
     by_factor: dict[str, list[str]] = {}
     for name, factor in field:
@@ -235,6 +236,8 @@ def _unscaled(cut: str, factor: str) -> str:
     """``cut`` (``" < 0.9"``) as the same comparison before ``factor`` (``" / 100"``): ``" < 90"``.
     Decimal arithmetic, so the threshold prints as written (0.9 x 100 is 90, not 90.00000000000001).
     """
+    if len(cut.split()) != 2 or len(factor.split()) != 2:
+        raise ValueError(f"cut {cut!r} with factor {factor!r}: 'op number' each is expected")
     compare, threshold = cut.split()
     scale, by = factor.split()
     if scale not in ("*", "/") or Decimal(by) <= 0:

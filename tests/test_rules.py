@@ -545,6 +545,8 @@ def test_a_cut_is_compared_in_the_exporters_unit_before_the_factor():
     assert s.dcgm_raw(s.DCGM_FB_USED) == '{__name__=~"DCGM_FI_DEV_FB_USED"} * 1048576'
     with pytest.raises(ValueError, match="positive"):
         s.dcgm_raw((("X", " - 1"),), cut=" > 0")
+    with pytest.raises(ValueError, match="'op number'"):
+        s.dcgm_raw(s.DCGM_FB_USED, cut=" > 0 unless x")
 
 
 def _group_comment_blocks(text: str) -> dict[str, str]:

@@ -60,7 +60,8 @@ def dcgm(sp: str, metric: str, values: str, host: str = "n1", gpu: str = "0",
 
 def reported(sp: str, host: str = "n1", metric: str = "DCGM_FI_DEV_GPU_TEMP") -> Series:
     """GPU 0's temperature, which every dcgm-exporter exports: the target map (which host a
-    dcgm-exporter target reports) reads it, and so do the records that read a target's GPUs."""
+    dcgm-exporter target reports) reads it, and the straggler's second utilisation read keeps
+    only the targets that map names."""
     return dcgm(sp, metric, "40x80", host)
 
 
