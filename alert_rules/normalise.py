@@ -790,7 +790,7 @@ def stall_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
     idle = promql(
         IDLE_WITH_MEMORY,
         IDLE=s.dcgm_raw(s.DCGM_TENSOR_ACTIVE, cut=f" < {STALL_ACTIVITY_MAX}"),
-        MEMORY_HELD=s.dcgm_raw(s.DCGM_FB_USED, cut=f" > {STALL_FB_MIN_BYTES}"),
+        MEMORY_HELD=s.dcgm_raw(s.DCGM_FB_USED, cut=f" > {STALL_FB_MIN_BYTES}", unit=False),
         BUSY_INSTANCE=s.dcgm_raw(s.DCGM_TENSOR_ACTIVE, matchers='GPU_I_ID!=""',
                                  cut=f" >= {STALL_ACTIVITY_MAX}"))
     return [
@@ -975,8 +975,9 @@ max by (instance, job, mountpoint, fstype) (
 or on (instance, job, mountpoint)
 label_replace(${NFS}, "fstype", "nfs", "", "")
 """
-# Read-only since a remount: read-only now and writable within WEAR_WINDOW (the turn, seen by at
-# least one evaluation), then held from the record's own previous value while it stays
+# Read-only since a remount: read-only now and changed within WEAR_WINDOW (a 0/1 gauge read-only
+# now that changed was writable: the turn, seen by at least one evaluation; changes() keeps only
+# the mounts that turned, where min_over_time() == 0 kept every writable one), then held from the record's own previous value while it stays
 # read-only. A mount read-only from its first sample (from boot) never enters.
 FS_REMOUNTED = """
 (
@@ -1104,15 +1105,12 @@ def host_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
     fabric = _host_label(_h(FABRIC_NOT_READY, STATUS=fm_status), host)
     return [
         Recording(s.HOST_OOM_KILLS, _host(_h(
-            "(max_over_time(node_vmstat_oom_kill[${WEAR_WINDOW}])"
-            " - min_over_time(node_vmstat_oom_kill[${WEAR_WINDOW}]) > 0"
-            " unless resets(node_vmstat_oom_kill[${WEAR_WINDOW}]) > 0)"
-            " or increase(node_vmstat_oom_kill[${WEAR_WINDOW}]) > 0")),
+            "node_vmstat_oom_kill - min_over_time(node_vmstat_oom_kill[${WEAR_WINDOW}]) > 0")),
                   f"OOM kills per host in the last {s.WEAR_WINDOW} (node_vmstat_oom_kill, "
                   "non-zero only): the kernel killed a process for lack of system memory. "
-                  "Counted exactly (last minus first sample) unless the counter reset in the "
-                  "window (a reboot): increase() extrapolates, and a description saying 3 kills "
-                  "for 2 misleads."),
+                  "Counted exactly, now minus the window's lowest sample (after a reboot, the "
+                  "kills since it): increase() extrapolates, and a description saying 3 kills "
+                  "for 2 misleads. One range read: the four it took cost twice as much."),
         Recording(s.HOST_MEMORY_PRESSURE, _host(_h(
             "rate(node_pressure_memory_stalled_seconds_total[${VIOLATION_WINDOW}]) > ${MIN}",
             MIN=h.MEMORY_PRESSURE_RATIO / 2)),
@@ -1131,7 +1129,7 @@ def host_rules(host: HostKey = DEFAULT_HOST_KEY) -> list[Recording]:
         Recording(s.FS_READONLY_REMOUNTED, _h(
             FS_REMOUNTED, READONLY=s.FS_READONLY, REMOUNTED=s.FS_READONLY_REMOUNTED,
             WRITABLE=_paren(s.node_with_host(_h(
-                f"min_over_time(node_filesystem_readonly{{{fs}}}[${{WEAR_WINDOW}}]) == 0"),
+                f"changes(node_filesystem_readonly{{{fs}}}[${{WEAR_WINDOW}}]) > 0"),
                 "mountpoint, fstype"))),
                   "Run filesystems read-only since a remount seen here (writable within the "
                   f"last {s.span(s.WEAR_WINDOW)} when they turned read-only), for as long as "

@@ -206,7 +206,7 @@ def span(duration: str) -> str:
 
 
 def dcgm_raw(field: Field, *, matchers: str = "", fn: str = "", window: str = "",
-             cut: str = "", only: str = "") -> str:
+             cut: str = "", only: str = "", unit: bool = True) -> str:
     """A field read from dcgm-exporter in its normalised unit, labels as scraped.
 
     Names sharing a factor are read with one selector (no ``or`` between them); ``fn`` and
@@ -214,7 +214,8 @@ def dcgm_raw(field: Field, *, matchers: str = "", fn: str = "", window: str = ""
     operation, e.g. ``" and on (instance, job) targets"``) filter each part first, in the
     exporter's unit, so the factor multiplies only the series left (on every GPU of a cluster,
     arithmetic costs about as much as reading the series). With ``only`` the parts are long, so
-    each goes on a line of its own.
+    each goes on a line of its own. ``unit=False`` leaves the values in the exporter's unit, for
+    the right side of ``and``/``unless``, whose values nothing reads.
     """
     by_factor: dict[str, list[str]] = {}
     for name, factor in field:
@@ -226,6 +227,7 @@ def dcgm_raw(field: Field, *, matchers: str = "", fn: str = "", window: str = ""
         if fn:
             expr = f"{fn}({expr}[{window}])"
         filters = (_unscaled(cut, factor) if cut and factor else cut) + only
+        factor = factor if unit else ""
         parts.append(f"({expr}{filters}){factor}" if filters and factor
                      else f"{expr}{filters}{factor}")
     return parts[0] if len(parts) == 1 else ("\nor " if only else " or ").join(

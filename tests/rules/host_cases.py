@@ -63,6 +63,11 @@ def memory_cases() -> list[b.Case]:
                [b.node("node_vmstat_oom_kill", "0x20 1x60")],
                [b.node("node_vmstat_oom_kill", "0x80")], "15m", {},
                "The OOM killer ran 1 time(s) on n1 in the last 10 minutes (node_vmstat_oom_kill)."),
+        # A reboot resets the counter inside the window: the kills since it, not the drop.
+        *_case("node_vmstat_oom_kill increased after a reboot reset it", "HostOomKill",
+               [b.node("node_vmstat_oom_kill", "40x10 0x2 2x60")],
+               [b.node("node_vmstat_oom_kill", "40x10 0x70")], "15m", {},
+               "The OOM killer ran 2 time(s) on n1 in the last 10 minutes (node_vmstat_oom_kill)."),
         *_case("PSI memory full 30%", "HostMemoryPressure",
                [b.node("node_pressure_memory_stalled_seconds_total", "0+9x80")],
                [b.node("node_pressure_memory_stalled_seconds_total", "0+0.3x80")], "15m", {},
