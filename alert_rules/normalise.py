@@ -975,10 +975,11 @@ max by (instance, job, mountpoint, fstype) (
 or on (instance, job, mountpoint)
 label_replace(${NFS}, "fstype", "nfs", "", "")
 """
-# Read-only since a remount: read-only now and changed within WEAR_WINDOW (a 0/1 gauge read-only
-# now that changed was writable: the turn, seen by at least one evaluation; changes() keeps only
-# the mounts that turned, where min_over_time() == 0 kept every writable one), then held from the record's own previous value while it stays
-# read-only. A mount read-only from its first sample (from boot) never enters.
+# Read-only since a remount: read-only now and changed within WEAR_WINDOW (a 0/1 gauge that
+# changed and is read-only now was writable: the turn, seen by at least one evaluation;
+# changes() keeps only the mounts that turned, where min_over_time() == 0 kept every writable
+# one), then held from the record's own previous value while it stays read-only. A mount
+# read-only from its first sample (from boot) never enters.
 FS_REMOUNTED = """
 (
   ${READONLY}

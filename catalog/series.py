@@ -227,9 +227,9 @@ def dcgm_raw(field: Field, *, matchers: str = "", fn: str = "", window: str = ""
         if fn:
             expr = f"{fn}({expr}[{window}])"
         filters = (_unscaled(cut, factor) if cut and factor else cut) + only
-        factor = factor if unit else ""
-        parts.append(f"({expr}{filters}){factor}" if filters and factor
-                     else f"{expr}{filters}{factor}")
+        scale = factor if unit else ""
+        parts.append(f"({expr}{filters}){scale}" if filters and scale
+                     else f"{expr}{filters}{scale}")
     return parts[0] if len(parts) == 1 else ("\nor " if only else " or ").join(
         f"({p})" for p in parts)
 
