@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from wandb_infra.alert_rules import tiers
 from wandb_infra.alert_rules.normalise import Recording, promql, run_gpu_rows, run_host_rows
 from wandb_infra.catalog import series as s
 from wandb_infra.common import labels as L
@@ -121,7 +122,8 @@ def _family_join(family: str) -> list[Recording]:
                       "entity, without run labels."),
         ]
     return [
-        Recording(j.held, run_gpu_rows(f"{j.signalled} or {s.GPU_STALLED}"),
+        Recording(j.held, run_gpu_rows(f"{j.signalled} or {s.GPU_STALLED}",
+                                       pod_rows=tiers.reading(s.POD_GPU_ROWS, tiers.WEAR)),
                   "The run rows (host, GPU, run) of every host with a signalled or stalled GPU, "
                   f"from {L.GPU_INFO} or the Kubernetes pod rows: read once per cycle for every "
                   "GPU alert and the stall below."),

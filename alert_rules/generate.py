@@ -319,11 +319,13 @@ def recording_groups(violation_unit: str, strip_domain: bool = True,
          normalise.dcgm_telemetry_rules(host) + normalise.link_down_rules()),
         ("normalise-stall", tiers.MEDIUM, normalise.stall_rules(host)),
         ("normalise-targets", tiers.SLOW, normalise.target_map_rules(host)),
-        ("normalise-gpu-state", tiers.SLOW,
-         normalise.dcgm_state_rules(violation_unit, host) + normalise.pod_gpu_rules()),
+        ("normalise-gpu-state", tiers.SLOW, normalise.dcgm_state_rules(violation_unit, host)),
         ("normalise-node", tiers.WEAR, normalise.node_history_rules()),
+        # where each run is (pods, runs with unknown GPUs) in one group, so its records never
+        # disagree, at the pace runs start and end; then what the workload alerts compare
         ("normalise-workload", tiers.WEAR,
-         normalise.workload_history_rules(host) + normalise.straggler_rules(host)),
+         normalise.pod_gpu_rules() + normalise.workload_history_rules(host)
+         + normalise.straggler_rules(host)),
         ("normalise-gpu-wear", tiers.WEAR,
          normalise.dcgm_wear_rules(host) + normalise.gpu_vanished_rules()),
         ("normalise-link-wear", tiers.WEAR, normalise.link_wear_rules()),

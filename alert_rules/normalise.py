@@ -709,8 +709,9 @@ max by (hostname, gpu, ${RUN}) (
 
 
 def pod_gpu_rules() -> list[Recording]:
-    """The run on each GPU that a Kubernetes pod holds (slow tier, after presence, which carries
-    each GPU's pod)."""
+    """The run on each GPU that a Kubernetes pod holds (wear tier, with the runs whose GPUs are
+    unknown: placement changes as runs start and end, and each of these reads every GPU or GPU
+    row, so at the slow tier they cost twice as much for answers that rarely change)."""
     # The exporter's side behind a ServiceMonitor without honorLabels: its namespace/pod are the
     # training pod's as exported_*, and namespace/pod the exporter's own (never a GPU's pod).
     exported = relabelled(f'{L.POD_INFO}{{exported_pod!=""}}', POD_EXPORTED)
@@ -746,11 +747,11 @@ max by (hostname, ${RUN}) (
 """
 
 
-def run_gpu_rows(hosts: str, on: str = L.HOSTNAME) -> str:
+def run_gpu_rows(hosts: str, on: str = L.HOSTNAME, pod_rows: str = s.POD_GPU_ROWS) -> str:
     """The run on each GPU of ``hosts`` (matched ``on`` the given labels), one series per (host,
     GPU, run) whatever the exporter replicas; filtered before the union and the ``max``, so they
-    touch those rows only."""
-    return promql(RUN_GPU_ROWS_OF, ON=on, HOSTS=_paren(hosts), POD_ROWS=s.POD_GPU_ROWS)
+    touch those rows only. ``pod_rows`` is how the reader's group reads the pod rows."""
+    return promql(RUN_GPU_ROWS_OF, ON=on, HOSTS=_paren(hosts), POD_ROWS=pod_rows)
 
 
 def run_host_rows(hosts: str) -> str:

@@ -4,13 +4,13 @@
 recommended): the job-ending signals (XIDs, InfiniBand/Ethernet link down, node down) and every
 alert reading only sparse records. ``MEDIUM`` reads per-GPU telemetry whose alerts wait minutes
 anyway (temperatures, clock events, stall inputs). ``SLOW`` reads the state gauges, violation
-rates, GPU presence, target maps and pod rows. ``WEAR`` reads the error counters of parts that
+rates, GPU presence and target maps. ``WEAR`` reads the error counters of parts that
 degrade (ECC, retired pages, row remaps, PCIe/NVLink replays, InfiniBand errors and flaps):
 their job-ending forms reach the alerts as XIDs or link-down on the fast path, so these counters
 only need to be read a few times per 10-15 minute window; and what does not change within
-minutes or arrives on a faster path too: the links and GPUs idle all hour, the runs whose GPUs
-are unknown, the stragglers, the GPUs gone within the hour (a host's GPU count drops at ``SLOW``,
-an XID 79 on the fast path).
+minutes or arrives on a faster path too: the links and GPUs idle all hour, where each run is
+(its pods' GPUs, the runs whose GPUs are unknown), the stragglers, the GPUs gone within the hour
+(a host's GPU count drops at ``SLOW``, an XID 79 on the fast path).
 
 A recorded sample vanishes from plain reads after the 5-minute lookback. Records of a tier up to
 ``SLOW`` are read as they are (4 minutes + evaluation time < lookback); records of a slower tier

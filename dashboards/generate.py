@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from wandb_infra.alert_rules.generate import record_tiers
+from wandb_infra.alert_rules.tiers import reading
 from wandb_infra.catalog import panels as catalog
 from wandb_infra.catalog import selfmetrics as m
 from wandb_infra.catalog import series
@@ -443,8 +444,10 @@ def run_variables() -> list[Any]:
     ent, proj, run = labels.ENTITY, labels.PROJECT, labels.RUN_ID
     host, gpu = labels.HOSTNAME, labels.GPU
     selector = f"{{{RUN_SELECTOR},{HOST_SELECTOR}}}"
-    # Kubernetes: the GPUs the run's pods hold, from dcgm-exporter's pod labels (rules).
-    run_gpus = f"({gpu_info}{selector} or {series.POD_GPU_ROWS}{selector})"
+    # Kubernetes: the GPUs the run's pods hold, from dcgm-exporter's pod labels (rules), a record
+    # of the wear tier, so read over its last evaluation.
+    pod_rows = reading(f"{series.POD_GPU_ROWS}{selector}", record_tiers()[series.POD_GPU_ROWS])
+    run_gpus = f"({gpu_info}{selector} or {pod_rows})"
     gpu_query = (
         f"query_result(max by ({host}, {gpu}) ({run_gpus}) or (max by ({host}, {gpu}) "
         f"({series.GPU_PRESENT}{{{HOST_SELECTOR}}}) unless on () count({run_gpus})))")
