@@ -110,6 +110,10 @@ def _signalled(family: str, inputs: list[str]) -> Recording:
 def _family_join(family: str) -> list[Recording]:
     """The run rows of one family's signalled entities, filtered from ``ON_SIGNALLED``."""
     j = Join(family)
+    # The pod rows are recorded every 8 minutes and read over their last evaluation, so they
+    # can outlive a run by that long: only those of runs on their host now count.
+    pod_rows = (f"({tiers.reading(s.POD_GPU_ROWS, tiers.WEAR)} "
+                f"and on (hostname, {RUN}) {ON_SIGNALLED})")
     if family != "gpu":
         return [
             Recording(j.runs, promql("${O}\nand on (hostname)\n${S}", O=ON_SIGNALLED,
@@ -122,11 +126,10 @@ def _family_join(family: str) -> list[Recording]:
                       "entity, without run labels."),
         ]
     return [
-        Recording(j.held, run_gpu_rows(f"{j.signalled} or {s.GPU_STALLED}",
-                                       pod_rows=tiers.reading(s.POD_GPU_ROWS, tiers.WEAR)),
+        Recording(j.held, run_gpu_rows(f"{j.signalled} or {s.GPU_STALLED}", pod_rows=pod_rows),
                   "The run rows (host, GPU, run) of every host with a signalled or stalled GPU, "
-                  f"from {L.GPU_INFO} or the Kubernetes pod rows: read once per cycle for every "
-                  "GPU alert and the stall below."),
+                  f"from {L.GPU_INFO} or the Kubernetes pod rows of the runs on the host now: "
+                  "read once per cycle for every GPU alert and the stall below."),
         Recording(j.gpus_unknown,
                   promql(GPUS_UNKNOWN, O=ON_SIGNALLED, S=j.signalled, HELD=j.held),
                   "The runs on those hosts whose GPUs there are unknown (no GPU row)."),
@@ -145,13 +148,14 @@ def join_records(inputs: dict[str, list[str]]) -> list[Recording]:
     records the family's alerts read), the runs on any signalled host (the one read of
     ``wandb_run_node_info``), then each family's rows filtered from those."""
     hosts = "\nor ".join(
-        f"group by (hostname) ({Join(f).signalled})" if f == "gpu" else Join(f).signalled
-        for f in FAMILIES)
+        f"group by (hostname) ({Join(f).signalled} or {s.GPU_STALLED})" if f == "gpu"
+        else Join(f).signalled for f in FAMILIES)
     return [
         *(_signalled(f, inputs[f]) for f in FAMILIES),
         Recording(ON_SIGNALLED, run_host_rows(hosts),
-                  f"The runs on every host with a signalled GPU, host or link ({L.NODE_INFO}), "
-                  "read once per cycle for all three families."),
+                  f"The runs on every host with a signalled or stalled GPU, a signalled host or "
+                  f"link ({L.NODE_INFO}), read once per cycle for all three families and the "
+                  "stall."),
         *(r for f in FAMILIES for r in _family_join(f)),
     ]
 

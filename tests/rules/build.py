@@ -741,6 +741,23 @@ def kubernetes_cases() -> list[Case]:
                           [*runs, gpu_info(RUN_A, "0"), gpu_info(RUN_A, "1"), *labelled, xid],
                           "12m", [Expect({**run, **g(gpu=gpu, xid="94")},
                                          desc.replace("GPU 2", f"GPU {gpu}"))]))
+    # Run A ends at 20m (its rows and its pod's GPU labels go); the pod rows recorded at 16m are
+    # read until 25m, but a fault on its former GPU 0 at 21m goes to no run: A is gone.
+    gone = node_info(RUN_A, source="kubernetes")
+    ended = [Series(gone.name, gone.labels, "1x40 stale"),
+             node_info(RUN_B, source="kubernetes"),
+             Series("wandb_run_pod_info", {**pod_info(RUN_A, "train-a-0").labels},
+                    "1x40 stale"), pod_info(RUN_B, "train-b-0"),
+             *(dcgm("hostname", "DCGM_FI_DEV_GPU_TEMP", "40x40 stale", gpu=str(i),
+                    pod="train-a-0", namespace="ml") for i in range(2)),
+             *(dcgm("hostname", "DCGM_FI_DEV_GPU_TEMP", "_x40 40x40", gpu=str(i))
+               for i in range(2)),
+             *(dcgm("hostname", "DCGM_FI_DEV_GPU_TEMP", "40x80", gpu=str(i), pod="train-b-0",
+                    namespace="ml") for i in (2, 3)),
+             dcgm("hostname", "DCGM_FI_DEV_XID_ERRORS", "_x42 94x38", gpu="0", err_code="94")]
+    cases.append(Case(f"{ecc}: Kubernetes, a fault on the GPU of a run that ended goes to no "
+                      "run, though its pod rows are still read", ecc, ended, "23m",
+                      [Expect(g(gpu="0", xid="94"), desc.replace("GPU 2", "GPU 0"))]))
     return cases
 
 
