@@ -107,12 +107,13 @@ def _signalled(family: str, inputs: list[str]) -> Recording:
         "than those with a fault): the entities whose runs the joins below look up.")
 
 
-def _family_join(family: str) -> list[Recording]:
+def _family_join(family: str, pod_tier: str | None) -> list[Recording]:
     """The run rows of one family's signalled entities, filtered from ``ON_SIGNALLED``."""
     j = Join(family)
-    # The pod rows are recorded every 8 minutes and read over their last evaluation, so they
-    # can outlive a run by that long: only those of runs on their host now count.
-    pod_rows = (f"({tiers.reading(s.POD_GPU_ROWS, tiers.WEAR)} "
+    # The pod rows are recorded at ``pod_tier`` and, if that outlives the lookback, read over
+    # their last evaluation, so they can outlive a run by that long: only those of runs on their
+    # host now count.
+    pod_rows = (f"({tiers.reading(s.POD_GPU_ROWS, pod_tier)} "
                 f"and on (hostname, {RUN}) {ON_SIGNALLED})")
     if family != "gpu":
         return [
@@ -143,10 +144,12 @@ def _family_join(family: str) -> list[Recording]:
     ]
 
 
-def join_records(inputs: dict[str, list[str]]) -> list[Recording]:
+def join_records(inputs: dict[str, list[str]], by_record: dict[str, str | None]
+                 ) -> list[Recording]:
     """Every family's join, recorded once: the signalled entities of each (``inputs``: the
     records the family's alerts read), the runs on any signalled host (the one read of
-    ``wandb_run_node_info``), then each family's rows filtered from those."""
+    ``wandb_run_node_info``), then each family's rows filtered from those. ``by_record``: each
+    record's tier, for how the pod rows are read."""
     hosts = "\nor ".join(
         f"group by (hostname) ({Join(f).signalled} or {s.GPU_STALLED})" if f == "gpu"
         else Join(f).signalled for f in FAMILIES)
@@ -156,7 +159,7 @@ def join_records(inputs: dict[str, list[str]]) -> list[Recording]:
                   f"The runs on every host with a signalled or stalled GPU, a signalled host or "
                   f"link ({L.NODE_INFO}), read once per cycle for all three families and the "
                   "stall."),
-        *(r for f in FAMILIES for r in _family_join(f)),
+        *(r for f in FAMILIES for r in _family_join(f, by_record[s.POD_GPU_ROWS])),
     ]
 
 

@@ -454,7 +454,7 @@ def recordings(cfg: dict[str, Any]) -> list[tuple[str, str | None, list[normalis
                                 _host_key_regex(cfg)))
     by_record = record_tiers(cfg["violation_unit"])
     out.append(("attribution", tiers.FAST,
-                [*join_records({f: signal_inputs(f, by_record) for f in FAMILIES}),
+                [*join_records({f: signal_inputs(f, by_record) for f in FAMILIES}, by_record),
                  stall_join()]))
     for name, alerts in families().items():
         out.append((name, family_tier(alerts, by_record),
