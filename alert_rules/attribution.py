@@ -110,11 +110,6 @@ def _signalled(family: str, inputs: list[str]) -> Recording:
 def _family_join(family: str, pod_tier: str | None) -> list[Recording]:
     """The run rows of one family's signalled entities, filtered from ``ON_SIGNALLED``."""
     j = Join(family)
-    # The pod rows are recorded at ``pod_tier`` and, if that outlives the lookback, read over
-    # their last evaluation, so they can outlive a run by that long: only those of runs on their
-    # host now count.
-    pod_rows = (f"({tiers.reading(s.POD_GPU_ROWS, pod_tier)} "
-                f"and on (hostname, {RUN}) {ON_SIGNALLED})")
     if family != "gpu":
         return [
             Recording(j.runs, promql("${O}\nand on (hostname)\n${S}", O=ON_SIGNALLED,
@@ -126,6 +121,11 @@ def _family_join(family: str, pod_tier: str | None) -> list[Recording]:
                       f"The signalled hosts with no run: a {family} alert there fires once per "
                       "entity, without run labels."),
         ]
+    # The pod rows are recorded at ``pod_tier`` and, if that outlives the lookback, read over
+    # their last evaluation, so they can outlive a run by that long: only those of runs on their
+    # host now count.
+    pod_rows = (f"({tiers.reading(s.POD_GPU_ROWS, pod_tier)} "
+                f"and on (hostname, {RUN}) {ON_SIGNALLED})")
     return [
         Recording(j.held, run_gpu_rows(f"{j.signalled} or {s.GPU_STALLED}", pod_rows=pod_rows),
                   "The run rows (host, GPU, run) of every host with a signalled or stalled GPU, "
@@ -158,7 +158,7 @@ def join_records(inputs: dict[str, list[str]], by_record: dict[str, str | None]
         Recording(ON_SIGNALLED, run_host_rows(hosts),
                   f"The runs on every host with a signalled or stalled GPU, a signalled host or "
                   f"link ({L.NODE_INFO}), read once per cycle for all three families and the "
-                  "stall."),
+                  "stall's pod rows."),
         *(r for f in FAMILIES for r in _family_join(f, by_record[s.POD_GPU_ROWS])),
     ]
 

@@ -322,7 +322,7 @@ def recording_groups(violation_unit: str, strip_domain: bool = True,
         ("normalise-gpu-state", tiers.SLOW, normalise.dcgm_state_rules(violation_unit, host)),
         ("normalise-node", tiers.WEAR, normalise.node_history_rules()),
         # where each run is (pods, runs with unknown GPUs) in one group, so its records never
-        # disagree, at the pace runs start and end; then what the workload alerts compare
+        # disagree, at the pace runs start and end; then what the workload alerts compare against
         ("normalise-workload", tiers.WEAR,
          normalise.pod_gpu_rules() + normalise.workload_history_rules(host)
          + normalise.straggler_rules(host)),

@@ -547,6 +547,9 @@ def test_a_cut_is_compared_in_the_exporters_unit_before_the_factor():
         s.dcgm_raw((("X", " - 1"),), cut=" > 0")
     with pytest.raises(ValueError, match="'op number'"):
         s.dcgm_raw(s.DCGM_FB_USED, cut=" > 0 unless x")
+    # an and-operand keeps the exporter's unit: the cut converted, no factor on every GPU
+    assert (s.dcgm_raw(s.DCGM_FB_USED, cut=" > 1073741824", unit=False)
+            == '{__name__=~"DCGM_FI_DEV_FB_USED"} > 1024')
 
 
 def _group_comment_blocks(text: str) -> dict[str, str]:
